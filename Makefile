@@ -1,0 +1,107 @@
+# Trellis build. `make` builds build/trellis; `make run` and `make test` also install missing Debian
+# packages first (scripts/install-deps.sh). On a cluster, point the build at your modules with
+# MPI_HOME, HDF5_DIR, KOKKOS_ROOT, BLAS_LIBS, CUDA_HOME, NCCL_HOME.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2) --no-print-directory
+
+BUILD    ?= build
+CXX      ?= g++
+# Tuned for the machine that builds (CI builds where it runs). Override ARCH_FLAGS to cross-build.
+ARCH_FLAGS ?= -march=native
+OPT_FLAGS  ?= -O3 -g -fno-math-errno
+CXXFLAGS   += -std=c++20 $(OPT_FLAGS) $(ARCH_FLAGS) -Wall -Wextra -MMD -MP -Ilib
+
+# ---- third-party locations (Debian defaults; environment wins) --------------------------------
+MPI_HOME    ?= /usr/lib/x86_64-linux-gnu/openmpi
+HDF5_DIR    ?= /usr/lib/x86_64-linux-gnu/hdf5/openmpi
+KOKKOS_ROOT ?=
+BLAS_LIBS   ?= -lopenblas
+
+ifeq ($(KOKKOS_ROOT),)
+  KOKKOS_INC  := /usr/include/trilinos
+  KOKKOS_LIBS := -ltrilinos_kokkoscore
+else
+  KOKKOS_INC  := $(KOKKOS_ROOT)/include
+  KOKKOS_LIBS := -L$(KOKKOS_ROOT)/lib -Wl,-rpath,$(KOKKOS_ROOT)/lib -lkokkoscore -ldl
+endif
+ifneq ($(wildcard $(HDF5_DIR)/include/hdf5.h),)
+  HDF5_INC := $(HDF5_DIR)/include
+else
+  HDF5_INC := /usr/include/hdf5/openmpi
+endif
+BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas) /usr/include)
+
+# -isystem: third-party headers' warnings are not ours to fix.
+CPPFLAGS += -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
+            -isystem $(HDF5_INC) -isystem $(KOKKOS_INC) -isystem $(BLAS_INC)
+LDLIBS   += -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi \
+            -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 \
+            -lboost_program_options $(KOKKOS_LIBS) $(BLAS_LIBS) -lpthread
+
+# ---- optional features ------------------------------------------------------------------------
+CUDA_HOME ?= /usr/local/cuda
+NVCC      := $(shell command -v $(CUDA_HOME)/bin/nvcc 2>/dev/null || command -v nvcc 2>/dev/null)
+NCCL_HOME ?= $(CUDA_HOME)
+HAVE_CUDA := $(if $(NVCC),1,)
+HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so),1,)
+
+# ---- sources ----------------------------------------------------------------------------------
+LIB_SRC  := $(shell find lib -name '*.cpp' | sort)
+LIB_OBJ  := $(LIB_SRC:%.cpp=$(BUILD)/obj/%.o)
+APP_OBJ  := $(BUILD)/obj/app/trellis.o
+TEST_SRC := $(shell find tests -name 'test_*.cpp' | sort)
+TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main.o
+LIBTRELLIS := $(BUILD)/libtrellis.a
+
+.PHONY: all deps run test tests bench features clean
+all: features $(BUILD)/trellis
+
+features:
+	@printf 'trellis build: CPU (Kokkos + BLAS) ✓ | CUDA %s | NCCL %s\n' \
+	  "$(if $(HAVE_CUDA),✓,✗)" "$(if $(HAVE_NCCL),✓,✗)"
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(LIBTRELLIS): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/trellis: $(APP_OBJ) $(LIBTRELLIS)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/unit_tests: $(TEST_OBJ) $(LIBTRELLIS)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
+
+# Ranks: as root Open MPI needs --allow-run-as-root; more ranks than cores need --oversubscribe.
+MPIRUN  ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --bind-to none
+NP      ?= 1
+DECK    ?= inputs/default.deck
+
+run:
+	@$(MAKE) deps
+	@$(MAKE) all
+	$(MPIRUN) -np $(NP) $(BUILD)/trellis train $(DECK)
+
+tests: $(BUILD)/unit_tests $(BUILD)/trellis
+
+test:
+	@$(MAKE) deps
+	@$(MAKE) features tests
+	@bash scripts/run-tests.sh $(BUILD)
+
+bench:
+	@$(MAKE) deps
+	@$(MAKE) all
+	@bash scripts/bench.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,86 @@
+// Every compute kernel behind one interface. The model calls these and nothing else; a backend
+// (cpu/: Kokkos + BLAS; cuda/: .cu kernels + cuBLASLt) implements them. Kernels never call MPI.
+//
+// Conventions (as llm.c): row-major; a Linear's weight is (OC, C) and computes out = inp·Wᵀ + b;
+// N = B·T rows. "+=" in a comment means the kernel accumulates into that output (gradients
+// accumulate over micro-batches); otherwise it overwrites.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace trellis {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  /// Threads the backend may use for its GEMMs (0: all of this rank's cores).
+  virtual void set_threads(int threads) = 0;
+
+  // ---- embeddings ----
+  /// out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T), wte (V,C), wpe (maxT,C).
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte,
+                               const float* wpe, int B, int T, int C) = 0;
+  /// dwte (V,C) +=, dwpe (maxT,C) += from dout (B,T,C).
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                int B, int T, int C) = 0;
+
+  // ---- layer norm (eps 1e-5, as GPT-2) ----
+  /// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C).
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C) = 0;
+  /// dinp (N,C) +=, dweight (C) +=, dbias (C) += from dout (N,C).
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+
+  // ---- linear layers: BLAS / cuBLASLt ----
+  /// out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int C, int OC) = 0;
+  /// dinp (N,C) = dout·weight (overwrites; skipped if null), dweight (OC,C) += doutᵀ·inp,
+  /// dbias (OC) += column sums of dout (skipped if null).
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int C, int OC) = 0;
+
+  // ---- causal self-attention with grouped key/value heads ----
+  /// qkv (B,T,(H+2·KV)·hd) holds, per position, H query heads then KV key heads then KV value
+  /// heads; query head h reads key/value head h / (H/KV). out (B,T,H·hd); att (B,H,T,T) keeps the
+  /// softmax probabilities for backward (entries above the diagonal are zero).
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H,
+                                 int KV, int hd) = 0;
+  /// dqkv (B,T,(H+2·KV)·hd) from dout (B,T,H·hd) (overwrites).
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, int B, int T, int H, int KV, int hd) = 0;
+
+  // ---- element-wise ----
+  /// GELU, tanh approximation (as GPT-2). out (n) from inp (n).
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  /// dinp (n) = gelu'(inp) · dout (overwrites).
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  /// out (n) = a + b (out may alias a or b).
+  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;
+
+  // ---- loss ----
+  /// Softmax cross-entropy over logits (N,V). losses (N) = -log p[target]; when dloss ≠ 0 the
+  /// logits are replaced in place by dlogits = (p - onehot(target))·dloss. A target < 0 is ignored
+  /// (loss 0, gradient 0).
+  virtual void softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N,
+                                    int V, float dloss) = 0;
+
+  // ---- optimizer and norms ----
+  /// Σ x² over n values, accumulated in double.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  /// One AdamW step on n values: g = grad·grad_scale; m, v updated; param -= lr·(m̂/(√v̂+eps) +
+  /// weight_decay·param). bc1 = 1-β1^t, bc2 = 1-β2^t.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
+                     float grad_scale) = 0;
+};
+
+/// The backend a deck asks for ("cpu", later "cuda"). Throws UserError for an unknown name.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace trellis

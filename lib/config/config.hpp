@@ -1,0 +1,116 @@
+// The input deck: INI sections read with Boost.Program_options, overridden on the command line
+// with --section.key=value, validated, and turned into a plain Config. The key table (keys.cpp)
+// is the one place that names every key, its type, default and meaning.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trellis {
+
+struct ModelConfig {
+  int layers = 4;
+  int d_model = 256;
+  int heads = 4;
+  int kv_heads = 0;   // 0 in the deck means "= heads"; after validation always set
+  int d_ff = 0;       // 0 in the deck means "= 4 * d_model"; after validation always set
+  int seq_len = 256;
+  int vocab = 256;
+  double init_std = 0.02;
+  uint64_t seed = 1234;
+};
+
+struct ParallelConfig {
+  int dp = 0;  // 0 in the deck means "world size / (tp * pp)"; after validation always set
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
+  std::string order = "tp-dp-pp";  // fastest-varying group first
+  double bucket_mb = 25.0;
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int global_batch = 8;  // sequences per optimizer step
+  int micro_batch = 8;   // sequences per forward pass on one dp rank
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 10;
+  std::string decay = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 turns clipping off
+  uint64_t seed = 42;
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text | tokens
+  std::string path;                  // text: a file; tokens: a glob of shards
+  int64_t synthetic_tokens = 1 << 20;
+  int synthetic_order = 2;      // context length of the Markov source
+  int synthetic_branching = 4;  // successors per context
+  double synthetic_alpha = 0.5; // Dirichlet concentration of the successor probabilities
+};
+
+struct CheckpointConfig {
+  std::string dir;  // default RUN/ckpt
+  int64_t every = 0;
+  int keep = 3;
+  std::string resume = "auto";  // auto | never | a path
+};
+
+struct RunConfig {
+  std::string dir;  // default runs/<deck name>
+};
+
+struct LogConfig {
+  int64_t every = 1;
+};
+
+struct SystemConfig {
+  std::string backend = "cpu";     // cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16
+  int threads = 0;                 // BLAS threads; 0 = all cores of this rank
+  double peak_gflops = 0;          // for MFU; 0 = unknown (MFU shown as "-")
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  RunConfig run;
+  LogConfig log;
+  SystemConfig system;
+
+  std::string deck_path;  // as given
+  /// Every key with its effective value as text ("section.key", "value"), in key-table order.
+  std::vector<std::pair<std::string, std::string>> effective;
+
+  int micro_batches_per_step() const {
+    return train.global_batch / (parallel.dp * train.micro_batch);
+  }
+};
+
+/// Reads the deck, applies `overrides` ("--section.key=value" or "section.key=value"), validates
+/// against `world_size` ranks. Throws UserError (exit status 2) naming the key, value or file.
+Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
+                   int world_size);
+
+/// The effective deck as INI text: a valid deck that reproduces this Config.
+std::string effective_deck_ini(const Config& cfg);
+
+/// The boxed table printed at start: section, key, value, and a mark where it differs from the default.
+std::string config_table(const Config& cfg);
+
+/// Every key with its type, default and one line of meaning, by section (for --help).
+std::string keys_help();
+
+}  // namespace trellis

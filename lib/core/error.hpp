@@ -1,0 +1,34 @@
+// Errors that end a run. A UserError (bad deck, bad file, bad layout) ends every rank with exit
+// status 2 and one message; anything else is an internal failure (status 1).
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace trellis {
+
+/// Exit statuses a job script can rely on (README, "Exit statuses").
+enum ExitStatus : int {
+  kExitOk = 0,
+  kExitFailure = 1,    // internal error, a failed collective, a crash we caught
+  kExitBadInput = 2,   // the deck, the command line or an input file is wrong
+};
+
+/// Something the user can fix: the message names the key, value or file.
+class UserError : public std::runtime_error {
+ public:
+  explicit UserError(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// printf-style formatting into a std::string.
+std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace trellis
+
+/// Fails loudly with the file and line when an internal invariant breaks.
+#define TRELLIS_CHECK(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      throw std::logic_error(::trellis::strfmt("%s:%d: check failed: %s: ", __FILE__,     \
+                                               __LINE__, #cond) +                         \
+                             ::trellis::strfmt(__VA_ARGS__));                             \
+  } while (0)

@@ -1,0 +1,65 @@
+// Every large allocation goes through here, so that the memory a rank uses is measured, not
+// estimated: parameters, gradients, optimizer state, activations and scratch each have a counter,
+// and the peak of their sum is what summary.json reports.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace trellis {
+
+enum class MemKind : int { Params = 0, Grads, Optim, Activations, Comm, Scratch, Count };
+const char* mem_kind_name(MemKind k);
+
+/// Byte counters per kind, and the peak of the total. One per process.
+struct MemoryStats {
+  int64_t current[static_cast<int>(MemKind::Count)] = {};
+  int64_t peak[static_cast<int>(MemKind::Count)] = {};
+  int64_t total_current = 0;
+  int64_t total_peak = 0;
+};
+MemoryStats& memory_stats();
+
+/// One 64-byte aligned, zero-filled allocation of `bytes`, counted under `kind` until freed.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemKind kind, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void reset();  // frees the memory now
+  void* data() const { return data_; }
+  float* f32() const { return static_cast<float*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemKind kind_ = MemKind::Scratch;
+};
+
+/// Hands out aligned slices of one Buffer: sized up front (a measuring pass adds up the requests,
+/// then the real pass allocates once), so the activations of a whole step are one allocation.
+class Arena {
+ public:
+  Arena() = default;
+  /// A measuring arena: take() returns nullptr and only adds up sizes.
+  static Arena measuring() { return Arena(); }
+  Arena(MemKind kind, size_t bytes) : buf_(kind, bytes) {}
+
+  float* take_f32(int64_t count) { return static_cast<float*>(take(count * sizeof(float))); }
+  int32_t* take_i32(int64_t count) { return static_cast<int32_t*>(take(count * sizeof(int32_t))); }
+  void* take(size_t bytes);
+  size_t used() const { return used_; }
+  size_t capacity() const { return buf_.bytes(); }
+
+ private:
+  Buffer buf_;
+  size_t used_ = 0;
+};
+
+}  // namespace trellis

@@ -1,0 +1,55 @@
+// Training data: a token source (synthetic Markov text, a byte-level file, or pre-tokenized
+// shards) and the deterministic sampler that turns (step, sequence index) into a window of it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace trellis {
+
+/// A read-only stream of tokens, possibly in several pieces (shards); a window never crosses
+/// the end of a piece.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  /// One line for the log: what it is, how many tokens, where from.
+  virtual std::string describe() const = 0;
+  /// Largest token id + 1 this source can produce.
+  virtual int vocab() const = 0;
+  /// Total tokens over all pieces.
+  virtual int64_t size() const = 0;
+  /// How many distinct windows of `len` tokens exist (each inside one piece).
+  virtual int64_t num_windows(int len) const = 0;
+  /// Copies window k (0 ≤ k < num_windows(len)) of `len` tokens into out.
+  virtual void window(int64_t k, int len, int32_t* out) const = 0;
+  /// The lowest reachable loss in nats/token, where known (the synthetic source's entropy rate).
+  virtual std::optional<double> entropy_floor() const { return std::nullopt; }
+};
+
+/// Builds the source the [data] section asks for. Throws UserError naming data.path / the file
+/// when a file is missing, unreadable, empty, malformed, or holds tokens ≥ model.vocab.
+std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model);
+
+/// Sequence j of the global batch of step s is the same window for every layout and restart:
+/// it depends only on (train.seed, s, j).
+class Sampler {
+ public:
+  Sampler(const TokenSource& source, int seq_len, uint64_t seed);
+  /// Writes seq_len + 1 tokens: inputs are [0, seq_len), targets are [1, seq_len].
+  void sequence(int64_t step, int64_t index, int32_t* out) const;
+  /// A micro-batch: sequences first..first+count-1 of step s, as inputs (count, T) and
+  /// targets (count, T).
+  void batch(int64_t step, int64_t first, int count, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  const TokenSource& source_;
+  int seq_len_;
+  uint64_t seed_;
+  int64_t windows_;
+};
+
+}  // namespace trellis

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every test binary, each under mpirun with its rank count and a timeout, and ends with one
+# line "tests: N passed, M failed". Usage: scripts/run-tests.sh [BUILD_DIR]
+set -uo pipefail
+build=${1:-build}
+cd "$(dirname "$0")/.."
+
+mpirun_flags=(--oversubscribe --bind-to none)
+[ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
+export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+
+passed=0 failed=0 failures=()
+report="$build/test-reports"
+rm -rf "$report"; mkdir -p "$report"
+
+# run NAME NP TIMEOUT_S -- command...
+run() {
+  local name=$1 np=$2 limit=$3; shift 4
+  local json="$report/$name.json"
+  echo "=== $name (np=$np, timeout ${limit}s)"
+  timeout --kill-after=10 "$limit" mpirun "${mpirun_flags[@]}" -np "$np" "$@" --gtest_output=json:"$json"
+  local rc=$?
+  if [ -f "$json" ]; then
+    read -r t f < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["tests"], d["failures"]+d.get("errors",0))' "$json")
+    passed=$((passed + t - f)); failed=$((failed + f))
+  fi
+  if [ $rc -ne 0 ]; then
+    [ $rc -eq 124 ] && echo "!!! $name timed out after ${limit}s"
+    failures+=("$name (exit $rc)")
+    [ -f "$json" ] || failed=$((failed + 1))
+  fi
+}
+
+run unit 1 900 -- "$build/unit_tests"
+
+echo
+[ ${#failures[@]} -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"
+echo "tests: $passed passed, $failed failed"
+[ ${#failures[@]} -eq 0 ] && [ $failed -eq 0 ]
