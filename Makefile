@@ -34,7 +34,8 @@ endif
 BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas) /usr/include)
 
 # -isystem: third-party headers' warnings are not ours to fix.
-CPPFLAGS += -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
+# OMPI_SKIP_MPICXX: the deprecated MPI C++ bindings are not used (and would need -lmpi_cxx).
+CPPFLAGS += -DOMPI_SKIP_MPICXX=1 -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
             -isystem $(HDF5_INC) -isystem $(KOKKOS_INC) -isystem $(BLAS_INC)
 LDLIBS   += -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi \
             -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 \

@@ -30,6 +30,24 @@ class TokenSource {
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
 };
 
+/// The individual sources (make_token_source chooses among them by data.source).
+/// Synthetic: data.synthetic_tokens tokens of a random order-k Markov source seeded by model.seed.
+std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model);
+/// Text: the bytes of the file data.path (vocab 256; model.vocab must be ≥ 256).
+std::unique_ptr<TokenSource> make_text_source(const DataConfig& data, const ModelConfig& model);
+/// Tokens: the shards matching the glob data.path (llm.c format or raw uint16), sorted by name.
+std::unique_ptr<TokenSource> make_tokens_source(const DataConfig& data, const ModelConfig& model);
+
+/// The synthetic source's law, exposed for tests: the successors of one context and their
+/// probabilities (a Dirichlet(alpha) draw), a pure function of (seed, vocab, order, branching,
+/// alpha, context). `context` holds `order` tokens, oldest first.
+struct SyntheticSuccessors {
+  std::vector<int32_t> tokens;  // (branching,) distinct, in [0, vocab)
+  std::vector<double> probs;    // (branching,) sums to 1
+};
+SyntheticSuccessors synthetic_successors(uint64_t seed, int vocab, int order, int branching,
+                                         double alpha, const int32_t* context);
+
 /// Builds the source the [data] section asks for. Throws UserError naming data.path / the file
 /// when a file is missing, unreadable, empty, malformed, or holds tokens ≥ model.vocab.
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model);
