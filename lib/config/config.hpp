@@ -93,6 +93,8 @@ struct Config {
   std::string deck_path;  // as given
   /// Every key with its effective value as text ("section.key", "value"), in key-table order.
   std::vector<std::pair<std::string, std::string>> effective;
+  /// Keys the deck left 0/empty that were filled from other keys ("model.kv_heads", ...).
+  std::vector<std::string> derived;
 
   int micro_batches_per_step() const {
     return train.global_batch / (parallel.dp * train.micro_batch);
@@ -103,6 +105,13 @@ struct Config {
 /// against `world_size` ranks. Throws UserError (exit status 2) naming the key, value or file.
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                    int world_size);
+
+/// Rejects layouts this build cannot run yet (anything but one rank, ZeRO off). The one place
+/// to loosen as multi-rank support lands. Throws UserError naming the keys.
+void check_supported_layout(const Config& cfg);
+
+/// Rejects backends this build lacks (CUDA for now). Throws UserError naming system.backend.
+void check_supported_backend(const Config& cfg);
 
 /// The effective deck as INI text: a valid deck that reproduces this Config.
 std::string effective_deck_ini(const Config& cfg);

@@ -1,0 +1,372 @@
+#include "config/config.hpp"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config/keys.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace trellis {
+
+namespace po = boost::program_options;
+using config::KeyEntry;
+using config::key_table;
+
+namespace {
+
+const char* const kCommandLine = "command line";
+
+// A raw value and where it came from, so a bad value is blamed on the deck or the command line.
+struct Source {
+  std::string text;
+  std::string where;
+};
+using Sources = std::map<std::string, Source>;
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw UserError(where + ": " + what);
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// What Boost sees of a line: comments cut at '#', whitespace trimmed.
+std::string significant(const std::string& line) { return trim(line.substr(0, line.find('#'))); }
+
+std::string unknown_key_message(const std::string& name) {
+  const auto dot = name.find('.');
+  if (dot != std::string::npos) {
+    const std::string section = name.substr(0, dot);
+    const auto known = config::sections();
+    if (std::find(known.begin(), known.end(), section) == known.end()) {
+      const std::string best = config::closest_name(section, true);
+      return "unknown section [" + section + "] in '" + name + "'" +
+             (best.empty() ? "" : " (did you mean [" + best + "]?)");
+    }
+  }
+  const std::string best = config::closest_name(name);
+  return "unknown key '" + name + "'" + (best.empty() ? "" : " (did you mean '" + best + "'?)");
+}
+
+// Boost accepts any [section] without complaint and drops empty ones silently; a misspelt
+// section header is worth a message with its line, before Boost reports its keys one by one.
+void check_sections(const std::string& path, const std::string& text) {
+  const auto known = config::sections();
+  std::istringstream in(text);
+  int lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    const std::string s = significant(line);
+    if (s.size() < 2 || s.front() != '[' || s.back() != ']') continue;
+    const std::string section = s.substr(1, s.size() - 2);
+    if (std::find(known.begin(), known.end(), section) != known.end()) continue;
+    const std::string best = config::closest_name(section, true);
+    fail(path + ":" + std::to_string(lineno),
+         "unknown section [" + section + "]" +
+             (best.empty() ? "" : " (did you mean [" + best + "]?)"));
+  }
+}
+
+// Boost's syntax errors carry the offending line's text but not its number; find it.
+std::string line_of(const std::string& text, const std::string& bad) {
+  std::istringstream in(text);
+  int lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    if (significant(line) == trim(bad)) return ":" + std::to_string(lineno);
+  }
+  return "";
+}
+
+void read_deck(const std::string& path, Sources& sources) {
+  if (path.empty()) fail(kCommandLine, "no deck given");
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) fail(path, "cannot read the deck: no such file");
+  if (std::filesystem::is_directory(status)) fail(path, "cannot read the deck: it is a directory");
+  std::ifstream file(path);
+  std::stringstream buf;
+  buf << file.rdbuf();
+  if (!file) fail(path, "cannot read the deck: permission denied or I/O error");
+  const std::string text = buf.str();
+
+  check_sections(path, text);
+
+  po::options_description desc;
+  for (const auto& e : key_table()) desc.add_options()(e.name().c_str(), po::value<std::string>());
+  po::parsed_options parsed(&desc);
+  try {
+    std::istringstream in(text);
+    // Unregistered keys are let through and reported here, with a suggestion Boost cannot make.
+    parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
+  } catch (const po::invalid_config_file_syntax& e) {
+    fail(path + line_of(text, e.tokens()), std::string("syntax error: ") + e.what());
+  } catch (const po::error& e) {
+    fail(path, std::string("syntax error: ") + e.what());
+  }
+
+  for (const auto& opt : parsed.options) {
+    if (opt.unregistered) fail(path, unknown_key_message(opt.string_key));
+    if (sources.count(opt.string_key))
+      fail(path, "key '" + opt.string_key + "' is given more than once");
+    sources[opt.string_key] = {opt.value.empty() ? "" : opt.value.front(), path};
+  }
+}
+
+void apply_overrides(const std::vector<std::string>& overrides, Sources& sources) {
+  for (const auto& raw : overrides) {
+    std::string s = raw;
+    if (s.rfind("--", 0) == 0) s = s.substr(2);
+    const auto eq = s.find('=');
+    const std::string name = eq == std::string::npos ? "" : trim(s.substr(0, eq));
+    if (name.empty())
+      fail(kCommandLine, "malformed override '" + raw + "': expected --section.key=value");
+    if (!config::find_key(name)) fail(kCommandLine, unknown_key_message(name));
+    sources[name] = {s.substr(eq + 1), kCommandLine};  // a later override wins over an earlier
+  }
+}
+
+// Cross-key checks and derived values. A message names every key involved and is blamed on the
+// command line when one of those keys came from there.
+class Validator {
+ public:
+  Validator(Config& cfg, const Sources& sources, int world_size)
+      : c_(cfg), sources_(sources), world_(world_size) {}
+
+  void run() {
+    model();
+    layout();
+    training();
+    data_and_system();
+  }
+
+ private:
+  std::string where(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys) {
+      const auto it = sources_.find(k);
+      if (it != sources_.end() && it->second.where == kCommandLine) return kCommandLine;
+    }
+    return c_.deck_path;
+  }
+  static std::string n(int64_t v) { return std::to_string(v); }
+
+  void model() {
+    auto& m = c_.model;
+    if (m.kv_heads == 0) m.kv_heads = m.heads, c_.derived.push_back("model.kv_heads");
+    if (m.d_ff == 0) {
+      if (int64_t{4} * m.d_model > std::numeric_limits<int>::max())
+        fail(where({"model.d_model"}), "model.d_ff = 4 * model.d_model = " +
+                                           n(int64_t{4} * m.d_model) +
+                                           " is too large; set model.d_ff explicitly");
+      m.d_ff = 4 * m.d_model, c_.derived.push_back("model.d_ff");
+    }
+    if (m.d_model % m.heads != 0)
+      fail(where({"model.d_model", "model.heads"}),
+           "model.d_model = " + n(m.d_model) + " is not divisible by model.heads = " +
+               n(m.heads) + ": choose d_model a multiple of heads");
+    if (m.heads % m.kv_heads != 0)
+      fail(where({"model.heads", "model.kv_heads"}),
+           "model.heads = " + n(m.heads) + " is not divisible by model.kv_heads = " +
+               n(m.kv_heads) + ": kv_heads must divide heads (0 means kv_heads = heads)");
+  }
+
+  void layout() {
+    auto& p = c_.parallel;
+    const int64_t tp_pp = int64_t{p.tp} * p.pp;
+    if (p.dp == 0) {
+      if (world_ % tp_pp != 0)
+        fail(where({"parallel.tp", "parallel.pp"}),
+             "parallel.tp*pp = " + n(tp_pp) + " does not divide the world size " + n(world_) +
+                 ": choose parallel.tp and parallel.pp whose product divides " + n(world_));
+      p.dp = static_cast<int>(world_ / tp_pp), c_.derived.push_back("parallel.dp");
+    }
+    const int64_t ranks = p.dp * tp_pp;
+    if (ranks != world_)
+      fail(where({"parallel.dp", "parallel.tp", "parallel.pp"}),
+           "parallel.dp*tp*pp = " + n(ranks) + " but " + n(world_) +
+               " ranks were started: start " + n(ranks) +
+               " ranks or change parallel.dp/tp/pp (dp = 0 derives dp from the world size)");
+    const auto& m = c_.model;
+    if (m.heads % p.tp != 0)
+      fail(where({"model.heads", "parallel.tp"}),
+           "model.heads = " + n(m.heads) + " is not divisible by parallel.tp = " + n(p.tp) +
+               ": tensor parallelism splits the heads evenly over tp ranks");
+    if (m.kv_heads % p.tp != 0 && p.tp % m.kv_heads != 0)
+      fail(where({"model.kv_heads", "parallel.tp"}),
+           "model.kv_heads = " + n(m.kv_heads) + " and parallel.tp = " + n(p.tp) +
+               ": one must divide the other so kv heads can be split or replicated over tp");
+    if (p.pp > m.layers)
+      fail(where({"parallel.pp", "model.layers"}),
+           "parallel.pp = " + n(p.pp) + " exceeds model.layers = " + n(m.layers) +
+               ": every pipeline stage needs at least one layer");
+    if (p.schedule == "interleaved") {
+      if (p.virtual_stages < 2)
+        fail(where({"parallel.schedule", "parallel.virtual_stages"}),
+             "parallel.schedule = interleaved needs parallel.virtual_stages > 1 "
+             "(or use schedule = 1f1b)");
+      const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
+      if (m.layers % chunks != 0)
+        fail(where({"model.layers", "parallel.pp", "parallel.virtual_stages"}),
+             "model.layers = " + n(m.layers) +
+                 " is not divisible by parallel.pp * parallel.virtual_stages = " + n(chunks) +
+                 ": the interleaved schedule needs equal model chunks");
+    } else if (p.virtual_stages != 1) {
+      // Silently ignoring it would let someone believe they run an interleaved pipeline.
+      fail(where({"parallel.schedule", "parallel.virtual_stages"}),
+           "parallel.virtual_stages = " + n(p.virtual_stages) +
+               " only applies to parallel.schedule = interleaved (schedule is " + p.schedule +
+               ")");
+    }
+    if (p.sequence_parallel && m.seq_len % p.tp != 0)
+      fail(where({"parallel.sequence_parallel", "model.seq_len", "parallel.tp"}),
+           "parallel.sequence_parallel needs model.seq_len = " + n(m.seq_len) +
+               " divisible by parallel.tp = " + n(p.tp));
+  }
+
+  void training() {
+    const auto& t = c_.train;
+    const int64_t per_step = int64_t{c_.parallel.dp} * t.micro_batch;
+    if (t.global_batch % per_step != 0)
+      fail(where({"train.global_batch", "train.micro_batch", "parallel.dp"}),
+           "train.global_batch = " + n(t.global_batch) +
+               " is not divisible by parallel.dp * train.micro_batch = " + n(per_step) +
+               ": use a global_batch that is a multiple of " + n(per_step));
+    if (t.min_lr > t.lr)
+      fail(where({"train.min_lr", "train.lr"}),
+           "train.min_lr = " + config::value_text(*config::find_key("train.min_lr"), c_) +
+               " exceeds train.lr = " + config::value_text(*config::find_key("train.lr"), c_) +
+               ": min_lr must be at most lr");
+  }
+
+  void data_and_system() {
+    const auto& d = c_.data;
+    if (d.source != "synthetic" && trim(d.path).empty())
+      fail(where({"data.source", "data.path"}),
+           "data.source = " + d.source + " needs data.path (" +
+               (d.source == "text" ? "a text file" : "a glob of token shards") + ")");
+    if (d.source == "synthetic" && d.synthetic_branching > c_.model.vocab)
+      fail(where({"data.synthetic_branching", "model.vocab"}),
+           "data.synthetic_branching = " + n(d.synthetic_branching) +
+               " exceeds model.vocab = " + n(c_.model.vocab) +
+               ": a context cannot have more successors than there are tokens");
+    if (c_.system.precision == "bf16" && c_.system.backend != "cuda")
+      fail(where({"system.precision", "system.backend"}),
+           "system.precision = bf16 needs system.backend = cuda (the cpu backend runs fp32)");
+  }
+
+  Config& c_;
+  const Sources& sources_;
+  int64_t world_;
+};
+
+}  // namespace
+
+void check_supported_layout(const Config& cfg) {
+  const auto& p = cfg.parallel;
+  if (int64_t{p.dp} * p.tp * p.pp > 1 || p.zero > 0)
+    fail(cfg.deck_path, "parallel.dp/tp/pp/zero: multi-rank layouts are not supported yet in "
+                        "this build (dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) +
+                            " pp=" + std::to_string(p.pp) + " zero=" + std::to_string(p.zero) +
+                            "); run one rank with dp=tp=pp=1, zero=0");
+}
+
+void check_supported_backend(const Config& cfg) {
+  if (cfg.system.backend == "cuda")
+    fail(cfg.deck_path, "system.backend=cuda: this build has no CUDA backend yet");
+}
+
+Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
+                   int world_size) {
+  TRELLIS_CHECK(world_size >= 1, "world size %d", world_size);
+  Sources sources;
+  read_deck(deck_path, sources);
+  apply_overrides(overrides, sources);
+
+  Config cfg;
+  cfg.deck_path = deck_path;
+  for (const auto& e : key_table()) {
+    const auto it = sources.find(e.name());
+    if (it == sources.end()) continue;
+    const std::string expected = config::set_value(e, cfg, it->second.text);
+    if (!expected.empty())
+      fail(it->second.where,
+           "bad value '" + it->second.text + "' for " + e.name() + ": expected " + expected);
+  }
+
+  if (cfg.run.dir.empty()) {
+    cfg.run.dir = "runs/" + std::filesystem::path(deck_path).stem().string();
+    cfg.derived.push_back("run.dir");
+  }
+  if (cfg.checkpoint.dir.empty()) {
+    cfg.checkpoint.dir = (std::filesystem::path(cfg.run.dir) / "ckpt").string();
+    cfg.derived.push_back("checkpoint.dir");
+  }
+  Validator(cfg, sources, world_size).run();
+  check_supported_layout(cfg);
+  check_supported_backend(cfg);
+
+  for (const auto& e : key_table()) cfg.effective.emplace_back(e.name(), config::value_text(e, cfg));
+  return cfg;
+}
+
+std::string effective_deck_ini(const Config& cfg) {
+  std::string out = "# Effective deck written by trellis (from " +
+                    (cfg.deck_path.empty() ? std::string("defaults") : cfg.deck_path) +
+                    ", after command-line overrides and derived values)\n";
+  std::string section;
+  for (const auto& e : key_table()) {
+    if (section != e.section) {
+      section = e.section;
+      out += "\n[" + section + "]\n";
+    }
+    const std::string value = config::value_text(e, cfg);
+    out += std::string(e.key) + (value.empty() ? " =" : " = " + value) + "\n";
+  }
+  return out;
+}
+
+std::string config_table(const Config& cfg) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& e : key_table()) {
+    const std::string name = e.name(), value = config::value_text(e, cfg);
+    std::string mark;
+    if (std::find(cfg.derived.begin(), cfg.derived.end(), name) != cfg.derived.end())
+      mark = "(derived)";
+    else if (value != config::default_text(e))
+      mark = "*";
+    rows.push_back({name, value, mark});
+  }
+  return format_table("Configuration (* = not the default)", {"key", "value", ""}, rows);
+}
+
+std::string keys_help() {
+  size_t width = 0;
+  for (const auto& e : key_table()) width = std::max(width, std::string(e.key).size());
+  std::string out =
+      "Deck keys, by section (set in the deck, or on the command line as --section.key=value):\n";
+  std::string section;
+  for (const auto& e : key_table()) {
+    if (section != e.section) {
+      section = e.section;
+      out += "\n[" + section + "]\n";
+    }
+    std::string key = e.key;
+    key.resize(width, ' ');
+    const std::string def = config::default_text(e);
+    out += "  " + key + "  " + config::type_name(e) + ", " + config::expectation(e) +
+           "; default " + (def.empty() ? "(empty)" : def) + "\n      " + e.help + "\n";
+  }
+  return out;
+}
+
+}  // namespace trellis

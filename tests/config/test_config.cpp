@@ -1,0 +1,397 @@
+// Deck parsing, overrides, derived values and every way a deck can be wrong. Decks are written
+// to a private temporary directory so tests can run side by side.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "config/keys.hpp"
+#include "core/error.hpp"
+
+namespace fs = std::filesystem;
+using trellis::Config;
+using trellis::load_config;
+using trellis::UserError;
+
+namespace {
+
+const char* const kBase = R"(# a small valid deck
+[model]
+layers = 2
+d_model = 64
+heads = 4     # trailing comment
+seq_len = 32
+vocab = 128
+
+[train]
+steps = 10
+global_batch = 4
+micro_batch = 2
+lr = 3e-4
+)";
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int counter = 0;
+    dir_ = fs::temp_directory_path() /
+           ("trellis_config_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& text, const std::string& name = "deck.ini") {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+  // The UserError message of loading, or "" when it loaded.
+  std::string error_of(const std::string& deck, const std::vector<std::string>& overrides = {},
+                       int world = 1) {
+    try {
+      load_config(deck, overrides, world);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ConfigTest, ValidDeckLoads) {
+  const Config c = load_config(write(kBase), {}, 1);
+  EXPECT_EQ(c.model.layers, 2);
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.model.heads, 4);
+  EXPECT_EQ(c.model.seq_len, 32);
+  EXPECT_EQ(c.model.vocab, 128);
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.global_batch, 4);
+  EXPECT_EQ(c.train.micro_batch, 2);
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.micro_batches_per_step(), 2);
+  // Untouched keys keep the struct defaults.
+  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_DOUBLE_EQ(c.train.beta2, 0.95);
+  EXPECT_EQ(c.model.seed, 1234u);
+}
+
+TEST_F(ConfigTest, DerivedDefaults) {
+  const std::string deck = write(kBase, "my-run.ini");
+  const Config c = load_config(deck, {}, 1);
+  EXPECT_EQ(c.model.kv_heads, 4);
+  EXPECT_EQ(c.model.d_ff, 256);
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.run.dir, "runs/my-run");
+  EXPECT_EQ(c.checkpoint.dir, "runs/my-run/ckpt");
+  EXPECT_EQ(c.derived, (std::vector<std::string>{"run.dir", "checkpoint.dir", "model.kv_heads",
+                                                 "model.d_ff", "parallel.dp"}));
+  const Config d = load_config(deck, {"--run.dir=out", "--model.kv_heads=2", "--model.d_ff=100"}, 1);
+  EXPECT_EQ(d.checkpoint.dir, "out/ckpt");
+  EXPECT_EQ(d.model.kv_heads, 2);
+  EXPECT_EQ(d.model.d_ff, 100);
+}
+
+TEST_F(ConfigTest, EmptyDeckGivesDefaults) {
+  const Config c = load_config(write("# nothing\n"), {}, 1);
+  const Config defaults;
+  EXPECT_EQ(c.model.layers, defaults.model.layers);
+  EXPECT_EQ(c.train.steps, defaults.train.steps);
+  EXPECT_EQ(c.data.source, defaults.data.source);
+  for (const auto& e : trellis::config::key_table()) {
+    if (e.derived) continue;
+    EXPECT_EQ(trellis::config::value_text(e, c), trellis::config::default_text(e)) << e.name();
+  }
+}
+
+TEST_F(ConfigTest, OverridesWin) {
+  const std::string deck = write(kBase);
+  const Config c = load_config(
+      deck, {"--train.steps=100", "model.layers=3", "--train.steps=7", "--data.path=",
+             "--parallel.sequence_parallel=yes", "--train.lr=+0.01", "--system.threads=2"},
+      1);
+  EXPECT_EQ(c.train.steps, 7);  // the later override wins
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.01);
+  EXPECT_EQ(c.system.threads, 2);
+  EXPECT_EQ(load_config(deck, {}, 1).train.steps, 10);
+}
+
+TEST_F(ConfigTest, BoolSpellings) {
+  const std::string deck = write(kBase);
+  for (const char* t : {"true", "1", "yes", "on", "TRUE", "On"})
+    EXPECT_TRUE(load_config(deck, {std::string("--parallel.sequence_parallel=") + t}, 1)
+                    .parallel.sequence_parallel) << t;
+  for (const char* f : {"false", "0", "no", "off", "False"})
+    EXPECT_FALSE(load_config(deck, {std::string("--parallel.sequence_parallel=") + f}, 1)
+                     .parallel.sequence_parallel) << f;
+}
+
+TEST_F(ConfigTest, EffectiveListsEveryKeyInOrder) {
+  const Config c = load_config(write(kBase), {"--train.steps=55"}, 1);
+  const auto& table = trellis::config::key_table();
+  ASSERT_EQ(c.effective.size(), table.size());
+  for (size_t i = 0; i < table.size(); ++i) EXPECT_EQ(c.effective[i].first, table[i].name());
+  auto find = [&](const std::string& k) {
+    for (const auto& [name, value] : c.effective)
+      if (name == k) return value;
+    return std::string("?");
+  };
+  EXPECT_EQ(find("train.steps"), "55");
+  EXPECT_EQ(find("model.kv_heads"), "4");
+  EXPECT_EQ(find("train.lr"), "0.0003");
+  EXPECT_EQ(find("parallel.sequence_parallel"), "false");
+}
+
+TEST_F(ConfigTest, EffectiveDeckRoundTrips) {
+  const std::string deck = write(std::string(kBase) +
+                                 "[model]\ninit_std = 0.30000000000000004\n"
+                                 "[data]\nsynthetic_alpha = 0.123456789012345\n"
+                                 "[parallel]\norder = pp-tp-dp\nsequence_parallel = on\n",
+                                 "orig.ini");
+  const Config a = load_config(deck, {"--train.beta1=0.85", "--checkpoint.resume=never"}, 1);
+  const std::string ini = trellis::effective_deck_ini(a);
+  EXPECT_NE(ini.find("trellis"), std::string::npos);
+  EXPECT_NE(ini.find("[model]"), std::string::npos);
+  const Config b = load_config(write(ini, "effective.ini"), {}, 1);
+  EXPECT_EQ(a.effective, b.effective);
+  EXPECT_EQ(b.run.dir, "runs/orig");  // written out, not re-derived from the new file name
+  EXPECT_EQ(a.model.init_std, b.model.init_std);
+  EXPECT_EQ(a.data.synthetic_alpha, b.data.synthetic_alpha);
+  EXPECT_EQ(b.parallel.order, "pp-tp-dp");
+  EXPECT_EQ(b.train.beta1, 0.85);
+  // Identical apart from the header line naming the source deck.
+  const auto body = [](const std::string& s) { return s.substr(s.find('\n')); };
+  EXPECT_EQ(body(trellis::effective_deck_ini(b)), body(ini));
+}
+
+TEST_F(ConfigTest, ConfigTableMarksChangesAndDerived) {
+  const Config c = load_config(write(kBase), {}, 1);
+  const std::string t = trellis::config_table(c);
+  EXPECT_NE(t.find("model.layers"), std::string::npos);
+  EXPECT_NE(t.find("(derived)"), std::string::npos);
+  EXPECT_NE(t.find("*"), std::string::npos);
+  for (const auto& e : trellis::config::key_table())
+    EXPECT_NE(t.find(e.name()), std::string::npos) << e.name();
+}
+
+TEST_F(ConfigTest, KeysHelpMentionsEveryKey) {
+  const std::string h = trellis::keys_help();
+  for (const auto& e : trellis::config::key_table()) {
+    EXPECT_NE(h.find("[" + std::string(e.section) + "]"), std::string::npos) << e.section;
+    EXPECT_NE(h.find(std::string("  ") + e.key + " "), std::string::npos) << e.name();
+    EXPECT_NE(h.find(e.help), std::string::npos) << e.name();
+  }
+  EXPECT_NE(h.find("gpipe, 1f1b, interleaved"), std::string::npos);
+}
+
+TEST_F(ConfigTest, KeyTableIsConsistent) {
+  std::set<std::string> names;
+  for (const auto& e : trellis::config::key_table()) {
+    EXPECT_TRUE(names.insert(e.name()).second) << "duplicate " << e.name();
+    EXPECT_EQ(trellis::config::find_key(e.name()), &e);
+    // Every default must itself be accepted (derived keys: their sentinel 0 / empty).
+    Config c;
+    EXPECT_EQ(trellis::config::set_value(e, c, trellis::config::default_text(e)), "") << e.name();
+  }
+}
+
+TEST_F(ConfigTest, FileErrorsNameTheFile) {
+  const std::string missing = (dir_ / "nope.ini").string();
+  EXPECT_NE(error_of(missing).find(missing), std::string::npos);
+  EXPECT_NE(error_of(missing).find("no such file"), std::string::npos);
+  EXPECT_NE(error_of(dir_.string()).find("directory"), std::string::npos);
+  EXPECT_NE(error_of(dir_.string()).find(dir_.string()), std::string::npos);
+  EXPECT_NE(error_of("").find("no deck"), std::string::npos);
+  if (geteuid() != 0) {  // root reads anything
+    const std::string locked = write(kBase, "locked.ini");
+    fs::permissions(locked, fs::perms::none);
+    EXPECT_NE(error_of(locked).find(locked), std::string::npos);
+  }
+}
+
+TEST_F(ConfigTest, SyntaxErrorNamesDeckAndLine) {
+  const std::string deck = write("[model]\nlayers = 2\nthis line is wrong\n");
+  const std::string e = error_of(deck);
+  EXPECT_NE(e.find(deck + ":3"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, ErrorsComeFromTheRightPlace) {
+  const std::string deck = write(kBase);
+  EXPECT_EQ(error_of(deck, {"--train.steps=0"}).rfind("command line: ", 0), 0u);
+  const std::string from_deck = write(std::string(kBase) + "[train]\nwarmup_steps = -1\n", "d2.ini");
+  EXPECT_EQ(error_of(from_deck).rfind(from_deck + ": ", 0), 0u);
+  EXPECT_EQ(error_of(deck, {"--train.steps=abc"}),
+            "command line: bad value 'abc' for train.steps: expected an integer ≥ 1");
+  EXPECT_EQ(error_of(write(std::string(kBase) + "[model]\nlayer = 3\n", "typo.ini")),
+            (dir_ / "typo.ini").string() +
+                ": unknown key 'model.layer' (did you mean 'model.layers'?)");
+}
+
+TEST_F(ConfigTest, SupportedLayoutCheckIsSeparate) {
+  Config c;
+  c.parallel.dp = c.parallel.tp = c.parallel.pp = 1;
+  EXPECT_NO_THROW(trellis::check_supported_layout(c));
+  c.parallel.zero = 1;
+  EXPECT_THROW(trellis::check_supported_layout(c), UserError);
+  c.parallel.zero = 0;
+  c.parallel.tp = 2;
+  EXPECT_THROW(trellis::check_supported_layout(c), UserError);
+  c.system.backend = "cuda";
+  EXPECT_THROW(trellis::check_supported_backend(c), UserError);
+}
+
+// One bad deck or command line per row: what is added to the base deck, the overrides, the world
+// size, and strings the message must contain.
+struct BadCase {
+  const char* name;
+  const char* deck_extra;
+  std::vector<std::string> overrides;
+  int world;
+  std::vector<std::string> expect;
+};
+
+const std::vector<BadCase> kBadCases = {
+    // Unknown keys and sections.
+    {"deck typo", "[model]\nlayer = 3\n", {}, 1, {"model.layer", "did you mean 'model.layers'"}},
+    {"key outside section", "", {}, 1, {}},  // placeholder replaced below
+    {"key in wrong section", "[train]\ninit_std = 0.1\n", {}, 1, {"'model.init_std'"}},
+    {"cli typo", "", {"--train.step=5"}, 1, {"command line", "train.step", "'train.steps'"}},
+    {"deck section typo", "[modle]\nlayers = 3\n", {}, 1, {"[modle]", "did you mean [model]"}},
+    {"empty unknown section", "[nonsense]\n", {}, 1, {"[nonsense]"}},
+    {"cli section typo", "", {"--trian.steps=5"}, 1, {"command line", "[trian]", "[train]"}},
+    {"duplicate key", "[model]\nlayers = 3\n", {}, 1, {"model.layers", "more than once"}},
+    {"malformed override", "", {"--train.steps"}, 1, {"command line", "--train.steps", "malformed"}},
+    {"override without key", "", {"--=5"}, 1, {"malformed", "--=5"}},
+    {"override without section", "", {"--steps=5"}, 1, {"'steps'", "did you mean 'train.steps'"}},
+    // Values that do not parse.
+    {"int garbage", "", {"--train.steps=abc"}, 1, {"bad value 'abc'", "train.steps", "integer"}},
+    {"int trailing", "", {"--train.steps=10x"}, 1, {"'10x'", "train.steps"}},
+    {"int exponent", "", {"--train.steps=1e3"}, 1, {"'1e3'", "train.steps"}},
+    {"int decimal", "", {"--model.layers=2.0"}, 1, {"'2.0'", "model.layers"}},
+    {"int empty", "", {"--model.layers="}, 1, {"model.layers", "integer"}},
+    {"int overflow", "", {"--model.layers=99999999999"}, 1, {"model.layers", "2147483647"}},
+    {"int64 overflow", "", {"--train.steps=99999999999999999999"}, 1, {"train.steps", "at most"}},
+    {"negative seed", "", {"--model.seed=-1"}, 1, {"model.seed"}},
+    {"float garbage", "", {"--train.lr=fast"}, 1, {"'fast'", "train.lr", "number"}},
+    {"float nan", "", {"--train.lr=nan"}, 1, {"'nan'", "train.lr"}},
+    {"float inf", "", {"--train.lr=inf"}, 1, {"'inf'", "train.lr"}},
+    {"float overflow", "", {"--train.lr=1e999"}, 1, {"'1e999'", "train.lr"}},
+    {"float trailing", "", {"--train.eps=1e-8f"}, 1, {"train.eps"}},
+    {"bool", "", {"--parallel.sequence_parallel=maybe"}, 1, {"parallel.sequence_parallel", "true"}},
+    {"choice", "", {"--parallel.schedule=zigzag"}, 1, {"parallel.schedule", "gpipe, 1f1b"}},
+    {"choice decay", "", {"--train.decay=exp"}, 1, {"train.decay", "cosine"}},
+    {"choice source", "", {"--data.source=web"}, 1, {"data.source"}},
+    {"choice backend", "", {"--system.backend=tpu"}, 1, {"system.backend"}},
+    {"choice precision", "", {"--system.precision=fp16"}, 1, {"system.precision"}},
+    {"order short", "", {"--parallel.order=tp-dp"}, 1, {"parallel.order", "permutation"}},
+    {"order repeat", "", {"--parallel.order=tp-tp-pp"}, 1, {"parallel.order"}},
+    {"resume empty", "", {"--checkpoint.resume="}, 1, {"checkpoint.resume"}},
+    // Ranges.
+    {"layers", "", {"--model.layers=0"}, 1, {"model.layers", "≥ 1"}},
+    {"d_model", "", {"--model.d_model=0"}, 1, {"model.d_model"}},
+    {"heads", "", {"--model.heads=0"}, 1, {"model.heads"}},
+    {"kv_heads", "", {"--model.kv_heads=-1"}, 1, {"model.kv_heads", "≥ 0"}},
+    {"d_ff", "", {"--model.d_ff=-1"}, 1, {"model.d_ff"}},
+    {"seq_len", "", {"--model.seq_len=0"}, 1, {"model.seq_len"}},
+    {"vocab", "", {"--model.vocab=1"}, 1, {"model.vocab", "≥ 2"}},
+    {"init_std", "", {"--model.init_std=0"}, 1, {"model.init_std", "> 0"}},
+    {"dp", "", {"--parallel.dp=-1"}, 1, {"parallel.dp"}},
+    {"tp", "", {"--parallel.tp=0"}, 1, {"parallel.tp"}},
+    {"pp", "", {"--parallel.pp=0"}, 1, {"parallel.pp"}},
+    {"zero", "", {"--parallel.zero=4"}, 1, {"parallel.zero", "0..3"}},
+    {"virtual_stages", "", {"--parallel.virtual_stages=0"}, 1, {"parallel.virtual_stages"}},
+    {"bucket_mb", "", {"--parallel.bucket_mb=0"}, 1, {"parallel.bucket_mb"}},
+    {"steps", "", {"--train.steps=0"}, 1, {"train.steps"}},
+    {"global_batch", "", {"--train.global_batch=0"}, 1, {"train.global_batch"}},
+    {"micro_batch", "", {"--train.micro_batch=0"}, 1, {"train.micro_batch"}},
+    {"lr", "", {"--train.lr=0"}, 1, {"train.lr"}},
+    {"min_lr", "", {"--train.min_lr=-0.1"}, 1, {"train.min_lr"}},
+    {"warmup_steps", "", {"--train.warmup_steps=-1"}, 1, {"train.warmup_steps"}},
+    {"weight_decay", "", {"--train.weight_decay=-1"}, 1, {"train.weight_decay"}},
+    {"beta1", "", {"--train.beta1=1"}, 1, {"train.beta1", "[0, 1)"}},
+    {"beta2", "", {"--train.beta2=-0.5"}, 1, {"train.beta2"}},
+    {"eps", "", {"--train.eps=0"}, 1, {"train.eps"}},
+    {"grad_clip", "", {"--train.grad_clip=-1"}, 1, {"train.grad_clip"}},
+    {"synthetic_tokens", "", {"--data.synthetic_tokens=1000"}, 1, {"data.synthetic_tokens", "1024"}},
+    {"synthetic_order", "", {"--data.synthetic_order=0"}, 1, {"data.synthetic_order"}},
+    {"synthetic_branching", "", {"--data.synthetic_branching=0"}, 1, {"data.synthetic_branching"}},
+    {"synthetic_alpha", "", {"--data.synthetic_alpha=0"}, 1, {"data.synthetic_alpha"}},
+    {"ckpt every", "", {"--checkpoint.every=-1"}, 1, {"checkpoint.every"}},
+    {"keep", "", {"--checkpoint.keep=0"}, 1, {"checkpoint.keep"}},
+    {"log every", "", {"--log.every=0"}, 1, {"log.every"}},
+    {"threads", "", {"--system.threads=-1"}, 1, {"system.threads"}},
+    {"peak_gflops", "", {"--system.peak_gflops=-1"}, 1, {"system.peak_gflops"}},
+    // Consistency between keys.
+    {"d_model % heads", "", {"--model.d_model=66"}, 1, {"model.d_model", "model.heads"}},
+    {"heads % kv_heads", "", {"--model.kv_heads=3"}, 1, {"model.heads", "model.kv_heads"}},
+    {"kv_heads > heads", "", {"--model.kv_heads=8"}, 1, {"model.kv_heads"}},
+    {"world mismatch", "", {"--parallel.dp=2"}, 1,
+     {"parallel.dp*tp*pp = 2 but 1 ranks were started"}},
+    {"world too big", "", {"--parallel.dp=1"}, 4, {"parallel.dp*tp*pp = 1 but 4 ranks"}},
+    {"tp*pp not dividing", "", {"--parallel.tp=2"}, 1, {"parallel.tp", "parallel.pp", "world size 1"}},
+    {"tp*pp not dividing 6", "", {"--parallel.tp=4"}, 6, {"parallel.tp*pp = 4", "6"}},
+    {"global batch", "", {"--train.global_batch=5"}, 1,
+     {"train.global_batch", "train.micro_batch", "parallel.dp"}},
+    {"global batch dp", "", {"--parallel.dp=4"}, 4, {"train.global_batch", "multiple of 8"}},
+    {"pp > layers", "", {"--parallel.pp=4"}, 4, {"parallel.pp", "model.layers"}},
+    {"heads % tp", "", {"--model.heads=2", "--parallel.tp=4"}, 4, {"model.heads", "parallel.tp"}},
+    {"kv_heads vs tp", "", {"--model.heads=12", "--model.d_model=96", "--model.kv_heads=6",
+                            "--parallel.tp=4"}, 4, {"model.kv_heads", "parallel.tp"}},
+    {"interleaved vs=1", "", {"--parallel.schedule=interleaved"}, 1,
+     {"parallel.schedule", "parallel.virtual_stages"}},
+    {"interleaved layers", "", {"--parallel.schedule=interleaved", "--parallel.virtual_stages=2",
+                                "--parallel.pp=2", "--model.layers=6"}, 2,
+     {"model.layers", "parallel.pp * parallel.virtual_stages = 4"}},
+    {"virtual stages without interleaved", "", {"--parallel.virtual_stages=2"}, 1,
+     {"parallel.virtual_stages", "interleaved"}},
+    {"sequence parallel", "", {"--parallel.sequence_parallel=true", "--parallel.tp=2",
+                               "--model.seq_len=33"}, 2, {"model.seq_len", "parallel.tp"}},
+    {"text needs path", "", {"--data.source=text"}, 1, {"data.source", "data.path"}},
+    {"tokens needs path", "", {"--data.source=tokens"}, 1, {"data.path"}},
+    {"branching > vocab", "", {"--data.synthetic_branching=200"}, 1,
+     {"data.synthetic_branching", "model.vocab"}},
+    {"min_lr > lr", "", {"--train.min_lr=0.01"}, 1, {"train.min_lr", "train.lr"}},
+    {"bf16 on cpu", "", {"--system.precision=bf16"}, 1, {"system.precision", "system.backend"}},
+    {"huge d_ff", "", {"--model.d_model=1000000000", "--model.heads=1"}, 1, {"model.d_ff"}},
+    // Valid, but not in this build yet.
+    {"multi-rank", "", {"--parallel.dp=2", "--train.micro_batch=1"}, 2,
+     {"parallel.dp/tp/pp/zero: multi-rank layouts are not supported yet in this build"}},
+    {"zero", "", {"--parallel.zero=1"}, 1, {"parallel.dp/tp/pp/zero"}},
+    {"cuda", "", {"--system.backend=cuda"}, 1, {"system.backend=cuda: this build has no CUDA"}},
+};
+
+TEST_F(ConfigTest, BadDecksAndOverrides) {
+  ASSERT_GE(kBadCases.size(), 25u);
+  for (const auto& c : kBadCases) {
+    SCOPED_TRACE(c.name);
+    std::string text = std::string(kBase) + c.deck_extra;
+    std::vector<std::string> expect = c.expect;
+    if (std::string(c.name) == "key outside section") {
+      text = "layers = 3\n" + std::string(kBase);
+      expect = {"unknown key 'layers'", "model.layers"};
+    }
+    const std::string deck = write(text);
+    const std::string e = error_of(deck, c.overrides, c.world);
+    ASSERT_FALSE(e.empty()) << "loaded without error";
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    const std::string where = c.overrides.empty() ? deck : "command line";
+    // The unsupported-layout checks see only the Config, so they blame the deck.
+    const bool unsupported = std::string(c.name) == "multi-rank" ||
+                             std::string(c.name) == "zero" || std::string(c.name) == "cuda";
+    if (!unsupported) {
+      EXPECT_EQ(e.rfind(where + (c.overrides.empty() ? "" : ": "), 0), 0u) << e;
+    }
+    for (const auto& s : expect) EXPECT_NE(e.find(s), std::string::npos) << e << "\n  lacks: " << s;
+  }
+}
+
+}  // namespace
