@@ -1,0 +1,59 @@
+// The CPU backend: every GEMM through CBLAS (OpenBLAS), every element-wise and reduction kernel a
+// Kokkos kernel on the default host execution space. Kernels are race-free on any execution space
+// (each output element is written by one work item) and deterministic run to run.
+//
+// Files: cpu_gemm.cpp (matmul, attention), cpu_elementwise.cpp (encoder, layernorm, GELU, add,
+// scale), cpu_loss_optim.cpp (softmax cross-entropy, sum of squares, AdamW).
+#pragma once
+#include "backend/backend.hpp"
+#include "core/memory.hpp"
+
+namespace trellis {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend() = default;
+  std::string name() const override { return "cpu"; }
+  void set_threads(int threads) override;
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) override;
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override;
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int C, int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int N, int C, int OC) override;
+
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
+                         int hd) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                          int B, int T, int H, int KV, int hd) override;
+
+  void gelu_forward(float* out, const float* inp, int64_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void add(float* out, const float* a, const float* b, int64_t n) override;
+  void scale(float* x, float s, int64_t n) override;
+
+  void softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N, int V,
+                            float dloss) override;
+
+  double sum_squares(const float* x, int64_t n) override;
+  void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bc1, float bc2,
+             float grad_scale) override;
+
+ private:
+  /// A (T,T) scratch for attention backward's dP / dS, grown on demand.
+  float* scratch(int64_t count);
+  Buffer scratch_;
+};
+
+}  // namespace trellis

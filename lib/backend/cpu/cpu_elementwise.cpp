@@ -1,0 +1,186 @@
+// CPU backend: embeddings, layer norm, GELU, add, scale — Kokkos kernels on the host execution
+// space. Each work item owns the outputs it writes (rows, channel blocks or value chunks), so the
+// kernels are race-free and deterministic on any execution space.
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_util.hpp"
+
+namespace trellis {
+
+using cpu::HostRange;
+
+namespace {
+/// Column-wise kernels (sums over rows) give each work item this many adjacent channels.
+constexpr int kColBlock = 64;
+}  // namespace
+
+// ---- embeddings ----
+
+void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte,
+                                 const float* wpe, int B, int T, int C) {
+  // out (B,T,C), tokens (B,T), wte (V,C), wpe (maxT,C)
+  Kokkos::parallel_for("encoder_forward", HostRange(0, int64_t(B) * T), KOKKOS_LAMBDA(int64_t bt) {
+    const int64_t t = bt % T;
+    float* o = out + bt * C;                      // (C)
+    const float* we = wte + int64_t(tokens[bt]) * C;  // (C)
+    const float* wp = wpe + t * C;                // (C)
+    for (int c = 0; c < C; ++c) o[c] = we[c] + wp[c];
+  });
+}
+
+void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int B, int T, int C) {
+  // dwte (V,C) +=, dwpe (maxT,C) +=, dout (B,T,C), tokens (B,T)
+  // dwpe: one work item per position t sums over b.
+  Kokkos::parallel_for("encoder_backward_wpe", HostRange(0, T), KOKKOS_LAMBDA(int64_t t) {
+    float* dp = dwpe + t * C;  // (C)
+    for (int b = 0; b < B; ++b) {
+      const float* d = dout + (int64_t(b) * T + t) * C;  // (C)
+      for (int c = 0; c < C; ++c) dp[c] += d[c];
+    }
+  });
+  // dwte: tokens repeat, so a scatter over tokens would race; instead each work item owns a block
+  // of channels and walks all tokens in order (deterministic order of accumulation).
+  const int nblk = (C + kColBlock - 1) / kColBlock;
+  const int64_t BT = int64_t(B) * T;
+  Kokkos::parallel_for("encoder_backward_wte", HostRange(0, nblk), KOKKOS_LAMBDA(int64_t k) {
+    const int c0 = int(k) * kColBlock;
+    const int c1 = std::min(C, c0 + kColBlock);
+    for (int64_t bt = 0; bt < BT; ++bt) {
+      float* dw = dwte + int64_t(tokens[bt]) * C;  // (C)
+      const float* d = dout + bt * C;              // (C)
+      for (int c = c0; c < c1; ++c) dw[c] += d[c];
+    }
+  });
+}
+
+// ---- layer norm ----
+
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int N, int C) {
+  // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
+  Kokkos::parallel_for("layernorm_forward", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+    const float* x = inp + n * C;  // (C)
+    float* o = out + n * C;        // (C)
+    const float m = cpu::lane_sum(x, C) / float(C);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+      for (int l = 0; l < 8; ++l) {
+        const float d = x[c + l] - m;
+        acc[l] += d * d;
+      }
+    float var = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; c < C; ++c) var += (x[c] - m) * (x[c] - m);
+    var /= float(C);
+    const float s = 1.0f / std::sqrt(var + 1e-5f);
+    for (int j = 0; j < C; ++j) o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
+    mean[n] = m;
+    rstd[n] = s;
+  });
+}
+
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* weight, const float* mean,
+                                    const float* rstd, int N, int C) {
+  // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, dout (N,C), inp (N,C), weight (C), mean (N),
+  // rstd (N)
+  // dinp: one work item per row.
+  Kokkos::parallel_for("layernorm_backward_inp", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+    const float* x = inp + n * C;   // (C)
+    const float* d = dout + n * C;  // (C)
+    float* di = dinp + n * C;       // (C)
+    const float m = mean[n], s = rstd[n];
+    // dnorm = weight·dout; need mean(dnorm) and mean(dnorm·xhat)
+    float a1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+      for (int l = 0; l < 8; ++l) {
+        const float dn = weight[c + l] * d[c + l];
+        a1[l] += dn;
+        a2[l] += dn * ((x[c + l] - m) * s);
+      }
+    float dn_mean = ((a1[0] + a1[1]) + (a1[2] + a1[3])) + ((a1[4] + a1[5]) + (a1[6] + a1[7]));
+    float dnx_mean = ((a2[0] + a2[1]) + (a2[2] + a2[3])) + ((a2[4] + a2[5]) + (a2[6] + a2[7]));
+    for (; c < C; ++c) {
+      const float dn = weight[c] * d[c];
+      dn_mean += dn;
+      dnx_mean += dn * ((x[c] - m) * s);
+    }
+    dn_mean /= float(C);
+    dnx_mean /= float(C);
+    for (int j = 0; j < C; ++j) {
+      const float xhat = (x[j] - m) * s;
+      di[j] += s * (weight[j] * d[j] - dn_mean - xhat * dnx_mean);
+    }
+  });
+  // dweight, dbias: sums over rows; each work item owns a block of channels.
+  const int nblk = (C + kColBlock - 1) / kColBlock;
+  Kokkos::parallel_for("layernorm_backward_w", HostRange(0, nblk), KOKKOS_LAMBDA(int64_t k) {
+    const int c0 = int(k) * kColBlock;
+    const int c1 = std::min(C, c0 + kColBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;   // (C)
+      const float* d = dout + n * C;  // (C)
+      const float m = mean[n], s = rstd[n];
+      for (int c = c0; c < c1; ++c) {
+        dbias[c] += d[c];
+        dweight[c] += ((x[c] - m) * s) * d[c];
+      }
+    }
+  });
+}
+
+// ---- GELU (tanh approximation) ----
+// gelu(x) = ½x(1 + tanh(u)), u = √(2/π)(x + 0.044715x³). With ½(1 + tanh u) = σ(2u) = 1/(1+e^{-2u})
+// this is x·σ(2u): one exp, no cancellation near u = 0, and e^{-2u} → huge / tiny gives the right
+// limits (0 and x) for large |u|.
+
+namespace {
+constexpr float kGeluS = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluK = 0.044715f;
+}  // namespace
+
+void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
+  // out (n), inp (n)
+  cpu::parallel_chunks("gelu_forward", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float x = inp[i];
+      const float u = kGeluS * (x + kGeluK * x * x * x);
+      out[i] = x / (1.0f + cpu::fast_expf(-2.0f * u));
+    }
+  });
+}
+
+void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  // dinp (n) (overwritten), inp (n), dout (n)
+  // d/dx [x·σ(2u)] = σ + x·2σ(1−σ)·u',  u' = √(2/π)(1 + 3·0.044715x²)
+  cpu::parallel_chunks("gelu_backward", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float x = inp[i];
+      const float u = kGeluS * (x + kGeluK * x * x * x);
+      const float du = kGeluS * (1.0f + 3.0f * kGeluK * x * x);
+      const float sg = 1.0f / (1.0f + cpu::fast_expf(-2.0f * u));
+      dinp[i] = (sg + x * 2.0f * sg * (1.0f - sg) * du) * dout[i];
+    }
+  });
+}
+
+// ---- add, scale ----
+
+void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
+  // out (n), a (n), b (n); out may alias a or b (element i reads only a[i], b[i])
+  cpu::parallel_chunks("add", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void CpuBackend::scale(float* x, float s, int64_t n) {
+  // x (n)
+  cpu::parallel_chunks("scale", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) x[i] *= s;
+  });
+}
+
+}  // namespace trellis

@@ -1,0 +1,90 @@
+// Helpers shared by the CPU backend's kernel files (internal to lib/backend/cpu).
+#pragma once
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+namespace trellis::cpu {
+
+using HostSpace = Kokkos::DefaultHostExecutionSpace;
+using HostRange = Kokkos::RangePolicy<HostSpace, Kokkos::IndexType<int64_t>>;
+
+/// Element-wise work is handed to Kokkos in chunks of this many values, so that each work item's
+/// inner loop is a plain, vectorisable loop whatever the execution space.
+inline constexpr int64_t kChunk = 4096;
+
+/// Runs f(lo, hi) over [0, n) in chunks, in parallel on the host execution space. f must only
+/// write elements in [lo, hi) (race-free by construction).
+template <class F>
+void parallel_chunks(const char* label, int64_t n, F f) {
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+  Kokkos::parallel_for(label, HostRange(0, nchunks), KOKKOS_LAMBDA(int64_t k) {
+    const int64_t lo = k * kChunk;
+    const int64_t hi = std::min(n, lo + kChunk);
+    f(lo, hi);
+  });
+}
+
+/// exp(x) for fp32, branch-free so that loops calling it vectorise (no libm call): Cody–Waite
+/// range reduction x = n·ln2 + r, |r| ≤ ln2/2, and Cephes' degree-6 polynomial for e^r (≈1 ulp).
+/// x is clamped to [-87, 88]: exp(-87) ≈ 1.6e-38 (normal, not 0) and exp(88) ≈ 1.65e38 (not inf);
+/// callers rely only on those being negligible / huge.
+inline float fast_expf(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kShift = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+  const float t = x * kLog2e + kShift;
+  const float n = t - kShift;
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((ni + 127) << 23);
+}
+
+/// Σ x[0..n) in float with 8 interleaved partial sums (fixed order: deterministic, vectorisable).
+inline float lane_sum(const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += x[j + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j < n; ++j) s += x[j];
+  return s;
+}
+
+/// Σ x[j]·y[j] over [0, n), same scheme as lane_sum.
+inline float lane_dot(const float* x, const float* y, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += x[j + l] * y[j + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j < n; ++j) s += x[j] * y[j];
+  return s;
+}
+
+/// max x[0..n), n ≥ 1 (NaNs are not propagated reliably).
+inline float lane_max(const float* x, int64_t n) {
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = x[0];
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
+  float m = acc[0];
+  for (int l = 1; l < 8; ++l) m = acc[l] > m ? acc[l] : m;
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+}  // namespace trellis::cpu
