@@ -52,8 +52,13 @@ HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(NCCL_HOME)/lib64/libn
 LIB_SRC  := $(shell find lib -name '*.cpp' | sort)
 LIB_OBJ  := $(LIB_SRC:%.cpp=$(BUILD)/obj/%.o)
 APP_OBJ  := $(BUILD)/obj/app/trellis.o
+# tests/**/test_*.cpp → unit_tests (one rank); tests/**/mpi_test_*.cpp → mpi_tests (run at np 2 and 4).
+# Both link tests/main.cpp and tests/mpi_util.cpp.
+TEST_MAIN_OBJ := $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/mpi_util.o
 TEST_SRC := $(shell find tests -name 'test_*.cpp' | sort)
-TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/main.o
+TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(TEST_MAIN_OBJ)
+MPI_TEST_SRC := $(shell find tests -name 'mpi_test_*.cpp' | sort)
+MPI_TEST_OBJ := $(MPI_TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(TEST_MAIN_OBJ)
 LIBTRELLIS := $(BUILD)/libtrellis.a
 
 .PHONY: all deps run test tests bench features clean
@@ -66,7 +71,7 @@ features:
 deps:
 	@bash scripts/install-deps.sh
 
-$(BUILD)/obj/%.o: %.cpp
+$(BUILD)/obj/%.o: %.cpp Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
@@ -80,6 +85,12 @@ $(BUILD)/trellis: $(APP_OBJ) $(LIBTRELLIS)
 $(BUILD)/unit_tests: $(TEST_OBJ) $(LIBTRELLIS)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
 
+# Test sources include shared helpers as "mpi_util.hpp".
+$(BUILD)/obj/tests/%.o: CPPFLAGS += -Itests
+
+$(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(LIBTRELLIS)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
+
 # Ranks: as root Open MPI needs --allow-run-as-root; more ranks than cores need --oversubscribe.
 MPIRUN  ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --bind-to none
 NP      ?= 1
@@ -90,7 +101,7 @@ run:
 	@$(MAKE) all
 	$(MPIRUN) -np $(NP) $(BUILD)/trellis train $(DECK)
 
-tests: $(BUILD)/unit_tests $(BUILD)/trellis
+tests: $(BUILD)/unit_tests $(BUILD)/mpi_tests $(BUILD)/trellis
 
 test:
 	@$(MAKE) deps
@@ -105,4 +116,4 @@ bench:
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)

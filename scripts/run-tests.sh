@@ -32,6 +32,11 @@ run() {
 }
 
 run unit 1 900 -- "$build/unit_tests"
+# MPI tests (tests/**/mpi_test_*.cpp): the same binary at two world sizes; tests that need another
+# size skip themselves.
+for np in 2 4; do
+  run "mpi-np$np" "$np" 300 -- "$build/mpi_tests"
+done
 
 echo
 [ ${#failures[@]} -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"

@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "core/log.hpp"
+#include "mpi_util.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -14,10 +15,18 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   trellis::set_log_rank(rank);
   ::testing::InitGoogleTest(&argc, argv);
-  if (rank != 0) {  // one rank reports; the others only fail loudly
+  if (rank != 0) {  // one rank reports (console and --gtest_output file); the others only fail loudly
+#ifdef GTEST_FLAG_SET
+    GTEST_FLAG_SET(output, "");
+#else
+    ::testing::GTEST_FLAG(output) = "";
+#endif
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    // InitGoogleTest already created the report writer from the flag: remove it too.
+    delete listeners.Release(listeners.default_xml_generator());
   }
+  trellis::testing::install_mpi_listeners(rank);
   int status;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -34,7 +34,9 @@ static size_t display_width(const std::string& s) {
 }
 
 static std::string pad(const std::string& s, size_t width) {
-  return s + std::string(width - std::min(width, display_width(s)), ' ');
+  std::string out = s;
+  out.append(width - std::min(width, display_width(s)), ' ');
+  return out;
 }
 
 std::string format_table(const std::string& title, const std::vector<std::string>& header,
@@ -71,7 +73,9 @@ std::string format_table(const std::string& title, const std::vector<std::string
         for (size_t k = 0; k + 1 < ncol; ++k) used += width[k] + 3;
         w = inner - used - 2;
       }
-      s += " " + pad(c < cells.size() ? cells[c] : "", w) + " │";
+      s += ' ';
+      s += pad(c < cells.size() ? cells[c] : "", w);
+      s += " │";
     }
     return s + "\n";
   };
@@ -80,7 +84,9 @@ std::string format_table(const std::string& title, const std::vector<std::string
   std::string top = "┌";
   for (size_t i = 0; i < inner; ++i) top += "─";
   out += top + "┐\n";
-  out += "│ " + pad(title, inner - 2) + " │\n";
+  out += "│ ";
+  out += pad(title, inner - 2);
+  out += " │\n";
   out += rule("├", "┬", "┤");
   out += line(header);
   out += rule("├", "┼", "┤");

@@ -1,0 +1,73 @@
+// trellis — trains GPT-style transformers as an HPC job. This file only reads the subcommand and
+// hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step).
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/world.hpp"
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "train/bench.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+const char* kUsage = R"(trellis — trains GPT-style transformers on clusters
+
+usage:
+  mpirun -np N trellis train DECK [--section.key=value ...]   train from an input deck
+  trellis bench [--section.key=value ...]                     step speed vs. this machine's sgemm
+  trellis train --help                                        every deck key: type, default, meaning
+  trellis --help                                              this text
+
+exit status: 0 done, 1 internal failure, 2 bad input (deck, command line, files)
+)";
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? trellis::kExitBadInput : trellis::kExitOk;
+  }
+  const std::string command = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if ((command == "train" || command == "bench") && wants_help(rest)) {
+    std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
+                trellis::keys_help().c_str());
+    return trellis::kExitOk;
+  }
+  if (command != "train" && command != "bench") {
+    std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    return trellis::kExitBadInput;
+  }
+
+  trellis::World world(&argc, &argv);
+  trellis::set_log_rank(world.rank());
+  int status;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    if (command == "train") {
+      if (rest.empty() || rest[0].rfind("--", 0) == 0) {
+        if (world.rank() == 0) trellis::log_error("trellis train: which deck? usage: trellis train DECK");
+        status = trellis::kExitBadInput;
+      } else {
+        std::vector<std::string> overrides(rest.begin() + 1, rest.end());
+        status = trellis::train_main(rest[0], overrides, world);
+      }
+    } else {
+      status = trellis::bench_main(rest, world);
+    }
+  }
+  return status;
+}

@@ -1,0 +1,431 @@
+#include "comm/comm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+
+namespace trellis {
+
+namespace {
+
+int64_t g_max_mpi_count = INT_MAX;
+
+void mpi_ok(int rc, const char* what) {
+  TRELLIS_CHECK(rc == MPI_SUCCESS, "%s failed (MPI error %d)", what, rc);
+}
+
+bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  if (a_bytes <= 0 || b_bytes <= 0) return false;
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + static_cast<uintptr_t>(b_bytes) && pb < pa + static_cast<uintptr_t>(a_bytes);
+}
+
+/// Calls f(offset, count) for consecutive chunks of [0, n) of at most the MPI count limit.
+template <class F>
+void for_chunks(int64_t n, F&& f) {
+  const int64_t limit = g_max_mpi_count;
+  for (int64_t off = 0; off < n; off += limit) f(off, static_cast<int>(std::min(limit, n - off)));
+}
+
+}  // namespace
+
+namespace detail {
+int64_t set_max_mpi_count(int64_t limit) {
+  TRELLIS_CHECK(limit >= 1 && limit <= INT_MAX, "MPI count limit %lld", static_cast<long long>(limit));
+  return std::exchange(g_max_mpi_count, limit);
+}
+int64_t max_mpi_count() { return g_max_mpi_count; }
+}  // namespace detail
+
+// ---- Request ------------------------------------------------------------------------------------
+
+void Request::reset_from(Request& o) noexcept {
+  reqs_ = std::move(o.reqs_);
+  counts_ = std::move(o.counts_);
+  displs_ = std::move(o.displs_);
+  finish_ = std::move(o.finish_);
+  stats_ = o.stats_;
+  started_ = o.started_;
+  done_ = o.done_;
+  o.reqs_.clear();
+  o.counts_.clear();
+  o.displs_.clear();
+  o.finish_ = nullptr;
+  o.stats_ = nullptr;
+  o.done_ = true;
+}
+
+Request::Request(Request&& other) noexcept { reset_from(other); }
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    reset_from(other);
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (!done_) {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+}
+
+void Request::complete(double when) {
+  done_ = true;
+  if (stats_) stats_->seconds_in_flight += when - started_;
+  reqs_.clear();
+  counts_.clear();
+  displs_.clear();
+  if (finish_) {
+    auto f = std::move(finish_);
+    finish_ = nullptr;
+    f();
+  }
+}
+
+bool Request::test() {
+  if (done_) return true;
+  int flag = 1;
+  if (!reqs_.empty())
+    mpi_ok(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
+           "MPI_Testall");
+  if (flag) complete(now_seconds());
+  return flag != 0;
+}
+
+void Request::wait() {
+  if (done_) return;
+  double t0 = now_seconds();
+  if (!reqs_.empty())
+    mpi_ok(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+           "MPI_Waitall");
+  double t1 = now_seconds();
+  if (stats_) stats_->seconds_blocked += t1 - t0;
+  complete(t1);
+}
+
+// ---- Comm ---------------------------------------------------------------------------------------
+
+Comm::Comm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  TRELLIS_CHECK(comm != MPI_COMM_NULL, "Comm '%s' on MPI_COMM_NULL", name_.c_str());
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+void Comm::blocking_done(double started) {
+  double dt = now_seconds() - started;
+  stats_.seconds_blocked += dt;
+  stats_.seconds_in_flight += dt;
+}
+
+void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) const {
+  TRELLIS_CHECK(static_cast<int>(counts.size()) == size_, "%s on '%s': %zu counts for %d ranks",
+                op, name_.c_str(), counts.size(), size_);
+  for (int64_t c : counts)
+    TRELLIS_CHECK(c >= 0, "%s on '%s': negative count %lld", op, name_.c_str(),
+                  static_cast<long long>(c));
+}
+
+void Comm::all_reduce(float* data, int64_t n) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  stats_.payload_values += 2.0 * static_cast<double>(n);
+  for_chunks(n, [&](int64_t off, int cnt) {
+    mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+  });
+  blocking_done(t0);
+}
+
+Request Comm::iall_reduce(float* data, int64_t n) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  stats_.payload_values += 2.0 * static_cast<double>(n);
+  Request r;
+  for_chunks(n, [&](int64_t off, int cnt) {
+    MPI_Request q;
+    mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, comm_, &q),
+           "MPI_Iallreduce");
+    r.reqs_.push_back(q);
+  });
+  r.stats_ = &stats_;
+  r.started_ = t0;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - t0;
+  return r;
+}
+
+void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
+                                const std::vector<int64_t>& counts, bool blocking) {
+  check_counts(counts, "reduce_scatter");
+  const std::vector<int64_t> displ = displacements(counts);
+  const int64_t total = displ.back() + counts.back();
+  const int64_t mine = counts[rank_];
+  ++stats_.calls;
+  stats_.payload_values += static_cast<double>(total);
+  if (total == 0) return;
+  const bool in_place = out == in + displ[rank_];
+  TRELLIS_CHECK(in_place || !overlaps(in, total * 4, out, mine * 4),
+                "reduce_scatter on '%s': out overlaps in (only out == in + this rank's offset "
+                "may alias)",
+                name_.c_str());
+  float* inout = const_cast<float*>(in);
+
+  if (total <= g_max_mpi_count) {  // one MPI_Reduce_scatter
+    r.counts_.assign(counts.begin(), counts.end());
+    const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in);
+    void* recv = in_place ? static_cast<void*>(inout) : static_cast<void*>(out);
+    if (blocking) {
+      mpi_ok(MPI_Reduce_scatter(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_),
+             "MPI_Reduce_scatter");
+    } else {
+      MPI_Request q;
+      mpi_ok(MPI_Ireduce_scatter(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_, &q),
+             "MPI_Ireduce_scatter");
+      r.reqs_.push_back(q);
+    }
+    // In place, MPI leaves the result at the start of the buffer; move it to this rank's block.
+    if (in_place && displ[rank_] != 0 && mine > 0) {
+      auto move = [inout, out, mine] { std::memmove(out, inout, mine * sizeof(float)); };
+      if (blocking) move();
+      else r.finish_ = move;
+    }
+    return;
+  }
+  // Beyond int counts: one reduction to each rank of its block, in chunks.
+  for (int j = 0; j < size_; ++j) {
+    for_chunks(counts[j], [&](int64_t off, int cnt) {
+      const float* src = in + displ[j] + off;
+      const void* send = (j == rank_ && in_place) ? MPI_IN_PLACE : static_cast<const void*>(src);
+      void* recv = j == rank_ ? static_cast<void*>(out + off) : nullptr;
+      if (blocking) {
+        mpi_ok(MPI_Reduce(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_), "MPI_Reduce");
+      } else {
+        MPI_Request q;
+        mpi_ok(MPI_Ireduce(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_, &q), "MPI_Ireduce");
+        r.reqs_.push_back(q);
+      }
+    });
+  }
+}
+
+void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
+  double t0 = now_seconds();
+  Request r;
+  start_reduce_scatter(r, in, out, counts, true);
+  r.counts_.clear();
+  blocking_done(t0);
+}
+
+Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
+  double t0 = now_seconds();
+  Request r;
+  start_reduce_scatter(r, in, out, counts, false);
+  r.stats_ = &stats_;
+  r.started_ = t0;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - t0;
+  return r;
+}
+
+void Comm::start_all_gather(Request& r, const float* in, float* out,
+                            const std::vector<int64_t>& counts, bool blocking) {
+  check_counts(counts, "all_gather");
+  const std::vector<int64_t> displ = displacements(counts);
+  const int64_t total = displ.back() + counts.back();
+  const int64_t mine = counts[rank_];
+  ++stats_.calls;
+  stats_.payload_values += static_cast<double>(total);
+  if (total == 0) return;
+  const bool in_place = in == out + displ[rank_];
+  TRELLIS_CHECK(in_place || !overlaps(in, mine * 4, out, total * 4),
+                "all_gather on '%s': in overlaps out (only in == out + this rank's offset may "
+                "alias)",
+                name_.c_str());
+
+  if (total <= g_max_mpi_count) {  // one MPI_Allgatherv
+    r.counts_.assign(counts.begin(), counts.end());
+    r.displs_.assign(displ.begin(), displ.end());
+    const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in);
+    const int send_count = in_place ? 0 : static_cast<int>(mine);
+    if (blocking) {
+      mpi_ok(MPI_Allgatherv(send, send_count, MPI_FLOAT, out, r.counts_.data(), r.displs_.data(),
+                            MPI_FLOAT, comm_),
+             "MPI_Allgatherv");
+    } else {
+      MPI_Request q;
+      mpi_ok(MPI_Iallgatherv(send, send_count, MPI_FLOAT, out, r.counts_.data(), r.displs_.data(),
+                             MPI_FLOAT, comm_, &q),
+             "MPI_Iallgatherv");
+      r.reqs_.push_back(q);
+    }
+    return;
+  }
+  // Beyond int counts or displacements: each rank broadcasts its block, in chunks.
+  if (!in_place && mine > 0) std::memcpy(out + displ[rank_], in, mine * sizeof(float));
+  for (int j = 0; j < size_; ++j) {
+    for_chunks(counts[j], [&](int64_t off, int cnt) {
+      float* buf = out + displ[j] + off;
+      if (blocking) {
+        mpi_ok(MPI_Bcast(buf, cnt, MPI_FLOAT, j, comm_), "MPI_Bcast");
+      } else {
+        MPI_Request q;
+        mpi_ok(MPI_Ibcast(buf, cnt, MPI_FLOAT, j, comm_, &q), "MPI_Ibcast");
+        r.reqs_.push_back(q);
+      }
+    });
+  }
+}
+
+void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
+  double t0 = now_seconds();
+  Request r;
+  start_all_gather(r, in, out, counts, true);
+  r.counts_.clear();
+  r.displs_.clear();
+  blocking_done(t0);
+}
+
+Request Comm::iall_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
+  double t0 = now_seconds();
+  Request r;
+  start_all_gather(r, in, out, counts, false);
+  r.stats_ = &stats_;
+  r.started_ = t0;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - t0;
+  return r;
+}
+
+void Comm::broadcast(void* data, int64_t bytes, int root) {
+  TRELLIS_CHECK(root >= 0 && root < size_, "broadcast on '%s': root %d of %d", name_.c_str(), root,
+                size_);
+  double t0 = now_seconds();
+  ++stats_.calls;
+  stats_.payload_values += static_cast<double>(bytes) / 4.0;
+  char* p = static_cast<char*>(data);
+  for_chunks(bytes, [&](int64_t off, int cnt) {
+    mpi_ok(MPI_Bcast(p + off, cnt, MPI_BYTE, root, comm_), "MPI_Bcast");
+  });
+  blocking_done(t0);
+}
+
+void Comm::send(const float* data, int64_t n, int peer, int tag) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  stats_.payload_values += static_cast<double>(n);
+  for_chunks(n, [&](int64_t off, int cnt) {
+    mpi_ok(MPI_Send(data + off, cnt, MPI_FLOAT, peer, tag, comm_), "MPI_Send");
+  });
+  blocking_done(t0);
+}
+
+void Comm::recv(float* data, int64_t n, int peer, int tag) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  for_chunks(n, [&](int64_t off, int cnt) {
+    MPI_Status status;
+    mpi_ok(MPI_Recv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &status), "MPI_Recv");
+    int got = 0;
+    MPI_Get_count(&status, MPI_FLOAT, &got);
+    TRELLIS_CHECK(got == cnt, "recv on '%s' from %d (tag %d): got %d values, expected %d",
+                  name_.c_str(), peer, tag, got, cnt);
+  });
+  blocking_done(t0);
+}
+
+Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  stats_.payload_values += static_cast<double>(n);
+  Request r;
+  for_chunks(n, [&](int64_t off, int cnt) {
+    MPI_Request q;
+    mpi_ok(MPI_Isend(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Isend");
+    r.reqs_.push_back(q);
+  });
+  r.stats_ = &stats_;
+  r.started_ = t0;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - t0;
+  return r;
+}
+
+Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
+  double t0 = now_seconds();
+  ++stats_.calls;
+  Request r;
+  for_chunks(n, [&](int64_t off, int cnt) {
+    MPI_Request q;
+    mpi_ok(MPI_Irecv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Irecv");
+    r.reqs_.push_back(q);
+  });
+  r.stats_ = &stats_;
+  r.started_ = t0;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - t0;
+  return r;
+}
+
+double Comm::all_reduce_sum(double value) {
+  double t0 = now_seconds(), out = 0;
+  ++stats_.calls;
+  stats_.payload_values += 2;
+  mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+  blocking_done(t0);
+  return out;
+}
+
+double Comm::all_reduce_max(double value) {
+  double t0 = now_seconds(), out = 0;
+  ++stats_.calls;
+  stats_.payload_values += 2;
+  mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  blocking_done(t0);
+  return out;
+}
+
+void Comm::barrier() { mpi_ok(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+// ---- splits -------------------------------------------------------------------------------------
+
+std::vector<int64_t> even_counts(int64_t n, int parts) {
+  TRELLIS_CHECK(parts >= 1 && n >= 0, "even_counts(%lld, %d)", static_cast<long long>(n), parts);
+  std::vector<int64_t> c(parts, n / parts);
+  for (int64_t i = 0; i < n % parts; ++i) ++c[i];
+  return c;
+}
+
+ShardRange shard_range(int64_t n, int parts, int index) {
+  TRELLIS_CHECK(parts >= 1 && n >= 0 && index >= 0 && index < parts, "shard_range(%lld, %d, %d)",
+                static_cast<long long>(n), parts, index);
+  const int64_t s = (n + parts - 1) / parts;
+  return ShardRange{std::min(index * s, n), std::min((index + 1) * s, n)};
+}
+
+std::vector<int64_t> shard_counts(int64_t n, int parts) {
+  std::vector<int64_t> c(parts);
+  for (int i = 0; i < parts; ++i) c[i] = shard_range(n, parts, i).size();
+  return c;
+}
+
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+
+}  // namespace trellis

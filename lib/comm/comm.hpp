@@ -1,0 +1,151 @@
+// Collectives and point-to-point messages within one group of ranks (dp, tp, pp or world), on
+// fp32 buffers in host memory, with counters per group.
+//
+// Counts are int64_t. MPI takes int counts: an operation whose count (or, for the variable-count
+// collectives, whose total or any displacement) exceeds the chunk limit (INT_MAX) is split into
+// several MPI calls of at most that many values — all_reduce/send/recv/broadcast into chunks,
+// reduce_scatter into one MPI_Reduce per destination rank, all_gather into one MPI_Bcast per
+// source rank — so any size that fits in memory works.
+//
+// Statistics (CommStats), per Comm object:
+//   calls              one per operation started (blocking or not; recv and irecv too).
+//   payload_values     the volume the ZeRO paper counts, in values (floats):
+//                        all_reduce of n values        2n   (a reduce-scatter plus an all-gather)
+//                        reduce_scatter of Σcounts     Σcounts
+//                        all_gather of Σcounts         Σcounts
+//                        send/isend of n               n    (recv/irecv count 0: the sender counts)
+//                        broadcast of b bytes          b / 4
+//                        all_reduce_sum/max (scalar)   2    (an all_reduce of one value)
+//   seconds_in_flight  from start to completion: for a blocking op its duration; for a
+//                      non-blocking op from the i... call to the first time test() or wait()
+//                      saw it complete (so it is at most as precise as the polling).
+//   seconds_blocked    time this rank sat waiting: for a blocking op its duration; for a
+//                      non-blocking op the time spent inside Request::wait() (and the start call).
+//   in flight − blocked is the communication hidden behind computation.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trellis {
+
+struct CommStats {
+  int64_t calls = 0;
+  double payload_values = 0;
+  double seconds_blocked = 0;
+  double seconds_in_flight = 0;
+};
+
+/// A started non-blocking operation. Movable, not copyable. Keeps what MPI needs until completion
+/// (count and displacement arrays). The Comm that started it must outlive it. Destroying a
+/// Request that has not completed waits for it (MPI still owns the buffers until then).
+class Request {
+ public:
+  Request() = default;
+  Request(Request&& other) noexcept;
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  /// True when complete (never blocks). A default-constructed Request is complete.
+  bool test();
+  /// Blocks until complete; the time spent here counts as blocked.
+  void wait();
+  bool done() const { return done_; }
+
+ private:
+  friend class Comm;
+  void complete(double when);
+  void reset_from(Request& other) noexcept;
+
+  std::vector<MPI_Request> reqs_;
+  std::vector<int> counts_, displs_;  // kept alive for MPI until completion
+  std::function<void()> finish_;      // run once on completion (e.g. move an in-place result)
+  CommStats* stats_ = nullptr;
+  double started_ = 0;
+  bool done_ = true;
+};
+
+class Comm {
+ public:
+  /// Wraps `comm` (not owned; it must outlive this object). `name` labels reports ("dp", "tp").
+  Comm(MPI_Comm comm, std::string name);
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  MPI_Comm comm() const { return comm_; }
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // ---- blocking ------------------------------------------------------------------------------
+  /// Sum over the group, in place.
+  void all_reduce(float* data, int64_t n);
+  /// `in` holds Σcounts values, block r (counts[r] values, blocks laid out rank by rank) for rank
+  /// r; this rank's `out` (counts[rank()] values) receives the sum of its block over the group.
+  /// counts.size() must equal size(); counts may differ and be 0. `out` may be `in +
+  /// displacement of this rank` (in place; the rest of `in` is then clobbered); otherwise the two
+  /// must not overlap.
+  void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts);
+  /// Rank r contributes counts[r] values from `in`; `out` (Σcounts values) is the concatenation
+  /// in rank order. `in` may be `out + displacement of this rank` (in place).
+  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts);
+  void broadcast(void* data, int64_t bytes, int root);
+  void send(const float* data, int64_t n, int peer, int tag = 0);
+  void recv(float* data, int64_t n, int peer, int tag = 0);
+  double all_reduce_sum(double value);
+  double all_reduce_max(double value);
+  void barrier();
+
+  // ---- non-blocking (same arguments; buffers must stay untouched until the Request completes) --
+  Request iall_reduce(float* data, int64_t n);
+  Request ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts);
+  Request iall_gather(const float* in, float* out, const std::vector<int64_t>& counts);
+  Request isend(const float* data, int64_t n, int peer, int tag = 0);
+  Request irecv(float* data, int64_t n, int peer, int tag = 0);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+ private:
+  void start_reduce_scatter(Request& r, const float* in, float* out,
+                            const std::vector<int64_t>& counts, bool blocking);
+  void start_all_gather(Request& r, const float* in, float* out,
+                        const std::vector<int64_t>& counts, bool blocking);
+  void check_counts(const std::vector<int64_t>& counts, const char* op) const;
+  void blocking_done(double started);
+
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  CommStats stats_;
+};
+
+/// n split into `parts` counts as evenly as possible: the first n % parts parts get one more.
+std::vector<int64_t> even_counts(int64_t n, int parts);
+
+/// [begin, end) of part `index` of a padded, equal split of n values into `parts`: shard size
+/// s = ceil(n / parts), part i covers [min(i*s, n), min((i+1)*s, n)) — the last parts may be
+/// short or empty. This is the ZeRO shard layout.
+struct ShardRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+ShardRange shard_range(int64_t n, int parts, int index);
+/// Counts of every part of shard_range(n, parts, ·), for reduce_scatter / all_gather.
+std::vector<int64_t> shard_counts(int64_t n, int parts);
+/// Exclusive prefix sums of counts (each block's offset).
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts);
+
+namespace detail {
+/// Largest count handed to one MPI call (INT_MAX). Tests lower it to exercise the split paths
+/// with small buffers; every rank must use the same value. Returns the previous limit.
+int64_t set_max_mpi_count(int64_t limit);
+int64_t max_mpi_count();
+}  // namespace detail
+
+}  // namespace trellis

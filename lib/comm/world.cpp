@@ -1,0 +1,50 @@
+#include "comm/world.hpp"
+
+#include <climits>
+#include <vector>
+
+namespace trellis {
+
+World::World(int* argc, char*** argv) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    MPI_Init(argc, argv);
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+World::~World() {
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (owns_mpi_ && !finalised) MPI_Finalize();
+}
+
+std::string agree_on_error(MPI_Comm comm, const std::string& error) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int mine = error.empty() ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return {};
+  int len = rank == first ? static_cast<int>(error.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  std::vector<char> text(error.begin(), error.end());
+  text.resize(len);
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
+  return std::string(text.begin(), text.end());
+}
+
+MinAvgMax min_avg_max(MPI_Comm comm, double value) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  MinAvgMax r;
+  MPI_Allreduce(&value, &r.min, 1, MPI_DOUBLE, MPI_MIN, comm);
+  MPI_Allreduce(&value, &r.max, 1, MPI_DOUBLE, MPI_MAX, comm);
+  MPI_Allreduce(&value, &r.avg, 1, MPI_DOUBLE, MPI_SUM, comm);
+  r.avg /= size;
+  return r;
+}
+
+}  // namespace trellis

@@ -1,0 +1,38 @@
+// The MPI world as the rest of Trellis sees it before any grid exists: rank, size, and the two
+// collective questions every phase asks — "did every rank succeed?" and "what are min/avg/max?".
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+namespace trellis {
+
+class World {
+ public:
+  /// MPI_Init (or adopts an MPI that is already initialised, as in tests).
+  World(int* argc, char*** argv);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return MPI_COMM_WORLD; }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+};
+
+/// Collective. `error` is empty where this rank succeeded. Returns the message of the lowest
+/// failing rank on every rank (empty when all succeeded), so that every rank can stop together
+/// and the message is printed once.
+std::string agree_on_error(MPI_Comm comm, const std::string& error);
+
+struct MinAvgMax {
+  double min, avg, max;
+};
+/// Collective: min, mean and max of one value over the ranks of comm.
+MinAvgMax min_avg_max(MPI_Comm comm, double value);
+
+}  // namespace trellis

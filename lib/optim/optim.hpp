@@ -1,0 +1,51 @@
+// AdamW with decoupled weight decay, the learning-rate schedule, and global-norm clipping.
+// The optimizer owns m and v for one contiguous range of the flat parameter buffer — the whole
+// buffer without ZeRO, this rank's shard with it — and knows which tensors in that range decay.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "config/config.hpp"
+#include "core/memory.hpp"
+#include "model/params.hpp"
+
+namespace trellis {
+
+/// Learning rate for optimizer step `step` (0-based): linear warmup over warmup_steps to lr, then
+/// cosine or linear decay to min_lr at the last step, or constant.
+double learning_rate(const TrainConfig& t, int64_t step);
+
+/// The factor that scales gradients so their global norm is at most grad_clip (1 when off or
+/// already below).
+double clip_factor(double grad_norm, double grad_clip);
+
+class AdamW {
+ public:
+  /// Optimizer state for parameters [begin, end) of the flat buffer laid out by `table`.
+  AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64_t end);
+
+  /// One step. params and grads point at element `begin` of the flat buffer and hold
+  /// (end − begin) values; gradients are multiplied by grad_scale first.
+  void step(Backend& be, float* params, const float* grads, double lr, double grad_scale);
+
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  float* m() { return m_.f32(); }  // (end - begin)
+  float* v() { return v_.f32(); }  // (end - begin)
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+
+ private:
+  struct Segment {
+    int64_t begin, end;  // flat indices
+    bool decay;
+  };
+  TrainConfig cfg_;
+  int64_t begin_, end_;
+  std::vector<Segment> segments_;  // the tensors inside [begin, end), clipped to it
+  Buffer m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace trellis

@@ -1,0 +1,89 @@
+#include "train/bench.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "backend/backend.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/memory.hpp"
+#include "core/timer.hpp"
+#include "plan/flops.hpp"
+#include "train/trainer.hpp"
+
+namespace trellis {
+
+/// GFLOP/s of out (M,N) = A (M,K)·B (N,K)ᵀ through the backend: the best of `reps` timed calls.
+static double gemm_gflops(Backend& be, int M, int N, int K, int reps) {
+  Buffer a(MemKind::Scratch, sizeof(float) * M * K), b(MemKind::Scratch, sizeof(float) * N * K),
+      c(MemKind::Scratch, sizeof(float) * M * N);
+  for (int64_t i = 0; i < int64_t(M) * K; ++i) a.f32()[i] = float((i * 7919) % 1000) * 1e-3f;
+  for (int64_t i = 0; i < int64_t(N) * K; ++i) b.f32()[i] = float((i * 104729) % 1000) * 1e-3f;
+  be.matmul_forward(c.f32(), a.f32(), b.f32(), nullptr, M, K, N);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_seconds();
+    be.matmul_forward(c.f32(), a.f32(), b.f32(), nullptr, M, K, N);
+    best = std::min(best, now_seconds() - t0);
+  }
+  return 2.0 * M * N * K / best / 1e9;
+}
+
+int bench_main(const std::vector<std::string>& args, World& world) {
+  std::string deck = "inputs/bench.deck";
+  std::vector<std::string> overrides;
+  for (const auto& a : args) {
+    if (a.rfind("--", 0) == 0 || a.find('=') != std::string::npos) overrides.push_back(a);
+    else deck = a;
+  }
+  Config cfg;
+  std::unique_ptr<Trainer> trainer;
+  std::string error;
+  try {
+    cfg = load_config(deck, overrides, world.size());
+    trainer = std::make_unique<Trainer>(cfg, world);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  error = agree_on_error(world.comm(), error);
+  if (!error.empty()) {
+    if (world.rank() == 0) log_error("trellis bench: error: " + error);
+    return kExitBadInput;
+  }
+
+  auto backend = make_backend(cfg.system.backend);
+  backend->set_threads(cfg.system.threads);
+  const double sgemm_square = gemm_gflops(*backend, 2048, 2048, 2048, 5);
+  const int N = cfg.train.micro_batch * cfg.model.seq_len;
+  const double sgemm_model = gemm_gflops(*backend, N, cfg.model.d_ff, cfg.model.d_model, 10);
+
+  const int warmup = 2;
+  trainer->set_quiet(true);
+  for (int s = 0; s < warmup; ++s) trainer->train_step(s);
+  std::vector<double> ms;
+  for (int64_t s = warmup; s < cfg.train.steps + warmup; ++s)
+    ms.push_back(trainer->train_step(s).seconds * 1e3);
+  std::sort(ms.begin(), ms.end());
+  const double step_ms = ms[ms.size() / 2];
+  const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
+  const double gflops = train_flops_per_token(cfg.model) * tokens / (step_ms * 1e-3) / 1e9;
+
+  const ModelConfig& m = cfg.model;
+  std::vector<std::vector<std::string>> rows = {
+      {"model", strfmt("L%d H%d C%d T%d B%d vocab %d", m.layers, m.heads, m.d_model, m.seq_len,
+                       cfg.train.global_batch, m.vocab)},
+      {"threads", cfg.system.threads ? std::to_string(cfg.system.threads) : "all"},
+      {"step (median of " + std::to_string(ms.size()) + ")", strfmt("%.1f ms", step_ms)},
+      {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},
+      {"training GFLOP/s (model FLOPs)", strfmt("%.1f", gflops)},
+      {"sgemm GFLOP/s, 2048³", strfmt("%.1f", sgemm_square)},
+      {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape)", N, m.d_ff, m.d_model), strfmt("%.1f", sgemm_model)},
+      {"step / sgemm 2048³", strfmt("%.1f %%", 100 * gflops / sgemm_square)},
+  };
+  log(format_table("trellis bench: " + deck, {"what", "measured"}, rows));
+  log(strfmt("bench: step_ms=%.3f tokens_per_s=%.1f gflops=%.2f sgemm_gflops=%.2f ratio=%.4f", step_ms,
+             tokens / (step_ms * 1e-3), gflops, sgemm_square, gflops / sgemm_square));
+  return kExitOk;
+}
+
+}  // namespace trellis

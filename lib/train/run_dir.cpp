@@ -1,0 +1,118 @@
+#include "train/run_dir.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trellis {
+
+void check_writable_dir(const std::string& dir, const std::string& key) {
+  // Walk up to the first existing ancestor: that is where a directory would be created.
+  fs::path p = fs::absolute(dir);
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    throw UserError(strfmt("%s = '%s': '%s' is not a directory", key.c_str(), dir.c_str(),
+                           p.c_str()));
+  fs::path probe = p / (".trellis-write-probe-" + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f)
+    throw UserError(strfmt("%s = '%s': cannot write in '%s': %s", key.c_str(), dir.c_str(),
+                           p.c_str(), std::strerror(errno)));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+RunDir::RunDir(const std::string& path) : path_(path) {
+  std::error_code ec;
+  fs::create_directories(path_, ec);
+  if (ec || !fs::is_directory(path_))
+    throw UserError(strfmt("run.dir = '%s': cannot create the run directory: %s", path.c_str(),
+                           ec ? ec.message().c_str() : "not a directory"));
+}
+
+RunDir::~RunDir() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void RunDir::write_file(const std::string& name, const std::string& content) const {
+  fs::path target = fs::path(path_) / name;
+  fs::path tmp = target;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << content;
+    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, target);
+}
+
+void RunDir::open_metrics(const std::vector<std::string>& columns) {
+  fs::path file = fs::path(path_) / "metrics.csv";
+  metrics_ = std::fopen(file.c_str(), "w");
+  if (!metrics_) throw std::runtime_error("cannot write " + file.string());
+  append_metrics(columns);
+}
+
+void RunDir::append_metrics(const std::vector<std::string>& values) {
+  if (!metrics_) return;
+  for (size_t i = 0; i < values.size(); ++i)
+    std::fprintf(metrics_, "%s%s", i ? "," : "", values[i].c_str());
+  std::fputc('\n', metrics_);
+  std::fflush(metrics_);
+}
+
+static std::string json_escape(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) out += strfmt("\\u%04x", c);
+        else out += c;
+    }
+  }
+  return out + "\"";
+}
+
+JsonObject& JsonObject::num(const std::string& key, double v) {
+  items_.emplace_back(key, std::isfinite(v) ? strfmt("%.10g", v) : "null");
+  return *this;
+}
+JsonObject& JsonObject::integer(const std::string& key, long long v) {
+  items_.emplace_back(key, std::to_string(v));
+  return *this;
+}
+JsonObject& JsonObject::str(const std::string& key, const std::string& v) {
+  items_.emplace_back(key, json_escape(v));
+  return *this;
+}
+JsonObject& JsonObject::null(const std::string& key) {
+  items_.emplace_back(key, "null");
+  return *this;
+}
+JsonObject& JsonObject::obj(const std::string& key, const JsonObject& v) {
+  items_.emplace_back(key, v.dump(1));
+  return *this;
+}
+
+std::string JsonObject::dump(int indent) const {
+  std::string pad(2 * (indent + 1), ' '), close(2 * indent, ' ');
+  std::string out = "{\n";
+  for (size_t i = 0; i < items_.size(); ++i)
+    out += pad + json_escape(items_[i].first) + ": " + items_[i].second +
+           (i + 1 < items_.size() ? ",\n" : "\n");
+  return out + close + "}";
+}
+
+}  // namespace trellis

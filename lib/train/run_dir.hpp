@@ -1,0 +1,51 @@
+// The run directory (run.dir): the effective deck, one CSV row per logged step, and a JSON summary
+// at the end. Only the printing rank writes here.
+#pragma once
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trellis {
+
+class RunDir {
+ public:
+  /// Creates the directory (and parents). Throws UserError naming run.dir when it cannot.
+  explicit RunDir(const std::string& path);
+  ~RunDir();
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  /// Writes `name` inside the run directory (via a temporary file and a rename).
+  void write_file(const std::string& name, const std::string& content) const;
+
+  /// metrics.csv: the header once, then one row per call; flushed each time so that a killed
+  /// run keeps what it logged.
+  void open_metrics(const std::vector<std::string>& columns);
+  void append_metrics(const std::vector<std::string>& values);
+
+ private:
+  std::string path_;
+  std::FILE* metrics_ = nullptr;
+};
+
+/// Throws UserError naming `key` when `dir` cannot be created or written. Creates nothing that
+/// was not there (a probe file is removed again).
+void check_writable_dir(const std::string& dir, const std::string& key);
+
+/// A tiny JSON writer for flat objects with nested objects: enough for summary.json.
+class JsonObject {
+ public:
+  JsonObject& num(const std::string& key, double v);
+  JsonObject& integer(const std::string& key, long long v);
+  JsonObject& str(const std::string& key, const std::string& v);
+  JsonObject& null(const std::string& key);
+  JsonObject& obj(const std::string& key, const JsonObject& v);
+  std::string dump(int indent = 0) const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> items_;  // key, already-encoded value
+};
+
+}  // namespace trellis

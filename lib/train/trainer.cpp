@@ -1,0 +1,234 @@
+#include "train/trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/memory.hpp"
+#include "plan/flops.hpp"
+
+namespace trellis {
+
+Trainer::Trainer(const Config& cfg, const World& world) : cfg_(cfg), world_(world) {
+  backend_ = make_backend(cfg_.system.backend);
+  backend_->set_threads(cfg_.system.threads);
+  source_ = make_token_source(cfg_.data, cfg_.model);
+  sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+  table_ = std::make_unique<ParamTable>(cfg_.model);
+  store_ = std::make_unique<ResidentParams>(*table_);
+  model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch);
+  init_parameters(*table_, cfg_.model.seed, store_->params());
+  optimizer_ = std::make_unique<AdamW>(cfg_.train, model_->table(), 0, model_->num_params());
+  const size_t n = size_t(cfg_.train.micro_batch) * cfg_.model.seq_len;
+  inputs_.resize(n);
+  targets_.resize(n);
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::tokens_per_step() const {
+  return double(cfg_.train.global_batch) * cfg_.model.seq_len;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One optimizer step: every micro-batch of this rank's share of the global batch forward and
+// backward (gradients accumulate), then clip by the global norm and take an AdamW step.
+
+StepResult Trainer::train_step(int64_t step) {
+  const double start = now_seconds();
+  const int B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  const int micro_batches = cfg_.micro_batches_per_step();
+  // Each token's loss enters the mean over the whole global batch with this weight.
+  const float dloss = 1.0f / float(tokens_per_step());
+
+  store_->zero_grads();
+  double loss_sum = 0;
+  for (int m = 0; m < micro_batches; ++m) {
+    {
+      ScopedTimer t(timers_, "data");
+      sampler_->batch(step, int64_t(m) * B, B, inputs_.data(), targets_.data());
+    }
+    {
+      ScopedTimer t(timers_, "forward");
+      loss_sum += double(model_->forward(inputs_.data(), targets_.data(), dloss)) * B * T;
+    }
+    {
+      ScopedTimer t(timers_, "backward");
+      model_->backward();
+    }
+  }
+
+  StepResult r;
+  r.step = step;
+  r.loss = loss_sum / tokens_per_step();
+  {
+    ScopedTimer t(timers_, "optimizer");
+    r.grad_norm = std::sqrt(backend_->sum_squares(store_->grads(), model_->num_params()));
+    r.lr = learning_rate(cfg_.train, step);
+    optimizer_->step(*backend_, store_->params(), store_->grads(), r.lr,
+                     clip_factor(r.grad_norm, cfg_.train.grad_clip));
+  }
+  r.seconds = now_seconds() - start;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Trainer::print_start() const {
+  log(config_table(cfg_));
+  const ModelConfig& m = cfg_.model;
+  log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d",
+             (long long)model_->num_params(), format_bytes(model_->num_params() * 4.0).c_str(),
+             m.layers, m.d_model, m.heads, m.kv_heads, m.d_ff));
+  log("data: " + source_->describe());
+  if (auto floor = source_->entropy_floor())
+    log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
+  log(strfmt("step: %d sequences x %d tokens = %.0f tokens, %d micro-batch(es) of %d, %.3g GFLOP",
+             cfg_.train.global_batch, m.seq_len, tokens_per_step(), cfg_.micro_batches_per_step(),
+             cfg_.train.micro_batch, train_flops_per_token(m) * tokens_per_step() / 1e9));
+  log("run directory: " + cfg_.run.dir);
+}
+
+void Trainer::log_step(const StepResult& r) {
+  const double tok_s = tokens_per_step() / r.seconds;
+  const double gflops = train_flops_per_token(cfg_.model) * tok_s / 1e9;
+  const double peak = cfg_.system.peak_gflops * world_.size();
+  const std::string mfu = peak > 0 ? strfmt("%.6f", gflops / peak) : "";
+  if (run_dir_)
+    run_dir_->append_metrics({std::to_string(r.step + 1), strfmt("%.9g", r.loss), strfmt("%.6e", r.lr),
+                              strfmt("%.6e", r.grad_norm), strfmt("%.3f", r.seconds * 1e3),
+                              strfmt("%.1f", tok_s), mfu});
+  const bool due = (r.step + 1) % cfg_.log.every == 0 || r.step + 1 == cfg_.train.steps;
+  if (quiet_ || !due) return;
+  log(strfmt("step %6lld/%lld | loss %.7f | lr %.3e | norm %.4f | %8.1f ms | %s MFU | %.0f tok/s",
+             (long long)r.step + 1, (long long)cfg_.train.steps, r.loss, r.lr, r.grad_norm,
+             r.seconds * 1e3, peak > 0 ? strfmt("%5.1f%%", 100 * gflops / peak).c_str() : "  -  ",
+             tok_s));
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Trainer::run() {
+  if (!quiet_) {
+    print_start();
+    if (world_.rank() == 0) {
+      run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
+      run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
+      run_dir_->open_metrics({"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"});
+    }
+  }
+  const double start = now_seconds();
+  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+    StepResult r = train_step(step);
+    history_.push_back(r);
+    ScopedTimer t(timers_, "logging");
+    log_step(r);
+  }
+  timers_.add("total", now_seconds() - start);
+  if (!quiet_) finish();
+  return history_.empty() ? NAN : history_.back().loss;
+}
+
+void Trainer::finish() {
+  // ---- where the time went ----
+  const double total = timers_.get("total");
+  std::vector<std::vector<std::string>> rows;
+  double accounted = 0;
+  for (const char* section : {"data", "forward", "backward", "optimizer", "logging"}) {
+    double t = timers_.get(section);
+    accounted += t;
+    MinAvgMax s = min_avg_max(world_.comm(), t);
+    rows.push_back({section, strfmt("%.3f", s.min), strfmt("%.3f", s.avg), strfmt("%.3f", s.max),
+                    strfmt("%.1f", total > 0 ? 100 * s.avg / total : 0)});
+  }
+  MinAvgMax other = min_avg_max(world_.comm(), total - accounted);
+  rows.push_back({"other", strfmt("%.3f", other.min), strfmt("%.3f", other.avg),
+                  strfmt("%.3f", other.max), strfmt("%.1f", total > 0 ? 100 * other.avg / total : 0)});
+  MinAvgMax all = min_avg_max(world_.comm(), total);
+  rows.push_back({"total", strfmt("%.3f", all.min), strfmt("%.3f", all.avg), strfmt("%.3f", all.max),
+                  "100.0"});
+  log(format_table("where the time went (seconds over " + std::to_string(world_.size()) + " rank(s))",
+                   {"section", "min", "avg", "max", "%"}, rows));
+
+  // ---- memory, measured from the allocations ----
+  const MemoryStats& mem = memory_stats();
+  rows.clear();
+  JsonObject mem_json;
+  for (int k = 0; k < int(MemKind::Count); ++k) {
+    MinAvgMax s = min_avg_max(world_.comm(), double(mem.peak[k]));
+    if (s.max == 0) continue;
+    rows.push_back({mem_kind_name(MemKind(k)), format_bytes(s.min), format_bytes(s.avg),
+                    format_bytes(s.max)});
+    mem_json.num(mem_kind_name(MemKind(k)), s.max);
+  }
+  MinAvgMax peak = min_avg_max(world_.comm(), double(mem.total_peak));
+  rows.push_back({"peak total", format_bytes(peak.min), format_bytes(peak.avg), format_bytes(peak.max)});
+  log(format_table("memory per rank (peak, measured)", {"kind", "min", "avg", "max"}, rows));
+
+  // ---- summary.json ----
+  std::vector<double> tok_s;
+  for (size_t i = 1; i < history_.size(); ++i) tok_s.push_back(tokens_per_step() / history_[i].seconds);
+  if (tok_s.empty() && !history_.empty()) tok_s.push_back(tokens_per_step() / history_[0].seconds);
+  const double tps = median(tok_s);
+  const double gflops = train_flops_per_token(cfg_.model) * tps / 1e9;
+  const double peak_gflops = cfg_.system.peak_gflops * world_.size();
+  if (world_.rank() != 0) return;
+  JsonObject layout;
+  layout.integer("dp", cfg_.parallel.dp).integer("tp", cfg_.parallel.tp)
+      .integer("pp", cfg_.parallel.pp).integer("zero", cfg_.parallel.zero);
+  JsonObject s;
+  s.num("final_loss", history_.empty() ? NAN : history_.back().loss);
+  if (auto floor = source_->entropy_floor()) s.num("loss_floor", *floor);
+  else s.null("loss_floor");
+  s.integer("steps", (long long)history_.size())
+      .num("tokens_per_s", tps)
+      .num("gflops_per_s", gflops);
+  if (peak_gflops > 0) s.num("mfu", gflops / peak_gflops);
+  else s.null("mfu");
+  s.num("peak_bytes_per_rank", peak.max)
+      .obj("peak_bytes_by_kind", mem_json)
+      .obj("layout", layout)
+      .integer("world_size", world_.size())
+      .num("seconds", total);
+  run_dir_->write_file("summary.json", s.dump() + "\n");
+  log(strfmt("done: final loss %.7f after %zu steps; %.0f tok/s, %.2f GFLOP/s; %s/summary.json",
+             history_.empty() ? NAN : history_.back().loss, history_.size(), tps, gflops,
+             cfg_.run.dir.c_str()));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world) {
+  // Phase 1: everything that bad input can break, on every rank; then all ranks agree.
+  Config cfg;
+  std::unique_ptr<Trainer> trainer;
+  std::string error;
+  try {
+    cfg = load_config(deck, overrides, world.size());
+    check_writable_dir(cfg.run.dir, "run.dir");
+    trainer = std::make_unique<Trainer>(cfg, world);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  error = agree_on_error(world.comm(), error);
+  if (!error.empty()) {
+    if (world.rank() == 0) log_error("trellis: error: " + error);
+    return kExitBadInput;
+  }
+  // Phase 2: the run. A failure now may leave other ranks inside a collective: abort the job.
+  try {
+    trainer->run();
+  } catch (const std::exception& e) {
+    log_error(strfmt("trellis: rank %d: error: %s", world.rank(), e.what()));
+    MPI_Abort(world.comm(), kExitFailure);
+  }
+  return kExitOk;
+}
+
+}  // namespace trellis

@@ -1,0 +1,74 @@
+// The trainer: builds the model, optimizer, data and run directory from a Config, then runs the
+// loop. Trainer::train_step() is one optimizer step — the place to start reading.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/world.hpp"
+#include "config/config.hpp"
+#include "core/timer.hpp"
+#include "data/data.hpp"
+#include "model/gpt.hpp"
+#include "optim/optim.hpp"
+#include "train/run_dir.hpp"
+
+namespace trellis {
+
+struct StepResult {
+  int64_t step;       // 0-based
+  double loss;        // mean over the global batch's tokens
+  double lr;
+  double grad_norm;   // before clipping
+  double seconds;
+};
+
+class Trainer {
+ public:
+  /// Builds everything that can fail on bad input (data files, run directory) — so that the
+  /// caller can agree on errors before any work — but writes nothing yet.
+  Trainer(const Config& cfg, const World& world);
+  ~Trainer();
+
+  /// Runs the steps, logging as it goes; writes the run directory. Returns the final loss.
+  double run();
+
+  /// One optimizer step over the global batch of `step`.
+  StepResult train_step(int64_t step);
+
+  GPT& model() { return *model_; }
+  const TokenSource& source() const { return *source_; }
+  const std::vector<StepResult>& history() const { return history_; }
+  /// When false, run() prints nothing and writes no run directory (tests, benchmarks).
+  void set_quiet(bool quiet) { quiet_ = quiet; }
+
+ private:
+  void print_start() const;
+  void log_step(const StepResult& r);
+  void finish();
+  double tokens_per_step() const;
+
+  Config cfg_;
+  const World& world_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<TokenSource> source_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<ParamTable> table_;
+  std::unique_ptr<ResidentParams> store_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<RunDir> run_dir_;
+  std::vector<int32_t> inputs_, targets_;  // (B, T) each: one micro-batch of token ids
+  Timers timers_;
+  std::vector<StepResult> history_;
+  bool quiet_ = false;
+};
+
+/// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit
+/// status. Bad input ends every rank with status 2 and one message.
+int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world);
+
+}  // namespace trellis
