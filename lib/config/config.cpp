@@ -273,11 +273,11 @@ class Validator {
 
 void check_supported_layout(const Config& cfg) {
   const auto& p = cfg.parallel;
-  if (int64_t{p.dp} * p.tp * p.pp > 1 || p.zero > 0)
-    fail(cfg.deck_path, "parallel.dp/tp/pp/zero: multi-rank layouts are not supported yet in "
-                        "this build (dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) +
-                            " pp=" + std::to_string(p.pp) + " zero=" + std::to_string(p.zero) +
-                            "); run one rank with dp=tp=pp=1, zero=0");
+  // Data parallelism with every ZeRO stage runs; tensor and pipeline parallelism not yet.
+  if (p.tp > 1 || p.pp > 1)
+    fail(cfg.deck_path, "parallel.tp/pp: tensor and pipeline parallelism are not supported yet in "
+                        "this build (tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) +
+                            "); use tp=1 pp=1 and data parallelism (parallel.dp, parallel.zero)");
 }
 
 void check_supported_backend(const Config& cfg) {

@@ -25,6 +25,12 @@ MemoryStats& memory_stats() {
   return stats;
 }
 
+void reset_memory_peaks() {
+  MemoryStats& s = memory_stats();
+  for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) s.peak[k] = s.current[k];
+  s.total_peak = s.total_current;
+}
+
 static void count(MemKind kind, int64_t delta) {
   MemoryStats& s = memory_stats();
   int k = static_cast<int>(kind);

@@ -19,6 +19,8 @@ struct MemoryStats {
   int64_t total_peak = 0;
 };
 MemoryStats& memory_stats();
+/// Starts a new measurement: every peak becomes the current value.
+void reset_memory_peaks();
 
 /// One 64-byte aligned, zero-filled allocation of `bytes`, counted under `kind` until freed.
 class Buffer {

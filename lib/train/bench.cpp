@@ -41,7 +41,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   std::string error;
   try {
     cfg = load_config(deck, overrides, world.size());
-    trainer = std::make_unique<Trainer>(cfg, world);
+    trainer = std::make_unique<Trainer>(cfg, world.comm());
   } catch (const UserError& e) {
     error = e.what();
   }

@@ -7,19 +7,23 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "plan/flops.hpp"
+#include "train/report.hpp"
 
 namespace trellis {
 
-Trainer::Trainer(const Config& cfg, const World& world) : cfg_(cfg), world_(world) {
+Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
   backend_ = make_backend(cfg_.system.backend);
   backend_->set_threads(cfg_.system.threads);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+  grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
+  dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   table_ = std::make_unique<ParamTable>(cfg_.model);
-  store_ = std::make_unique<ResidentParams>(*table_);
+  store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
+  store_->init_parameters(cfg_.model.seed);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch);
-  init_parameters(*table_, cfg_.model.seed, store_->params());
-  optimizer_ = std::make_unique<AdamW>(cfg_.train, model_->table(), 0, model_->num_params());
   const size_t n = size_t(cfg_.train.micro_batch) * cfg_.model.seq_len;
   inputs_.resize(n);
   targets_.resize(n);
@@ -32,22 +36,25 @@ double Trainer::tokens_per_step() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// One optimizer step: every micro-batch of this rank's share of the global batch forward and
-// backward (gradients accumulate), then clip by the global norm and take an AdamW step.
+// One optimizer step: every micro-batch of this dp rank's share of the global batch forward and
+// backward (gradients accumulate; ZeRO reduces them over dp bucket by bucket while backward goes
+// on), then clip by the global norm and take an AdamW step on this rank's shard.
 
 StepResult Trainer::train_step(int64_t step) {
   const double start = now_seconds();
   const int B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   const int micro_batches = cfg_.micro_batches_per_step();
+  // This dp rank's sequences of the global batch: a contiguous slice, the same for every step.
+  const int64_t first_sequence = int64_t(grid_->dp_rank()) * micro_batches * B;
   // Each token's loss enters the mean over the whole global batch with this weight.
   const float dloss = 1.0f / float(tokens_per_step());
 
-  store_->zero_grads();
+  store_->begin_step();
   double loss_sum = 0;
   for (int m = 0; m < micro_batches; ++m) {
     {
       ScopedTimer t(timers_, "data");
-      sampler_->batch(step, int64_t(m) * B, B, inputs_.data(), targets_.data());
+      sampler_->batch(step, first_sequence + int64_t(m) * B, B, inputs_.data(), targets_.data());
     }
     {
       ScopedTimer t(timers_, "forward");
@@ -55,19 +62,23 @@ StepResult Trainer::train_step(int64_t step) {
     }
     {
       ScopedTimer t(timers_, "backward");
+      store_->set_last_micro_batch(m + 1 == micro_batches);
       model_->backward();
     }
+  }
+  {
+    ScopedTimer t(timers_, "grad sync wait");
+    store_->finish_grad_sync();
   }
 
   StepResult r;
   r.step = step;
-  r.loss = loss_sum / tokens_per_step();
   {
     ScopedTimer t(timers_, "optimizer");
-    r.grad_norm = std::sqrt(backend_->sum_squares(store_->grads(), model_->num_params()));
+    r.loss = dp_comm_->all_reduce_sum(loss_sum) / tokens_per_step();
+    r.grad_norm = store_->grad_norm();
     r.lr = learning_rate(cfg_.train, step);
-    optimizer_->step(*backend_, store_->params(), store_->grads(), r.lr,
-                     clip_factor(r.grad_norm, cfg_.train.grad_clip));
+    store_->optimizer_step(r.lr, clip_factor(r.grad_norm, cfg_.train.grad_clip));
   }
   r.seconds = now_seconds() - start;
   return r;
@@ -77,6 +88,7 @@ StepResult Trainer::train_step(int64_t step) {
 
 void Trainer::print_start() const {
   log(config_table(cfg_));
+  log(grid_->layout_table());
   const ModelConfig& m = cfg_.model;
   log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d",
              (long long)model_->num_params(), format_bytes(model_->num_params() * 4.0).c_str(),
@@ -93,7 +105,7 @@ void Trainer::print_start() const {
 void Trainer::log_step(const StepResult& r) {
   const double tok_s = tokens_per_step() / r.seconds;
   const double gflops = train_flops_per_token(cfg_.model) * tok_s / 1e9;
-  const double peak = cfg_.system.peak_gflops * world_.size();
+  const double peak = cfg_.system.peak_gflops * size_;
   const std::string mfu = peak > 0 ? strfmt("%.6f", gflops / peak) : "";
   if (run_dir_)
     run_dir_->append_metrics({std::to_string(r.step + 1), strfmt("%.9g", r.loss), strfmt("%.6e", r.lr),
@@ -117,7 +129,7 @@ static double median(std::vector<double> v) {
 double Trainer::run() {
   if (!quiet_) {
     print_start();
-    if (world_.rank() == 0) {
+    if (rank_ == 0) {
       run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
       run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
       run_dir_->open_metrics({"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"});
@@ -136,40 +148,21 @@ double Trainer::run() {
 }
 
 void Trainer::finish() {
-  // ---- where the time went ----
-  const double total = timers_.get("total");
-  std::vector<std::vector<std::string>> rows;
-  double accounted = 0;
-  for (const char* section : {"data", "forward", "backward", "optimizer", "logging"}) {
-    double t = timers_.get(section);
-    accounted += t;
-    MinAvgMax s = min_avg_max(world_.comm(), t);
-    rows.push_back({section, strfmt("%.3f", s.min), strfmt("%.3f", s.avg), strfmt("%.3f", s.max),
-                    strfmt("%.1f", total > 0 ? 100 * s.avg / total : 0)});
-  }
-  MinAvgMax other = min_avg_max(world_.comm(), total - accounted);
-  rows.push_back({"other", strfmt("%.3f", other.min), strfmt("%.3f", other.avg),
-                  strfmt("%.3f", other.max), strfmt("%.1f", total > 0 ? 100 * other.avg / total : 0)});
-  MinAvgMax all = min_avg_max(world_.comm(), total);
-  rows.push_back({"total", strfmt("%.3f", all.min), strfmt("%.3f", all.avg), strfmt("%.3f", all.max),
-                  "100.0"});
-  log(format_table("where the time went (seconds over " + std::to_string(world_.size()) + " rank(s))",
-                   {"section", "min", "avg", "max", "%"}, rows));
-
-  // ---- memory, measured from the allocations ----
+  log(time_table(comm_, timers_, {"data", "forward", "backward", "grad sync wait", "optimizer", "logging"}));
+  log(comm_table(comm_, {{"dp", dp_comm_->stats()}}, int64_t(history_.size())));
+  const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
+  log(memory_table(comm_, formula));
   const MemoryStats& mem = memory_stats();
-  rows.clear();
   JsonObject mem_json;
-  for (int k = 0; k < int(MemKind::Count); ++k) {
-    MinAvgMax s = min_avg_max(world_.comm(), double(mem.peak[k]));
-    if (s.max == 0) continue;
-    rows.push_back({mem_kind_name(MemKind(k)), format_bytes(s.min), format_bytes(s.avg),
-                    format_bytes(s.max)});
-    mem_json.num(mem_kind_name(MemKind(k)), s.max);
-  }
-  MinAvgMax peak = min_avg_max(world_.comm(), double(mem.total_peak));
-  rows.push_back({"peak total", format_bytes(peak.min), format_bytes(peak.avg), format_bytes(peak.max)});
-  log(format_table("memory per rank (peak, measured)", {"kind", "min", "avg", "max"}, rows));
+  for (int k = 0; k < int(MemKind::Count); ++k)
+    mem_json.num(mem_kind_name(MemKind(k)), min_avg_max(comm_, double(mem.peak[k])).max);
+  MinAvgMax peak = min_avg_max(comm_, double(mem.total_peak));
+  const double total = timers_.get("total");
+  const CommStats& dp = dp_comm_->stats();
+  JsonObject comm_json;
+  comm_json.num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
+      .num("dp_seconds_in_flight", dp.seconds_in_flight)
+      .num("dp_seconds_blocked", dp.seconds_blocked);
 
   // ---- summary.json ----
   std::vector<double> tok_s;
@@ -177,8 +170,8 @@ void Trainer::finish() {
   if (tok_s.empty() && !history_.empty()) tok_s.push_back(tokens_per_step() / history_[0].seconds);
   const double tps = median(tok_s);
   const double gflops = train_flops_per_token(cfg_.model) * tps / 1e9;
-  const double peak_gflops = cfg_.system.peak_gflops * world_.size();
-  if (world_.rank() != 0) return;
+  const double peak_gflops = cfg_.system.peak_gflops * size_;
+  if (rank_ != 0) return;
   JsonObject layout;
   layout.integer("dp", cfg_.parallel.dp).integer("tp", cfg_.parallel.tp)
       .integer("pp", cfg_.parallel.pp).integer("zero", cfg_.parallel.zero);
@@ -193,8 +186,9 @@ void Trainer::finish() {
   else s.null("mfu");
   s.num("peak_bytes_per_rank", peak.max)
       .obj("peak_bytes_by_kind", mem_json)
+      .obj("communication", comm_json)
       .obj("layout", layout)
-      .integer("world_size", world_.size())
+      .integer("world_size", size_)
       .num("seconds", total);
   run_dir_->write_file("summary.json", s.dump() + "\n");
   log(strfmt("done: final loss %.7f after %zu steps; %.0f tok/s, %.2f GFLOP/s; %s/summary.json",
@@ -212,7 +206,7 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   try {
     cfg = load_config(deck, overrides, world.size());
     check_writable_dir(cfg.run.dir, "run.dir");
-    trainer = std::make_unique<Trainer>(cfg, world);
+    trainer = std::make_unique<Trainer>(cfg, world.comm());
   } catch (const UserError& e) {
     error = e.what();
   }

@@ -8,12 +8,15 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/comm.hpp"
+#include "comm/grid.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "core/timer.hpp"
 #include "data/data.hpp"
 #include "model/gpt.hpp"
 #include "optim/optim.hpp"
+#include "parallel/zero.hpp"
 #include "train/run_dir.hpp"
 
 namespace trellis {
@@ -30,7 +33,9 @@ class Trainer {
  public:
   /// Builds everything that can fail on bad input (data files, run directory) — so that the
   /// caller can agree on errors before any work — but writes nothing yet.
-  Trainer(const Config& cfg, const World& world);
+  /// `comm` holds the ranks of this run (MPI_COMM_WORLD for a job; tests also use
+  /// MPI_COMM_SELF); its size must be dp·tp·pp.
+  Trainer(const Config& cfg, MPI_Comm comm);
   ~Trainer();
 
   /// Runs the steps, logging as it goes; writes the run directory. Returns the final loss.
@@ -40,6 +45,8 @@ class Trainer {
   StepResult train_step(int64_t step);
 
   GPT& model() { return *model_; }
+  ShardedParams& params() { return *store_; }
+  const Grid& grid() const { return *grid_; }
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
   /// When false, run() prints nothing and writes no run directory (tests, benchmarks).
@@ -49,17 +56,21 @@ class Trainer {
   void print_start() const;
   void log_step(const StepResult& r);
   void finish();
+  void print_time_table();
+  void print_comm_table();
   double tokens_per_step() const;
 
   Config cfg_;
-  const World& world_;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<Grid> grid_;
+  std::unique_ptr<Comm> dp_comm_;
   std::unique_ptr<ParamTable> table_;
-  std::unique_ptr<ResidentParams> store_;
+  std::unique_ptr<ShardedParams> store_;
   std::unique_ptr<GPT> model_;
-  std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<RunDir> run_dir_;
   std::vector<int32_t> inputs_, targets_;  // (B, T) each: one micro-batch of token ids
   Timers timers_;

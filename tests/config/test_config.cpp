@@ -365,9 +365,9 @@ const std::vector<BadCase> kBadCases = {
     {"bf16 on cpu", "", {"--system.precision=bf16"}, 1, {"system.precision", "system.backend"}},
     {"huge d_ff", "", {"--model.d_model=1000000000", "--model.heads=1"}, 1, {"model.d_ff"}},
     // Valid, but not in this build yet.
-    {"multi-rank", "", {"--parallel.dp=2", "--train.micro_batch=1"}, 2,
-     {"parallel.dp/tp/pp/zero: multi-rank layouts are not supported yet in this build"}},
-    {"zero", "", {"--parallel.zero=1"}, 1, {"parallel.dp/tp/pp/zero"}},
+    {"tensor parallel", "", {"--parallel.tp=2", "--train.micro_batch=1"}, 2,
+     {"parallel.tp/pp: tensor and pipeline parallelism are not supported yet in this build"}},
+    {"pipeline parallel", "", {"--parallel.pp=2", "--train.micro_batch=1"}, 2, {"parallel.tp/pp"}},
     {"cuda", "", {"--system.backend=cuda"}, 1, {"system.backend=cuda: this build has no CUDA"}},
 };
 

@@ -44,9 +44,8 @@ synthetic_branching = 2
 )";
 
 static std::vector<double> train_losses(const std::vector<std::string>& overrides) {
-  static World world(nullptr, nullptr);
   Config cfg = load_config(write_deck("tiny.deck", kTinyDeck), overrides, 1);
-  Trainer trainer(cfg, world);
+  Trainer trainer(cfg, MPI_COMM_SELF);
   trainer.set_quiet(true);
   trainer.run();
   std::vector<double> losses;

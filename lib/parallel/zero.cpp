@@ -1,0 +1,221 @@
+#include "parallel/zero.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace trellis {
+
+ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& parallel,
+                             const TrainConfig& train, Comm& dp, Backend& backend)
+    : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), total_(table.total()) {
+  shard_ = shard_range(total_, dp_.size(), dp_.rank());
+  params_ = Buffer(MemKind::Params, sizeof(float) * (stage_ == 3 ? shard_.size() : total_));
+  grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_));
+  if (stage_ == 0) optimizer_ = std::make_unique<AdamW>(train, table_, 0, total_);
+  else optimizer_ = std::make_unique<AdamW>(train, table_, shard_.begin, shard_.end);
+  gathered_.resize(table_.units.size());
+  build_buckets(parallel.bucket_mb);
+}
+
+ShardedParams::~ShardedParams() {
+  // Requests wait for completion in their destructors; nothing may be left half-done in MPI.
+  for (auto& b : buckets_) b.request.wait();
+  for (auto& g : gathered_) g.request.wait();
+}
+
+std::vector<int64_t> ShardedParams::overlap_counts(int64_t begin, int64_t end) const {
+  std::vector<int64_t> counts(dp_.size());
+  for (int r = 0; r < dp_.size(); ++r) {
+    ShardRange s = shard_range(total_, dp_.size(), r);
+    counts[r] = std::max<int64_t>(0, std::min(end, s.end) - std::max(begin, s.begin));
+  }
+  return counts;
+}
+
+void ShardedParams::build_buckets(double bucket_mb) {
+  // Backward releases units from the last (final LayerNorm) to the first (embeddings): a bucket
+  // is a run of whole units in that order holding at least bucket_mb of gradients.
+  const int64_t target = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+  const int nunits = int(table_.units.size());
+  bucket_of_unit_.assign(nunits, -1);
+  int last = nunits - 1;
+  while (last >= 0) {
+    int first = last;
+    while (first > 0 && table_.units[last].end - table_.units[first].begin < target) --first;
+    Bucket b;
+    b.first_unit = first;
+    b.last_unit = last;
+    b.begin = table_.units[first].begin;
+    b.end = table_.units[last].end;
+    b.unreleased = last - first + 1;
+    b.counts = overlap_counts(b.begin, b.end);
+    b.mine = {std::max(b.begin, shard_.begin), std::min(b.end, shard_.end)};
+    if (b.mine.end < b.mine.begin) b.mine = {b.begin, b.begin};
+    buckets_.push_back(std::move(b));
+    for (int u = first; u <= last; ++u) bucket_of_unit_[u] = int(buckets_.size()) - 1;
+    last = first - 1;
+  }
+}
+
+float* ShardedParams::shard_grads() {
+  return stage_ >= 2 ? grads_.f32() : grads_.f32() + shard_.begin;
+}
+
+// ---------------------------------------------------------------------------------------------
+// parameters
+
+void ShardedParams::init_parameters(uint64_t seed) {
+  if (stage_ == 3) trellis::init_parameters(table_, seed, params_.f32(), shard_.begin, shard_.end);
+  else trellis::init_parameters(table_, seed, params_.f32());
+}
+
+void ShardedParams::start_gather(int unit) {
+  Gathered& g = gathered_[unit];
+  const Unit& u = table_.units[unit];
+  g.params = Buffer(MemKind::Params, sizeof(float) * (u.end - u.begin));
+  std::vector<int64_t> counts = overlap_counts(u.begin, u.end);
+  const float* mine = params_.f32() + std::max<int64_t>(0, std::max(u.begin, shard_.begin) - shard_.begin);
+  if (counts[dp_.rank()] == 0) mine = params_.f32();
+  g.request = dp_.iall_gather(mine, g.params.f32(), counts);
+  g.present = true;
+}
+
+const float* ShardedParams::acquire_params(int unit) {
+  poll();
+  if (stage_ < 3) return params_.f32() + table_.units[unit].begin;
+  Gathered& g = gathered_[unit];
+  if (!g.present) start_gather(unit);
+  g.request.wait();
+  return g.params.f32();
+}
+
+void ShardedParams::prefetch_params(int unit) {
+  if (stage_ < 3 || unit < 0 || unit >= int(gathered_.size()) || gathered_[unit].present) return;
+  start_gather(unit);
+}
+
+void ShardedParams::release_params(int unit) {
+  if (stage_ < 3) return;
+  Gathered& g = gathered_[unit];
+  g.request.wait();
+  g.params.reset();
+  g.present = false;
+}
+
+std::vector<float> ShardedParams::gather_parameters() {
+  std::vector<float> all(total_);
+  if (stage_ < 3) std::memcpy(all.data(), params_.data(), sizeof(float) * total_);
+  else dp_.all_gather(params_.f32(), all.data(), shard_counts(total_, dp_.size()));
+  return all;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gradients
+
+void ShardedParams::begin_step() {
+  std::memset(grads_.data(), 0, grads_.bytes());
+  for (auto& b : buckets_) b.unreleased = b.last_unit - b.first_unit + 1;
+}
+
+float* ShardedParams::acquire_grads(int unit) {
+  poll();
+  if (stage_ < 2) return grads_.f32() + table_.units[unit].begin;
+  Bucket& b = buckets_[bucket_of_unit_[unit]];
+  if (b.in_flight) {  // last micro-batch's reduction of this bucket still reads its buffer
+    b.request.wait();
+    complete_reduction(b);
+  }
+  if (!b.grads.data()) {
+    // Bound the memory: before a new bucket fills, all but the latest reduction must be done.
+    while (in_flight_.size() > 1) {
+      Bucket& oldest = buckets_[in_flight_.front()];
+      oldest.request.wait();
+      complete_reduction(oldest);
+    }
+    b.grads = Buffer(MemKind::Grads, sizeof(float) * (b.end - b.begin));
+  }
+  return b.grads.f32() + (table_.units[unit].begin - b.begin);
+}
+
+void ShardedParams::release_grads(int unit) {
+  Bucket& b = buckets_[bucket_of_unit_[unit]];
+  if (--b.unreleased > 0) {
+    poll();
+    return;
+  }
+  b.unreleased = b.last_unit - b.first_unit + 1;  // ready for the next micro-batch
+  if (stage_ >= 2 || last_micro_batch_) launch_reduction(b);
+  poll();
+}
+
+void ShardedParams::launch_reduction(Bucket& b) {
+  const int64_t n = b.end - b.begin;
+  if (stage_ == 0) {
+    if (dp_.size() > 1) {
+      b.request = dp_.iall_reduce(grads_.f32() + b.begin, n);
+      b.in_flight = true;
+      in_flight_.push_back(int(&b - buckets_.data()));
+    }
+    return;
+  }
+  b.received = Buffer(MemKind::Comm, sizeof(float) * b.mine.size());
+  const float* in = stage_ == 1 ? grads_.f32() + b.begin : b.grads.f32();
+  b.request = dp_.ireduce_scatter(in, b.received.f32(), b.counts);
+  b.in_flight = true;
+  in_flight_.push_back(int(&b - buckets_.data()));
+}
+
+void ShardedParams::complete_reduction(Bucket& b) {
+  b.in_flight = false;
+  std::erase(in_flight_, int(&b - buckets_.data()));
+  if (stage_ == 0) return;
+  float* dst = shard_grads() + (b.mine.begin - shard_.begin);
+  if (stage_ == 1) {
+    std::memcpy(dst, b.received.data(), sizeof(float) * b.mine.size());
+  } else {
+    be_.add(dst, dst, b.received.f32(), b.mine.size());  // accumulate over micro-batches
+    b.grads.reset();  // the rest of the bucket belongs to other ranks' shards: free it now
+  }
+  b.received.reset();
+}
+
+void ShardedParams::poll() {
+  for (auto& b : buckets_)
+    if (b.in_flight && b.request.test()) complete_reduction(b);
+  for (auto& g : gathered_)
+    if (g.present) g.request.test();  // lets MPI progress a prefetch
+}
+
+void ShardedParams::finish_grad_sync() {
+  for (auto& b : buckets_) {
+    if (!b.in_flight) continue;
+    b.request.wait();
+    complete_reduction(b);
+  }
+}
+
+double ShardedParams::grad_norm() {
+  if (stage_ == 0) return std::sqrt(be_.sum_squares(grads_.f32(), total_));  // replicated
+  double local = be_.sum_squares(shard_grads(), shard_.size());
+  return std::sqrt(dp_.all_reduce_sum(local));
+}
+
+void ShardedParams::optimizer_step(double lr, double grad_scale) {
+  switch (stage_) {
+    case 0:
+      optimizer_->step(be_, params_.f32(), grads_.f32(), lr, grad_scale);
+      break;
+    case 1:
+    case 2:
+      optimizer_->step(be_, params_.f32() + shard_.begin, shard_grads(), lr, grad_scale);
+      dp_.all_gather(params_.f32() + shard_.begin, params_.f32(), shard_counts(total_, dp_.size()));
+      break;
+    default:
+      optimizer_->step(be_, params_.f32(), shard_grads(), lr, grad_scale);
+  }
+}
+
+}  // namespace trellis

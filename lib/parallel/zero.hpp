@@ -1,0 +1,113 @@
+// Data parallelism with ZeRO (Rajbhandari et al., 2020) over the dp group, on the flat buffers.
+//
+//   stage 0  every rank: all parameters, all gradients, all of AdamW's m and v     16Ψ bytes
+//            gradients all-reduced bucket by bucket
+//   stage 1  m, v sharded; gradients reduce-scattered, each rank updates its shard,
+//            parameters all-gathered after the step                             8Ψ + 8Ψ/N
+//   stage 2  as 1, and a bucket's gradients are freed once it is reduced:
+//            only the shard's gradients persist                                  4Ψ + 12Ψ/N (+ buckets)
+//            (at most one bucket reducing while the next fills, plus the embeddings' bucket,
+//            which stays open from the LM head's backward to the encoder's)
+//   stage 3  as 2, and parameters sharded too: each unit (embeddings, one block, final
+//            LayerNorm) all-gathered just before use and freed after; the next one
+//            prefetched                                                          16Ψ/N (+ units in flight)
+//
+// A shard is a contiguous range of the flat buffer (comm/comm.hpp: shard_range), padded so that
+// sizes need not divide by N. Buckets are runs of whole units in backward order of at least
+// parallel.bucket_mb; each bucket's reduction starts as soon as its last unit's gradient is
+// released by the model, while backward goes on.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "core/memory.hpp"
+#include "model/param_store.hpp"
+#include "model/params.hpp"
+#include "optim/optim.hpp"
+
+namespace trellis {
+
+class ShardedParams : public ParamStore {
+ public:
+  ShardedParams(const ParamTable& table, const ParallelConfig& parallel, const TrainConfig& train,
+                Comm& dp, Backend& backend);
+  ~ShardedParams() override;
+
+  // ---- ParamStore: what the model sees ----
+  const float* acquire_params(int unit) override;
+  void release_params(int unit) override;
+  void prefetch_params(int unit) override;
+  float* acquire_grads(int unit) override;
+  void release_grads(int unit) override;
+
+  // ---- what the trainer calls, in this order, every step (all collective over dp) ----
+  /// GPT-2 initialisation of the parameters this rank holds.
+  void init_parameters(uint64_t seed);
+  /// Zeroes the gradients for a new step.
+  void begin_step();
+  /// Stages 0 and 1 reduce once per step: say whether the coming backward is the last
+  /// micro-batch of the step. Stages 2 and 3 reduce every micro-batch.
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  /// Waits for every bucket's reduction; afterwards this rank's shard of the gradient is final.
+  void finish_grad_sync();
+  /// ‖g‖₂ over all parameters (every rank gets the same value).
+  double grad_norm();
+  /// AdamW on this rank's shard, then (stages 1, 2) all-gather the updated parameters.
+  void optimizer_step(double lr, double grad_scale);
+
+  // ---- introspection ----
+  int stage() const { return stage_; }
+  ShardRange shard() const { return shard_; }
+  /// Every parameter, gathered (collective). For tests and checkpoints.
+  std::vector<float> gather_parameters();
+  Comm& dp() { return dp_; }
+  AdamW& optimizer() { return *optimizer_; }
+
+ private:
+  struct Bucket {
+    int first_unit, last_unit;  // units [first_unit, last_unit], contiguous in the buffer
+    int64_t begin, end;         // flat range
+    int unreleased = 0;         // units whose gradient this micro-batch is not final yet
+    Buffer grads;               // stages 2, 3: this micro-batch's gradients of the bucket
+    Buffer received;            // stages 1-3: the reduced part that falls in this rank's shard
+    ShardRange mine;            // that part, as a flat range
+    std::vector<int64_t> counts;  // per dp rank: overlap of [begin, end) with its shard
+    Request request;
+    bool in_flight = false;
+  };
+  struct Gathered {  // stage 3: one unit's parameters, gathered
+    Buffer params;
+    Request request;
+    bool present = false;
+  };
+
+  void build_buckets(double bucket_mb);
+  void launch_reduction(Bucket& b);
+  void complete_reduction(Bucket& b);
+  void poll();  // completes whatever reductions have finished, frees their memory
+  void start_gather(int unit);
+  std::vector<int64_t> overlap_counts(int64_t begin, int64_t end) const;
+  float* shard_grads();  // (shard size) this rank's reduced gradients
+
+  const ParamTable& table_;
+  Comm& dp_;
+  Backend& be_;
+  int stage_;
+  int64_t total_;
+  ShardRange shard_;
+  bool last_micro_batch_ = true;
+
+  Buffer params_;       // stages 0-2: (P) all parameters; stage 3: (shard) this rank's shard
+  Buffer grads_;        // stages 0-1: (P) all gradients; stages 2-3: (shard) reduced shard
+  std::vector<Bucket> buckets_;
+  std::vector<int> in_flight_;  // buckets whose reduction runs, in launch order
+  std::vector<int> bucket_of_unit_;
+  std::vector<Gathered> gathered_;  // stage 3, one per unit
+  std::unique_ptr<AdamW> optimizer_;
+};
+
+}  // namespace trellis
