@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace trellis::testing {
 
@@ -38,17 +39,20 @@ class AgreeOnResult : public ::testing::EmptyTestEventListener {
 class PrintRankFailures : public ::testing::EmptyTestEventListener {
  public:
   explicit PrintRankFailures(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    test_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
+  // Called with GoogleTest's own lock held: must not call back into UnitTest (it would deadlock).
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed() || std::strstr(r.message(), kOtherRank)) return;
-    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: Failure\n%s\n", rank_,
-                 t ? t->test_suite_name() : "?", t ? t->name() : "?",
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),
                  r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
     std::fflush(stderr);
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 
 }  // namespace

@@ -109,8 +109,8 @@ std::string Grid::layout_table() const {
                     std::to_string(c.tp)});
   }
   if (world_size_ > kMaxRows) rows.push_back({"…", "…", "…", "…"});
-  std::string title = strfmt("rank layout: dp %d × pp %d × tp %d (order %s, fastest first)",
-                             size_.dp, size_.pp, size_.tp, order_text_.c_str());
+  std::string title = strfmt("grid dp %d, pp %d, tp %d; order %s", size_.dp, size_.pp, size_.tp,
+                             order_text_.c_str());
   return format_table(title, {"world rank", "dp", "pp", "tp"}, rows);
 }
 
