@@ -34,8 +34,26 @@ run() {
 run unit 1 900 -- "$build/unit_tests"
 # MPI tests (tests/**/mpi_test_*.cpp): the same binary at two world sizes; tests that need another
 # size skip themselves.
-for np in 2 4; do
+for np in 1 2 4; do
   run "mpi-np$np" "$np" 300 -- "$build/mpi_tests"
+done
+
+# Shell tests (tests/cli/*.sh): whole-program behaviour under mpirun; each ends with
+# "NAME: N passed, M failed".
+for script in tests/cli/*.sh; do
+  name=$(basename "$script" .sh)
+  echo "=== $name"
+  out=$(timeout --kill-after=10 900 bash "$script" "$build" 2>&1)
+  rc=$?
+  echo "$out"
+  line=$(echo "$out" | grep -E '^[a-z]+: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+  if [ -n "$line" ]; then
+    read -r p f < <(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1 \2/')
+    passed=$((passed + p)); failed=$((failed + f))
+  else
+    failed=$((failed + 1))
+  fi
+  [ $rc -eq 0 ] || failures+=("$name (exit $rc)")
 done
 
 echo

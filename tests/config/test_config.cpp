@@ -242,9 +242,9 @@ TEST_F(ConfigTest, SupportedLayoutCheckIsSeparate) {
   Config c;
   c.parallel.dp = c.parallel.tp = c.parallel.pp = 1;
   EXPECT_NO_THROW(trellis::check_supported_layout(c));
-  c.parallel.zero = 1;
-  EXPECT_THROW(trellis::check_supported_layout(c), UserError);
-  c.parallel.zero = 0;
+  c.parallel.zero = 3;
+  c.parallel.dp = 4;
+  EXPECT_NO_THROW(trellis::check_supported_layout(c));  // data parallelism with any ZeRO stage
   c.parallel.tp = 2;
   EXPECT_THROW(trellis::check_supported_layout(c), UserError);
   c.system.backend = "cuda";

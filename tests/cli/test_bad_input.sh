@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Bad input ends the job on every rank with exit status 2, one message naming the key or file,
+# within seconds, and nothing written in the run directory. Usage: test_bad_input.sh BUILD_DIR
+# Prints one line per case and ends with "N passed, M failed".
+set -u
+build=${1:-build}
+trellis="$build/trellis"
+work=$(mktemp -d /tmp/trellis-cli-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+flags=(--oversubscribe --bind-to none)
+[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+
+cat > "$work/ok.deck" <<'DECK'
+[model]
+layers = 2
+d_model = 16
+heads = 2
+seq_len = 8
+vocab = 32
+[train]
+steps = 2
+global_batch = 4
+micro_batch = 1
+[data]
+synthetic_tokens = 4096
+DECK
+
+passed=0 failed=0
+# expect NAME NP EXPECTED_STATUS MESSAGE_FRAGMENT -- trellis-arguments...
+expect() {
+  local name=$1 np=$2 want=$3 fragment=$4; shift 5
+  local run="$work/run-$passed-$failed"
+  local out="$work/out.txt"
+  timeout 60 mpirun "${flags[@]}" -np "$np" "$trellis" "$@" --run.dir="$run" >"$out" 2>&1
+  local rc=$?
+  local count
+  count=$(grep -c -F -- "$fragment" "$out")
+  local problem=""
+  [ "$rc" -eq "$want" ] || problem="exit $rc, expected $want"
+  [ -z "$problem" ] && [ "$want" -ne 0 ] && [ "$count" -ne 1 ] && problem="message '$fragment' printed $count times"
+  [ -z "$problem" ] && [ "$want" -ne 0 ] && [ -e "$run" ] && problem="created $run"
+  if [ -z "$problem" ]; then
+    passed=$((passed + 1)); echo "ok   $name"
+  else
+    failed=$((failed + 1)); echo "FAIL $name: $problem"; sed 's/^/     | /' "$out" | head -20
+  fi
+}
+
+ok="$work/ok.deck"
+expect "valid deck runs"              1 0 "done:"                        -- train "$ok"
+expect "valid deck, 2 ranks, zero 3"  2 0 "done:"                        -- train "$ok" --parallel.dp=2 --parallel.zero=3
+expect "missing deck"                 2 2 "no-such.deck"                 -- train "$work/no-such.deck"
+expect "unknown key"                  2 2 "did you mean 'model.layers'"  -- train "$ok" --model.layer=3
+expect "bad value"                    2 2 "train.steps"                  -- train "$ok" --train.steps=abc
+expect "dp*tp*pp != world size"       2 2 "parallel.dp"                  -- train "$ok" --parallel.dp=4
+expect "zero out of range"            2 2 "parallel.zero"                -- train "$ok" --parallel.zero=4
+expect "global batch not divisible"   2 2 "train.global_batch"           -- train "$ok" --parallel.dp=2 --train.micro_batch=3
+expect "bucket size <= 0"             2 2 "parallel.bucket_mb"           -- train "$ok" --parallel.bucket_mb=0
+expect "heads do not divide d_model"  2 2 "model.heads"                  -- train "$ok" --model.heads=3
+expect "missing text file"            2 2 "nothing-here.txt"             -- train "$ok" --data.source=text --data.path="$work/nothing-here.txt" --model.vocab=256
+expect "deck is a directory"          1 2 "$work"                        -- train "$work"
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
