@@ -74,3 +74,15 @@ TEST(Trainer, MicroBatchesGiveTheSameLosses) {
       EXPECT_NEAR(split[i], whole[i], 1e-5 * std::fabs(whole[i])) << mb << " step " << i;
   }
 }
+
+TEST(Trainer, DefaultDeckStartsLearning) {
+  // The deck `make run` trains, cut short: it must stay valid and its loss must fall.
+  Config cfg = load_config("inputs/default.deck", {"--train.steps=60"}, 1);
+  Trainer trainer(cfg, MPI_COMM_SELF);
+  trainer.set_quiet(true);
+  trainer.run();
+  const auto& h = trainer.history();
+  ASSERT_EQ(h.size(), 60u);
+  EXPECT_NEAR(h.front().loss, std::log(double(cfg.model.vocab)), 0.2);
+  EXPECT_LT(h.back().loss, h.front().loss - 0.3);
+}
