@@ -26,6 +26,21 @@ class Backend {
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                                 int B, int T, int C) = 0;
 
+  // ---- vocab-parallel embeddings (tensor parallelism: a rank holds vocab rows
+  //      [vocab_begin, vocab_begin + vocab_count) of wte) ----
+  /// out (N,C) = wte[tokens[n] − vocab_begin] where the token is this rank's, else 0.
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
+                                 int vocab_begin, int vocab_count) = 0;
+  /// dwte (vocab_count, C) += the rows of dout (N,C) whose token is this rank's.
+  virtual void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
+                                  int C, int vocab_begin, int vocab_count) = 0;
+  /// out (rows,C) += wpe[(first_row + r) mod T]: row n of a (B,T) batch is position n mod T.
+  virtual void position_forward(float* out, const float* wpe, int rows, int T, int C,
+                                int first_row) = 0;
+  /// dwpe (T,C) += dout (rows,C) by position.
+  virtual void position_backward(float* dwpe, const float* dout, int rows, int T, int C,
+                                 int first_row) = 0;
+
   // ---- layer norm (eps 1e-5, as GPT-2) ----
   /// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C).
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
@@ -69,6 +84,24 @@ class Backend {
   /// (loss 0, gradient 0).
   virtual void softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N,
                                     int V, float dloss) = 0;
+
+  // ---- vocab-parallel cross-entropy, in three steps with the group's reductions between them
+  //      (max, then sum of exponentials and target logit): full logits are never gathered.
+  //      logits (N,V) hold this rank's V vocabulary columns starting at global column vocab_begin;
+  //      only the first `valid` are real (the rest pad the vocabulary to a multiple of tp). ----
+  /// row_max (N) = max over the valid columns.
+  virtual void crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) = 0;
+  /// sumexp (N) = Σ exp(logit − row_max) over valid columns; target_logit (N) = the target's
+  /// logit where this rank holds it, else 0.
+  virtual void crossentropy_sums(const float* logits, const int32_t* targets, const float* row_max,
+                                 float* sumexp, float* target_logit, int N, int V, int valid,
+                                 int vocab_begin) = 0;
+  /// losses (N) = log(sumexp) + row_max − target_logit (0 for targets < 0); with dloss ≠ 0 the
+  /// logits become dlogits = (softmax − onehot)·dloss (padding columns 0).
+  virtual void crossentropy_finish(float* logits, float* losses, const int32_t* targets,
+                                   const float* row_max, const float* sumexp,
+                                   const float* target_logit, int N, int V, int valid,
+                                   int vocab_begin, float dloss) = 0;
 
   // ---- optimizer and norms ----
   /// Σ x² over n values, accumulated in double.

@@ -140,12 +140,16 @@ void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) cons
                   static_cast<long long>(c));
 }
 
-void Comm::all_reduce(float* data, int64_t n) {
+void Comm::all_reduce(float* data, int64_t n) { all_reduce_op(data, n, MPI_SUM); }
+
+void Comm::all_reduce_max(float* data, int64_t n) { all_reduce_op(data, n, MPI_MAX); }
+
+void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
   double t0 = now_seconds();
   ++stats_.calls;
   stats_.payload_values += 2.0 * static_cast<double>(n);
   for_chunks(n, [&](int64_t off, int cnt) {
-    mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+    mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, op, comm_), "MPI_Allreduce");
   });
   blocking_done(t0);
 }

@@ -85,6 +85,8 @@ class Comm {
   // ---- blocking ------------------------------------------------------------------------------
   /// Sum over the group, in place.
   void all_reduce(float* data, int64_t n);
+  /// Element-wise maximum over the group, in place.
+  void all_reduce_max(float* data, int64_t n);
   /// `in` holds Σcounts values, block r (counts[r] values, blocks laid out rank by rank) for rank
   /// r; this rank's `out` (counts[rank()] values) receives the sum of its block over the group.
   /// counts.size() must equal size(); counts may differ and be 0. `out` may be `in +
@@ -118,6 +120,7 @@ class Comm {
                         const std::vector<int64_t>& counts, bool blocking);
   void check_counts(const std::vector<int64_t>& counts, const char* op) const;
   void blocking_done(double started);
+  void all_reduce_op(float* data, int64_t n, MPI_Op op);
 
   MPI_Comm comm_;
   std::string name_;

@@ -205,6 +205,10 @@ class Validator {
       fail(where({"model.kv_heads", "parallel.tp"}),
            "model.kv_heads = " + n(m.kv_heads) + " and parallel.tp = " + n(p.tp) +
                ": one must divide the other so kv heads can be split or replicated over tp");
+    if (m.d_ff % p.tp != 0)
+      fail(where({"model.d_ff", "parallel.tp"}),
+           "model.d_ff = " + n(m.d_ff) + " is not divisible by parallel.tp = " + n(p.tp) +
+               ": the MLP's columns split evenly over tp ranks");
     if (p.pp > m.layers)
       fail(where({"parallel.pp", "model.layers"}),
            "parallel.pp = " + n(p.pp) + " exceeds model.layers = " + n(m.layers) +
@@ -273,11 +277,11 @@ class Validator {
 
 void check_supported_layout(const Config& cfg) {
   const auto& p = cfg.parallel;
-  // Data parallelism with every ZeRO stage runs; tensor and pipeline parallelism not yet.
-  if (p.tp > 1 || p.pp > 1)
-    fail(cfg.deck_path, "parallel.tp/pp: tensor and pipeline parallelism are not supported yet in "
-                        "this build (tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) +
-                            "); use tp=1 pp=1 and data parallelism (parallel.dp, parallel.zero)");
+  // Data and tensor parallelism with every ZeRO stage run; pipeline parallelism not yet.
+  if (p.pp > 1)
+    fail(cfg.deck_path, "parallel.pp: pipeline parallelism is not supported yet in this build "
+                        "(pp=" + std::to_string(p.pp) + "); use pp=1 with data and tensor "
+                        "parallelism (parallel.dp, parallel.tp, parallel.zero)");
 }
 
 void check_supported_backend(const Config& cfg) {

@@ -1,5 +1,6 @@
 #include "model/gpt.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -7,17 +8,28 @@
 namespace trellis {
 
 GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-         int micro_batch)
-    : cfg_(cfg), table_(table), store_(store), be_(backend) {
+         int micro_batch, Comm* tp, bool sequence_parallel)
+    : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp) {
+  if (tp_) {
+    tp_size_ = tp_->size();
+    tp_rank_ = tp_->rank();
+  }
+  sp_ = sequence_parallel && tp_size_ > 1;
   B_ = micro_batch;
   T_ = cfg.seq_len;
   C_ = cfg.d_model;
-  H_ = cfg.heads;
-  KV_ = cfg.kv_heads;
   hd_ = cfg.d_model / cfg.heads;
-  F_ = cfg.d_ff;
-  V_ = cfg.vocab;
-  QKV_ = (H_ + 2 * KV_) * hd_;
+  N_ = B_ * T_;
+  TRELLIS_CHECK(!sp_ || N_ % tp_size_ == 0, "B*T = %d rows do not split over tp = %d", N_, tp_size_);
+  R_ = sp_ ? N_ / tp_size_ : N_;
+  row0_ = sp_ ? tp_rank_ * R_ : 0;
+  Hl_ = table.heads_local;
+  KVl_ = table.kv_heads_local;
+  Fl_ = table.d_ff_local;
+  Vl_ = table.vocab_local;
+  QKVl_ = (Hl_ + 2 * KVl_) * hd_;
+  vocab_begin_ = table.vocab_begin;
+  vocab_valid_ = std::clamp(cfg.vocab - vocab_begin_, 0, Vl_);
 
   // Two passes over the same list: the first adds up the sizes, the second hands out slices of
   // one allocation.
@@ -28,36 +40,60 @@ GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Bac
 }
 
 void GPT::allocate_activations(Arena& a) {
-  const int64_t N = int64_t(B_) * T_;
+  const int64_t N = N_, R = R_;
   inputs_ = a.take_i32(N);
   targets_ = a.take_i32(N);
-  encoded_ = a.take_f32(N * C_);
+  encoded_ = a.take_f32(R * C_);
   blocks_.assign(cfg_.layers, BlockActivations{});
   for (auto& b : blocks_) {
-    b.ln1 = a.take_f32(N * C_);
-    b.ln1_mean = a.take_f32(N);
-    b.ln1_rstd = a.take_f32(N);
-    b.qkv = a.take_f32(N * QKV_);
-    b.atty = a.take_f32(N * H_ * hd_);
-    b.att = a.take_f32(int64_t(B_) * H_ * T_ * T_);
-    b.res2 = a.take_f32(N * C_);
-    b.ln2 = a.take_f32(N * C_);
-    b.ln2_mean = a.take_f32(N);
-    b.ln2_rstd = a.take_f32(N);
-    b.fch = a.take_f32(N * F_);
-    b.fch_gelu = a.take_f32(N * F_);
-    b.res3 = a.take_f32(N * C_);
+    b.ln1 = a.take_f32(R * C_);
+    b.ln1_mean = a.take_f32(R);
+    b.ln1_rstd = a.take_f32(R);
+    b.qkv = a.take_f32(N * QKVl_);
+    b.atty = a.take_f32(N * Hl_ * hd_);
+    b.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
+    b.res2 = a.take_f32(R * C_);
+    b.ln2 = a.take_f32(R * C_);
+    b.ln2_mean = a.take_f32(R);
+    b.ln2_rstd = a.take_f32(R);
+    b.fch = a.take_f32(N * Fl_);
+    b.fch_gelu = a.take_f32(N * Fl_);
+    b.res3 = a.take_f32(R * C_);
   }
-  lnf_ = a.take_f32(N * C_);
-  lnf_mean_ = a.take_f32(N);
-  lnf_rstd_ = a.take_f32(N);
-  logits_ = a.take_f32(N * V_);
+  lnf_ = a.take_f32(R * C_);
+  lnf_mean_ = a.take_f32(R);
+  lnf_rstd_ = a.take_f32(R);
+  logits_ = a.take_f32(N * Vl_);
   losses_ = a.take_f32(N);
-  dres_ = a.take_f32(N * C_);
+  row_max_ = a.take_f32(N);
+  row_sums_ = a.take_f32(2 * N);
+  full_ = sp_ ? a.take_f32(N * C_) : nullptr;
+  partial_ = sp_ ? a.take_f32(N * C_) : nullptr;
+  dres_ = a.take_f32(R * C_);
+  dchunk_ = sp_ ? a.take_f32(R * C_) : nullptr;
   dbtc_ = a.take_f32(N * C_);
-  dqkv_ = a.take_f32(N * QKV_);
-  dfch_gelu_ = a.take_f32(N * F_);
-  dfch_ = a.take_f32(N * F_);
+  dqkv_ = a.take_f32(N * QKVl_);
+  dfch_gelu_ = a.take_f32(N * Fl_);
+  dfch_ = a.take_f32(N * Fl_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// tensor-parallel communication
+
+const float* GPT::gather_rows(const float* chunk, float* full) {
+  if (!sp_) return chunk;
+  tp_->all_gather(chunk, full, std::vector<int64_t>(tp_size_, int64_t(R_) * C_));
+  return full;
+}
+
+float* GPT::reduce_rows(float* partial, float* chunk) {
+  if (tp_size_ == 1) return partial;
+  if (!sp_) {
+    tp_->all_reduce(partial, int64_t(N_) * C_);  // Megatron's all-reduce: every rank, every row
+    return partial;
+  }
+  tp_->reduce_scatter(partial, chunk, std::vector<int64_t>(tp_size_, int64_t(R_) * C_));
+  return chunk;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -65,36 +101,50 @@ void GPT::allocate_activations(Arena& a) {
 // element, so a tensor sits at (offset − unit.begin) in it.
 
 void GPT::block_forward(int l, const float* x, const float* p) {
-  const int N = B_ * T_;
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
   BlockActivations& a = blocks_[l];
+  // A row-parallel layer's bias is added once: by tp rank 0, before the sum over the group.
+  const bool adds_bias = tp_rank_ == 0;
 
   // attention half: res2 = x + proj(attention(qkv(ln1(x))))
-  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, at(o.ln1_w), at(o.ln1_b), N, C_);
-  be_.matmul_forward(a.qkv, a.ln1, at(o.qkv_w), at(o.qkv_b), N, C_, QKV_);
-  be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, H_, KV_, hd_);
-  be_.matmul_forward(a.res2, a.atty, at(o.attproj_w), at(o.attproj_b), N, H_ * hd_, C_);
-  be_.add(a.res2, a.res2, x, int64_t(N) * C_);
+  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, at(o.ln1_w), at(o.ln1_b), R_, C_);
+  const float* in = gather_rows(a.ln1, full_);
+  be_.matmul_forward(a.qkv, in, at(o.qkv_w), at(o.qkv_b), N_, C_, QKVl_);
+  be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
+  float* partial = sp_ ? partial_ : a.res2;
+  be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : nullptr, N_,
+                     Hl_ * hd_, C_);
+  float* sum = reduce_rows(partial, a.res2);
+  be_.add(a.res2, sum, x, int64_t(R_) * C_);
 
   // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, at(o.ln2_w), at(o.ln2_b), N, C_);
-  be_.matmul_forward(a.fch, a.ln2, at(o.fc_w), at(o.fc_b), N, C_, F_);
-  be_.gelu_forward(a.fch_gelu, a.fch, int64_t(N) * F_);
-  be_.matmul_forward(a.res3, a.fch_gelu, at(o.fcproj_w), at(o.fcproj_b), N, F_, C_);
-  be_.add(a.res3, a.res3, a.res2, int64_t(N) * C_);
+  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, at(o.ln2_w), at(o.ln2_b), R_, C_);
+  in = gather_rows(a.ln2, full_);
+  be_.matmul_forward(a.fch, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
+  be_.gelu_forward(a.fch_gelu, a.fch, int64_t(N_) * Fl_);
+  partial = sp_ ? partial_ : a.res3;
+  be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : nullptr, N_,
+                     Fl_, C_);
+  sum = reduce_rows(partial, a.res3);
+  be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
 }
 
 float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
-  const int N = B_ * T_;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
   const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
-  std::memcpy(inputs_, inputs, sizeof(int32_t) * N);
-  std::memcpy(targets_, targets, sizeof(int32_t) * N);
+  std::memcpy(inputs_, inputs, sizeof(int32_t) * N_);
+  std::memcpy(targets_, targets, sizeof(int32_t) * N_);
 
+  // Vocab-parallel embedding: each rank fills the rows of the tokens it holds; their sum over
+  // the tensor group is the embedding. Positions are added to this rank's rows after the sum.
   const float* pe = store_.acquire_params(emb);
   store_.prefetch_params(table_.block_unit(0));
-  be_.encoder_forward(encoded_, inputs_, pe + wte, pe + wpe, B_, T_, C_);
+  float* looked_up = sp_ ? partial_ : encoded_;
+  be_.embedding_forward(looked_up, inputs_, pe + wte, N_, C_, vocab_begin_, Vl_);
+  float* sum = reduce_rows(looked_up, encoded_);
+  if (sum != encoded_) std::memcpy(encoded_, sum, sizeof(float) * R_ * C_);
+  be_.position_forward(encoded_, pe + wpe, R_, T_, C_, row0_);
   store_.release_params(emb);
 
   const float* x = encoded_;
@@ -109,49 +159,71 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const float* pf = store_.acquire_params(fin);
   store_.prefetch_params(emb);
   be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf + (table_.lnf_w - table_.units[fin].begin),
-                        pf + (table_.lnf_b - table_.units[fin].begin), N, C_);
+                        pf + (table_.lnf_b - table_.units[fin].begin), R_, C_);
   store_.release_params(fin);
 
-  // LM head tied to the token embedding: logits (N, V) = lnf (N, C) · wteᵀ.
+  // LM head tied to the token embedding: logits (N, Vl) = lnf (N, C) · wteᵀ, this rank's columns.
+  const float* lnf = gather_rows(lnf_, full_);
   pe = store_.acquire_params(emb);
-  be_.matmul_forward(logits_, lnf_, pe + wte, nullptr, N, C_, V_);
+  be_.matmul_forward(logits_, lnf, pe + wte, nullptr, N_, C_, Vl_);
   store_.release_params(emb);
-  be_.softmax_crossentropy(logits_, losses_, targets_, N, V_, dloss);
+  loss(dloss);
 
-  double sum = 0;
-  for (int i = 0; i < N; ++i) sum += losses_[i];
-  return static_cast<float>(sum / N);
+  double total = 0;
+  for (int i = 0; i < N_; ++i) total += losses_[i];
+  return static_cast<float>(total / N_);
+}
+
+// Vocab-parallel cross-entropy: the max and the sums travel, never the logits.
+void GPT::loss(float dloss) {
+  float* sumexp = row_sums_;
+  float* target_logit = row_sums_ + N_;
+  be_.crossentropy_max(logits_, row_max_, N_, Vl_, vocab_valid_);
+  if (tp_size_ > 1) tp_->all_reduce_max(row_max_, N_);
+  be_.crossentropy_sums(logits_, targets_, row_max_, sumexp, target_logit, N_, Vl_, vocab_valid_,
+                        vocab_begin_);
+  if (tp_size_ > 1) tp_->all_reduce(row_sums_, 2 * int64_t(N_));
+  be_.crossentropy_finish(logits_, losses_, targets_, row_max_, sumexp, target_logit, N_, Vl_,
+                          vocab_valid_, vocab_begin_, dloss);
 }
 
 // ---------------------------------------------------------------------------------------------
-// backward: the same walk in reverse. dres_ holds the gradient of the residual stream.
+// backward: the same walk in reverse. dres_ holds the gradient of the residual stream (R rows).
 
 void GPT::block_backward(int l, const float* x, const float* p, float* g, float* dres) {
-  const int N = B_ * T_;
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
   auto grad = [&](int64_t offset) { return g + (offset - o.begin); };
   BlockActivations& a = blocks_[l];
+  // A row-parallel bias's gradient: with sequence parallelism every rank sees all rows of the
+  // gathered gradient, so one rank counts it (the replicated gradients are summed over tp later).
+  const bool bias_grad = !sp_ || tp_rank_ == 0;
 
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
-  be_.matmul_backward(dfch_gelu_, grad(o.fcproj_w), grad(o.fcproj_b), dres, a.fch_gelu,
-                      at(o.fcproj_w), N, F_, C_);
-  be_.gelu_backward(dfch_, a.fch, dfch_gelu_, int64_t(N) * F_);
-  be_.matmul_backward(dbtc_, grad(o.fc_w), grad(o.fc_b), dfch_, a.ln2, at(o.fc_w), N, C_, F_);
-  be_.layernorm_backward(dres, grad(o.ln2_w), grad(o.ln2_b), dbtc_, a.res2, at(o.ln2_w),
-                         a.ln2_mean, a.ln2_rstd, N, C_);
-  // Now dres = ∂L/∂res2. Attention half.
-  be_.matmul_backward(dbtc_, grad(o.attproj_w), grad(o.attproj_b), dres, a.atty, at(o.attproj_w),
-                      N, H_ * hd_, C_);
-  be_.attention_backward(dqkv_, dbtc_, a.qkv, a.att, B_, T_, H_, KV_, hd_);
-  be_.matmul_backward(dbtc_, grad(o.qkv_w), grad(o.qkv_b), dqkv_, a.ln1, at(o.qkv_w), N, C_, QKV_);
-  be_.layernorm_backward(dres, grad(o.ln1_w), grad(o.ln1_b), dbtc_, x, at(o.ln1_w), a.ln1_mean,
-                         a.ln1_rstd, N, C_);
+  const float* dout = gather_rows(dres, partial_);
+  be_.matmul_backward(dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr, dout,
+                      a.fch_gelu, at(o.fcproj_w), N_, Fl_, C_);
+  be_.gelu_backward(dfch_, a.fch, dfch_gelu_, int64_t(N_) * Fl_);
+  const float* in = gather_rows(a.ln2, full_);
+  be_.matmul_backward(dbtc_, grad(o.fc_w), grad(o.fc_b), dfch_, in, at(o.fc_w), N_, C_, Fl_);
+  const float* dln = reduce_rows(dbtc_, dchunk_);
+  be_.layernorm_backward(dres, grad(o.ln2_w), grad(o.ln2_b), dln, a.res2, at(o.ln2_w), a.ln2_mean,
+                         a.ln2_rstd, R_, C_);
+
+  // Now dres = ∂L/∂res2. Attention half; dbtc_ holds ∂L/∂atty (N, Hl·hd) for a moment.
+  dout = gather_rows(dres, partial_);
+  be_.matmul_backward(dbtc_, grad(o.attproj_w), bias_grad ? grad(o.attproj_b) : nullptr, dout,
+                      a.atty, at(o.attproj_w), N_, Hl_ * hd_, C_);
+  be_.attention_backward(dqkv_, dbtc_, a.qkv, a.att, B_, T_, Hl_, KVl_, hd_);
+  in = gather_rows(a.ln1, full_);
+  be_.matmul_backward(dbtc_, grad(o.qkv_w), grad(o.qkv_b), dqkv_, in, at(o.qkv_w), N_, C_, QKVl_);
+  dln = reduce_rows(dbtc_, dchunk_);
+  be_.layernorm_backward(dres, grad(o.ln1_w), grad(o.ln1_b), dln, x, at(o.ln1_w), a.ln1_mean,
+                         a.ln1_rstd, R_, C_);
   // On exit dres = ∂L/∂x, the block's input.
 }
 
 void GPT::backward() {
-  const int N = B_ * T_;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
   const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
   const int64_t lnf_w = table_.lnf_w - table_.units[fin].begin;
@@ -162,16 +234,18 @@ void GPT::backward() {
   float* ge = store_.acquire_grads(emb);
   const float* pe = store_.acquire_params(emb);
   store_.prefetch_params(fin);
-  // logits_ holds dlogits (written by softmax_crossentropy in forward).
-  be_.matmul_backward(dbtc_, ge + wte, nullptr, logits_, lnf_, pe + wte, N, C_, V_);
+  // logits_ holds dlogits (written in forward). ∂L/∂lnf is partial over the vocabulary shards.
+  const float* lnf = gather_rows(lnf_, full_);
+  be_.matmul_backward(dbtc_, ge + wte, nullptr, logits_, lnf, pe + wte, N_, C_, Vl_);
   store_.release_params(emb);
+  const float* dlnf = reduce_rows(dbtc_, dchunk_);
 
   const float* pf = store_.acquire_params(fin);
   float* gf = store_.acquire_grads(fin);
   if (cfg_.layers > 0) store_.prefetch_params(table_.block_unit(cfg_.layers - 1));
-  std::memset(dres_, 0, sizeof(float) * N * C_);
-  be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dbtc_, last, pf + lnf_w, lnf_mean_,
-                         lnf_rstd_, N, C_);
+  std::memset(dres_, 0, sizeof(float) * R_ * C_);
+  be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last, pf + lnf_w, lnf_mean_,
+                         lnf_rstd_, R_, C_);
   store_.release_params(fin);
   store_.release_grads(fin);
 
@@ -184,8 +258,10 @@ void GPT::backward() {
     store_.release_params(unit);
     store_.release_grads(unit);
   }
-  // The encoder's backward needs no parameters, only the token ids.
-  be_.encoder_backward(ge + wte, ge + wpe, dres_, inputs_, B_, T_, C_);
+  // The embeddings' backward needs no parameters, only the token ids.
+  be_.position_backward(ge + wpe, dres_, R_, T_, C_, row0_);
+  const float* dembedded = gather_rows(dres_, partial_);
+  be_.embedding_backward(ge + wte, dembedded, inputs_, N_, C_, vocab_begin_, Vl_);
   store_.release_grads(emb);
 }
 

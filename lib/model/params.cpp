@@ -8,16 +8,49 @@
 namespace trellis {
 
 int64_t ParamInfo::numel() const {
+  int64_t rows_held = 0;
+  for (const RowRange& r : rows) rows_held += r.end - r.begin;
+  return rows_held * (col_end - col_begin);
+}
+
+int64_t ParamInfo::global_numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
-int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape, int layer, bool decay,
-                        double init_std, float init_value) {
+std::vector<int64_t> ParamInfo::local_shape() const {
+  int64_t rows_held = 0;
+  for (const RowRange& r : rows) rows_held += r.end - r.begin;
+  if (shape.size() == 1) return {rows_held};
+  return {rows_held, col_end - col_begin};
+}
+
+int64_t ParamInfo::global_index(int64_t i) const {
+  const int64_t local_cols = col_end - col_begin;
+  const int64_t global_cols = shape.size() > 1 ? shape[1] : 1;
+  int64_t row = i / local_cols, col = i % local_cols;
+  for (const RowRange& r : rows) {
+    if (row < r.end - r.begin) {
+      const int64_t global_row = r.begin + row;
+      if (global_row >= shape[0]) return -1;  // padding
+      return global_row * global_cols + col_begin + col;
+    }
+    row -= r.end - r.begin;
+  }
+  return -1;
+}
+
+int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape,
+                        std::vector<RowRange> rows, int64_t col_begin, int64_t col_end,
+                        TpSplit split, int layer, bool decay, double init_std, float init_value) {
   ParamInfo p;
   p.name = name;
   p.shape = std::move(shape);
+  p.rows = std::move(rows);
+  p.col_begin = col_begin;
+  p.col_end = col_end;
+  p.split = split;
   p.layer = layer;
   p.decay = decay;
   p.init_std = init_std;
@@ -28,40 +61,88 @@ int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape, int
   return p.offset;
 }
 
-ParamTable::ParamTable(const ModelConfig& m) {
-  const int64_t C = m.d_model, V = m.vocab, T = m.seq_len, F = m.d_ff;
+ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank) {
+  const int64_t C = m.d_model, V = m.vocab, T = m.seq_len, F = m.d_ff, H = m.heads, KV = m.kv_heads;
   const int64_t hd = m.d_model / m.heads;
-  const int64_t QKV = (m.heads + 2 * m.kv_heads) * hd;
+  const int64_t QKV = (H + 2 * KV) * hd;
   const double std = m.init_std;
   const double residual_std = m.init_std / std::sqrt(2.0 * m.layers);
 
-  wte = add("wte", {V, C}, -1, true, std);
-  wpe = add("wpe", {T, C}, -1, true, std);
+  // This rank's share (validated in config: heads % tp, kv_heads % tp or tp % kv_heads, d_ff % tp).
+  heads_local = int(H / tp);
+  const int64_t h0 = int64_t(tp_rank) * heads_local;
+  int64_t kv0;
+  if (KV >= tp) {
+    kv_heads_local = int(KV / tp);
+    kv0 = int64_t(tp_rank) * kv_heads_local;
+  } else {
+    kv_heads_local = 1;
+    kv0 = tp_rank / (tp / KV);
+  }
+  const TpSplit qkv_split = KV < tp ? TpSplit::KvReplicated : (tp > 1 ? TpSplit::Sharded : TpSplit::Replicated);
+  const TpSplit sharded = tp > 1 ? TpSplit::Sharded : TpSplit::Replicated;
+  d_ff_local = int(F / tp);
+  const int64_t f0 = int64_t(tp_rank) * d_ff_local;
+  vocab_padded = int((V + tp - 1) / tp * tp);
+  vocab_local = vocab_padded / tp;
+  vocab_begin = tp_rank * vocab_local;
+
+  const std::vector<RowRange> qkv_rows = {
+      {h0 * hd, (h0 + heads_local) * hd},                          // query heads
+      {(H + kv0) * hd, (H + kv0 + kv_heads_local) * hd},           // key heads
+      {(H + KV + kv0) * hd, (H + KV + kv0 + kv_heads_local) * hd}  // value heads
+  };
+  auto all = [](int64_t n) { return std::vector<RowRange>{{0, n}}; };
+  const auto R = TpSplit::Replicated;
+
+  wte = add("wte", {V, C}, {{vocab_begin, vocab_begin + vocab_local}}, 0, C, sharded, -1, true, std);
+  wpe = add("wpe", {T, C}, all(T), 0, C, R, -1, true, std);
   for (int l = 0; l < m.layers; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     BlockOffsets b;
     b.begin = total_;
-    b.ln1_w = add(h + "ln_1.weight", {C}, l, false, 0, 1.f);
-    b.ln1_b = add(h + "ln_1.bias", {C}, l, false, 0);
-    b.qkv_w = add(h + "attn.c_attn.weight", {QKV, C}, l, true, std);
-    b.qkv_b = add(h + "attn.c_attn.bias", {QKV}, l, false, 0);
-    b.attproj_w = add(h + "attn.c_proj.weight", {C, m.heads * hd}, l, true, residual_std);
-    b.attproj_b = add(h + "attn.c_proj.bias", {C}, l, false, 0);
-    b.ln2_w = add(h + "ln_2.weight", {C}, l, false, 0, 1.f);
-    b.ln2_b = add(h + "ln_2.bias", {C}, l, false, 0);
-    b.fc_w = add(h + "mlp.c_fc.weight", {F, C}, l, true, std);
-    b.fc_b = add(h + "mlp.c_fc.bias", {F}, l, false, 0);
-    b.fcproj_w = add(h + "mlp.c_proj.weight", {C, F}, l, true, residual_std);
-    b.fcproj_b = add(h + "mlp.c_proj.bias", {C}, l, false, 0);
+    b.ln1_w = add(h + "ln_1.weight", {C}, all(C), 0, 1, R, l, false, 0, 1.f);
+    b.ln1_b = add(h + "ln_1.bias", {C}, all(C), 0, 1, R, l, false, 0);
+    b.qkv_w = add(h + "attn.c_attn.weight", {QKV, C}, qkv_rows, 0, C, qkv_split, l, true, std);
+    b.qkv_b = add(h + "attn.c_attn.bias", {QKV}, qkv_rows, 0, 1, qkv_split, l, false, 0);
+    b.attproj_w = add(h + "attn.c_proj.weight", {C, H * hd}, all(C), h0 * hd,
+                      (h0 + heads_local) * hd, sharded, l, true, residual_std);
+    b.attproj_b = add(h + "attn.c_proj.bias", {C}, all(C), 0, 1, R, l, false, 0);
+    b.ln2_w = add(h + "ln_2.weight", {C}, all(C), 0, 1, R, l, false, 0, 1.f);
+    b.ln2_b = add(h + "ln_2.bias", {C}, all(C), 0, 1, R, l, false, 0);
+    b.fc_w = add(h + "mlp.c_fc.weight", {F, C}, {{f0, f0 + d_ff_local}}, 0, C, sharded, l, true, std);
+    b.fc_b = add(h + "mlp.c_fc.bias", {F}, {{f0, f0 + d_ff_local}}, 0, 1, sharded, l, false, 0);
+    b.fcproj_w = add(h + "mlp.c_proj.weight", {C, F}, all(C), f0, f0 + d_ff_local, sharded, l, true,
+                     residual_std);
+    b.fcproj_b = add(h + "mlp.c_proj.bias", {C}, all(C), 0, 1, R, l, false, 0);
     b.end = total_;
     blocks.push_back(b);
   }
-  lnf_w = add("ln_f.weight", {C}, -1, false, 0, 1.f);
-  lnf_b = add("ln_f.bias", {C}, -1, false, 0);
+  lnf_w = add("ln_f.weight", {C}, all(C), 0, 1, R, -1, false, 0, 1.f);
+  lnf_b = add("ln_f.bias", {C}, all(C), 0, 1, R, -1, false, 0);
 
   units.push_back({wte, blocks.empty() ? lnf_w : blocks.front().begin});
   for (const BlockOffsets& b : blocks) units.push_back({b.begin, b.end});
   units.push_back({lnf_w, total_});
+}
+
+std::vector<Unit> ParamTable::replicated_ranges() const {
+  std::vector<Unit> out;
+  for (const ParamInfo& p : params_)
+    if (p.split == TpSplit::Replicated) out.push_back({p.offset, p.offset + p.numel()});
+  return out;
+}
+
+std::vector<Unit> ParamTable::kv_replicated_ranges() const {
+  std::vector<Unit> out;
+  for (const ParamInfo& p : params_) {
+    if (p.split != TpSplit::KvReplicated) continue;
+    // Local rows: query heads first, then the key and value rows, which are the replicated part.
+    const int64_t cols = p.col_end - p.col_begin;
+    const int64_t q_rows = p.rows[0].end - p.rows[0].begin;
+    out.push_back({p.offset + q_rows * cols, p.offset + p.numel()});
+  }
+  return out;
 }
 
 const ParamInfo& ParamTable::find(const std::string& name) const {
@@ -95,14 +176,20 @@ void init_parameters(const ParamTable& table, uint64_t seed, float* out, int64_t
     if (lo >= hi) continue;
     float* dst = out + (p.offset + lo - begin);
     if (p.init_std == 0) {
-      for (int64_t i = lo; i < hi; ++i) dst[i - lo] = p.init_value;
+      for (int64_t i = lo; i < hi; ++i) dst[i - lo] = p.global_index(i) < 0 ? 0.f : p.init_value;
       continue;
     }
     const uint64_t key = mix64(seed ^ hash_name(p.name));
     for (int64_t i = lo; i < hi; ++i) {
-      // Box–Muller from two 53-bit uniforms derived from the element's own index.
-      uint64_t a = mix64(key + 2 * static_cast<uint64_t>(i));
-      uint64_t b = mix64(key + 2 * static_cast<uint64_t>(i) + 1);
+      // Box–Muller from two 53-bit uniforms derived from the element's global index, so that
+      // every layout initialises the same global tensor. Padding rows stay zero.
+      const int64_t g = p.global_index(i);
+      if (g < 0) {
+        dst[i - lo] = 0.f;
+        continue;
+      }
+      uint64_t a = mix64(key + 2 * static_cast<uint64_t>(g));
+      uint64_t b = mix64(key + 2 * static_cast<uint64_t>(g) + 1);
       double u1 = ((a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
       double u2 = (b >> 11) * 0x1.0p-53;          // [0, 1)
       double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);

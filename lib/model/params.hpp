@@ -1,7 +1,18 @@
 // The parameter table: every tensor of the GPT with its name, its global shape (as a single
-// device holds it), where it sits in the flat parameter buffer, and how it is initialised.
-// Parameters are laid out layer by layer (embeddings, block 0, block 1, …, final LayerNorm) so that
-// a block's tensors are one contiguous range — what ZeRO-3 gathers and a pipeline stage owns.
+// device holds it), the part of it this tensor-parallel rank holds, where that part sits in the
+// flat parameter buffer, and how it is initialised. Parameters are laid out layer by layer
+// (embeddings, block 0, block 1, …, final LayerNorm) so that a block's tensors are one contiguous
+// range — what ZeRO-3 gathers and a pipeline stage owns.
+//
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) over tp ranks:
+//   wte                 vocab-parallel: a contiguous block of ⌈V/tp⌉ rows (rows past V are padding)
+//   attn.c_attn         column-parallel by heads: this rank's heads/tp query heads' rows, then its
+//                       key heads' rows, then its value heads' rows (kv_heads < tp: one key/value
+//                       head, replicated on tp/kv_heads ranks)
+//   attn.c_proj.weight  row-parallel: the input columns of this rank's heads
+//   mlp.c_fc            column-parallel: d_ff/tp rows
+//   mlp.c_proj.weight   row-parallel: d_ff/tp input columns
+//   everything else     replicated (LayerNorms, wpe, the row-parallel layers' biases)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,25 +22,43 @@
 
 namespace trellis {
 
+/// Rows [begin, end) of a tensor's global first dimension; rows ≥ shape[0] are padding.
+struct RowRange {
+  int64_t begin, end;
+};
+
+enum class TpSplit {
+  Replicated,     // every tp rank holds all of it
+  Sharded,        // each tp rank holds its own part
+  KvReplicated,   // c_attn with kv_heads < tp: the key/value rows repeat on tp/kv_heads ranks
+};
+
 struct ParamInfo {
   std::string name;            // e.g. "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;  // global shape, e.g. {(H+2KV)·hd, C}
+  std::vector<RowRange> rows;  // the global rows this rank holds, in local order
+  int64_t col_begin = 0, col_end = 1;  // the global columns it holds (1-D tensors: 0, 1)
+  TpSplit split = TpSplit::Replicated;
   int layer = -1;              // block index, -1 for embeddings and the final LayerNorm
   bool decay = false;          // AdamW weight decay applies (matrices and embeddings)
   double init_std = 0;         // N(0, init_std); 0 means constant init_value
   float init_value = 0;
   int64_t offset = 0;          // first element in the flat buffer
-  int64_t numel() const;
+  int64_t numel() const;        // elements held locally
+  int64_t global_numel() const;
+  std::vector<int64_t> local_shape() const;
+  /// The global flat index of local element i, or -1 for padding.
+  int64_t global_index(int64_t i) const;
 };
 
-/// Offsets of one block's tensors in the flat buffer (element indices).
+/// Offsets of one block's tensors in the flat buffer (element indices); shapes are local.
 struct BlockOffsets {
   int64_t ln1_w, ln1_b;      // (C), (C)
-  int64_t qkv_w, qkv_b;      // ((H+2KV)·hd, C), ((H+2KV)·hd)
-  int64_t attproj_w, attproj_b;  // (C, H·hd), (C)
+  int64_t qkv_w, qkv_b;      // ((Hl+2KVl)·hd, C), ((Hl+2KVl)·hd)   Hl = H/tp heads here
+  int64_t attproj_w, attproj_b;  // (C, Hl·hd), (C)
   int64_t ln2_w, ln2_b;      // (C), (C)
-  int64_t fc_w, fc_b;        // (F, C), (F)
-  int64_t fcproj_w, fcproj_b;    // (C, F), (C)
+  int64_t fc_w, fc_b;        // (Fl, C), (Fl)   Fl = F/tp
+  int64_t fcproj_w, fcproj_b;    // (C, Fl), (C)
   int64_t begin, end;        // the block's whole range
 };
 
@@ -41,23 +70,36 @@ struct Unit {
 
 class ParamTable {
  public:
-  explicit ParamTable(const ModelConfig& m);
+  /// The table for tensor-parallel rank tp_rank of tp (tp = 1: the whole model).
+  explicit ParamTable(const ModelConfig& m, int tp = 1, int tp_rank = 0);
+
+  // Local sizes on this rank: heads, key/value heads, d_ff, vocabulary rows (with padding).
+  int heads_local, kv_heads_local, d_ff_local, vocab_local;
+  int vocab_begin;   // first vocabulary row this rank holds
+  int vocab_padded;  // vocab rounded up to a multiple of tp
 
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }
   const ParamInfo& find(const std::string& name) const;  // throws if absent
 
-  int64_t wte, wpe;        // (V, C), (maxT, C)
+  int64_t wte, wpe;        // (Vl, C) this rank's vocabulary rows, (maxT, C)
   std::vector<BlockOffsets> blocks;  // one per layer
   int64_t lnf_w, lnf_b;    // (C), (C)
   /// units[0] = embeddings, units[1 + l] = block l, units.back() = final LayerNorm.
   std::vector<Unit> units;
+  /// Local flat ranges of the tensors every tp rank holds whole (LayerNorms, wpe, row-parallel
+  /// biases): under sequence parallelism each rank's gradient of them is partial.
+  std::vector<Unit> replicated_ranges() const;
+  /// Local flat ranges of key/value rows repeated on tp/kv_heads ranks (kv_heads < tp): their
+  /// gradient is summed over the ranks that share them.
+  std::vector<Unit> kv_replicated_ranges() const;
   int embedding_unit() const { return 0; }
   int block_unit(int layer) const { return 1 + layer; }
   int final_unit() const { return int(units.size()) - 1; }
 
  private:
-  int64_t add(const std::string& name, std::vector<int64_t> shape, int layer, bool decay,
+  int64_t add(const std::string& name, std::vector<int64_t> shape, std::vector<RowRange> rows,
+              int64_t col_begin, int64_t col_end, TpSplit split, int layer, bool decay,
               double init_std, float init_value = 0.f);
   std::vector<ParamInfo> params_;
   int64_t total_ = 0;

@@ -112,6 +112,13 @@ std::vector<float> ShardedParams::gather_parameters() {
   return all;
 }
 
+std::vector<float> ShardedParams::gather_gradients() {
+  std::vector<float> all(total_);
+  if (stage_ == 0) std::memcpy(all.data(), grads_.data(), sizeof(float) * total_);
+  else dp_.all_gather(shard_grads(), all.data(), shard_counts(total_, dp_.size()));
+  return all;
+}
+
 // ---------------------------------------------------------------------------------------------
 // gradients
 
@@ -195,12 +202,55 @@ void ShardedParams::finish_grad_sync() {
     b.request.wait();
     complete_reduction(b);
   }
+  // Sums over the other groups commute with the dp sum: do them on what this rank holds. Ranks
+  // of one such group have the same dp rank, so they hold the same ranges.
+  for (const GradientSum& sum : gradient_sums_)
+    for (const Unit& r : sum.ranges) {
+      int64_t n;
+      float* g = held_grads(r.begin, r.end, &n);
+      if (n > 0) sum.group->all_reduce(g, n);
+    }
+}
+
+void ShardedParams::add_gradient_sum(const std::vector<Unit>& ranges, Comm& group) {
+  if (group.size() > 1 && !ranges.empty()) gradient_sums_.push_back({ranges, &group});
+}
+
+void ShardedParams::set_norm_group(Comm& norm_group, const std::vector<Unit>& not_counted_here) {
+  norm_group_ = &norm_group;
+  not_counted_ = not_counted_here;
+  std::sort(not_counted_.begin(), not_counted_.end(),
+            [](const Unit& a, const Unit& b) { return a.begin < b.begin; });
+}
+
+float* ShardedParams::held_grads(int64_t begin, int64_t end, int64_t* count) {
+  // Stage 0 holds every reduced gradient; stages 1-3 only the shard's.
+  const int64_t lo = stage_ == 0 ? begin : std::max(begin, shard_.begin);
+  const int64_t hi = stage_ == 0 ? end : std::min(end, shard_.end);
+  *count = std::max<int64_t>(0, hi - lo);
+  if (*count == 0) return nullptr;
+  return stage_ == 0 ? grads_.f32() + lo : shard_grads() + (lo - shard_.begin);
 }
 
 double ShardedParams::grad_norm() {
-  if (stage_ == 0) return std::sqrt(be_.sum_squares(grads_.f32(), total_));  // replicated
-  double local = be_.sum_squares(shard_grads(), shard_.size());
-  return std::sqrt(dp_.all_reduce_sum(local));
+  // This rank's held gradients, minus the copies another rank of the norm group counts.
+  const int64_t lo = stage_ == 0 ? 0 : shard_.begin, hi = stage_ == 0 ? total_ : shard_.end;
+  double local = 0;
+  int64_t at = lo;
+  auto add = [&](int64_t a, int64_t b) {
+    int64_t n;
+    float* g = held_grads(a, b, &n);
+    if (n > 0) local += be_.sum_squares(g, n);
+  };
+  for (const Unit& skip : not_counted_) {
+    if (skip.end <= at || skip.begin >= hi) continue;
+    if (skip.begin > at) add(at, skip.begin);
+    at = std::max(at, skip.end);
+  }
+  if (at < hi) add(at, hi);
+  if (stage_ > 0) local = dp_.all_reduce_sum(local);  // shards: every rank holds a different part
+  if (norm_group_ && norm_group_->size() > 1) local = norm_group_->all_reduce_sum(local);
+  return std::sqrt(local);
 }
 
 void ShardedParams::optimizer_step(double lr, double grad_scale) {

@@ -44,6 +44,15 @@ class ShardedParams : public ParamStore {
   float* acquire_grads(int unit) override;
   void release_grads(int unit) override;
 
+  // ---- tensor parallelism (set once, before training) ----
+  /// After the dp reduction, sum the gradients in these local ranges over `group` (ranks whose
+  /// copies of those parameters must agree: kv-head replicas; with sequence parallelism the tp
+  /// group for replicated tensors).
+  void add_gradient_sum(const std::vector<Unit>& ranges, Comm& group);
+  /// The global gradient norm adds this rank's squares over `norm_group` (the tp group),
+  /// except in `not_counted_here`: copies that another rank of that group counts.
+  void set_norm_group(Comm& norm_group, const std::vector<Unit>& not_counted_here);
+
   // ---- what the trainer calls, in this order, every step (all collective over dp) ----
   /// GPT-2 initialisation of the parameters this rank holds.
   void init_parameters(uint64_t seed);
@@ -54,7 +63,8 @@ class ShardedParams : public ParamStore {
   void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
   /// Waits for every bucket's reduction; afterwards this rank's shard of the gradient is final.
   void finish_grad_sync();
-  /// ‖g‖₂ over all parameters (every rank gets the same value).
+  /// ‖g‖₂ over all parameters of the model, replicated ones counted once (every rank gets the
+  /// same value).
   double grad_norm();
   /// AdamW on this rank's shard, then (stages 1, 2) all-gather the updated parameters.
   void optimizer_step(double lr, double grad_scale);
@@ -64,6 +74,8 @@ class ShardedParams : public ParamStore {
   ShardRange shard() const { return shard_; }
   /// Every parameter, gathered (collective). For tests and checkpoints.
   std::vector<float> gather_parameters();
+  /// Every reduced gradient, gathered (collective; after finish_grad_sync). For tests.
+  std::vector<float> gather_gradients();
   Comm& dp() { return dp_; }
   AdamW& optimizer() { return *optimizer_; }
 
@@ -108,6 +120,15 @@ class ShardedParams : public ParamStore {
   std::vector<int> bucket_of_unit_;
   std::vector<Gathered> gathered_;  // stage 3, one per unit
   std::unique_ptr<AdamW> optimizer_;
+  struct GradientSum {
+    std::vector<Unit> ranges;
+    Comm* group;
+  };
+  std::vector<GradientSum> gradient_sums_;
+  Comm* norm_group_ = nullptr;
+  std::vector<Unit> not_counted_;  // sorted
+  /// The part of [begin, end) whose reduced gradient this rank holds, as a pointer and a count.
+  float* held_grads(int64_t begin, int64_t end, int64_t* count);
 };
 
 }  // namespace trellis

@@ -20,16 +20,26 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
-  table_ = std::make_unique<ParamTable>(cfg_.model);
+  tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
+  const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
+  table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
   store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
   store_->init_parameters(cfg_.model.seed);
-  model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch);
+
+  tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
+                                                    cfg_.parallel.sequence_parallel, *tp_comm_, *store_);
+  model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,
+                                 tp_comm_.get(), cfg_.parallel.sequence_parallel);
   const size_t n = size_t(cfg_.train.micro_batch) * cfg_.model.seq_len;
   inputs_.resize(n);
   targets_.resize(n);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  model_.reset();
+  store_.reset();  // its requests finish before the communicators go
+  tp_grads_.reset();
+}
 
 double Trainer::tokens_per_step() const {
   return double(cfg_.train.global_batch) * cfg_.model.seq_len;
@@ -90,9 +100,15 @@ void Trainer::print_start() const {
   log(config_table(cfg_));
   log(grid_->layout_table());
   const ModelConfig& m = cfg_.model;
-  log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d",
-             (long long)model_->num_params(), format_bytes(model_->num_params() * 4.0).c_str(),
-             m.layers, m.d_model, m.heads, m.kv_heads, m.d_ff));
+  int64_t global = 0;
+  for (const ParamInfo& p : table_->params()) global += p.global_numel();
+  log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d; "
+             "%lld per tensor-parallel rank",
+             (long long)global, format_bytes(global * 4.0).c_str(), m.layers, m.d_model, m.heads,
+             m.kv_heads, m.d_ff, (long long)table_->total()));
+  if (table_->vocab_padded != m.vocab)
+    log(strfmt("model: vocabulary padded from %d to %d rows (a multiple of tp = %d); the padding is "
+               "masked out of the loss", m.vocab, table_->vocab_padded, grid_->tp_size()));
   log("data: " + source_->describe());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
@@ -149,7 +165,9 @@ double Trainer::run() {
 
 void Trainer::finish() {
   log(time_table(comm_, timers_, {"data", "forward", "backward", "grad sync wait", "optimizer", "logging"}));
-  log(comm_table(comm_, {{"dp", dp_comm_->stats()}}, int64_t(history_.size())));
+  std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()}};
+  if (Comm* kv = tp_grads_->kv_group()) groups.push_back({"tp kv", kv->stats()});
+  log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
   log(memory_table(comm_, formula));
   const MemoryStats& mem = memory_stats();
@@ -162,7 +180,9 @@ void Trainer::finish() {
   JsonObject comm_json;
   comm_json.num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
       .num("dp_seconds_in_flight", dp.seconds_in_flight)
-      .num("dp_seconds_blocked", dp.seconds_blocked);
+      .num("dp_seconds_blocked", dp.seconds_blocked)
+      .num("tp_payload_values_per_step",
+           tp_comm_->stats().payload_values / std::max<size_t>(1, history_.size()));
 
   // ---- summary.json ----
   std::vector<double> tok_s;

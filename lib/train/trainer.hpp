@@ -16,6 +16,7 @@
 #include "data/data.hpp"
 #include "model/gpt.hpp"
 #include "optim/optim.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "parallel/zero.hpp"
 #include "train/run_dir.hpp"
 
@@ -47,6 +48,7 @@ class Trainer {
   GPT& model() { return *model_; }
   ShardedParams& params() { return *store_; }
   const Grid& grid() const { return *grid_; }
+  Comm& tp_comm() { return *tp_comm_; }
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
   /// When false, run() prints nothing and writes no run directory (tests, benchmarks).
@@ -68,6 +70,8 @@ class Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<Grid> grid_;
   std::unique_ptr<Comm> dp_comm_;
+  std::unique_ptr<Comm> tp_comm_;
+  std::unique_ptr<TensorParallelGrads> tp_grads_;
   std::unique_ptr<ParamTable> table_;
   std::unique_ptr<ShardedParams> store_;
   std::unique_ptr<GPT> model_;

@@ -100,7 +100,7 @@ TEST_P(GPTGradient, MatchesFiniteDifferences) {
   // Biases and LayerNorm parameters start at 0/1; perturb them so their gradients are generic.
   std::mt19937 rng(3);
   std::normal_distribution<float> noise(0.f, 0.1f);
-  for (int64_t i = 0; i < gpt.num_params(); ++i) store.params()[i] += noise(rng);
+  for (int64_t i = 0; i < gpt.table().total(); ++i) store.params()[i] += noise(rng);
 
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {
@@ -110,7 +110,7 @@ TEST_P(GPTGradient, MatchesFiniteDifferences) {
   store.zero_grads();
   gpt.forward(inputs.data(), targets.data(), 1.0f / (B * T));
   gpt.backward();
-  std::vector<float> grads(store.grads(), store.grads() + gpt.num_params());
+  std::vector<float> grads(store.grads(), store.grads() + gpt.table().total());
 
   // Check a few elements of every tensor (wpe: only the rows T actually uses).
   const float eps = 5e-3f;
@@ -145,9 +145,9 @@ TEST(GPT, GradientsAccumulateOverMicroBatches) {
   store.zero_grads();
   gpt.forward(x.data(), y.data(), 1.f);
   gpt.backward();
-  std::vector<float> once(store.grads(), store.grads() + gpt.num_params());
+  std::vector<float> once(store.grads(), store.grads() + gpt.table().total());
   gpt.forward(x.data(), y.data(), 1.f);
   gpt.backward();
-  for (int64_t i = 0; i < gpt.num_params(); ++i)
+  for (int64_t i = 0; i < gpt.table().total(); ++i)
     ASSERT_NEAR(store.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i])) << i;
 }

@@ -21,6 +21,21 @@ class CpuBackend : public Backend {
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C) override;
 
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
+                         int vocab_begin, int vocab_count) override;
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
+                          int vocab_begin, int vocab_count) override;
+  void position_forward(float* out, const float* wpe, int rows, int T, int C, int first_row) override;
+  void position_backward(float* dwpe, const float* dout, int rows, int T, int C,
+                         int first_row) override;
+  void crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) override;
+  void crossentropy_sums(const float* logits, const int32_t* targets, const float* row_max,
+                         float* sumexp, float* target_logit, int N, int V, int valid,
+                         int vocab_begin) override;
+  void crossentropy_finish(float* logits, float* losses, const int32_t* targets,
+                           const float* row_max, const float* sumexp, const float* target_logit,
+                           int N, int V, int valid, int vocab_begin, float dloss) override;
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
