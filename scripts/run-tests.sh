@@ -37,6 +37,10 @@ run unit 1 900 -- "$build/unit_tests"
 for np in 1 2 4; do
   run "mpi-np$np" "$np" 300 -- "$build/mpi_tests"
 done
+# Pipelines of three stages and the full 2 × 2 × 2 grid.
+run "mpi-np3" 3 300 -- "$build/mpi_tests" --gtest_filter='Pipeline*'
+run "mpi-np8" 8 600 -- "$build/mpi_tests" --gtest_filter='Grid3D*'
+
 
 # Shell tests (tests/cli/*.sh): whole-program behaviour under mpirun; each ends with
 # "NAME: N passed, M failed".

@@ -209,6 +209,26 @@ class Validator {
       fail(where({"model.d_ff", "parallel.tp"}),
            "model.d_ff = " + n(m.d_ff) + " is not divisible by parallel.tp = " + n(p.tp) +
                ": the MLP's columns split evenly over tp ranks");
+    if (!p.stage_layers.empty()) {
+      std::vector<int> counts;
+      std::string item;
+      std::stringstream list(p.stage_layers);
+      int sum = 0;
+      while (std::getline(list, item, ',')) {
+        char* end = nullptr;
+        long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != 0 || v < 1 || v > m.layers)
+          fail(where({"parallel.stage_layers"}),
+               "parallel.stage_layers = '" + p.stage_layers +
+                   "': expected a comma-separated list of layer counts, each at least 1");
+        counts.push_back(int(v));
+        sum += int(v);
+      }
+      if (int(counts.size()) != p.pp || sum != m.layers)
+        fail(where({"parallel.stage_layers", "parallel.pp", "model.layers"}),
+             "parallel.stage_layers = '" + p.stage_layers + "' must list parallel.pp = " + n(p.pp) +
+                 " counts adding up to model.layers = " + n(m.layers));
+    }
     if (p.pp > m.layers)
       fail(where({"parallel.pp", "model.layers"}),
            "parallel.pp = " + n(p.pp) + " exceeds model.layers = " + n(m.layers) +
@@ -277,16 +297,32 @@ class Validator {
 
 void check_supported_layout(const Config& cfg) {
   const auto& p = cfg.parallel;
-  // Data and tensor parallelism with every ZeRO stage run; pipeline parallelism not yet.
-  if (p.pp > 1)
-    fail(cfg.deck_path, "parallel.pp: pipeline parallelism is not supported yet in this build "
-                        "(pp=" + std::to_string(p.pp) + "); use pp=1 with data and tensor "
-                        "parallelism (parallel.dp, parallel.tp, parallel.zero)");
+  // Every layout runs but the interleaved pipeline schedule.
+  if (p.pp > 1 && p.schedule == "interleaved")
+    fail(cfg.deck_path, "parallel.schedule = interleaved is not supported yet in this build; "
+                        "use gpipe or 1f1b");
 }
 
 void check_supported_backend(const Config& cfg) {
   if (cfg.system.backend == "cuda")
     fail(cfg.deck_path, "system.backend=cuda: this build has no CUDA backend yet");
+}
+
+StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage) {
+  std::vector<int> counts;
+  if (!p.stage_layers.empty()) {
+    std::stringstream list(p.stage_layers);
+    std::string item;
+    while (std::getline(list, item, ',')) counts.push_back(std::stoi(item));
+  } else {
+    for (int s = 0; s < p.pp; ++s) counts.push_back(m.layers / p.pp + (s < m.layers % p.pp ? 1 : 0));
+  }
+  StageLayers r{0, 0};
+  for (int s = 0; s <= stage; ++s) {
+    r.first = r.end;
+    r.end += counts[s];
+  }
+  return r;
 }
 
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,

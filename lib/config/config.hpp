@@ -25,6 +25,7 @@ struct ParallelConfig {
   int dp = 0;  // 0 in the deck means "world size / (tp * pp)"; after validation always set
   int tp = 1;
   int pp = 1;
+  std::string stage_layers;  // "3,2": layers per stage; empty: even split
   int zero = 0;
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int virtual_stages = 1;
@@ -100,6 +101,13 @@ struct Config {
     return train.global_batch / (parallel.dp * train.micro_batch);
   }
 };
+
+/// Layers [first, end) of pipeline stage `stage` of `pp`: the deck's parallel.stage_layers, or
+/// as even as possible with earlier stages taking the extra layers.
+struct StageLayers {
+  int first, end;
+};
+StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage);
 
 /// Reads the deck, applies `overrides` ("--section.key=value" or "section.key=value"), validates
 /// against `world_size` ranks. Throws UserError (exit status 2) naming the key, value or file.

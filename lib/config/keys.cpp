@@ -46,6 +46,8 @@ const std::vector<KeyEntry>& key_table() {
        .help = "pipeline stages; at most layers"},
       {.section = "parallel", .key = "zero", .field = FIELD(parallel.zero),
        .bound = between(0, 3), .help = "ZeRO stage: 0 off, 1 optimizer, 2 +gradients, 3 +weights"},
+      {.section = "parallel", .key = "stage_layers", .field = FIELD(parallel.stage_layers),
+       .help = "layers per pipeline stage, e.g. 3,2 (empty: as even as possible, earlier stages first)"},
       {.section = "parallel", .key = "schedule", .field = FIELD(parallel.schedule),
        .check = Check::Choice, .choices = "gpipe|1f1b|interleaved",
        .help = "pipeline schedule"},

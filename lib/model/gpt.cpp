@@ -8,8 +8,9 @@
 namespace trellis {
 
 GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-         int micro_batch, Comm* tp, bool sequence_parallel)
+         int micro_batch, Comm* tp, bool sequence_parallel, int slots)
     : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp) {
+  slots_.resize(slots);
   if (tp_) {
     tp_size_ = tp_->size();
     tp_rank_ = tp_->rank();
@@ -41,32 +42,37 @@ GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Bac
 
 void GPT::allocate_activations(Arena& a) {
   const int64_t N = N_, R = R_;
-  inputs_ = a.take_i32(N);
-  targets_ = a.take_i32(N);
-  encoded_ = a.take_f32(R * C_);
-  blocks_.assign(cfg_.layers, BlockActivations{});
-  for (auto& b : blocks_) {
-    b.ln1 = a.take_f32(R * C_);
-    b.ln1_mean = a.take_f32(R);
-    b.ln1_rstd = a.take_f32(R);
-    b.qkv = a.take_f32(N * QKVl_);
-    b.atty = a.take_f32(N * Hl_ * hd_);
-    b.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
-    b.res2 = a.take_f32(R * C_);
-    b.ln2 = a.take_f32(R * C_);
-    b.ln2_mean = a.take_f32(R);
-    b.ln2_rstd = a.take_f32(R);
-    b.fch = a.take_f32(N * Fl_);
-    b.fch_gelu = a.take_f32(N * Fl_);
-    b.res3 = a.take_f32(R * C_);
+  const bool last = table_.stage.last;
+  for (Slot& s : slots_) {
+    s.inputs = a.take_i32(N);
+    s.targets = a.take_i32(N);
+    s.x = a.take_f32(R * C_);
+    s.blocks.assign(table_.blocks.size(), BlockActivations{});
+    for (auto& b : s.blocks) {
+      b.ln1 = a.take_f32(R * C_);
+      b.ln1_mean = a.take_f32(R);
+      b.ln1_rstd = a.take_f32(R);
+      b.qkv = a.take_f32(N * QKVl_);
+      b.atty = a.take_f32(N * Hl_ * hd_);
+      b.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
+      b.res2 = a.take_f32(R * C_);
+      b.ln2 = a.take_f32(R * C_);
+      b.ln2_mean = a.take_f32(R);
+      b.ln2_rstd = a.take_f32(R);
+      b.fch = a.take_f32(N * Fl_);
+      b.fch_gelu = a.take_f32(N * Fl_);
+      b.res3 = a.take_f32(R * C_);
+    }
+    if (last) {
+      s.lnf = a.take_f32(R * C_);
+      s.lnf_mean = a.take_f32(R);
+      s.lnf_rstd = a.take_f32(R);
+      s.logits = a.take_f32(N * Vl_);
+      s.losses = a.take_f32(N);
+      s.row_max = a.take_f32(N);
+      s.row_sums = a.take_f32(2 * N);
+    }
   }
-  lnf_ = a.take_f32(R * C_);
-  lnf_mean_ = a.take_f32(R);
-  lnf_rstd_ = a.take_f32(R);
-  logits_ = a.take_f32(N * Vl_);
-  losses_ = a.take_f32(N);
-  row_max_ = a.take_f32(N);
-  row_sums_ = a.take_f32(2 * N);
   full_ = sp_ ? a.take_f32(N * C_) : nullptr;
   partial_ = sp_ ? a.take_f32(N * C_) : nullptr;
   dres_ = a.take_f32(R * C_);
@@ -75,6 +81,11 @@ void GPT::allocate_activations(Arena& a) {
   dqkv_ = a.take_f32(N * QKVl_);
   dfch_gelu_ = a.take_f32(N * Fl_);
   dfch_ = a.take_f32(N * Fl_);
+}
+
+const float* GPT::output(int slot) const {
+  const Slot& s = slots_[slot];
+  return s.blocks.empty() ? s.x : s.blocks.back().res3;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -100,10 +111,10 @@ float* GPT::reduce_rows(float* partial, float* chunk) {
 // forward. Offsets in ParamTable are flat-buffer indices; a unit's memory starts at its first
 // element, so a tensor sits at (offset − unit.begin) in it.
 
-void GPT::block_forward(int l, const float* x, const float* p) {
+void GPT::block_forward(Slot& s, int l, const float* x, const float* p) {
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
-  BlockActivations& a = blocks_[l];
+  BlockActivations& a = s.blocks[l];
   // A row-parallel layer's bias is added once: by tp rank 0, before the sum over the group.
   const bool adds_bias = tp_rank_ == 0;
 
@@ -130,71 +141,77 @@ void GPT::block_forward(int l, const float* x, const float* p) {
   be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
 }
 
-float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
+float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss) {
+  Slot& s = slots_[slot];
+  const bool first = table_.stage.first, last = table_.stage.last;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
-  const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
-  std::memcpy(inputs_, inputs, sizeof(int32_t) * N_);
-  std::memcpy(targets_, targets, sizeof(int32_t) * N_);
+  std::memcpy(s.inputs, inputs, sizeof(int32_t) * N_);
+  std::memcpy(s.targets, targets, sizeof(int32_t) * N_);
 
-  // Vocab-parallel embedding: each rank fills the rows of the tokens it holds; their sum over
-  // the tensor group is the embedding. Positions are added to this rank's rows after the sum.
-  const float* pe = store_.acquire_params(emb);
-  store_.prefetch_params(table_.block_unit(0));
-  float* looked_up = sp_ ? partial_ : encoded_;
-  be_.embedding_forward(looked_up, inputs_, pe + wte, N_, C_, vocab_begin_, Vl_);
-  float* sum = reduce_rows(looked_up, encoded_);
-  if (sum != encoded_) std::memcpy(encoded_, sum, sizeof(float) * R_ * C_);
-  be_.position_forward(encoded_, pe + wpe, R_, T_, C_, row0_);
-  store_.release_params(emb);
-
-  const float* x = encoded_;
-  for (int l = 0; l < cfg_.layers; ++l) {
-    const float* p = store_.acquire_params(table_.block_unit(l));
-    store_.prefetch_params(table_.block_unit(l) + 1);  // the next block, or the final LayerNorm
-    block_forward(l, x, p);
-    store_.release_params(table_.block_unit(l));
-    x = blocks_[l].res3;
+  if (first) {
+    // Vocab-parallel embedding: each rank fills the rows of the tokens it holds; their sum over
+    // the tensor group is the embedding. Positions are added to this rank's rows after the sum.
+    const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
+    const float* pe = store_.acquire_params(emb);
+    if (!table_.blocks.empty()) store_.prefetch_params(table_.block_unit(0));
+    float* looked_up = sp_ ? partial_ : s.x;
+    be_.embedding_forward(looked_up, s.inputs, pe + wte, N_, C_, vocab_begin_, Vl_);
+    float* sum = reduce_rows(looked_up, s.x);
+    if (sum != s.x) std::memcpy(s.x, sum, sizeof(float) * R_ * C_);
+    be_.position_forward(s.x, pe + wpe, R_, T_, C_, row0_);
+    store_.release_params(emb);
   }
 
+  const float* x = s.x;
+  for (int l = 0; l < int(table_.blocks.size()); ++l) {
+    const int unit = table_.block_unit(l);
+    const float* p = store_.acquire_params(unit);
+    if (unit + 1 < int(table_.units.size())) store_.prefetch_params(unit + 1);
+    block_forward(s, l, x, p);
+    store_.release_params(unit);
+    x = s.blocks[l].res3;
+  }
+  if (!last) return 0.f;
+
   const float* pf = store_.acquire_params(fin);
-  store_.prefetch_params(emb);
-  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf + (table_.lnf_w - table_.units[fin].begin),
+  if (first) store_.prefetch_params(emb);
+  be_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, pf + (table_.lnf_w - table_.units[fin].begin),
                         pf + (table_.lnf_b - table_.units[fin].begin), R_, C_);
   store_.release_params(fin);
 
   // LM head tied to the token embedding: logits (N, Vl) = lnf (N, C) · wteᵀ, this rank's columns.
-  const float* lnf = gather_rows(lnf_, full_);
-  pe = store_.acquire_params(emb);
-  be_.matmul_forward(logits_, lnf, pe + wte, nullptr, N_, C_, Vl_);
-  store_.release_params(emb);
-  loss(dloss);
+  const float* lnf = gather_rows(s.lnf, full_);
+  const float* head = first ? store_.acquire_params(emb) + (table_.wte - table_.units[emb].begin) : head_wte_;
+  be_.matmul_forward(s.logits, lnf, head, nullptr, N_, C_, Vl_);
+  if (first) store_.release_params(emb);
+  loss(s, dloss);
 
   double total = 0;
-  for (int i = 0; i < N_; ++i) total += losses_[i];
+  for (int i = 0; i < N_; ++i) total += s.losses[i];
   return static_cast<float>(total / N_);
 }
 
 // Vocab-parallel cross-entropy: the max and the sums travel, never the logits.
-void GPT::loss(float dloss) {
-  float* sumexp = row_sums_;
-  float* target_logit = row_sums_ + N_;
-  be_.crossentropy_max(logits_, row_max_, N_, Vl_, vocab_valid_);
-  if (tp_size_ > 1) tp_->all_reduce_max(row_max_, N_);
-  be_.crossentropy_sums(logits_, targets_, row_max_, sumexp, target_logit, N_, Vl_, vocab_valid_,
+void GPT::loss(Slot& s, float dloss) {
+  float* sumexp = s.row_sums;
+  float* target_logit = s.row_sums + N_;
+  be_.crossentropy_max(s.logits, s.row_max, N_, Vl_, vocab_valid_);
+  if (tp_size_ > 1) tp_->all_reduce_max(s.row_max, N_);
+  be_.crossentropy_sums(s.logits, s.targets, s.row_max, sumexp, target_logit, N_, Vl_, vocab_valid_,
                         vocab_begin_);
-  if (tp_size_ > 1) tp_->all_reduce(row_sums_, 2 * int64_t(N_));
-  be_.crossentropy_finish(logits_, losses_, targets_, row_max_, sumexp, target_logit, N_, Vl_,
+  if (tp_size_ > 1) tp_->all_reduce(s.row_sums, 2 * int64_t(N_));
+  be_.crossentropy_finish(s.logits, s.losses, s.targets, s.row_max, sumexp, target_logit, N_, Vl_,
                           vocab_valid_, vocab_begin_, dloss);
 }
 
 // ---------------------------------------------------------------------------------------------
 // backward: the same walk in reverse. dres_ holds the gradient of the residual stream (R rows).
 
-void GPT::block_backward(int l, const float* x, const float* p, float* g, float* dres) {
+void GPT::block_backward(Slot& s, int l, const float* x, const float* p, float* g, float* dres) {
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
   auto grad = [&](int64_t offset) { return g + (offset - o.begin); };
-  BlockActivations& a = blocks_[l];
+  BlockActivations& a = s.blocks[l];
   // A row-parallel bias's gradient: with sequence parallelism every rank sees all rows of the
   // gathered gradient, so one rank counts it (the replicated gradients are summed over tp later).
   const bool bias_grad = !sp_ || tp_rank_ == 0;
@@ -223,45 +240,56 @@ void GPT::block_backward(int l, const float* x, const float* p, float* g, float*
   // On exit dres = ∂L/∂x, the block's input.
 }
 
-void GPT::backward() {
+void GPT::backward(int slot) {
+  Slot& s = slots_[slot];
+  const bool first = table_.stage.first, last = table_.stage.last;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
-  const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
-  const int64_t lnf_w = table_.lnf_w - table_.units[fin].begin;
-  const int64_t lnf_b = table_.lnf_b - table_.units[fin].begin;
-  const float* last = cfg_.layers > 0 ? blocks_[cfg_.layers - 1].res3 : encoded_;
+  const int nblocks = int(table_.blocks.size());
+  const float* last_x = nblocks > 0 ? s.blocks[nblocks - 1].res3 : s.x;
+  const int64_t wte = first ? table_.wte - table_.units[emb].begin : 0;
+  // The embeddings' gradient stays open until the embedding's backward, this stage's last step.
+  float* ge = first ? store_.acquire_grads(emb) : nullptr;
 
-  // The embeddings' gradient stays open until the encoder's backward, the last step.
-  float* ge = store_.acquire_grads(emb);
-  const float* pe = store_.acquire_params(emb);
-  store_.prefetch_params(fin);
-  // logits_ holds dlogits (written in forward). ∂L/∂lnf is partial over the vocabulary shards.
-  const float* lnf = gather_rows(lnf_, full_);
-  be_.matmul_backward(dbtc_, ge + wte, nullptr, logits_, lnf, pe + wte, N_, C_, Vl_);
-  store_.release_params(emb);
-  const float* dlnf = reduce_rows(dbtc_, dchunk_);
+  if (last) {
+    const int64_t lnf_w = table_.lnf_w - table_.units[fin].begin;
+    const int64_t lnf_b = table_.lnf_b - table_.units[fin].begin;
+    const float* head = first ? store_.acquire_params(emb) + wte : head_wte_;
+    float* dhead = first ? ge + wte : head_dwte_;
+    store_.prefetch_params(fin);
+    // s.logits holds dlogits (written in forward). ∂L/∂lnf is partial over the vocabulary shards.
+    const float* lnf = gather_rows(s.lnf, full_);
+    be_.matmul_backward(dbtc_, dhead, nullptr, s.logits, lnf, head, N_, C_, Vl_);
+    if (first) store_.release_params(emb);
+    const float* dlnf = reduce_rows(dbtc_, dchunk_);
 
-  const float* pf = store_.acquire_params(fin);
-  float* gf = store_.acquire_grads(fin);
-  if (cfg_.layers > 0) store_.prefetch_params(table_.block_unit(cfg_.layers - 1));
-  std::memset(dres_, 0, sizeof(float) * R_ * C_);
-  be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last, pf + lnf_w, lnf_mean_,
-                         lnf_rstd_, R_, C_);
-  store_.release_params(fin);
-  store_.release_grads(fin);
+    const float* pf = store_.acquire_params(fin);
+    float* gf = store_.acquire_grads(fin);
+    if (nblocks > 0) store_.prefetch_params(table_.block_unit(nblocks - 1));
+    std::memset(dres_, 0, sizeof(float) * R_ * C_);
+    be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last_x, pf + lnf_w, s.lnf_mean,
+                           s.lnf_rstd, R_, C_);
+    store_.release_params(fin);
+    store_.release_grads(fin);
+  }
+  // Otherwise dres_ holds ∂L/∂output, received from the next stage.
 
-  for (int l = cfg_.layers - 1; l >= 0; --l) {
+  for (int l = nblocks - 1; l >= 0; --l) {
     const int unit = table_.block_unit(l);
     const float* p = store_.acquire_params(unit);
     if (l > 0) store_.prefetch_params(unit - 1);
     float* g = store_.acquire_grads(unit);
-    block_backward(l, l > 0 ? blocks_[l - 1].res3 : encoded_, p, g, dres_);
+    block_backward(s, l, l > 0 ? s.blocks[l - 1].res3 : s.x, p, g, dres_);
     store_.release_params(unit);
     store_.release_grads(unit);
   }
+  if (!first) return;  // dres_ = ∂L/∂input, for the previous stage
+
   // The embeddings' backward needs no parameters, only the token ids.
+  const int64_t wpe = table_.wpe - table_.units[emb].begin;
   be_.position_backward(ge + wpe, dres_, R_, T_, C_, row0_);
   const float* dembedded = gather_rows(dres_, partial_);
-  be_.embedding_backward(ge + wte, dembedded, inputs_, N_, C_, vocab_begin_, Vl_);
+  be_.embedding_backward(ge + wte, dembedded, s.inputs, N_, C_, vocab_begin_, Vl_);
+  if (before_release_) before_release_(ge + wte);
   store_.release_grads(emb);
 }
 

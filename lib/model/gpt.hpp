@@ -10,6 +10,7 @@
 // reduce-scatter after the row-parallel one.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -40,31 +41,63 @@ struct BlockActivations {
   float* res3;      // (R, C)   residual after the MLP: the block's output
 };
 
+/// One micro-batch's activations on this stage. A pipeline keeps several in flight (slots).
+struct Slot {
+  int32_t* inputs;    // (B, T) token ids (first stage)
+  int32_t* targets;   // (B, T) next-token ids (last stage)
+  float* x;           // (R, C) the stage's input: embeddings (first stage) or a received activation
+  std::vector<BlockActivations> blocks;  // this stage's blocks
+  float* lnf;         // (R, C)                       last stage
+  float* lnf_mean;    // (R)
+  float* lnf_rstd;    // (R)
+  float* logits;      // (N, Vl) — replaced by dlogits in forward when a gradient is wanted
+  float* losses;      // (N)
+  float* row_max;     // (N)    cross-entropy: max logit per row
+  float* row_sums;    // (2, N) cross-entropy: Σexp, then the target's logit (one all-reduce)
+};
+
 class GPT {
  public:
-  /// Allocates the activations of one micro-batch of `micro_batch` sequences. Parameters and
-  /// gradients live in `store`, laid out by `table` (this tp rank's part). `tp` is the tensor
-  /// group (null: no tensor parallelism).
+  /// Allocates the activations of `slots` micro-batches of `micro_batch` sequences (a pipeline
+  /// keeps several in flight). Parameters and gradients live in `store`, laid out by `table`
+  /// (this tp rank's part of this pipeline stage). `tp` is the tensor group (null: none).
   GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-      int micro_batch, Comm* tp = nullptr, bool sequence_parallel = false);
+      int micro_batch, Comm* tp = nullptr, bool sequence_parallel = false, int slots = 1);
 
-  /// Forward over one micro-batch: inputs, targets (B, T), the same on every tp rank. Returns the
-  /// mean loss over its B·T tokens. With dloss ≠ 0 the loss gradient (dloss per token) is left
-  /// ready for backward().
-  float forward(const int32_t* inputs, const int32_t* targets, float dloss);
-  /// Backward of the last forward; gradients accumulate (+=) into the store's gradients.
-  void backward();
+  /// Forward over one micro-batch in `slot`: inputs, targets (B, T), the same on every tp rank;
+  /// a stage other than the first reads its input from input(slot). Returns the mean loss over
+  /// the B·T tokens on the last stage (0 elsewhere). With dloss ≠ 0 the loss gradient (dloss per
+  /// token) is left ready for backward().
+  float forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss);
+  /// Backward of the micro-batch in `slot`; gradients accumulate (+=) into the store's. A stage
+  /// other than the last reads ∂L/∂output from output_grad() first.
+  void backward(int slot);
+
+  // Pipeline plumbing, (R, C) each.
+  int64_t activation_elems() const { return int64_t(R_) * C_; }
+  float* input(int slot) { return slots_[slot].x; }
+  const float* output(int slot) const;
+  float* output_grad() { return dres_; }
+  const float* input_grad() const { return dres_; }  // after backward: ∂L/∂input
+
+  /// A last stage that is not the first keeps its own copy of the tied LM head (Vl, C) and
+  /// accumulates its gradient apart; the pipeline keeps both in step with the first stage's wte.
+  void set_head_copy(const float* wte, float* dwte) { head_wte_ = wte, head_dwte_ = dwte; }
+  /// Called on the first stage just before the embeddings' gradient is released, with that
+  /// gradient's wte part (Vl, C): the pipeline adds the last stage's LM-head gradient there.
+  void set_before_embedding_release(std::function<void(float*)> f) { before_release_ = std::move(f); }
 
   const ParamTable& table() const { return table_; }
-  const float* losses() const { return losses_; }  // (B, T) per-token losses of the last forward
-  /// Bytes of activations kept for backward plus scratch, per micro-batch (the arena's size).
+  const float* losses(int slot = 0) const { return slots_[slot].losses; }  // (B, T)
+  /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
+  int num_slots() const { return int(slots_.size()); }
 
  private:
-  void block_forward(int l, const float* x, const float* p);
-  void block_backward(int l, const float* x, const float* p, float* g, float* dres);
+  void block_forward(Slot& s, int l, const float* x, const float* p);
+  void block_backward(Slot& s, int l, const float* x, const float* p, float* g, float* dres);
   void allocate_activations(Arena& arena);
-  void loss(float dloss);
+  void loss(Slot& s, float dloss);
   // Sequence parallelism: the full (N, C) rows from this rank's (R, C) chunk (returns `chunk`
   // itself without SP), and the sum over tp of a partial (N, C) into this rank's rows.
   const float* gather_rows(const float* chunk, float* full);
@@ -82,20 +115,11 @@ class GPT {
   int vocab_begin_, vocab_valid_;  // this rank's first vocabulary row; how many are not padding
 
   Arena act_arena_;  // every activation below lives here
-
-  // ---- activations (one micro-batch) ----
-  int32_t* inputs_;   // (B, T)
-  int32_t* targets_;  // (B, T)
-  float* encoded_;    // (R, C)
-  std::vector<BlockActivations> blocks_;
-  float* lnf_;        // (R, C)
-  float* lnf_mean_;   // (R)
-  float* lnf_rstd_;   // (R)
-  float* logits_;     // (N, Vl) — replaced by dlogits in forward when a gradient is wanted
-  float* losses_;     // (N)
-  float* row_max_;    // (N)    cross-entropy: max logit per row
-  float* row_sums_;   // (2, N) cross-entropy: Σexp, then the target's logit (one all-reduce)
-  // ---- scratch, reused by every block ----
+  std::vector<Slot> slots_;
+  const float* head_wte_ = nullptr;  // (Vl, C) last stage's copy of the tied LM head
+  float* head_dwte_ = nullptr;       // (Vl, C)
+  std::function<void(float*)> before_release_;
+  // ---- scratch, reused by every block and slot ----
   float* full_;       // (N, C) sequence parallelism: a gathered LayerNorm output
   float* partial_;    // (N, C) sequence parallelism: a row-parallel layer's partial sums, or a
                       //        gathered residual gradient

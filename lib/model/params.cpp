@@ -61,7 +61,9 @@ int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape,
   return p.offset;
 }
 
-ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank) {
+ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank, StageSpec stage_spec)
+    : stage(stage_spec) {
+  if (stage.end_layer < 0) stage.end_layer = m.layers;
   const int64_t C = m.d_model, V = m.vocab, T = m.seq_len, F = m.d_ff, H = m.heads, KV = m.kv_heads;
   const int64_t hd = m.d_model / m.heads;
   const int64_t QKV = (H + 2 * KV) * hd;
@@ -95,9 +97,11 @@ ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank) {
   auto all = [](int64_t n) { return std::vector<RowRange>{{0, n}}; };
   const auto R = TpSplit::Replicated;
 
-  wte = add("wte", {V, C}, {{vocab_begin, vocab_begin + vocab_local}}, 0, C, sharded, -1, true, std);
-  wpe = add("wpe", {T, C}, all(T), 0, C, R, -1, true, std);
-  for (int l = 0; l < m.layers; ++l) {
+  if (stage.first) {
+    wte = add("wte", {V, C}, {{vocab_begin, vocab_begin + vocab_local}}, 0, C, sharded, -1, true, std);
+    wpe = add("wpe", {T, C}, all(T), 0, C, R, -1, true, std);
+  }
+  for (int l = stage.first_layer; l < stage.end_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     BlockOffsets b;
     b.begin = total_;
@@ -118,12 +122,15 @@ ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank) {
     b.end = total_;
     blocks.push_back(b);
   }
-  lnf_w = add("ln_f.weight", {C}, all(C), 0, 1, R, -1, false, 0, 1.f);
-  lnf_b = add("ln_f.bias", {C}, all(C), 0, 1, R, -1, false, 0);
+  const int64_t blocks_end = total_;
+  if (stage.last) {
+    lnf_w = add("ln_f.weight", {C}, all(C), 0, 1, R, -1, false, 0, 1.f);
+    lnf_b = add("ln_f.bias", {C}, all(C), 0, 1, R, -1, false, 0);
+  }
 
-  units.push_back({wte, blocks.empty() ? lnf_w : blocks.front().begin});
+  if (stage.first) units.push_back({wte, blocks.empty() ? blocks_end : blocks.front().begin});
   for (const BlockOffsets& b : blocks) units.push_back({b.begin, b.end});
-  units.push_back({lnf_w, total_});
+  if (stage.last) units.push_back({lnf_w, total_});
 }
 
 std::vector<Unit> ParamTable::replicated_ranges() const {

@@ -68,10 +68,21 @@ struct Unit {
   int64_t begin, end;
 };
 
+/// What a pipeline stage holds: blocks [first_layer, end_layer) (end_layer −1: all), the
+/// embeddings on the first stage, the final LayerNorm and LM head on the last. The LM head is tied
+/// to wte, which the first stage owns: a last stage that is not also the first keeps a copy of it
+/// outside this table (lib/parallel/pipeline.hpp).
+struct StageSpec {
+  int first_layer = 0, end_layer = -1;
+  bool first = true, last = true;
+};
+
 class ParamTable {
  public:
-  /// The table for tensor-parallel rank tp_rank of tp (tp = 1: the whole model).
-  explicit ParamTable(const ModelConfig& m, int tp = 1, int tp_rank = 0);
+  /// The table for tensor-parallel rank tp_rank of tp (tp = 1: the whole model), on one
+  /// pipeline stage (default: all of the model).
+  explicit ParamTable(const ModelConfig& m, int tp = 1, int tp_rank = 0, StageSpec stage = {});
+  StageSpec stage;
 
   // Local sizes on this rank: heads, key/value heads, d_ff, vocabulary rows (with padding).
   int heads_local, kv_heads_local, d_ff_local, vocab_local;
@@ -82,10 +93,10 @@ class ParamTable {
   int64_t total() const { return total_; }
   const ParamInfo& find(const std::string& name) const;  // throws if absent
 
-  int64_t wte, wpe;        // (Vl, C) this rank's vocabulary rows, (maxT, C)
-  std::vector<BlockOffsets> blocks;  // one per layer
-  int64_t lnf_w, lnf_b;    // (C), (C)
-  /// units[0] = embeddings, units[1 + l] = block l, units.back() = final LayerNorm.
+  int64_t wte = -1, wpe = -1;  // (Vl, C) this rank's vocabulary rows, (maxT, C); first stage
+  std::vector<BlockOffsets> blocks;  // one per layer of this stage, in order
+  int64_t lnf_w = -1, lnf_b = -1;  // (C), (C); last stage
+  /// The embeddings (first stage), each block of the stage, the final LayerNorm (last stage).
   std::vector<Unit> units;
   /// Local flat ranges of the tensors every tp rank holds whole (LayerNorms, wpe, row-parallel
   /// biases): under sequence parallelism each rank's gradient of them is partial.
@@ -93,9 +104,10 @@ class ParamTable {
   /// Local flat ranges of key/value rows repeated on tp/kv_heads ranks (kv_heads < tp): their
   /// gradient is summed over the ranks that share them.
   std::vector<Unit> kv_replicated_ranges() const;
-  int embedding_unit() const { return 0; }
-  int block_unit(int layer) const { return 1 + layer; }
-  int final_unit() const { return int(units.size()) - 1; }
+  int embedding_unit() const { return stage.first ? 0 : -1; }
+  /// The unit of this stage's block `local` (0 = its first block).
+  int block_unit(int local) const { return (stage.first ? 1 : 0) + local; }
+  int final_unit() const { return stage.last ? int(units.size()) - 1 : -1; }
 
  private:
   int64_t add(const std::string& name, std::vector<int64_t> shape, std::vector<RowRange> rows,

@@ -3,7 +3,8 @@
 namespace trellis {
 
 TensorParallelGrads::TensorParallelGrads(const ParamTable& table, int kv_heads,
-                                         bool sequence_parallel, Comm& tp, ShardedParams& store) {
+                                         bool sequence_parallel, Comm& tp, ShardedParams& store,
+                                         Comm* pp) {
   const int size = tp.size(), rank = tp.rank();
   std::vector<Unit> not_counted;
   if (kv_heads < size) {
@@ -17,7 +18,10 @@ TensorParallelGrads::TensorParallelGrads(const ParamTable& table, int kv_heads,
   if (sequence_parallel && size > 1) store.add_gradient_sum(table.replicated_ranges(), tp);
   if (rank != 0)
     for (const Unit& u : table.replicated_ranges()) not_counted.push_back(u);
-  store.set_norm_group(tp, not_counted);
+  // Pipeline stages hold different parameters: their squares add up too.
+  std::vector<Comm*> groups = {&tp};
+  if (pp) groups.push_back(pp);
+  store.set_norm_groups(groups, not_counted);
 }
 
 TensorParallelGrads::~TensorParallelGrads() {

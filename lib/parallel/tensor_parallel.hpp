@@ -18,7 +18,7 @@ class TensorParallelGrads {
  public:
   /// Registers the sums and the norm's bookkeeping with `store`. `tp` is this rank's tensor group.
   TensorParallelGrads(const ParamTable& table, int kv_heads, bool sequence_parallel, Comm& tp,
-                      ShardedParams& store);
+                      ShardedParams& store, Comm* pp = nullptr);
   ~TensorParallelGrads();
   TensorParallelGrads(const TensorParallelGrads&) = delete;
   TensorParallelGrads& operator=(const TensorParallelGrads&) = delete;

@@ -216,8 +216,9 @@ void ShardedParams::add_gradient_sum(const std::vector<Unit>& ranges, Comm& grou
   if (group.size() > 1 && !ranges.empty()) gradient_sums_.push_back({ranges, &group});
 }
 
-void ShardedParams::set_norm_group(Comm& norm_group, const std::vector<Unit>& not_counted_here) {
-  norm_group_ = &norm_group;
+void ShardedParams::set_norm_groups(const std::vector<Comm*>& groups,
+                                    const std::vector<Unit>& not_counted_here) {
+  norm_groups_ = groups;
   not_counted_ = not_counted_here;
   std::sort(not_counted_.begin(), not_counted_.end(),
             [](const Unit& a, const Unit& b) { return a.begin < b.begin; });
@@ -249,7 +250,8 @@ double ShardedParams::grad_norm() {
   }
   if (at < hi) add(at, hi);
   if (stage_ > 0) local = dp_.all_reduce_sum(local);  // shards: every rank holds a different part
-  if (norm_group_ && norm_group_->size() > 1) local = norm_group_->all_reduce_sum(local);
+  for (Comm* group : norm_groups_)
+    if (group->size() > 1) local = group->all_reduce_sum(local);
   return std::sqrt(local);
 }
 

@@ -49,9 +49,9 @@ class ShardedParams : public ParamStore {
   /// copies of those parameters must agree: kv-head replicas; with sequence parallelism the tp
   /// group for replicated tensors).
   void add_gradient_sum(const std::vector<Unit>& ranges, Comm& group);
-  /// The global gradient norm adds this rank's squares over `norm_group` (the tp group),
-  /// except in `not_counted_here`: copies that another rank of that group counts.
-  void set_norm_group(Comm& norm_group, const std::vector<Unit>& not_counted_here);
+  /// The global gradient norm adds this rank's squares over `groups` (tp, pp), except in
+  /// `not_counted_here`: copies that another rank counts.
+  void set_norm_groups(const std::vector<Comm*>& groups, const std::vector<Unit>& not_counted_here);
 
   // ---- what the trainer calls, in this order, every step (all collective over dp) ----
   /// GPT-2 initialisation of the parameters this rank holds.
@@ -125,7 +125,7 @@ class ShardedParams : public ParamStore {
     Comm* group;
   };
   std::vector<GradientSum> gradient_sums_;
-  Comm* norm_group_ = nullptr;
+  std::vector<Comm*> norm_groups_;
   std::vector<Unit> not_counted_;  // sorted
   /// The part of [begin, end) whose reduced gradient this rank holds, as a pointer and a count.
   float* held_grads(int64_t begin, int64_t end, int64_t* count);

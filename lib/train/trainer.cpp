@@ -21,21 +21,29 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
+  pp_comm_ = std::make_unique<Comm>(grid_->pp_comm(), "pp");
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
-  table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
+  const int pp = grid_->pp_size(), stage = grid_->pp_rank();
+  const StageLayers layers = stage_layers(cfg_.model, cfg_.parallel, stage);
+  full_table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
+  table_ = std::make_unique<ParamTable>(
+      cfg_.model, tp, tp_rank, StageSpec{layers.first, layers.end, stage == 0, stage == pp - 1});
   store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
   store_->init_parameters(cfg_.model.seed);
 
   tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
-                                                    cfg_.parallel.sequence_parallel, *tp_comm_, *store_);
+                                                    cfg_.parallel.sequence_parallel, *tp_comm_,
+                                                    *store_, pp_comm_.get());
+  const int micro_batches = cfg_.micro_batches_per_step();
+  const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,
-                                 tp_comm_.get(), cfg_.parallel.sequence_parallel);
-  const size_t n = size_t(cfg_.train.micro_batch) * cfg_.model.seq_len;
-  inputs_.resize(n);
-  targets_.resize(n);
+                                 tp_comm_.get(), cfg_.parallel.sequence_parallel, slots);
+  pipeline_ = std::make_unique<Pipeline>(cfg_.parallel, cfg_.model, micro_batches, *pp_comm_,
+                                         *model_, *store_, *full_table_);
 }
 
 Trainer::~Trainer() {
+  pipeline_.reset();
   model_.reset();
   store_.reset();  // its requests finish before the communicators go
   tp_grads_.reset();
@@ -54,28 +62,20 @@ StepResult Trainer::train_step(int64_t step) {
   const double start = now_seconds();
   const int B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   const int micro_batches = cfg_.micro_batches_per_step();
-  // This dp rank's sequences of the global batch: a contiguous slice, the same for every step.
+  // This dp rank's sequences of the global batch: a contiguous slice, the same for every step
+  // and every stage of its pipeline.
   const int64_t first_sequence = int64_t(grid_->dp_rank()) * micro_batches * B;
   // Each token's loss enters the mean over the whole global batch with this weight.
   const float dloss = 1.0f / float(tokens_per_step());
 
   store_->begin_step();
-  double loss_sum = 0;
-  for (int m = 0; m < micro_batches; ++m) {
-    {
-      ScopedTimer t(timers_, "data");
-      sampler_->batch(step, first_sequence + int64_t(m) * B, B, inputs_.data(), targets_.data());
-    }
-    {
-      ScopedTimer t(timers_, "forward");
-      loss_sum += double(model_->forward(inputs_.data(), targets_.data(), dloss)) * B * T;
-    }
-    {
-      ScopedTimer t(timers_, "backward");
-      store_->set_last_micro_batch(m + 1 == micro_batches);
-      model_->backward();
-    }
-  }
+  auto batch = [&](int m, int32_t* inputs, int32_t* targets) {
+    ScopedTimer t(timers_, "data");
+    sampler_->batch(step, first_sequence + int64_t(m) * B, B, inputs, targets);
+  };
+  // The schedule runs every micro-batch forward and backward on this stage, exchanging
+  // activations with the neighbouring stages; ZeRO reduces gradients over dp meanwhile.
+  double loss_sum = pipeline_->run_step(batch, B * T, dloss, timers_) * B * T;
   {
     ScopedTimer t(timers_, "grad sync wait");
     store_->finish_grad_sync();
@@ -85,10 +85,12 @@ StepResult Trainer::train_step(int64_t step) {
   r.step = step;
   {
     ScopedTimer t(timers_, "optimizer");
-    r.loss = dp_comm_->all_reduce_sum(loss_sum) / tokens_per_step();
+    // The last stage of each pipeline has the loss; the sum over stages and dp ranks is the mean.
+    r.loss = dp_comm_->all_reduce_sum(pp_comm_->all_reduce_sum(loss_sum)) / tokens_per_step();
     r.grad_norm = store_->grad_norm();
     r.lr = learning_rate(cfg_.train, step);
     store_->optimizer_step(r.lr, clip_factor(r.grad_norm, cfg_.train.grad_clip));
+    pipeline_->sync_tied_weights();
   }
   r.seconds = now_seconds() - start;
   return r;
@@ -164,8 +166,9 @@ double Trainer::run() {
 }
 
 void Trainer::finish() {
-  log(time_table(comm_, timers_, {"data", "forward", "backward", "grad sync wait", "optimizer", "logging"}));
-  std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()}};
+  log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "logging"}));
+  std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()},
+                                    {"pp", pp_comm_->stats()}};
   if (Comm* kv = tp_grads_->kv_group()) groups.push_back({"tp kv", kv->stats()});
   log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);

@@ -16,6 +16,7 @@
 #include "data/data.hpp"
 #include "model/gpt.hpp"
 #include "optim/optim.hpp"
+#include "parallel/pipeline.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero.hpp"
 #include "train/run_dir.hpp"
@@ -49,6 +50,7 @@ class Trainer {
   ShardedParams& params() { return *store_; }
   const Grid& grid() const { return *grid_; }
   Comm& tp_comm() { return *tp_comm_; }
+  Pipeline& pipeline() { return *pipeline_; }
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
   /// When false, run() prints nothing and writes no run directory (tests, benchmarks).
@@ -71,12 +73,14 @@ class Trainer {
   std::unique_ptr<Grid> grid_;
   std::unique_ptr<Comm> dp_comm_;
   std::unique_ptr<Comm> tp_comm_;
+  std::unique_ptr<Comm> pp_comm_;
+  std::unique_ptr<ParamTable> full_table_;  // this tp rank's table of the whole model
   std::unique_ptr<TensorParallelGrads> tp_grads_;
   std::unique_ptr<ParamTable> table_;
   std::unique_ptr<ShardedParams> store_;
   std::unique_ptr<GPT> model_;
+  std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<RunDir> run_dir_;
-  std::vector<int32_t> inputs_, targets_;  // (B, T) each: one micro-batch of token ids
   Timers timers_;
   std::vector<StepResult> history_;
   bool quiet_ = false;

@@ -108,8 +108,8 @@ TEST_P(GPTGradient, MatchesFiniteDifferences) {
     targets[i] = int32_t(rng() % m.vocab);
   }
   store.zero_grads();
-  gpt.forward(inputs.data(), targets.data(), 1.0f / (B * T));
-  gpt.backward();
+  gpt.forward(0, inputs.data(), targets.data(), 1.0f / (B * T));
+  gpt.backward(0);
   std::vector<float> grads(store.grads(), store.grads() + gpt.table().total());
 
   // Check a few elements of every tensor (wpe: only the rows T actually uses).
@@ -120,9 +120,9 @@ TEST_P(GPTGradient, MatchesFiniteDifferences) {
       int64_t i = p.offset + int64_t(rng() % uint64_t(p.numel()));
       float saved = store.params()[i];
       store.params()[i] = saved + eps;
-      double up = gpt.forward(inputs.data(), targets.data(), 0.f);
+      double up = gpt.forward(0, inputs.data(), targets.data(), 0.f);
       store.params()[i] = saved - eps;
-      double down = gpt.forward(inputs.data(), targets.data(), 0.f);
+      double down = gpt.forward(0, inputs.data(), targets.data(), 0.f);
       store.params()[i] = saved;
       double fd = (up - down) / (2 * eps);
       EXPECT_NEAR(grads[i], fd, 2e-4 + 1e-2 * std::fabs(fd)) << p.name << " element " << i - p.offset;
@@ -143,11 +143,11 @@ TEST(GPT, GradientsAccumulateOverMicroBatches) {
   init_parameters(table, m.seed, store.params());
   std::vector<int32_t> x(m.seq_len, 3), y(m.seq_len, 4);
   store.zero_grads();
-  gpt.forward(x.data(), y.data(), 1.f);
-  gpt.backward();
+  gpt.forward(0, x.data(), y.data(), 1.f);
+  gpt.backward(0);
   std::vector<float> once(store.grads(), store.grads() + gpt.table().total());
-  gpt.forward(x.data(), y.data(), 1.f);
-  gpt.backward();
+  gpt.forward(0, x.data(), y.data(), 1.f);
+  gpt.backward(0);
   for (int64_t i = 0; i < gpt.table().total(); ++i)
     ASSERT_NEAR(store.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i])) << i;
 }

@@ -79,8 +79,8 @@ TEST(TensorParallel, EveryLayersGradientsMatchTheUnshardedModel) {
     init_parameters(ref_table, m.seed, ref_store.params());
     GPT ref(m, ref_table, ref_store, *be, B);
     ref_store.zero_grads();
-    const float ref_loss = ref.forward(inputs.data(), targets.data(), 1.0f / (B * m.seq_len));
-    ref.backward();
+    const float ref_loss = ref.forward(0, inputs.data(), targets.data(), 1.0f / (B * m.seq_len));
+    ref.backward(0);
 
     // The same model split over a tensor group.
     TpGroup group(c.tp);
@@ -94,8 +94,8 @@ TEST(TensorParallel, EveryLayersGradientsMatchTheUnshardedModel) {
     store.init_parameters(m.seed);
     GPT gpt(m, table, store, *be, B, &tp, c.sp);
     store.begin_step();
-    const float loss = gpt.forward(inputs.data(), targets.data(), 1.0f / (B * m.seq_len));
-    gpt.backward();
+    const float loss = gpt.forward(0, inputs.data(), targets.data(), 1.0f / (B * m.seq_len));
+    gpt.backward(0);
     store.finish_grad_sync();
     EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
 

@@ -2,17 +2,28 @@
 // Kokkos kernel on the default host execution space. Kernels are race-free on any execution space
 // (each output element is written by one work item) and deterministic run to run.
 //
+// When the host execution space is serial, the kernels' work items run on a WorkerPool of as many
+// threads as OpenBLAS uses (cpu_threads.hpp), so that the cores OpenBLAS uses inside GEMMs do not
+// idle between them; results do not depend on the number of threads.
+//
 // Files: cpu_gemm.cpp (matmul, attention), cpu_elementwise.cpp (encoder, layernorm, GELU, add,
-// scale), cpu_loss_optim.cpp (softmax cross-entropy, sum of squares, AdamW).
+// scale), cpu_loss_optim.cpp (softmax cross-entropy, sum of squares, AdamW), cpu_threads.cpp.
 #pragma once
+#include <memory>
+
 #include "backend/backend.hpp"
 #include "core/memory.hpp"
 
 namespace trellis {
 
+namespace cpu {
+class WorkerPool;
+}
+
 class CpuBackend : public Backend {
  public:
-  CpuBackend() = default;
+  CpuBackend();
+  ~CpuBackend() override;
   std::string name() const override { return "cpu"; }
   void set_threads(int threads) override;
 
@@ -66,9 +77,11 @@ class CpuBackend : public Backend {
              float grad_scale) override;
 
  private:
-  /// A (T,T) scratch for attention backward's dP / dS, grown on demand.
+  /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread), grown on
+  /// demand.
   float* scratch(int64_t count);
   Buffer scratch_;
+  std::unique_ptr<cpu::WorkerPool> pool_;
 };
 
 }  // namespace trellis

@@ -4,11 +4,10 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
-
-using cpu::HostRange;
 
 namespace {
 /// Column-wise kernels (sums over rows) give each work item this many adjacent channels.
@@ -20,7 +19,7 @@ constexpr int kColBlock = 64;
 void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte,
                                  const float* wpe, int B, int T, int C) {
   // out (B,T,C), tokens (B,T), wte (V,C), wpe (maxT,C)
-  Kokkos::parallel_for("encoder_forward", HostRange(0, int64_t(B) * T), KOKKOS_LAMBDA(int64_t bt) {
+  cpu::parallel_for(*pool_, "encoder_forward", int64_t(B) * T, [=](int64_t bt) {
     const int64_t t = bt % T;
     float* o = out + bt * C;                      // (C)
     const float* we = wte + int64_t(tokens[bt]) * C;  // (C)
@@ -33,7 +32,7 @@ void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout,
                                   const int32_t* tokens, int B, int T, int C) {
   // dwte (V,C) +=, dwpe (maxT,C) +=, dout (B,T,C), tokens (B,T)
   // dwpe: one work item per position t sums over b.
-  Kokkos::parallel_for("encoder_backward_wpe", HostRange(0, T), KOKKOS_LAMBDA(int64_t t) {
+  cpu::parallel_for(*pool_, "encoder_backward_wpe", T, [=](int64_t t) {
     float* dp = dwpe + t * C;  // (C)
     for (int b = 0; b < B; ++b) {
       const float* d = dout + (int64_t(b) * T + t) * C;  // (C)
@@ -44,7 +43,7 @@ void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout,
   // of channels and walks all tokens in order (deterministic order of accumulation).
   const int nblk = (C + kColBlock - 1) / kColBlock;
   const int64_t BT = int64_t(B) * T;
-  Kokkos::parallel_for("encoder_backward_wte", HostRange(0, nblk), KOKKOS_LAMBDA(int64_t k) {
+  cpu::parallel_for(*pool_, "encoder_backward_wte", nblk, [=](int64_t k) {
     const int c0 = int(k) * kColBlock;
     const int c1 = std::min(C, c0 + kColBlock);
     for (int64_t bt = 0; bt < BT; ++bt) {
@@ -60,7 +59,7 @@ void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout,
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                    const float* weight, const float* bias, int N, int C) {
   // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
-  Kokkos::parallel_for("layernorm_forward", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+  cpu::parallel_for(*pool_, "layernorm_forward", N, [=](int64_t n) {
     const float* x = inp + n * C;  // (C)
     float* o = out + n * C;        // (C)
     const float m = cpu::lane_sum(x, C) / float(C);
@@ -87,7 +86,7 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
   // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, dout (N,C), inp (N,C), weight (C), mean (N),
   // rstd (N)
   // dinp: one work item per row.
-  Kokkos::parallel_for("layernorm_backward_inp", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+  cpu::parallel_for(*pool_, "layernorm_backward_inp", N, [=](int64_t n) {
     const float* x = inp + n * C;   // (C)
     const float* d = dout + n * C;  // (C)
     float* di = dinp + n * C;       // (C)
@@ -117,7 +116,7 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
   });
   // dweight, dbias: sums over rows; each work item owns a block of channels.
   const int nblk = (C + kColBlock - 1) / kColBlock;
-  Kokkos::parallel_for("layernorm_backward_w", HostRange(0, nblk), KOKKOS_LAMBDA(int64_t k) {
+  cpu::parallel_for(*pool_, "layernorm_backward_w", nblk, [=](int64_t k) {
     const int c0 = int(k) * kColBlock;
     const int c1 = std::min(C, c0 + kColBlock);
     for (int64_t n = 0; n < N; ++n) {
@@ -144,7 +143,7 @@ constexpr float kGeluK = 0.044715f;
 
 void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
   // out (n), inp (n)
-  cpu::parallel_chunks("gelu_forward", n, [=](int64_t lo, int64_t hi) {
+  cpu::parallel_chunks(*pool_, "gelu_forward", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float x = inp[i];
       const float u = kGeluS * (x + kGeluK * x * x * x);
@@ -156,7 +155,7 @@ void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   // dinp (n) (overwritten), inp (n), dout (n)
   // d/dx [x·σ(2u)] = σ + x·2σ(1−σ)·u',  u' = √(2/π)(1 + 3·0.044715x²)
-  cpu::parallel_chunks("gelu_backward", n, [=](int64_t lo, int64_t hi) {
+  cpu::parallel_chunks(*pool_, "gelu_backward", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float x = inp[i];
       const float u = kGeluS * (x + kGeluK * x * x * x);
@@ -171,14 +170,14 @@ void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout,
 
 void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
   // out (n), a (n), b (n); out may alias a or b (element i reads only a[i], b[i])
-  cpu::parallel_chunks("add", n, [=](int64_t lo, int64_t hi) {
+  cpu::parallel_chunks(*pool_, "add", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
   });
 }
 
 void CpuBackend::scale(float* x, float s, int64_t n) {
   // x (n)
-  cpu::parallel_chunks("scale", n, [=](int64_t lo, int64_t hi) {
+  cpu::parallel_chunks(*pool_, "scale", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) x[i] *= s;
   });
 }

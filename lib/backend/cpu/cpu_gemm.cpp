@@ -1,16 +1,17 @@
 // CPU backend: linear layers and causal self-attention. Every GEMM is one cblas_sgemm on the
-// operands where they lie (transpose flags and leading dimensions, never a transposed copy);
-// the softmax and its backward are Kokkos kernels over rows.
+// operands where they lie (transpose flags and leading dimensions, never a transposed copy); the
+// softmax and its backward are loops over rows. Attention runs one work item per (batch, head) —
+// per (batch, key/value head) in backward, which owns that head's dK, dV and its query heads' dQ —
+// and while those run on several threads, each calls a single-threaded BLAS.
 #include <cblas.h>
 
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
-
-using cpu::HostRange;
 
 namespace {
 /// Bias sums give each work item this many adjacent output channels.
@@ -18,10 +19,34 @@ constexpr int kColBlock = 64;
 /// Attention works in blocks of this many query rows: row block [i0, i1) only needs keys
 /// [0, i1), so the causal half of S = Q·Kᵀ (and of the products with P) is mostly skipped.
 constexpr int kRowBlock = 64;
+
+/// Sets OpenBLAS to one thread for its lifetime when `active` (the calls then come from several
+/// threads at once), and restores the previous count.
+class SingleThreadedBlas {
+ public:
+  explicit SingleThreadedBlas(bool active) : saved_(active ? openblas_get_num_threads() : 0) {
+    if (saved_ > 1) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (saved_ > 1) openblas_set_num_threads(saved_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int saved_;
+};
 }  // namespace
+
+CpuBackend::CpuBackend() : pool_(std::make_unique<cpu::WorkerPool>()) {
+  pool_->resize(openblas_get_num_threads());
+}
+
+CpuBackend::~CpuBackend() = default;
 
 void CpuBackend::set_threads(int threads) {
   if (threads > 0) openblas_set_num_threads(threads);
+  pool_->resize(openblas_get_num_threads());
 }
 
 float* CpuBackend::scratch(int64_t count) {
@@ -40,7 +65,7 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
   // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null
   float beta = 0.0f;
   if (bias) {  // start every row of out at the bias, then accumulate the product
-    Kokkos::parallel_for("matmul_bias_init", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+    cpu::parallel_for(*pool_, "matmul_bias_init", N, [=](int64_t n) {
       float* o = out + n * OC;  // (OC)
       for (int j = 0; j < OC; ++j) o[j] = bias[j];
     });
@@ -63,7 +88,7 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
               dweight, C);
   if (dbias) {  // column sums of dout; each work item owns a block of channels
     const int nblk = (OC + kColBlock - 1) / kColBlock;
-    Kokkos::parallel_for("matmul_dbias", HostRange(0, nblk), KOKKOS_LAMBDA(int64_t k) {
+    cpu::parallel_for(*pool_, "matmul_dbias", nblk, [=](int64_t k) {
       const int j0 = int(k) * kColBlock;
       const int j1 = std::min(OC, j0 + kColBlock);
       float acc[kColBlock];
@@ -81,30 +106,34 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
 
 namespace {
 
-/// Row-wise causal softmax of A (T,T) in place for rows [0,T): p_ij = e^{a_ij − max}/Σ for j ≤ i,
-/// 0 above the diagonal.
-void causal_softmax_rows(float* A, int T) {
-  Kokkos::parallel_for("attention_softmax", HostRange(0, T), KOKKOS_LAMBDA(int64_t i) {
-    float* a = A + i * T;  // (T)
+/// Causal softmax of rows [i0, i0+m) of A (ld lda) in place: p_ij = e^{a_ij − max}/Σ for j ≤ i,
+/// 0 for i < j < T.
+void causal_softmax_rows(float* A, int64_t lda, int i0, int m, int T) {
+  for (int r = 0; r < m; ++r) {
+    const int64_t i = i0 + r;
+    float* a = A + r * lda;  // (T)
     const int64_t len = i + 1;
     const float mx = cpu::lane_max(a, len);
     for (int64_t j = 0; j < len; ++j) a[j] = cpu::fast_expf(a[j] - mx);
     const float inv = 1.0f / cpu::lane_sum(a, len);
     for (int64_t j = 0; j < len; ++j) a[j] *= inv;
     for (int64_t j = len; j < T; ++j) a[j] = 0.0f;
-  });
+  }
 }
 
-/// dS = P ∘ (dP − rowsum(dP ∘ P)) in place over dP (T,T), rows [0,T); zero above the diagonal.
-void softmax_backward_rows(float* D, const float* P, int T) {
-  Kokkos::parallel_for("attention_softmax_bwd", HostRange(0, T), KOKKOS_LAMBDA(int64_t i) {
-    float* d = D + i * T;        // (T)
-    const float* p = P + i * T;  // (T)
+/// dS = P ∘ (dP − rowsum(dP ∘ P)) in place over rows [i0, i0+m) of dP (ld ldd; P ld ldp), columns
+/// [0, n); zero above the diagonal.
+void softmax_backward_rows(float* D, int64_t ldd, const float* P, int64_t ldp, int i0, int m,
+                           int n) {
+  for (int r = 0; r < m; ++r) {
+    const int64_t i = i0 + r;
+    float* d = D + r * ldd;        // (n)
+    const float* p = P + r * ldp;  // (n)
     const int64_t len = i + 1;
     const float dot = cpu::lane_dot(p, d, len);
     for (int64_t j = 0; j < len; ++j) d[j] = p[j] * (d[j] - dot);
-    for (int64_t j = len; j < T; ++j) d[j] = 0.0f;
-  });
+    for (int64_t j = len; j < n; ++j) d[j] = 0.0f;
+  }
 }
 
 }  // namespace
@@ -116,29 +145,30 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
   const int OS = H * hd;            // row stride of out
   const int group = H / KV;         // query heads per key/value head
   const float sc = 1.0f / std::sqrt(float(hd));
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < H; ++h) {
-      const int g = h / group;
-      const float* Q = qkv + int64_t(b) * T * R + int64_t(h) * hd;             // (T,hd), ld R
-      const float* K = qkv + int64_t(b) * T * R + int64_t(H + g) * hd;         // (T,hd), ld R
-      const float* V = qkv + int64_t(b) * T * R + int64_t(H + KV + g) * hd;    // (T,hd), ld R
-      float* A = att + (int64_t(b) * H + h) * T * T;                          // (T,T)
-      float* O = out + int64_t(b) * T * OS + int64_t(h) * hd;                 // (T,hd), ld OS
-      // S[i0:i1, 0:i1] = Q[i0:i1]·K[0:i1]ᵀ·scale
-      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-        const int i1 = std::min(T, i0 + kRowBlock);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hd, sc,
-                    Q + int64_t(i0) * R, R, K, R, 0.0f, A + int64_t(i0) * T, T);
-      }
-      causal_softmax_rows(A, T);
+  const int64_t BH = int64_t(B) * H;
+  SingleThreadedBlas one(cpu::num_parts(*pool_, BH) > 1);
+  // one work item per (b, h): it writes att[b, h] and out[b, :, h·hd : (h+1)·hd]
+  cpu::parallel_for(*pool_, "attention_forward", BH, [=](int64_t bh) {
+    const int64_t b = bh / H;
+    const int h = int(bh % H);
+    const int g = h / group;
+    const float* Q = qkv + b * T * R + int64_t(h) * hd;           // (T,hd), ld R
+    const float* K = qkv + b * T * R + int64_t(H + g) * hd;       // (T,hd), ld R
+    const float* V = qkv + b * T * R + int64_t(H + KV + g) * hd;  // (T,hd), ld R
+    float* A = att + bh * T * T;                                  // (T,T)
+    float* O = out + b * T * OS + int64_t(h) * hd;                // (T,hd), ld OS
+    for (int i0 = 0; i0 < T; i0 += kRowBlock) {
+      const int i1 = std::min(T, i0 + kRowBlock);
+      float* Ab = A + int64_t(i0) * T;  // rows [i0, i1)
+      // S[i0:i1, 0:i1] = Q[i0:i1]·K[0:i1]ᵀ·scale, then P in place
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hd, sc,
+                  Q + int64_t(i0) * R, R, K, R, 0.0f, Ab, T);
+      causal_softmax_rows(Ab, T, i0, i1 - i0, T);
       // O[i0:i1] = P[i0:i1, 0:i1]·V[0:i1]
-      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-        const int i1 = std::min(T, i0 + kRowBlock);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hd, i1, 1.0f,
-                    A + int64_t(i0) * T, T, V, R, 0.0f, O + int64_t(i0) * OS, OS);
-      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hd, i1, 1.0f, Ab, T, V, R,
+                  0.0f, O + int64_t(i0) * OS, OS);
     }
-  }
+  });
 }
 
 void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv,
@@ -148,47 +178,52 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
   const int OS = H * hd;
   const int group = H / KV;
   const float sc = 1.0f / std::sqrt(float(hd));
-  // dK, dV accumulate over the query heads of a group and over row blocks: start from zero.
-  cpu::parallel_chunks("attention_dqkv_zero", int64_t(B) * T * R, [=](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) dqkv[i] = 0.0f;
-  });
-  float* D = scratch(int64_t(T) * T);  // (T,T): dP, then dS in place
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < H; ++h) {
-      const int g = h / group;
-      const int64_t base = int64_t(b) * T * R;
-      const float* Q = qkv + base + int64_t(h) * hd;             // (T,hd), ld R
-      const float* K = qkv + base + int64_t(H + g) * hd;         // (T,hd), ld R
-      const float* V = qkv + base + int64_t(H + KV + g) * hd;    // (T,hd), ld R
-      float* dQ = dqkv + base + int64_t(h) * hd;                 // (T,hd), ld R
-      float* dK = dqkv + base + int64_t(H + g) * hd;             // (T,hd), ld R
-      float* dV = dqkv + base + int64_t(H + KV + g) * hd;        // (T,hd), ld R
-      const float* P = att + (int64_t(b) * H + h) * T * T;      // (T,T)
-      const float* dO = dout + int64_t(b) * T * OS + int64_t(h) * hd;  // (T,hd), ld OS
-      // dP[i0:i1, 0:i1] = dO[i0:i1]·V[0:i1]ᵀ
-      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-        const int i1 = std::min(T, i0 + kRowBlock);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hd, 1.0f,
-                    dO + int64_t(i0) * OS, OS, V, R, 0.0f, D + int64_t(i0) * T, T);
-      }
-      softmax_backward_rows(D, P, T);  // D = dS, zero above the diagonal
-      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-        const int i1 = std::min(T, i0 + kRowBlock);
-        const int m = i1 - i0;
-        const float* Pb = P + int64_t(i0) * T;  // (m, i1), ld T
-        const float* Db = D + int64_t(i0) * T;  // (m, i1), ld T
-        // dV[0:i1] += P[i0:i1, 0:i1]ᵀ·dO[i0:i1]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, 1.0f, Pb, T,
-                    dO + int64_t(i0) * OS, OS, 1.0f, dV, R);
-        // dQ[i0:i1] = dS[i0:i1, 0:i1]·K[0:i1]·scale
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, Db, T, K, R, 0.0f,
-                    dQ + int64_t(i0) * R, R);
-        // dK[0:i1] += dS[i0:i1, 0:i1]ᵀ·Q[i0:i1]·scale
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, sc, Db, T,
-                    Q + int64_t(i0) * R, R, 1.0f, dK, R);
+  const int64_t BG = int64_t(B) * KV;
+  const int parts = cpu::num_parts(*pool_, BG);
+  const int64_t block = int64_t(std::min(T, kRowBlock)) * T;  // one (kRowBlock, T) dP / dS block
+  float* scr = scratch(parts * block);
+  SingleThreadedBlas one(parts > 1);
+  // one work item per (b, g): it writes dK, dV of key/value head g and dQ of its query heads
+  cpu::parallel_parts(*pool_, "attention_backward", BG, [=](int part, int64_t lo, int64_t hi) {
+    float* D = scr + part * block;  // (m, i1), ld T: dP, then dS in place
+    for (int64_t bg = lo; bg < hi; ++bg) {
+      const int64_t b = bg / KV;
+      const int g = int(bg % KV);
+      const int64_t base = b * T * R;
+      const float* K = qkv + base + int64_t(H + g) * hd;       // (T,hd), ld R
+      const float* V = qkv + base + int64_t(H + KV + g) * hd;  // (T,hd), ld R
+      float* dK = dqkv + base + int64_t(H + g) * hd;           // (T,hd), ld R
+      float* dV = dqkv + base + int64_t(H + KV + g) * hd;      // (T,hd), ld R
+      const int last0 = ((T - 1) / kRowBlock) * kRowBlock;     // the last row block, i1 = T
+      for (int h = g * group; h < (g + 1) * group; ++h) {
+        const float* Q = qkv + base + int64_t(h) * hd;                // (T,hd), ld R
+        float* dQ = dqkv + base + int64_t(h) * hd;                    // (T,hd), ld R
+        const float* P = att + (b * H + h) * T * T;                   // (T,T)
+        const float* dO = dout + b * T * OS + int64_t(h) * hd;        // (T,hd), ld OS
+        // The last row block first: it covers dK, dV [0, T), so for the group's first head it
+        // initialises them (β = 0) and every later product accumulates.
+        for (int i0 = last0; i0 >= 0; i0 -= kRowBlock) {
+          const int i1 = std::min(T, i0 + kRowBlock);
+          const int m = i1 - i0;
+          const float beta = (h == g * group && i0 == last0) ? 0.0f : 1.0f;
+          const float* Pb = P + int64_t(i0) * T;  // (m, i1), ld T
+          // dP[i0:i1, 0:i1] = dO[i0:i1]·V[0:i1]ᵀ, then dS in place (zero above the diagonal)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hd, 1.0f,
+                      dO + int64_t(i0) * OS, OS, V, R, 0.0f, D, T);
+          softmax_backward_rows(D, T, Pb, T, i0, m, i1);
+          // dV[0:i1] += P[i0:i1, 0:i1]ᵀ·dO[i0:i1]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, 1.0f, Pb, T,
+                      dO + int64_t(i0) * OS, OS, beta, dV, R);
+          // dQ[i0:i1] = dS[i0:i1, 0:i1]·K[0:i1]·scale
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, D, T, K, R, 0.0f,
+                      dQ + int64_t(i0) * R, R);
+          // dK[0:i1] += dS[i0:i1, 0:i1]ᵀ·Q[i0:i1]·scale
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, sc, D, T,
+                      Q + int64_t(i0) * R, R, beta, dK, R);
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace trellis

@@ -1,19 +1,19 @@
 // CPU backend: softmax cross-entropy, sum of squares, AdamW — Kokkos kernels on the host
 // execution space (rows or value chunks per work item).
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
-
-using cpu::HostRange;
 
 void CpuBackend::softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N,
                                       int V, float dloss) {
   // logits (N,V) (replaced by dlogits when dloss ≠ 0), losses (N), targets (N)
   const bool grad = dloss != 0.0f;
-  Kokkos::parallel_for("softmax_crossentropy", HostRange(0, N), KOKKOS_LAMBDA(int64_t n) {
+  cpu::parallel_for(*pool_, "softmax_crossentropy", N, [=](int64_t n) {
     float* x = logits + n * V;  // (V)
     const int32_t t = targets[n];
     if (t < 0) {  // ignored position: no loss, no gradient
@@ -56,22 +56,24 @@ void CpuBackend::softmax_crossentropy(float* logits, float* losses, const int32_
 
 double CpuBackend::sum_squares(const float* x, int64_t n) {
   // x (n)
+  // One partial sum per chunk, then the partials added in chunk order: the same result for any
+  // number of threads.
   const int64_t nchunks = (n + cpu::kChunk - 1) / cpu::kChunk;
+  std::vector<double> partial(nchunks);
+  double* part = partial.data();
+  cpu::parallel_for(*pool_, "sum_squares", nchunks, [=](int64_t k) {
+    const int64_t lo = k * cpu::kChunk;
+    const int64_t hi = std::min(n, lo + cpu::kChunk);
+    double acc[4] = {0, 0, 0, 0};
+    int64_t i = lo;
+    for (; i + 4 <= hi; i += 4)
+      for (int l = 0; l < 4; ++l) acc[l] += double(x[i + l]) * double(x[i + l]);
+    double s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (; i < hi; ++i) s += double(x[i]) * double(x[i]);
+    part[k] = s;
+  });
   double total = 0.0;
-  Kokkos::parallel_reduce(
-      "sum_squares", HostRange(0, nchunks),
-      KOKKOS_LAMBDA(int64_t k, double& acc) {
-        const int64_t lo = k * cpu::kChunk;
-        const int64_t hi = std::min(n, lo + cpu::kChunk);
-        double part[4] = {0, 0, 0, 0};
-        int64_t i = lo;
-        for (; i + 4 <= hi; i += 4)
-          for (int l = 0; l < 4; ++l) part[l] += double(x[i + l]) * double(x[i + l]);
-        double s = (part[0] + part[1]) + (part[2] + part[3]);
-        for (; i < hi; ++i) s += double(x[i]) * double(x[i]);
-        acc += s;
-      },
-      total);
+  for (int64_t k = 0; k < nchunks; ++k) total += part[k];
   return total;
 }
 
@@ -79,7 +81,7 @@ void CpuBackend::adamw(float* param, const float* grad, float* m, float* v, int6
                        float beta1, float beta2, float eps, float weight_decay, float bc1,
                        float bc2, float grad_scale) {
   // param (n), grad (n), m (n), v (n)
-  cpu::parallel_chunks("adamw", n, [=](int64_t lo, int64_t hi) {
+  cpu::parallel_chunks(*pool_, "adamw", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float g = grad[i] * grad_scale;
       const float mi = beta1 * m[i] + (1.0f - beta1) * g;

@@ -1,0 +1,85 @@
+// Checkpoints: one HDF5 file per checkpoint, written and read collectively with parallel HDF5
+// (DESIGN.md, "Checkpoints (HDF5)"). Every tensor is one float32 dataset with its global shape,
+// chunked along rows (≤ 1 MiB a chunk) with the Fletcher32 checksum filter; each rank writes and
+// reads the hyperslab it holds, so a checkpoint written by one layout loads into any other.
+// Small metadata (step, deck, layout, …) are attributes on the root group.
+//
+// Run directories hold step_XXXXXXXX.h5 files and a `latest` file naming the newest one.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/params.hpp"  // RowRange
+
+namespace trellis {
+
+/// One tensor, this rank's part of it.
+struct CkptSlab {
+  std::string name;                    // dataset path in the file, e.g. "model/wte", "optim/m/wte"
+  std::vector<int64_t> global_shape;   // 1-D or 2-D
+  std::vector<RowRange> rows;          // global rows held, in local order; rows ≥ global_shape[0]
+                                       // are padding (never written, read as 0). Any order; a
+                                       // row may appear twice (read: both copies filled).
+  int64_t col_begin = 0, col_end = 1;  // global columns held (1-D: 0..1)
+  float* data = nullptr;               // Σrows × (col_end − col_begin), row-major, in `rows` order
+  bool writer = true;                  // false: another rank writes identical data
+};
+
+/// Small metadata, stored as attributes on the root group ("/"). Names must be distinct across
+/// the three maps.
+struct CkptMeta {
+  std::map<std::string, std::string> text;  // e.g. "deck", "layout"
+  std::map<std::string, int64_t> integers;  // e.g. "format_version", "step", "tokens_seen"
+  std::map<std::string, double> reals;
+};
+
+struct CkptIO {
+  double bytes;    // size of the checkpoint file
+  double seconds;  // wall time, the slowest rank's
+};
+
+/// Collective over comm. Writes final_path atomically: to final_path + ".tmp-<id>", closed on every
+/// rank, fsync'd, renamed by rank 0, directory fsync'd. Slab lists must name the same tensors in
+/// the same order on every rank (checked). The metadata written is rank 0's `meta`.
+/// Any I/O failure → UserError naming the path on every rank; the temporary file is removed and a
+/// previous file at final_path is left as it was. Inconsistent slabs → std::logic_error everywhere.
+CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
+                        const std::vector<CkptSlab>& slabs, const CkptMeta& meta);
+
+/// Collective over comm. Reads each slab's part into slab.data (padding rows set to 0) after
+/// checking each dataset exists, is float32 and has global_shape; reads the root attributes into
+/// meta. Missing file / not HDF5 / truncated / missing dataset / wrong shape or type / checksum
+/// failure → UserError naming the file (and the dataset) on every rank.
+CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector<CkptSlab>& slabs,
+                       CkptMeta& meta);
+
+/// The root attributes only. Serial (default HDF5 driver): needs no MPI and may be called on one
+/// rank. Errors → UserError.
+CkptMeta read_checkpoint_meta(const std::string& path);
+
+// ---- run directories (no MPI: call on one rank) ----------------------------------------------
+
+/// "step_00001000.h5".
+std::string checkpoint_file_name(int64_t step);
+/// The step of a file name checkpoint_file_name made (a bare name), or -1.
+int64_t checkpoint_step(const std::string& file_name);
+/// Replaces dir/latest atomically (temp file, fsync, rename, fsync dir) with file_name + "\n".
+void publish_latest(const std::string& dir, const std::string& file_name);
+/// Keeps the newest `keep` step_*.h5 files of dir (by step; keep ≤ 0 keeps all) and the one
+/// `latest` names; removes the others and any stale *.tmp-* files.
+void apply_retention(const std::string& dir, int keep);
+/// Paths (dir/NAME) to try for a resume, newest first: the file `latest` names (if it exists),
+/// then the other step_*.h5 files by step, descending.
+std::vector<std::string> resume_candidates(const std::string& dir);
+
+/// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
+/// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
+/// Returns 0 if the file is sound, 1 if not (with what is wrong printed).
+int inspect_checkpoint(const std::string& path, std::FILE* out);
+
+}  // namespace trellis

@@ -1,0 +1,80 @@
+// Pipeline parallelism: the schedule that runs this stage's forward and backward passes over the
+// micro-batches of a step, the point-to-point messages between neighbouring stages, and the tied
+// embedding shared by the first stage (wte) and the last (the LM head).
+//
+//   gpipe  every forward, then every backward: all m micro-batches' activations alive at once
+//   1f1b   (PipeDream-Flush / Megatron) stage s runs p−s−1 warm-up forwards, then alternates one
+//          forward and one backward, then drains: at most p−s micro-batches alive on stage s
+//
+// Both idle (p−1)/(m+p−1) of the time in theory (the bubble). Activations go forward with tag
+// 2·mb, their gradients back with tag 2·mb+1, over the pp communicator (neighbours share dp and
+// tp coordinates). Sends are non-blocking; a stage waits only for what it receives — that wait is
+// the measured bubble.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "core/memory.hpp"
+#include "core/timer.hpp"
+#include "model/gpt.hpp"
+#include "parallel/zero.hpp"
+
+namespace trellis {
+
+struct PipelineOp {
+  bool forward;
+  int micro_batch;
+};
+
+/// The order of this stage's passes for one step.
+std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stages, int stage,
+                                          int micro_batches);
+/// Micro-batches alive at once on `stage` under the schedule (the activation slots it needs).
+int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches);
+/// The bubble's share of a step in theory: (p−1)/(m+p−1).
+double bubble_theory(int stages, int micro_batches);
+
+class Pipeline {
+ public:
+  /// `full_table` is the unstaged table of this tp rank (for the LM head copy's initialisation).
+  Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int micro_batches, Comm& pp,
+           GPT& gpt, ShardedParams& store, const ParamTable& full_table);
+
+  using BatchFn = std::function<void(int micro_batch, int32_t* inputs, int32_t* targets)>;
+  /// Every forward and backward of one step. Returns Σ over micro-batches of their mean loss
+  /// (last stage; 0 elsewhere).
+  double run_step(const BatchFn& batch, int tokens_per_micro_batch, float dloss, Timers& timers);
+  /// After the optimizer step: the first stage sends the updated wte to the last stage's copy.
+  void sync_tied_weights();
+
+  int max_live() const { return max_live_; }          // most micro-batches alive at once, so far
+  double waiting_seconds() const { return waiting_; }  // time blocked receiving: the bubble
+  int stages() const { return pp_.size(); }
+
+ private:
+  void wait_receive(Request& r, Timers& timers);
+
+  std::string schedule_;
+  int micro_batches_;
+  Comm& pp_;
+  GPT& gpt_;
+  ShardedParams& store_;
+  bool first_, last_;
+  std::vector<int32_t> inputs_, targets_;  // (B, T)
+  std::vector<Buffer> grad_out_;           // (slots, R, C) gradients sent back, per slot
+  std::vector<Request> act_sends_, grad_sends_;
+  Buffer head_wte_, head_dwte_, tied_in_;  // (Vl, C) each: last stage's LM head copy, its gradient
+  int64_t head_count_ = 0;  // elements of wte on this tp rank
+  int64_t rows_count_ = 0;  // elements of one activation message (R·C)
+  Request tied_send_;
+  bool last_micro_batch_ = false;
+  int max_live_ = 0;
+  double waiting_ = 0;
+};
+
+}  // namespace trellis

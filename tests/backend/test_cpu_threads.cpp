@@ -1,0 +1,107 @@
+// CPU backend on several threads: the WorkerPool runs every index once (nested calls serially), and
+// every kernel gives bitwise the same results on 1, 2 and 3 threads (3 splits the work unevenly).
+// (OpenBLAS's own multi-threaded GEMMs may round differently with the thread count, so of the
+// linear layers only the bias gradient, which the backend sums itself, is compared bitwise.)
+#include <atomic>
+#include <cstring>
+
+#include "backend/cpu/cpu_threads.hpp"
+#include "backend_test_util.hpp"
+
+namespace trellis::test {
+namespace {
+
+TEST(CpuWorkerPool, RunsEachPartOnceAndNestsSerially) {
+  cpu::WorkerPool pool;
+  for (int threads : {1, 3, 2}) {
+    pool.resize(threads);
+    ASSERT_EQ(pool.size(), threads);
+    for (int rep = 0; rep < 50; ++rep) {
+      std::vector<std::atomic<int>> hits(threads);
+      std::atomic<int> inner{0};
+      pool.run([&](int p) {
+        hits[p].fetch_add(1);
+        pool.run([&](int) { inner.fetch_add(1); });  // nested: runs on this thread
+      });
+      for (int p = 0; p < threads; ++p) EXPECT_EQ(hits[p].load(), 1) << threads << " " << p;
+      EXPECT_EQ(inner.load(), threads * threads);
+    }
+    std::vector<int> owner(1000, -1);
+    cpu::parallel_for(pool, "test", int64_t(owner.size()), [&](int64_t i) { owner[i] += 1; });
+    for (int v : owner) EXPECT_EQ(v, 0);
+  }
+}
+
+/// Every kernel once on `threads` threads, all outputs concatenated.
+std::vector<float> run_all(int threads) {
+  auto be = make_backend("cpu");
+  be->set_threads(threads);
+  const int B = 3, T = 70, C = 40, V = 29, H = 4, KV = 2, hd = 10, OC = 130;
+  const int N = B * T;
+  const int R = (H + 2 * KV) * hd;
+  std::vector<int32_t> tok(N);
+  for (int i = 0; i < N; ++i) tok[i] = (i * 7) % V;
+  tok[5] = -1;  // one ignored target
+  auto wte = random_vec(size_t(V) * C, 1), wpe = random_vec(size_t(T) * C, 2);
+  auto x = random_vec(size_t(N) * C, 3, -2.0f, 2.0f), w = random_vec(C, 4), bias = random_vec(C, 5);
+  auto dout = random_vec(size_t(N) * C, 6);
+  auto W = random_vec(size_t(OC) * C, 7), bo = random_vec(OC, 8), dO = random_vec(size_t(N) * OC, 9);
+  auto qkv = random_vec(size_t(N) * R, 10, -2.0f, 2.0f), datt = random_vec(size_t(N) * H * hd, 11);
+  auto big = random_vec(100003, 12, -3.0f, 3.0f), big2 = random_vec(100003, 13);
+  auto logits = random_vec(size_t(N) * V, 14, -4.0f, 4.0f);
+
+  std::vector<float> out;
+  auto append = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+  std::vector<float> enc(size_t(N) * C), dwte(wte.size(), 0.5f), dwpe(wpe.size(), 0.25f);
+  std::vector<int32_t> tok_ok(tok);
+  tok_ok[5] = 0;
+  be->encoder_forward(enc.data(), tok_ok.data(), wte.data(), wpe.data(), B, T, C);
+  be->encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok_ok.data(), B, T, C);
+  append(enc), append(dwte), append(dwpe);
+  std::vector<float> ln(size_t(N) * C), mean(N), rstd(N), dx(size_t(N) * C, 1.0f), dw(C, 0.5f),
+      db(C, 0.5f);
+  be->layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C);
+  be->layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                         mean.data(), rstd.data(), N, C);
+  append(ln), append(mean), append(rstd), append(dx), append(dw), append(db);
+  std::vector<float> mo(size_t(N) * OC), mdx(size_t(N) * C), mdw(W.size(), 0.5f), mdb(OC, 0.5f);
+  be->matmul_forward(mo.data(), x.data(), W.data(), bo.data(), N, C, OC);
+  be->matmul_backward(mdx.data(), mdw.data(), mdb.data(), dO.data(), x.data(), W.data(), N, C, OC);
+  append(mdb);
+  std::vector<float> ao(size_t(N) * H * hd), att(size_t(B) * H * T * T), dqkv(qkv.size(), 7.0f);
+  be->attention_forward(ao.data(), att.data(), qkv.data(), B, T, H, KV, hd);
+  be->attention_backward(dqkv.data(), datt.data(), qkv.data(), att.data(), B, T, H, KV, hd);
+  append(ao), append(att), append(dqkv);
+  std::vector<float> g(big.size()), dg(big.size()), s(big.size());
+  be->gelu_forward(g.data(), big.data(), int64_t(big.size()));
+  be->gelu_backward(dg.data(), big.data(), big2.data(), int64_t(big.size()));
+  be->add(s.data(), big.data(), big2.data(), int64_t(big.size()));
+  be->scale(s.data(), 0.5f, int64_t(big.size()));
+  append(g), append(dg), append(s);
+  std::vector<float> losses(N);
+  be->softmax_crossentropy(logits.data(), losses.data(), tok.data(), N, V, 0.01f);
+  append(logits), append(losses);
+  const double ss = be->sum_squares(big.data(), int64_t(big.size()));
+  out.push_back(float(ss)), out.push_back(float(ss - double(float(ss))));
+  std::vector<float> p(big), m(big.size(), 0.1f), v(big.size(), 0.2f);
+  be->adamw(p.data(), big2.data(), m.data(), v.data(), int64_t(p.size()), 1e-3f, 0.9f, 0.95f, 1e-8f,
+            0.1f, 0.1f, 0.05f, 0.5f);
+  append(p), append(m), append(v);
+  be->set_threads(1);
+  return out;
+}
+
+TEST(CpuThreads, EveryKernelBitwiseIndependentOfThreadCount) {
+  const auto one = run_all(1);
+  for (int threads : {2, 3}) {
+    const auto many = run_all(threads);
+    ASSERT_EQ(one.size(), many.size());
+    size_t first_diff = one.size();
+    for (size_t i = 0; i < one.size() && first_diff == one.size(); ++i)
+      if (std::memcmp(&one[i], &many[i], sizeof(float)) != 0) first_diff = i;
+    EXPECT_EQ(first_diff, one.size()) << threads << " threads: first difference at " << first_diff;
+  }
+}
+
+}  // namespace
+}  // namespace trellis::test

@@ -1,0 +1,107 @@
+// Run-directory management for checkpoints: file names, the `latest` pointer, retention, resume
+// candidates.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "core/error.hpp"
+
+namespace trellis {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CkptDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/trellis_ckptdir_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void touch(const std::string& name) { std::ofstream(dir_ + "/" + name) << "x"; }
+  std::set<std::string> entries() const {
+    std::set<std::string> s;
+    for (const auto& e : fs::directory_iterator(dir_)) s.insert(e.path().filename().string());
+    return s;
+  }
+  std::string latest() const {
+    std::ifstream f(dir_ + "/latest");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  std::string dir_;
+};
+
+TEST(CkptNames, FileNameAndStep) {
+  EXPECT_EQ(checkpoint_file_name(1000), "step_00001000.h5");
+  EXPECT_EQ(checkpoint_file_name(0), "step_00000000.h5");
+  EXPECT_EQ(checkpoint_file_name(123456789), "step_123456789.h5");
+  EXPECT_EQ(checkpoint_step("step_00001000.h5"), 1000);
+  EXPECT_EQ(checkpoint_step(checkpoint_file_name(123456789)), 123456789);
+  EXPECT_EQ(checkpoint_step("step_.h5"), -1);
+  EXPECT_EQ(checkpoint_step("step_12a.h5"), -1);
+  EXPECT_EQ(checkpoint_step("step_00001000.h5.tmp-1-abc"), -1);
+  EXPECT_EQ(checkpoint_step("latest"), -1);
+}
+
+TEST_F(CkptDirTest, LatestRetentionAndResume) {
+  EXPECT_TRUE(resume_candidates(dir_).empty());
+  EXPECT_TRUE(resume_candidates(dir_ + "/none").empty());
+  for (int s : {50, 100, 200, 300}) touch(checkpoint_file_name(s));
+  touch("step_abc.h5");
+  touch("notes.txt");
+  touch("step_00000400.h5.tmp-123-deadbeef");
+
+  // Without `latest`: by step, newest first.
+  EXPECT_EQ(resume_candidates(dir_),
+            (std::vector<std::string>{dir_ + "/step_00000300.h5", dir_ + "/step_00000200.h5",
+                                      dir_ + "/step_00000100.h5", dir_ + "/step_00000050.h5"}));
+
+  publish_latest(dir_, "step_00000200.h5");
+  EXPECT_EQ(latest(), "step_00000200.h5\n");
+  EXPECT_EQ(resume_candidates(dir_),
+            (std::vector<std::string>{dir_ + "/step_00000200.h5", dir_ + "/step_00000300.h5",
+                                      dir_ + "/step_00000100.h5", dir_ + "/step_00000050.h5"}));
+  publish_latest(dir_, "step_00000100.h5");  // replaces
+  EXPECT_EQ(latest(), "step_00000100.h5\n");
+
+  // Keep 2 by step (300, 200) and the one `latest` names (100).
+  apply_retention(dir_, 2);
+  EXPECT_EQ(entries(), (std::set<std::string>{"latest", "notes.txt", "step_abc.h5",
+                                              "step_00000100.h5", "step_00000200.h5",
+                                              "step_00000300.h5"}));
+  publish_latest(dir_, "step_00000300.h5");
+  apply_retention(dir_, 1);
+  EXPECT_EQ(entries(),
+            (std::set<std::string>{"latest", "notes.txt", "step_abc.h5", "step_00000300.h5"}));
+  apply_retention(dir_, 0);  // keeps all
+  EXPECT_EQ(entries().size(), 4u);
+
+  // `latest` naming a missing file (or something that is not a bare name) is skipped.
+  publish_latest(dir_, "step_00000999.h5");
+  EXPECT_EQ(resume_candidates(dir_), (std::vector<std::string>{dir_ + "/step_00000300.h5"}));
+  std::ofstream(dir_ + "/latest") << "../etc/passwd\n";
+  EXPECT_EQ(resume_candidates(dir_), (std::vector<std::string>{dir_ + "/step_00000300.h5"}));
+}
+
+TEST_F(CkptDirTest, PublishLatestErrors) {
+  EXPECT_THROW(publish_latest(dir_ + "/missing", "step_00000001.h5"), UserError);
+  EXPECT_THROW(publish_latest(dir_, "a/b.h5"), std::logic_error);
+  EXPECT_THROW(apply_retention(dir_ + "/missing", 1), UserError);
+  EXPECT_TRUE(entries().empty());
+}
+
+}  // namespace
+}  // namespace trellis
