@@ -250,38 +250,39 @@ bool union_is_local(const CkptSlab& s, const RowUnion& u) {
   return k == u.iv.size();
 }
 
-/// Dataspace selections of a slab's part of its dataset: file (global shape, a union of
-/// hyperslabs) and memory (1-D, the union's elements). `none` selects nothing in both.
+/// Dataspace selections for one row interval of a slab: file (global shape, one hyperslab) and
+/// memory (the interval's block: rows × cols, or rows for 1-D). Memory and file selections have
+/// the same shape, which keeps HDF5 on its fast path (with a 1-D memory space against a 2-D file
+/// selection it maps chunks element by element). `k` out of range (or no columns) selects nothing.
 struct Selection {
   H5Id file, mem;
-  int64_t count = 0;
+  int64_t count = 0;   // elements selected
+  int64_t offset = 0;  // first element in the union buffer
 };
 
-std::string make_selection(const CkptSlab& s, const RowUnion& u, bool none, Selection& sel) {
+std::string select_interval(const CkptSlab& s, const RowUnion& u, size_t k, Selection& sel) {
   const int rank = static_cast<int>(s.global_shape.size());
   hsize_t dims[2] = {static_cast<hsize_t>(s.global_shape[0]),
                      rank == 2 ? static_cast<hsize_t>(s.global_shape[1]) : 1};
   sel.file = H5Id(H5Screate_simple(rank, dims, nullptr), H5Sclose);
   if (!sel.file.ok()) return "dataspace: " + h5_error();
   const int64_t ncl = slab_cols(s);
-  sel.count = none ? 0 : u.rows * ncl;
-  if (sel.count == 0) {
+  if (k >= u.iv.size() || ncl == 0) {
+    sel.count = 0;
     hsize_t one = 1;
     sel.mem = H5Id(H5Screate_simple(1, &one, nullptr), H5Sclose);
     if (!sel.mem.ok() || H5Sselect_none(sel.file.get()) < 0 || H5Sselect_none(sel.mem.get()) < 0)
       return "selection: " + h5_error();
     return {};
   }
-  for (size_t i = 0; i < u.iv.size(); ++i) {
-    hsize_t start[2] = {static_cast<hsize_t>(u.iv[i].begin), static_cast<hsize_t>(s.col_begin)};
-    hsize_t count[2] = {static_cast<hsize_t>(u.iv[i].end - u.iv[i].begin),
-                        static_cast<hsize_t>(ncl)};
-    if (H5Sselect_hyperslab(sel.file.get(), i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start,
-                            nullptr, count, nullptr) < 0)
-      return "selection: " + h5_error();
-  }
-  hsize_t m = static_cast<hsize_t>(sel.count);
-  sel.mem = H5Id(H5Screate_simple(1, &m, nullptr), H5Sclose);
+  const int64_t len = u.iv[k].end - u.iv[k].begin;
+  sel.count = len * ncl;
+  sel.offset = u.prefix[k] * ncl;
+  hsize_t start[2] = {static_cast<hsize_t>(u.iv[k].begin), static_cast<hsize_t>(s.col_begin)};
+  hsize_t count[2] = {static_cast<hsize_t>(len), static_cast<hsize_t>(ncl)};
+  if (H5Sselect_hyperslab(sel.file.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0)
+    return "selection: " + h5_error();
+  sel.mem = H5Id(H5Screate_simple(rank, count, nullptr), H5Sclose);
   if (!sel.mem.ok()) return "dataspace: " + h5_error();
   return {};
 }
@@ -569,22 +570,28 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
       e = "transfer properties: " + h5_error();
     err = agree_error(comm, e);
   }
+  // Collective writes go one row interval at a time; every rank makes as many calls for a
+  // dataset as the rank with the most intervals (the others with empty selections).
+  std::vector<int64_t> calls(slabs.size()), max_calls(slabs.size());
+  std::vector<RowUnion> unions;
+  for (size_t i = 0; i < slabs.size(); ++i) {
+    const CkptSlab& s = slabs[i];
+    unions.push_back(row_union(s));
+    calls[i] = s.writer && slab_cols(s) > 0 ? static_cast<int64_t>(unions[i].iv.size()) : 0;
+  }
+  if (!slabs.empty())
+    MPI_Allreduce(calls.data(), max_calls.data(), static_cast<int>(calls.size()), MPI_INT64_T,
+                  MPI_MAX, comm);
   std::vector<float> ubuf;
   float dummy = 0;
-  for (const CkptSlab& s : slabs) {
-    if (!err.empty()) break;
+  for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
+    const CkptSlab& s = slabs[i];
+    const RowUnion& u = unions[i];
     std::string e;
-    const RowUnion u = row_union(s);
-    const bool none = !s.writer || u.rows == 0 || slab_cols(s) == 0;
-    Selection sel;
-    e = make_selection(s, u, none, sel);
     H5Id dcpl = dataset_create_plist(s.global_shape);
-    H5Id full;
-    if (e.empty()) {
-      std::vector<hsize_t> dims(s.global_shape.begin(), s.global_shape.end());
-      full = H5Id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-      if (!dcpl.ok() || !full.ok()) e = "dataset properties: " + h5_error();
-    }
+    std::vector<hsize_t> dims(s.global_shape.begin(), s.global_shape.end());
+    H5Id full(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    if (!dcpl.ok() || !full.ok()) e = "dataset properties: " + h5_error();
     H5Id dset;
     if (e.empty()) {
       dset = H5Id(H5Dcreate2(file.get(), s.name.c_str(), H5T_IEEE_F32LE, full.get(), lcpl.get(),
@@ -592,21 +599,32 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
                   H5Dclose);
       if (!dset.ok()) e = "create: " + h5_error();
     }
-    // Creation is collective: agree before the collective write.
+    // Creation is collective: agree before the collective writes.
     err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
     if (!err.empty()) break;
     const float* buf = &dummy;
-    if (sel.count > 0) {
+    if (calls[i] > 0) {
       if (union_is_local(s, u)) {
         buf = s.data;
       } else {
-        ubuf.resize(static_cast<size_t>(sel.count));
+        ubuf.resize(static_cast<size_t>(u.rows * slab_cols(s)));
         shuffle(s, u, ubuf.data(), true);
         buf = ubuf.data();
       }
     }
-    if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, sel.mem.get(), sel.file.get(), dxpl.get(), buf) < 0)
-      e = "write: " + h5_error();
+    for (int64_t k = 0; k < max_calls[i]; ++k) {  // every call, even after a failure
+      Selection sel;
+      const std::string se =
+          select_interval(s, u, k < calls[i] ? static_cast<size_t>(k) : u.iv.size(), sel);
+      if (!se.empty()) {
+        if (e.empty()) e = se;
+        continue;
+      }
+      if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, sel.mem.get(), sel.file.get(), dxpl.get(),
+                   sel.count > 0 ? buf + sel.offset : &dummy) < 0 &&
+          e.empty())
+        e = "write: " + h5_error();
+    }
     if (!dset.close() && e.empty()) e = "close: " + h5_error();
     err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
   }
@@ -721,14 +739,15 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
     const CkptSlab& s = slabs[i];
     const RowUnion u = row_union(s);
-    Selection sel;
-    std::string e = make_selection(s, u, u.rows == 0 || slab_cols(s) == 0, sel);
-    const bool direct = sel.count == 0 || union_is_local(s, u);
-    if (e.empty() && sel.count > 0) {
-      if (!direct) ubuf.resize(static_cast<size_t>(sel.count));
-      float* buf = direct ? s.data : ubuf.data();
-      if (H5Dread(dsets[i].get(), H5T_NATIVE_FLOAT, sel.mem.get(), sel.file.get(), H5P_DEFAULT,
-                  buf) < 0)
+    const bool direct = u.rows == 0 || union_is_local(s, u);
+    if (!direct) ubuf.resize(static_cast<size_t>(u.rows * slab_cols(s)));
+    float* buf = direct ? s.data : ubuf.data();
+    std::string e;
+    for (size_t k = 0; k < u.iv.size() && slab_cols(s) > 0 && e.empty(); ++k) {
+      Selection sel;
+      e = select_interval(s, u, k, sel);
+      if (e.empty() && H5Dread(dsets[i].get(), H5T_NATIVE_FLOAT, sel.mem.get(), sel.file.get(),
+                               H5P_DEFAULT, buf + sel.offset) < 0)
         e = "read failed: " + h5_error();
     }
     if (e.empty()) {

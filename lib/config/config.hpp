@@ -47,6 +47,7 @@ struct TrainConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 turns clipping off
+  std::string recompute = "none";  // none | full | selective
   uint64_t seed = 42;
 };
 

@@ -61,6 +61,9 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "parallel", .key = "bucket_mb", .field = FIELD(parallel.bucket_mb),
        .bound = above(0), .help = "gradient all-reduce bucket size in MiB"},
       // [train]
+      {.section = "train", .key = "recompute", .field = FIELD(train.recompute),
+       .check = Check::Choice, .choices = "none|full|selective",
+       .help = "activation recomputation: full keeps only block inputs, selective recomputes attention"},
       {.section = "train", .key = "steps", .field = FIELD(train.steps), .bound = at_least(1),
        .help = "optimizer steps of the whole run"},
       {.section = "train", .key = "global_batch", .field = FIELD(train.global_batch),

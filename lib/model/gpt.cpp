@@ -8,8 +8,9 @@
 namespace trellis {
 
 GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-         int micro_batch, Comm* tp, bool sequence_parallel, int slots)
-    : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp) {
+         int micro_batch, Comm* tp, bool sequence_parallel, int slots,
+         const std::string& recompute)
+    : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp), recompute_(recompute) {
   slots_.resize(slots);
   if (tp_) {
     tp_size_ = tp_->size();
@@ -43,25 +44,39 @@ GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Bac
 void GPT::allocate_activations(Arena& a) {
   const int64_t N = N_, R = R_;
   const bool last = table_.stage.last;
+  const bool full = recompute_ == "full", selective = recompute_ == "selective";
+  auto take_block = [&](BlockActivations& b, bool with_att, bool with_output) {
+    b.ln1 = a.take_f32(R * C_);
+    b.ln1_mean = a.take_f32(R);
+    b.ln1_rstd = a.take_f32(R);
+    b.qkv = a.take_f32(N * QKVl_);
+    b.atty = a.take_f32(N * Hl_ * hd_);
+    b.att = with_att ? a.take_f32(int64_t(B_) * Hl_ * T_ * T_) : nullptr;
+    b.res2 = a.take_f32(R * C_);
+    b.ln2 = a.take_f32(R * C_);
+    b.ln2_mean = a.take_f32(R);
+    b.ln2_rstd = a.take_f32(R);
+    b.fch = a.take_f32(N * Fl_);
+    b.fch_gelu = a.take_f32(N * Fl_);
+    b.res3 = with_output ? a.take_f32(R * C_) : nullptr;
+  };
+  // What recomputation does not keep per micro-batch lives once, in shared_.
+  shared_ = BlockActivations{};
+  if (full) take_block(shared_, true, false);
+  if (selective) shared_.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
   for (Slot& s : slots_) {
     s.inputs = a.take_i32(N);
     s.targets = a.take_i32(N);
     s.x = a.take_f32(R * C_);
     s.blocks.assign(table_.blocks.size(), BlockActivations{});
     for (auto& b : s.blocks) {
-      b.ln1 = a.take_f32(R * C_);
-      b.ln1_mean = a.take_f32(R);
-      b.ln1_rstd = a.take_f32(R);
-      b.qkv = a.take_f32(N * QKVl_);
-      b.atty = a.take_f32(N * Hl_ * hd_);
-      b.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
-      b.res2 = a.take_f32(R * C_);
-      b.ln2 = a.take_f32(R * C_);
-      b.ln2_mean = a.take_f32(R);
-      b.ln2_rstd = a.take_f32(R);
-      b.fch = a.take_f32(N * Fl_);
-      b.fch_gelu = a.take_f32(N * Fl_);
-      b.res3 = a.take_f32(R * C_);
+      if (full) {
+        b = shared_;
+        b.res3 = a.take_f32(R * C_);  // the next block's input: kept
+      } else {
+        take_block(b, !selective, true);
+        if (selective) b.att = shared_.att;
+      }
     }
     if (last) {
       s.lnf = a.take_f32(R * C_);
@@ -216,6 +231,9 @@ void GPT::block_backward(Slot& s, int l, const float* x, const float* p, float* 
   // gathered gradient, so one rank counts it (the replicated gradients are summed over tp later).
   const bool bias_grad = !sp_ || tp_rank_ == 0;
 
+  // Recomputation: run the block (full) or its attention core (selective) again first.
+  if (recompute_ == "full") block_forward(s, l, x, p);
+
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
   const float* dout = gather_rows(dres, partial_);
   be_.matmul_backward(dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr, dout,
@@ -231,6 +249,8 @@ void GPT::block_backward(Slot& s, int l, const float* x, const float* p, float* 
   dout = gather_rows(dres, partial_);
   be_.matmul_backward(dbtc_, grad(o.attproj_w), bias_grad ? grad(o.attproj_b) : nullptr, dout,
                       a.atty, at(o.attproj_w), N_, Hl_ * hd_, C_);
+  if (recompute_ == "selective")  // the probabilities again; the output goes to dqkv_, unused
+    be_.attention_forward(dqkv_, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
   be_.attention_backward(dqkv_, dbtc_, a.qkv, a.att, B_, T_, Hl_, KVl_, hd_);
   in = gather_rows(a.ln1, full_);
   be_.matmul_backward(dbtc_, grad(o.qkv_w), grad(o.qkv_b), dqkv_, in, at(o.qkv_w), N_, C_, QKVl_);

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -61,8 +62,11 @@ class GPT {
   /// Allocates the activations of `slots` micro-batches of `micro_batch` sequences (a pipeline
   /// keeps several in flight). Parameters and gradients live in `store`, laid out by `table`
   /// (this tp rank's part of this pipeline stage). `tp` is the tensor group (null: none).
+  /// `recompute`: "none"; "selective" keeps no attention probabilities (recomputed in backward);
+  /// "full" keeps only each block's output and recomputes the block in backward.
   GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-      int micro_batch, Comm* tp = nullptr, bool sequence_parallel = false, int slots = 1);
+      int micro_batch, Comm* tp = nullptr, bool sequence_parallel = false, int slots = 1,
+      const std::string& recompute = "none");
 
   /// Forward over one micro-batch in `slot`: inputs, targets (B, T), the same on every tp rank;
   /// a stage other than the first reads its input from input(slot). Returns the mean loss over
@@ -116,6 +120,8 @@ class GPT {
 
   Arena act_arena_;  // every activation below lives here
   std::vector<Slot> slots_;
+  std::string recompute_;
+  BlockActivations shared_;  // recomputation: the activations of the block being recomputed
   const float* head_wte_ = nullptr;  // (Vl, C) last stage's copy of the tied LM head
   float* head_dwte_ = nullptr;       // (Vl, C)
   std::function<void(float*)> before_release_;

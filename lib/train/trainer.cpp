@@ -37,7 +37,8 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
   const int micro_batches = cfg_.micro_batches_per_step();
   const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,
-                                 tp_comm_.get(), cfg_.parallel.sequence_parallel, slots);
+                                 tp_comm_.get(), cfg_.parallel.sequence_parallel, slots,
+                                 cfg_.train.recompute);
   pipeline_ = std::make_unique<Pipeline>(cfg_.parallel, cfg_.model, micro_batches, *pp_comm_,
                                          *model_, *store_, *full_table_);
 }
@@ -167,6 +168,19 @@ double Trainer::run() {
 
 void Trainer::finish() {
   log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "logging"}));
+  if (grid_->pp_size() > 1) {
+    const double total = timers_.get("total");
+    MinAvgMax wait = min_avg_max(comm_, total > 0 ? timers_.get("pipeline wait") / total : 0.0);
+    const MemoryStats& mem = memory_stats();
+    MinAvgMax act = min_avg_max(comm_, double(mem.peak[int(MemKind::Activations)]));
+    log(strfmt("pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
+               "of the run (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1) = %.1f%%; "
+               "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
+               cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
+               100 * wait.avg, 100 * wait.min, 100 * wait.max,
+               100 * bubble_theory(grid_->pp_size(), cfg_.micro_batches_per_step()),
+               pipeline_->max_live(), format_bytes(act.min).c_str(), format_bytes(act.max).c_str()));
+  }
   std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()},
                                     {"pp", pp_comm_->stats()}};
   if (Comm* kv = tp_grads_->kv_group()) groups.push_back({"tp kv", kv->stats()});
