@@ -244,6 +244,17 @@ class Validator {
              "model.layers = " + n(m.layers) +
                  " is not divisible by parallel.pp * parallel.virtual_stages = " + n(chunks) +
                  ": the interleaved schedule needs equal model chunks");
+      if (!p.stage_layers.empty())
+        fail(where({"parallel.stage_layers", "parallel.schedule"}),
+             "parallel.stage_layers cannot be combined with schedule = interleaved, whose chunks "
+             "are equal");
+      const int64_t dp = p.dp > 0 ? p.dp : 1;
+      const int64_t micro = c_.train.global_batch / std::max<int64_t>(1, dp * c_.train.micro_batch);
+      if (p.pp > 1 && micro % p.pp != 0)
+        fail(where({"parallel.schedule", "train.global_batch", "train.micro_batch", "parallel.pp"}),
+             "parallel.schedule = interleaved needs the micro-batches per step (" + n(micro) +
+                 " = global_batch / (dp * micro_batch)) to be a multiple of parallel.pp = " +
+                 n(p.pp));
     } else if (p.virtual_stages != 1) {
       // Silently ignoring it would let someone believe they run an interleaved pipeline.
       fail(where({"parallel.schedule", "parallel.virtual_stages"}),
@@ -297,10 +308,7 @@ class Validator {
 
 void check_supported_layout(const Config& cfg) {
   const auto& p = cfg.parallel;
-  // Every layout runs but the interleaved pipeline schedule.
-  if (p.pp > 1 && p.schedule == "interleaved")
-    fail(cfg.deck_path, "parallel.schedule = interleaved is not supported yet in this build; "
-                        "use gpipe or 1f1b");
+  (void)p;  // every layout that passes validation runs
 }
 
 void check_supported_backend(const Config& cfg) {

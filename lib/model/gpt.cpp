@@ -11,7 +11,10 @@ GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Bac
          int micro_batch, Comm* tp, bool sequence_parallel, int slots,
          const std::string& recompute)
     : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp), recompute_(recompute) {
-  slots_.resize(slots);
+  chunks_ = table.stage.chunks;
+  slots_per_chunk_ = slots;
+  blocks_per_chunk_ = int(table.blocks.size()) / chunks_;
+  slots_.resize(chunks_ * slots);
   if (tp_) {
     tp_size_ = tp_->size();
     tp_rank_ = tp_->rank();
@@ -64,11 +67,13 @@ void GPT::allocate_activations(Arena& a) {
   shared_ = BlockActivations{};
   if (full) take_block(shared_, true, false);
   if (selective) shared_.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
-  for (Slot& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    const bool head = last && int(i) / slots_per_chunk_ == chunks_ - 1;
     s.inputs = a.take_i32(N);
     s.targets = a.take_i32(N);
     s.x = a.take_f32(R * C_);
-    s.blocks.assign(table_.blocks.size(), BlockActivations{});
+    s.blocks.assign(blocks_per_chunk_, BlockActivations{});
     for (auto& b : s.blocks) {
       if (full) {
         b = shared_;
@@ -78,7 +83,7 @@ void GPT::allocate_activations(Arena& a) {
         if (selective) b.att = shared_.att;
       }
     }
-    if (last) {
+    if (head) {
       s.lnf = a.take_f32(R * C_);
       s.lnf_mean = a.take_f32(R);
       s.lnf_rstd = a.take_f32(R);
@@ -98,8 +103,8 @@ void GPT::allocate_activations(Arena& a) {
   dfch_ = a.take_f32(N * Fl_);
 }
 
-const float* GPT::output(int slot) const {
-  const Slot& s = slots_[slot];
+const float* GPT::output(int slot, int chunk) const {
+  const Slot& s = at(slot, chunk);
   return s.blocks.empty() ? s.x : s.blocks.back().res3;
 }
 
@@ -126,10 +131,9 @@ float* GPT::reduce_rows(float* partial, float* chunk) {
 // forward. Offsets in ParamTable are flat-buffer indices; a unit's memory starts at its first
 // element, so a tensor sits at (offset − unit.begin) in it.
 
-void GPT::block_forward(Slot& s, int l, const float* x, const float* p) {
+void GPT::block_forward(BlockActivations& a, int l, const float* x, const float* p) {
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
-  BlockActivations& a = s.blocks[l];
   // A row-parallel layer's bias is added once: by tp rank 0, before the sum over the group.
   const bool adds_bias = tp_rank_ == 0;
 
@@ -156,9 +160,11 @@ void GPT::block_forward(Slot& s, int l, const float* x, const float* p) {
   be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
 }
 
-float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss) {
-  Slot& s = slots_[slot];
-  const bool first = table_.stage.first, last = table_.stage.last;
+float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss, int chunk) {
+  Slot& s = at(slot, chunk);
+  // The embeddings come before the rank's first chunk, the head after its last.
+  const bool first = table_.stage.first && chunk == 0;
+  const bool last = table_.stage.last && chunk == chunks_ - 1;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
   std::memcpy(s.inputs, inputs, sizeof(int32_t) * N_);
   std::memcpy(s.targets, targets, sizeof(int32_t) * N_);
@@ -168,7 +174,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
     // the tensor group is the embedding. Positions are added to this rank's rows after the sum.
     const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
     const float* pe = store_.acquire_params(emb);
-    if (!table_.blocks.empty()) store_.prefetch_params(table_.block_unit(0));
+    if (blocks_per_chunk_ > 0) store_.prefetch_params(table_.block_unit(0));
     float* looked_up = sp_ ? partial_ : s.x;
     be_.embedding_forward(looked_up, s.inputs, pe + wte, N_, C_, vocab_begin_, Vl_);
     float* sum = reduce_rows(looked_up, s.x);
@@ -178,13 +184,14 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
   }
 
   const float* x = s.x;
-  for (int l = 0; l < int(table_.blocks.size()); ++l) {
+  for (int i = 0; i < blocks_per_chunk_; ++i) {
+    const int l = chunk * blocks_per_chunk_ + i;
     const int unit = table_.block_unit(l);
     const float* p = store_.acquire_params(unit);
     if (unit + 1 < int(table_.units.size())) store_.prefetch_params(unit + 1);
-    block_forward(s, l, x, p);
+    block_forward(s.blocks[i], l, x, p);
     store_.release_params(unit);
-    x = s.blocks[l].res3;
+    x = s.blocks[i].res3;
   }
   if (!last) return 0.f;
 
@@ -222,17 +229,17 @@ void GPT::loss(Slot& s, float dloss) {
 // ---------------------------------------------------------------------------------------------
 // backward: the same walk in reverse. dres_ holds the gradient of the residual stream (R rows).
 
-void GPT::block_backward(Slot& s, int l, const float* x, const float* p, float* g, float* dres) {
+void GPT::block_backward(BlockActivations& a, int l, const float* x, const float* p, float* g,
+                         float* dres) {
   BlockOffsets o = table_.blocks[l];
   auto at = [&](int64_t offset) { return p + (offset - o.begin); };
   auto grad = [&](int64_t offset) { return g + (offset - o.begin); };
-  BlockActivations& a = s.blocks[l];
   // A row-parallel bias's gradient: with sequence parallelism every rank sees all rows of the
   // gathered gradient, so one rank counts it (the replicated gradients are summed over tp later).
   const bool bias_grad = !sp_ || tp_rank_ == 0;
 
   // Recomputation: run the block (full) or its attention core (selective) again first.
-  if (recompute_ == "full") block_forward(s, l, x, p);
+  if (recompute_ == "full") block_forward(a, l, x, p);
 
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
   const float* dout = gather_rows(dres, partial_);
@@ -260,11 +267,12 @@ void GPT::block_backward(Slot& s, int l, const float* x, const float* p, float* 
   // On exit dres = ∂L/∂x, the block's input.
 }
 
-void GPT::backward(int slot) {
-  Slot& s = slots_[slot];
-  const bool first = table_.stage.first, last = table_.stage.last;
+void GPT::backward(int slot, int chunk) {
+  Slot& s = at(slot, chunk);
+  const bool first = table_.stage.first && chunk == 0;
+  const bool last = table_.stage.last && chunk == chunks_ - 1;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
-  const int nblocks = int(table_.blocks.size());
+  const int nblocks = blocks_per_chunk_, l0 = chunk * blocks_per_chunk_;
   const float* last_x = nblocks > 0 ? s.blocks[nblocks - 1].res3 : s.x;
   const int64_t wte = first ? table_.wte - table_.units[emb].begin : 0;
   // The embeddings' gradient stays open until the embedding's backward, this stage's last step.
@@ -284,7 +292,7 @@ void GPT::backward(int slot) {
 
     const float* pf = store_.acquire_params(fin);
     float* gf = store_.acquire_grads(fin);
-    if (nblocks > 0) store_.prefetch_params(table_.block_unit(nblocks - 1));
+    if (nblocks > 0) store_.prefetch_params(table_.block_unit(l0 + nblocks - 1));
     std::memset(dres_, 0, sizeof(float) * R_ * C_);
     be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last_x, pf + lnf_w, s.lnf_mean,
                            s.lnf_rstd, R_, C_);
@@ -293,12 +301,12 @@ void GPT::backward(int slot) {
   }
   // Otherwise dres_ holds ∂L/∂output, received from the next stage.
 
-  for (int l = nblocks - 1; l >= 0; --l) {
-    const int unit = table_.block_unit(l);
+  for (int i = nblocks - 1; i >= 0; --i) {
+    const int unit = table_.block_unit(l0 + i);
     const float* p = store_.acquire_params(unit);
-    if (l > 0) store_.prefetch_params(unit - 1);
+    if (i > 0) store_.prefetch_params(unit - 1);
     float* g = store_.acquire_grads(unit);
-    block_backward(s, l, l > 0 ? s.blocks[l - 1].res3 : s.x, p, g, dres_);
+    block_backward(s.blocks[i], l0 + i, i > 0 ? s.blocks[i - 1].res3 : s.x, p, g, dres_);
     store_.release_params(unit);
     store_.release_grads(unit);
   }

@@ -59,7 +59,7 @@ struct Slot {
 
 class GPT {
  public:
-  /// Allocates the activations of `slots` micro-batches of `micro_batch` sequences (a pipeline
+  /// Allocates the activations of `slots` micro-batches (per model chunk, interleaved schedule) of `micro_batch` sequences (a pipeline
   /// keeps several in flight). Parameters and gradients live in `store`, laid out by `table`
   /// (this tp rank's part of this pipeline stage). `tp` is the tensor group (null: none).
   /// `recompute`: "none"; "selective" keeps no attention probabilities (recomputed in backward);
@@ -72,15 +72,15 @@ class GPT {
   /// a stage other than the first reads its input from input(slot). Returns the mean loss over
   /// the B·T tokens on the last stage (0 elsewhere). With dloss ≠ 0 the loss gradient (dloss per
   /// token) is left ready for backward().
-  float forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss);
+  float forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss, int chunk = 0);
   /// Backward of the micro-batch in `slot`; gradients accumulate (+=) into the store's. A stage
   /// other than the last reads ∂L/∂output from output_grad() first.
-  void backward(int slot);
+  void backward(int slot, int chunk = 0);
 
   // Pipeline plumbing, (R, C) each.
   int64_t activation_elems() const { return int64_t(R_) * C_; }
-  float* input(int slot) { return slots_[slot].x; }
-  const float* output(int slot) const;
+  float* input(int slot, int chunk = 0) { return at(slot, chunk).x; }
+  const float* output(int slot, int chunk = 0) const;
   float* output_grad() { return dres_; }
   const float* input_grad() const { return dres_; }  // after backward: ∂L/∂input
 
@@ -92,14 +92,18 @@ class GPT {
   void set_before_embedding_release(std::function<void(float*)> f) { before_release_ = std::move(f); }
 
   const ParamTable& table() const { return table_; }
-  const float* losses(int slot = 0) const { return slots_[slot].losses; }  // (B, T)
+  const float* losses(int slot = 0) const { return slots_[slot].losses; }  // (B, T), last chunk
   /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
-  int num_slots() const { return int(slots_.size()); }
+  int num_slots() const { return slots_per_chunk_; }  // per model chunk
 
  private:
-  void block_forward(Slot& s, int l, const float* x, const float* p);
-  void block_backward(Slot& s, int l, const float* x, const float* p, float* g, float* dres);
+  // l: the block's index in the table; a: its activations in the slot.
+  void block_forward(BlockActivations& a, int l, const float* x, const float* p);
+  void block_backward(BlockActivations& a, int l, const float* x, const float* p, float* g,
+                      float* dres);
+  Slot& at(int slot, int chunk) { return slots_[chunk * slots_per_chunk_ + slot]; }
+  const Slot& at(int slot, int chunk) const { return slots_[chunk * slots_per_chunk_ + slot]; }
   void allocate_activations(Arena& arena);
   void loss(Slot& s, float dloss);
   // Sequence parallelism: the full (N, C) rows from this rank's (R, C) chunk (returns `chunk`
@@ -119,7 +123,8 @@ class GPT {
   int vocab_begin_, vocab_valid_;  // this rank's first vocabulary row; how many are not padding
 
   Arena act_arena_;  // every activation below lives here
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;  // (chunks, slots per chunk)
+  int slots_per_chunk_ = 1, chunks_ = 1, blocks_per_chunk_ = 0;
   std::string recompute_;
   BlockActivations shared_;  // recomputation: the activations of the block being recomputed
   const float* head_wte_ = nullptr;  // (Vl, C) last stage's copy of the tied LM head

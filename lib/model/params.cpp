@@ -101,7 +101,10 @@ ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank, StageSpec stag
     wte = add("wte", {V, C}, {{vocab_begin, vocab_begin + vocab_local}}, 0, C, sharded, -1, true, std);
     wpe = add("wpe", {T, C}, all(T), 0, C, R, -1, true, std);
   }
-  for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+  std::vector<int> layers;
+  for (int k = 0; k < stage.chunks; ++k)
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) layers.push_back(l + k * stage.chunk_stride);
+  for (int l : layers) {
     const std::string h = "h." + std::to_string(l) + ".";
     BlockOffsets b;
     b.begin = total_;
@@ -128,9 +131,19 @@ ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank, StageSpec stag
     lnf_b = add("ln_f.bias", {C}, all(C), 0, 1, R, -1, false, 0);
   }
 
-  if (stage.first) units.push_back({wte, blocks.empty() ? blocks_end : blocks.front().begin});
-  for (const BlockOffsets& b : blocks) units.push_back({b.begin, b.end});
-  if (stage.last) units.push_back({lnf_w, total_});
+  const int per_chunk = blocks.empty() ? 1 : int(blocks.size()) / stage.chunks;
+  if (stage.first) {
+    units.push_back({wte, blocks.empty() ? blocks_end : blocks.front().begin});
+    unit_chunk.push_back(0);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    units.push_back({blocks[i].begin, blocks[i].end});
+    unit_chunk.push_back(int(i) / per_chunk);
+  }
+  if (stage.last) {
+    units.push_back({lnf_w, total_});
+    unit_chunk.push_back(stage.chunks - 1);
+  }
 }
 
 std::vector<Unit> ParamTable::replicated_ranges() const {

@@ -75,6 +75,9 @@ struct Unit {
 struct StageSpec {
   int first_layer = 0, end_layer = -1;
   bool first = true, last = true;
+  /// Interleaved schedule: the rank holds `chunks` model chunks, chunk k being layers
+  /// [first_layer + k·chunk_stride, end_layer + k·chunk_stride).
+  int chunks = 1, chunk_stride = 0;
 };
 
 class ParamTable {
@@ -98,6 +101,9 @@ class ParamTable {
   int64_t lnf_w = -1, lnf_b = -1;  // (C), (C); last stage
   /// The embeddings (first stage), each block of the stage, the final LayerNorm (last stage).
   std::vector<Unit> units;
+  /// The model chunk each unit belongs to (interleaved schedule; all 0 otherwise): backward runs
+  /// chunk by chunk, so gradient buckets never mix units of two chunks.
+  std::vector<int> unit_chunk;
   /// Local flat ranges of the tensors every tp rank holds whole (LayerNorms, wpe, row-parallel
   /// biases): under sequence parallelism each rank's gradient of them is partial.
   std::vector<Unit> replicated_ranges() const;

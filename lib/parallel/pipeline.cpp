@@ -7,8 +7,29 @@
 
 namespace trellis {
 
+// Megatron's interleaved 1F1B: virtual micro-batch i runs micro-batch (i / pv)·p + i mod p on
+// chunk (i / p) mod v in forward (reversed in backward); warm-up (p − s − 1)·2 + (v − 1)·p.
+static std::vector<PipelineOp> interleaved_schedule(int p, int stage, int m, int v) {
+  const int total = m * v;
+  auto op = [&](int i, bool forward) {
+    const int chunk = (i / p) % v;
+    return PipelineOp{forward, (i / (p * v)) * p + i % p, forward ? chunk : v - 1 - chunk};
+  };
+  const int warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  std::vector<PipelineOp> ops;
+  for (int i = 0; i < warmup; ++i) ops.push_back(op(i, true));
+  for (int i = 0; i < total - warmup; ++i) {
+    ops.push_back(op(warmup + i, true));
+    ops.push_back(op(i, false));
+  }
+  for (int i = total - warmup; i < total; ++i) ops.push_back(op(i, false));
+  return ops;
+}
+
 std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stages, int stage,
-                                          int micro_batches) {
+                                          int micro_batches, int chunks) {
+  if (schedule == "interleaved" && chunks > 1)
+    return interleaved_schedule(stages, stage, micro_batches, chunks);
   std::vector<PipelineOp> ops;
   const int m = micro_batches;
   if (schedule == "gpipe") {
@@ -27,24 +48,40 @@ std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stage
   return ops;
 }
 
-int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches) {
+int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches,
+                   int chunks) {
   if (schedule == "gpipe") return micro_batches;
+  if (schedule == "interleaved" && chunks > 1) {
+    // A chunk's live micro-batches are consecutive; count the most alive at once.
+    std::vector<int> live(chunks, 0);
+    int most = 1;
+    for (const PipelineOp& op : interleaved_schedule(stages, stage, micro_batches, chunks)) {
+      live[op.chunk] += op.forward ? 1 : -1;
+      most = std::max(most, live[op.chunk]);
+    }
+    return most;
+  }
   return std::min(stages - stage, micro_batches);
 }
 
-double bubble_theory(int stages, int micro_batches) {
-  return double(stages - 1) / double(micro_batches + stages - 1);
+double bubble_theory(int stages, int micro_batches, int chunks) {
+  return double(stages - 1) / double(micro_batches + stages - 1) / chunks;
 }
 
 Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int micro_batches,
                    Comm& pp, GPT& gpt, ShardedParams& store, const ParamTable& full_table)
-    : schedule_(parallel.schedule), micro_batches_(micro_batches), pp_(pp), gpt_(gpt), store_(store) {
+    : schedule_(parallel.schedule),
+      micro_batches_(micro_batches),
+      chunks_(parallel.schedule == "interleaved" ? parallel.virtual_stages : 1),
+      pp_(pp),
+      gpt_(gpt),
+      store_(store) {
   first_ = pp_.rank() == 0;
   last_ = pp_.rank() == pp_.size() - 1;
   const int slots = gpt_.num_slots();
-  grad_out_.resize(slots);
-  act_sends_.resize(slots);
-  grad_sends_.resize(slots);
+  grad_out_.resize(slots * chunks_);
+  act_sends_.resize(slots * chunks_);
+  grad_sends_.resize(slots * chunks_);
   rows_count_ = gpt_.activation_elems();
   // The tied LM head: a last stage that is not the first keeps its own copy of wte.
   if (last_ && !first_) {
@@ -78,46 +115,53 @@ void Pipeline::wait_receive(Request& r, Timers& timers) {
 
 double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, float dloss,
                           Timers& timers) {
-  const int prev = pp_.rank() - 1, next = pp_.rank() + 1;
   const int slots = gpt_.num_slots();
   inputs_.resize(tokens_per_micro_batch);
   targets_.resize(tokens_per_micro_batch);
   if (head_dwte_.data()) std::memset(head_dwte_.data(), 0, head_dwte_.bytes());
 
+  // Where a chunk's activations come from and go to: the neighbouring rank, and round the ring
+  // (last rank → first) from one chunk to the next.
+  const int p = pp_.size(), r = pp_.rank(), v = chunks_;
+  auto tag = [&](int mb, int chunk_of_receiver, bool grad) { return 2 * (mb * v + chunk_of_receiver) + grad; };
   double loss_sum = 0;
   int live = 0;
-  for (const PipelineOp& op : pipeline_schedule(schedule_, pp_.size(), pp_.rank(), micro_batches_)) {
-    const int mb = op.micro_batch, slot = mb % slots;
+  for (const PipelineOp& op : pipeline_schedule(schedule_, p, r, micro_batches_, v)) {
+    const int mb = op.micro_batch, k = op.chunk, slot = mb % slots, buf = k * slots + slot;
+    const bool has_embedding = first_ && k == 0, has_head = last_ && k == v - 1;
+    const int from = r > 0 ? r - 1 : p - 1, from_chunk = r > 0 ? k : k - 1;  // forward input
+    const int to = r < p - 1 ? r + 1 : 0, to_chunk = r < p - 1 ? k : k + 1;   // forward output
     if (op.forward) {
       batch(mb, inputs_.data(), targets_.data());
-      act_sends_[slot].wait();  // the slot's output buffer is about to be rewritten
-      if (!first_) {
-        Request r = pp_.irecv(gpt_.input(slot), rows_count_, prev, 2 * mb);
-        wait_receive(r, timers);
+      act_sends_[buf].wait();  // the slot's output buffer is about to be rewritten
+      if (!has_embedding) {
+        Request req = pp_.irecv(gpt_.input(slot, k), rows_count_, from, tag(mb, k, false));
+        wait_receive(req, timers);
       }
       {
         ScopedTimer t(timers, "forward");
-        loss_sum += gpt_.forward(slot, inputs_.data(), targets_.data(), dloss);
+        loss_sum += gpt_.forward(slot, inputs_.data(), targets_.data(), dloss, k);
       }
-      if (!last_) act_sends_[slot] = pp_.isend(gpt_.output(slot), rows_count_, next, 2 * mb);
+      if (!has_head)
+        act_sends_[buf] = pp_.isend(gpt_.output(slot, k), rows_count_, to, tag(mb, to_chunk, false));
       max_live_ = std::max(max_live_, ++live);
     } else {
       last_micro_batch_ = mb == micro_batches_ - 1;
       store_.set_last_micro_batch(last_micro_batch_);
-      if (!last_) {
-        Request r = pp_.irecv(gpt_.output_grad(), rows_count_, next, 2 * mb + 1);
-        wait_receive(r, timers);
+      if (!has_head) {
+        Request req = pp_.irecv(gpt_.output_grad(), rows_count_, to, tag(mb, k, true));
+        wait_receive(req, timers);
       }
       {
         ScopedTimer t(timers, "backward");
-        gpt_.backward(slot);
+        gpt_.backward(slot, k);
       }
       --live;
-      if (!first_) {
-        grad_sends_[slot].wait();
-        if (!grad_out_[slot].data()) grad_out_[slot] = Buffer(MemKind::Comm, sizeof(float) * rows_count_);
-        std::memcpy(grad_out_[slot].data(), gpt_.input_grad(), sizeof(float) * rows_count_);
-        grad_sends_[slot] = pp_.isend(grad_out_[slot].f32(), rows_count_, prev, 2 * mb + 1);
+      if (!has_embedding) {
+        grad_sends_[buf].wait();
+        if (!grad_out_[buf].data()) grad_out_[buf] = Buffer(MemKind::Comm, sizeof(float) * rows_count_);
+        std::memcpy(grad_out_[buf].data(), gpt_.input_grad(), sizeof(float) * rows_count_);
+        grad_sends_[buf] = pp_.isend(grad_out_[buf].f32(), rows_count_, from, tag(mb, from_chunk, true));
       }
     }
   }

@@ -5,10 +5,13 @@
 //   gpipe  every forward, then every backward: all m micro-batches' activations alive at once
 //   1f1b   (PipeDream-Flush / Megatron) stage s runs p−s−1 warm-up forwards, then alternates one
 //          forward and one backward, then drains: at most p−s micro-batches alive on stage s
+//   interleaved  (Narayanan et al. 2021) each rank holds v model chunks (chunk k of rank r is
+//          the (k·p + r)-th slice of the layers) and runs Megatron's interleaved 1F1B over them;
+//          micro-batches go round the ring v times
 //
-// Both idle (p−1)/(m+p−1) of the time in theory (the bubble). Activations go forward with tag
-// 2·mb, their gradients back with tag 2·mb+1, over the pp communicator (neighbours share dp and
-// tp coordinates). Sends are non-blocking; a stage waits only for what it receives — that wait is
+// gpipe and 1f1b idle (p−1)/(m+p−1) of the time in theory (the bubble), interleaved 1/v of that.
+// Activations go forward with tag 2·(mb·v + chunk of the receiver), their gradients back with
+// tag +1, over the pp communicator (neighbours share dp and tp coordinates). Sends are non-blocking; a stage waits only for what it receives — that wait is
 // the measured bubble.
 #pragma once
 #include <cstdint>
@@ -29,15 +32,17 @@ namespace trellis {
 struct PipelineOp {
   bool forward;
   int micro_batch;
+  int chunk = 0;  // this rank's model chunk (interleaved)
 };
 
-/// The order of this stage's passes for one step.
+/// The order of this stage's passes for one step; `chunks` model chunks per rank (interleaved).
 std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stages, int stage,
-                                          int micro_batches);
-/// Micro-batches alive at once on `stage` under the schedule (the activation slots it needs).
-int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches);
-/// The bubble's share of a step in theory: (p−1)/(m+p−1).
-double bubble_theory(int stages, int micro_batches);
+                                          int micro_batches, int chunks = 1);
+/// Micro-batches alive at once per model chunk on `stage` (the activation slots it needs).
+int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches,
+                   int chunks = 1);
+/// The bubble's share of a step in theory: (p−1)/(m+p−1), divided by v for interleaved.
+double bubble_theory(int stages, int micro_batches, int chunks = 1);
 
 class Pipeline {
  public:
@@ -60,7 +65,7 @@ class Pipeline {
   void wait_receive(Request& r, Timers& timers);
 
   std::string schedule_;
-  int micro_batches_;
+  int micro_batches_, chunks_;
   Comm& pp_;
   GPT& gpt_;
   ShardedParams& store_;

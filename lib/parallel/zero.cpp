@@ -44,7 +44,9 @@ void ShardedParams::build_buckets(double bucket_mb) {
   int last = nunits - 1;
   while (last >= 0) {
     int first = last;
-    while (first > 0 && table_.units[last].end - table_.units[first].begin < target) --first;
+    while (first > 0 && table_.units[last].end - table_.units[first].begin < target &&
+           table_.unit_chunk[first - 1] == table_.unit_chunk[last])
+      --first;
     Bucket b;
     b.first_unit = first;
     b.last_unit = last;

@@ -24,10 +24,21 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
   pp_comm_ = std::make_unique<Comm>(grid_->pp_comm(), "pp");
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
   const int pp = grid_->pp_size(), stage = grid_->pp_rank();
-  const StageLayers layers = stage_layers(cfg_.model, cfg_.parallel, stage);
+  StageSpec spec{0, 0, stage == 0, stage == pp - 1};
+  const int chunks = cfg_.parallel.schedule == "interleaved" ? cfg_.parallel.virtual_stages : 1;
+  if (chunks > 1) {  // chunk k of this rank: the (k·pp + stage)-th of pp·v equal slices
+    const int per_chunk = cfg_.model.layers / (pp * chunks);
+    spec.first_layer = stage * per_chunk;
+    spec.end_layer = (stage + 1) * per_chunk;
+    spec.chunks = chunks;
+    spec.chunk_stride = pp * per_chunk;
+  } else {
+    const StageLayers layers = stage_layers(cfg_.model, cfg_.parallel, stage);
+    spec.first_layer = layers.first;
+    spec.end_layer = layers.end;
+  }
   full_table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
-  table_ = std::make_unique<ParamTable>(
-      cfg_.model, tp, tp_rank, StageSpec{layers.first, layers.end, stage == 0, stage == pp - 1});
+  table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank, spec);
   store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
   store_->init_parameters(cfg_.model.seed);
 
@@ -35,7 +46,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
                                                     *store_, pp_comm_.get());
   const int micro_batches = cfg_.micro_batches_per_step();
-  const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches);
+  const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, chunks);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,
                                  tp_comm_.get(), cfg_.parallel.sequence_parallel, slots,
                                  cfg_.train.recompute);
@@ -174,11 +185,12 @@ void Trainer::finish() {
     const MemoryStats& mem = memory_stats();
     MinAvgMax act = min_avg_max(comm_, double(mem.peak[int(MemKind::Activations)]));
     log(strfmt("pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
-               "of the run (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1) = %.1f%%; "
+               "of the run (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
                "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
                cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
                100 * wait.avg, 100 * wait.min, 100 * wait.max,
-               100 * bubble_theory(grid_->pp_size(), cfg_.micro_batches_per_step()),
+               100 * bubble_theory(grid_->pp_size(), cfg_.micro_batches_per_step(),
+                                   cfg_.parallel.schedule == "interleaved" ? cfg_.parallel.virtual_stages : 1),
                pipeline_->max_live(), format_bytes(act.min).c_str(), format_bytes(act.max).c_str()));
   }
   std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()},

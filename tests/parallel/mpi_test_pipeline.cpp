@@ -130,3 +130,20 @@ TEST(Grid3D, TwoByTwoByTwoWithEveryZeroStage) {
                       .losses);
     }
 }
+
+TEST(Pipeline, InterleavedTrainsLikeOneRank) {
+  const int n = trellis::testing::world_size();
+  if (n != 2 && n != 4) GTEST_SKIP();
+  // Four layers in 2 stages × 2 chunks; 8 micro-batches (a multiple of pp, as Megatron needs).
+  const std::vector<double> ref = train(MPI_COMM_SELF, {"--parallel.dp=1", "--model.layers=4"}).losses;
+  for (int zero : n == 4 ? std::vector<int>{1, 3} : std::vector<int>{0}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    Result r = train(MPI_COMM_WORLD, {"--model.layers=4", "--parallel.pp=2", "--parallel.dp=" + std::to_string(n / 2),
+                                      "--parallel.schedule=interleaved", "--parallel.virtual_stages=2",
+                                      "--parallel.zero=" + std::to_string(zero),
+                                      "--train.micro_batch=" + std::to_string(2 / (n / 2))});
+    ASSERT_EQ(r.losses.size(), ref.size());
+    for (size_t s = 0; s < ref.size(); ++s)
+      EXPECT_NEAR(r.losses[s], ref[s], 1e-5 * std::fabs(ref[s])) << "step " << s;
+  }
+}
