@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -20,10 +21,14 @@ const char* kUsage = R"(trellis — trains GPT-style transformers on clusters
 usage:
   mpirun -np N trellis train DECK [--section.key=value ...]   train from an input deck
   trellis bench [--section.key=value ...]                     step speed vs. this machine's sgemm
+  trellis inspect CKPT                                        a checkpoint's step, layout, deck,
+                                                              tensors; verifies every checksum
   trellis train --help                                        every deck key: type, default, meaning
   trellis --help                                              this text
 
-exit status: 0 done, 1 internal failure, 2 bad input (deck, command line, files)
+exit status: 0 done, 1 internal failure, 2 bad input (deck, command line, files),
+             3 stopped early with a checkpoint (signal, system.max_hours): resubmit to continue
+             (trellis inspect: 0 sound, 1 damaged)
 )";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -46,6 +51,13 @@ int main(int argc, char** argv) {
     std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
                 trellis::keys_help().c_str());
     return trellis::kExitOk;
+  }
+  if (command == "inspect") {  // no MPI needed: a serial read of one file
+    if (rest.size() != 1) {
+      std::fprintf(stderr, "trellis inspect: usage: trellis inspect CKPT\n");
+      return trellis::kExitBadInput;
+    }
+    return trellis::inspect_checkpoint(rest[0], stdout);
   }
   if (command != "train" && command != "bench") {
     std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);

@@ -80,6 +80,8 @@ struct SystemConfig {
   std::string precision = "fp32";  // fp32 | bf16
   int threads = 0;                 // BLAS threads; 0 = all cores of this rank
   double peak_gflops = 0;          // for MFU; 0 = unknown (MFU shown as "-")
+  std::string stop_signal = "USR1";  // USR1 | TERM
+  double max_hours = 0;            // 0 = no wall-time budget
 };
 
 struct Config {

@@ -127,6 +127,11 @@ const std::vector<KeyEntry>& key_table() {
        .help = "compute precision (bf16 needs cuda)"},
       {.section = "system", .key = "threads", .field = FIELD(system.threads),
        .bound = at_least(0), .help = "BLAS threads per rank; 0 = all cores of the rank"},
+      {.section = "system", .key = "stop_signal", .field = FIELD(system.stop_signal),
+       .check = Check::Choice, .choices = "USR1|TERM",
+       .help = "the signal that asks for a checkpoint and a stop (Slurm: --signal=B:USR1@lead)"},
+      {.section = "system", .key = "max_hours", .field = FIELD(system.max_hours),
+       .bound = at_least(0), .help = "stop with a checkpoint before this much wall time (0: no limit)"},
       {.section = "system", .key = "peak_gflops", .field = FIELD(system.peak_gflops),
        .bound = at_least(0), .help = "peak GFLOP/s per rank for MFU; 0 = unknown"},
   };

@@ -11,6 +11,7 @@ enum ExitStatus : int {
   kExitOk = 0,
   kExitFailure = 1,    // internal error, a failed collective, a crash we caught
   kExitBadInput = 2,   // the deck, the command line or an input file is wrong
+  kExitRequeue = 3,    // stopped early (signal, system.max_hours) with a checkpoint: resubmit
 };
 
 /// Something the user can fix: the message names the key, value or file.

@@ -121,6 +121,29 @@ std::vector<float> ShardedParams::gather_gradients() {
   return all;
 }
 
+void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
+  m.assign(total_, 0.f);
+  v.assign(total_, 0.f);
+  if (stage_ == 0) {
+    std::memcpy(m.data(), optimizer_->m(), sizeof(float) * total_);
+    std::memcpy(v.data(), optimizer_->v(), sizeof(float) * total_);
+    return;
+  }
+  const std::vector<int64_t> counts = shard_counts(total_, dp_.size());
+  dp_.all_gather(optimizer_->m(), m.data(), counts);
+  dp_.all_gather(optimizer_->v(), v.data(), counts);
+}
+
+void ShardedParams::load_state(const float* params, const float* m, const float* v,
+                               int64_t steps_taken) {
+  if (stage_ == 3) std::memcpy(params_.data(), params + shard_.begin, sizeof(float) * shard_.size());
+  else std::memcpy(params_.data(), params, sizeof(float) * total_);
+  const int64_t begin = stage_ == 0 ? 0 : shard_.begin, n = stage_ == 0 ? total_ : shard_.size();
+  std::memcpy(optimizer_->m(), m + begin, sizeof(float) * n);
+  std::memcpy(optimizer_->v(), v + begin, sizeof(float) * n);
+  optimizer_->set_steps_taken(steps_taken);
+}
+
 // ---------------------------------------------------------------------------------------------
 // gradients
 

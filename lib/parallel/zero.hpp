@@ -76,6 +76,10 @@ class ShardedParams : public ParamStore {
   std::vector<float> gather_parameters();
   /// Every reduced gradient, gathered (collective; after finish_grad_sync). For tests.
   std::vector<float> gather_gradients();
+  /// AdamW's m and v for every parameter, gathered (collective). For checkpoints.
+  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v);
+  /// Takes this rank's part of full (P) arrays of parameters, m and v, and the step count.
+  void load_state(const float* params, const float* m, const float* v, int64_t steps_taken);
   Comm& dp() { return dp_; }
   AdamW& optimizer() { return *optimizer_; }
 

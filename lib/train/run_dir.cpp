@@ -54,11 +54,12 @@ void RunDir::write_file(const std::string& name, const std::string& content) con
   fs::rename(tmp, target);
 }
 
-void RunDir::open_metrics(const std::vector<std::string>& columns) {
+void RunDir::open_metrics(const std::vector<std::string>& columns, bool append) {
   fs::path file = fs::path(path_) / "metrics.csv";
-  metrics_ = std::fopen(file.c_str(), "w");
+  const bool continuing = append && fs::exists(file);
+  metrics_ = std::fopen(file.c_str(), continuing ? "a" : "w");
   if (!metrics_) throw std::runtime_error("cannot write " + file.string());
-  append_metrics(columns);
+  if (!continuing) append_metrics(columns);
 }
 
 void RunDir::append_metrics(const std::vector<std::string>& values) {

@@ -22,7 +22,8 @@ class RunDir {
 
   /// metrics.csv: the header once, then one row per call; flushed each time so that a killed
   /// run keeps what it logged.
-  void open_metrics(const std::vector<std::string>& columns);
+  /// With `append` (a resumed run) an existing metrics.csv is continued.
+  void open_metrics(const std::vector<std::string>& columns, bool append = false);
   void append_metrics(const std::vector<std::string>& values);
 
  private:

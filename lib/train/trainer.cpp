@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -156,21 +157,75 @@ static double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Stopping early: a signal handler only sets a flag (GROMACS's protocol); the ranks agree on it
+// at the next step boundary, inside a collective, so every rank stops after the same step.
+
+static volatile std::sig_atomic_t g_stop_requests = 0;
+static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
+
+bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
+  // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
+  double want = double(g_stop_requests);
+  if (cfg_.system.max_hours > 0 && rank_ == 0) {
+    // Leave room for two more steps and a checkpoint before the budget runs out.
+    const double left = cfg_.system.max_hours * 3600 - (now_seconds() - run_start);
+    if (left < 2 * slowest_step + 2 * checkpoint_seconds + 5) want = std::max(want, 1.0);
+  }
+  double agreed = want;
+  MPI_Allreduce(&want, &agreed, 1, MPI_DOUBLE, MPI_MAX, comm_);
+  if (agreed >= 1) {
+    stopped_early_ = true;
+    log(agreed >= 2 ? "stop requested twice: stopping now, without a new checkpoint"
+                    : "stop requested (signal or system.max_hours): checkpoint, then stop");
+  }
+  stop_level_ = int(std::min(agreed, 2.0));
+  return agreed >= 1;
+}
+
 double Trainer::run() {
+  const double start = now_seconds();
+  int64_t first_step = 0;
+  if (checkpointing_) {
+    checkpointer_ = std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
+    if (auto resumed = checkpointer_->resume()) first_step = *resumed;
+    pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
+    std::signal(cfg_.system.stop_signal == "TERM" ? SIGTERM : SIGUSR1, on_stop_signal);
+  }
   if (!quiet_) {
     print_start();
     if (rank_ == 0) {
       run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
       run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
-      run_dir_->open_metrics({"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"});
+      run_dir_->open_metrics({"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"},
+                             /*append=*/first_step > 0);
     }
   }
-  const double start = now_seconds();
-  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+  double slowest = 0, checkpoint_seconds = 0;
+  int64_t saved = first_step;
+  for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepResult r = train_step(step);
     history_.push_back(r);
-    ScopedTimer t(timers_, "logging");
-    log_step(r);
+    slowest = std::max(slowest, r.seconds);
+    {
+      ScopedTimer t(timers_, "logging");
+      log_step(r);
+    }
+    if (!checkpointing_) continue;
+    const bool stop = step + 1 < cfg_.train.steps && should_stop(start, slowest, checkpoint_seconds);
+    const bool due = cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0;
+    if ((due || stop) && stop_level_ < 2) {  // decided together: every rank saves, or none
+      ScopedTimer t(timers_, "checkpoint");
+      const double t0 = now_seconds();
+      checkpointer_->save(step + 1);
+      checkpoint_seconds = now_seconds() - t0;
+      saved = step + 1;
+    }
+    if (stop) break;
+  }
+  if (checkpointing_ && !stopped_early_ && saved != cfg_.train.steps && !history_.empty()) {
+    ScopedTimer t(timers_, "checkpoint");
+    checkpointer_->save(cfg_.train.steps);
   }
   timers_.add("total", now_seconds() - start);
   if (!quiet_) finish();
@@ -178,7 +233,7 @@ double Trainer::run() {
 }
 
 void Trainer::finish() {
-  log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "logging"}));
+  log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "checkpoint", "logging"}));
   if (grid_->pp_size() > 1) {
     const double total = timers_.get("total");
     MinAvgMax wait = min_avg_max(comm_, total > 0 ? timers_.get("pipeline wait") / total : 0.0);
@@ -255,6 +310,7 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   try {
     cfg = load_config(deck, overrides, world.size());
     check_writable_dir(cfg.run.dir, "run.dir");
+    check_writable_dir(cfg.checkpoint.dir, "checkpoint.dir");
     trainer = std::make_unique<Trainer>(cfg, world.comm());
   } catch (const UserError& e) {
     error = e.what();
@@ -267,6 +323,12 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   // Phase 2: the run. A failure now may leave other ranks inside a collective: abort the job.
   try {
     trainer->run();
+    if (trainer->stopped_early()) return kExitRequeue;
+  } catch (const UserError& e) {
+    // Bad input found mid-run (an explicit resume path that does not load, a full disk): every
+    // rank got the same error from a collective.
+    if (world.rank() == 0) log_error("trellis: error: " + std::string(e.what()));
+    return kExitBadInput;
   } catch (const std::exception& e) {
     log_error(strfmt("trellis: rank %d: error: %s", world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitFailure);

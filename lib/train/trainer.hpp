@@ -19,6 +19,7 @@
 #include "parallel/pipeline.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero.hpp"
+#include "train/checkpointing.hpp"
 #include "train/run_dir.hpp"
 
 namespace trellis {
@@ -53,8 +54,12 @@ class Trainer {
   Pipeline& pipeline() { return *pipeline_; }
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
-  /// When false, run() prints nothing and writes no run directory (tests, benchmarks).
-  void set_quiet(bool quiet) { quiet_ = quiet; }
+  /// Quiet: run() prints nothing, writes no run directory and no checkpoints (tests, benchmarks).
+  void set_quiet(bool quiet) { quiet_ = quiet, checkpointing_ = !quiet; }
+  /// Checkpoints (and resuming) on or off, independently of quiet.
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  /// True when the run stopped before train.steps (a signal or system.max_hours).
+  bool stopped_early() const { return stopped_early_; }
 
  private:
   void print_start() const;
@@ -84,6 +89,11 @@ class Trainer {
   Timers timers_;
   std::vector<StepResult> history_;
   bool quiet_ = false;
+  bool checkpointing_ = true;
+  bool stopped_early_ = false;
+  int stop_level_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
+  std::unique_ptr<Checkpointer> checkpointer_;
+  bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
 };
 
 /// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit

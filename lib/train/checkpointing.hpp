@@ -1,0 +1,53 @@
+// Checkpoints of a training run: what goes into a file (every parameter and AdamW's m and v with
+// its global shape, written by the ranks that hold it; the step, the effective deck, the layout)
+// and how a run resumes from one under any layout. The HDF5 side is lib/ckpt/.
+//
+// Each rank first gathers its tensor-parallel shard of the stage's parameters and optimizer state
+// over its dp group (ZeRO shards them), so a checkpoint costs up to 3× the shard's size in
+// temporary memory; dp rank 0 then writes it, tp rank 0 the replicated tensors.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "comm/grid.hpp"
+#include "config/config.hpp"
+#include "model/params.hpp"
+#include "parallel/zero.hpp"
+
+namespace trellis {
+
+constexpr int64_t kCheckpointFormat = 1;
+
+class Checkpointer {
+ public:
+  Checkpointer(const Config& cfg, const Grid& grid, const ParamTable& full, const ParamTable& staged,
+               ShardedParams& store, MPI_Comm world);
+
+  /// Collective: writes RUN/ckpt/step_NNNNNNNN.h5 for `step` completed steps, publishes it as
+  /// `latest` and applies retention. Logs the size and bandwidth.
+  void save(int64_t step);
+  /// Collective: loads per checkpoint.resume (auto: the newest sound checkpoint, falling back to
+  /// older ones with a warning; never; or a path). Returns the number of completed steps, or
+  /// nothing when starting fresh. A bad explicit path throws UserError.
+  std::optional<int64_t> resume();
+
+ private:
+  /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
+  /// does not hold have no rows.
+  std::vector<CkptSlab> slabs(const std::string& prefix, float* data, bool for_writing) const;
+  int64_t load(const std::string& path);
+
+  const Config& cfg_;
+  const Grid& grid_;
+  const ParamTable& full_;
+  const ParamTable& staged_;
+  ShardedParams& store_;
+  MPI_Comm world_;
+};
+
+}  // namespace trellis

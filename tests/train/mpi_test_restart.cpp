@@ -1,0 +1,144 @@
+// Exact restart (run at 1, 2 and 4 ranks): a run resumed from its step-5 checkpoint continues as
+// the uninterrupted run — bitwise with the same layout, within 1e-5 under another layout.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/checkpoint.hpp"
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "mpi_util.hpp"
+#include "train/trainer.hpp"
+
+using namespace trellis;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kDeck = R"(
+[model]
+layers = 4
+d_model = 16
+heads = 4
+kv_heads = 2
+d_ff = 32
+seq_len = 8
+vocab = 29
+[train]
+steps = 10
+global_batch = 8
+micro_batch = 2
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 3
+eps = 1e-6
+[checkpoint]
+every = 5
+[data]
+source = synthetic
+synthetic_tokens = 16384
+synthetic_order = 1
+synthetic_branching = 3
+)";
+
+// A directory every rank names the same way (rank 0's pid), and one of this rank's own.
+std::string shared_dir(const std::string& what) {
+  int pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return (fs::temp_directory_path() / ("trellis-restart-" + std::to_string(pid)) / what).string();
+}
+std::string own_dir(const std::string& what) {
+  return (fs::temp_directory_path() /
+          ("trellis-restart-own-" + std::to_string(::getpid()) + "-" +
+           std::to_string(trellis::testing::world_rank())) / what).string();
+}
+
+std::string deck_path() {
+  static std::string path = [] {
+    fs::path p = own_dir("restart.deck");
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << kDeck;
+    return p.string();
+  }();
+  return path;
+}
+
+std::vector<double> train(MPI_Comm comm, const std::string& ckpt_dir, std::vector<std::string> o) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  o.push_back("--checkpoint.dir=" + ckpt_dir);
+  Config cfg = load_config(deck_path(), o, size);
+  Trainer t(cfg, comm);
+  t.set_quiet(true);
+  t.set_checkpointing(true);
+  t.run();
+  std::vector<double> losses;
+  for (const auto& s : t.history()) losses.push_back(s.loss);
+  return losses;
+}
+
+}  // namespace
+
+TEST(Restart, SameLayoutContinuesBitwise) {
+  // One rank, on its own: the whole run, then the run again from its step-5 checkpoint.
+  const std::string dir = own_dir("same");
+  fs::remove_all(dir);
+  const std::vector<double> whole = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  ASSERT_EQ(whole.size(), 10u);
+  fs::remove(fs::path(dir) / checkpoint_file_name(10));
+  publish_latest(dir, checkpoint_file_name(5));
+  const std::vector<double> resumed = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  ASSERT_EQ(resumed.size(), 5u);
+  for (size_t s = 0; s < 5; ++s) EXPECT_EQ(resumed[s], whole[5 + s]) << "step " << 5 + s;
+}
+
+TEST(Restart, AnotherLayoutContinuesTheRun) {
+  const int n = trellis::testing::world_size();
+  if (n == 1) GTEST_SKIP();
+  // The uninterrupted run on one rank; rank 0's checkpoint at step 5 is the one every layout
+  // below starts from.
+  const std::string source = shared_dir("source");
+  if (trellis::testing::world_rank() == 0) fs::remove_all(source);
+  std::vector<double> whole = train(MPI_COMM_SELF, trellis::testing::world_rank() == 0 ? source : own_dir("x"),
+                                    {"--parallel.dp=1"});
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string from = (fs::path(source) / checkpoint_file_name(5)).string();
+  std::vector<std::vector<std::string>> layouts;
+  if (n == 2)
+    layouts = {{"--parallel.dp=2", "--parallel.zero=3"},
+               {"--parallel.tp=2", "--parallel.dp=1", "--parallel.sequence_parallel=true"},
+               {"--parallel.pp=2", "--parallel.dp=1", "--parallel.zero=1"}};
+  else
+    layouts = {{"--parallel.dp=2", "--parallel.tp=2", "--parallel.zero=1"},
+               {"--parallel.pp=2", "--parallel.tp=2", "--parallel.dp=1"},
+               {"--parallel.pp=4", "--parallel.dp=1", "--train.micro_batch=1"},
+               {"--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3"}};
+  int i = 0;
+  for (auto layout : layouts) {
+    SCOPED_TRACE("layout " + std::to_string(i));
+    layout.push_back("--checkpoint.resume=" + from);
+    const std::vector<double> resumed = train(MPI_COMM_WORLD, shared_dir("to-" + std::to_string(i++)), layout);
+    ASSERT_EQ(resumed.size(), 5u);
+    for (size_t s = 0; s < 5; ++s)
+      EXPECT_NEAR(resumed[s], whole[5 + s], 1e-5 * std::fabs(whole[5 + s])) << "step " << 5 + s;
+  }
+}
+
+TEST(Restart, DamagedCheckpointFallsBackOrFails) {
+  // auto skips a damaged newest checkpoint with a warning; an explicit damaged path is an error.
+  const std::string dir = own_dir("damaged");
+  fs::remove_all(dir);
+  const std::vector<double> whole = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  const fs::path newest = fs::path(dir) / checkpoint_file_name(10);
+  fs::resize_file(newest, fs::file_size(newest) / 2);  // truncated
+  // A fresh run with more steps resumes from step 5 (the newest sound one) and goes on.
+  const std::vector<double> resumed = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  ASSERT_EQ(resumed.size(), 5u);
+  EXPECT_EQ(resumed[0], whole[5]);
+  fs::resize_file(newest, fs::file_size(newest) / 2);  // (the resumed run rewrote it)
+  EXPECT_THROW(train(MPI_COMM_SELF, own_dir("d2"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()}),
+               UserError);
+  EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
+}
