@@ -1,5 +1,10 @@
 #include "mpi_util.hpp"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -81,6 +86,16 @@ int world_size() {
   int s = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &s);
   return s;
+}
+
+std::string write_deck(const std::string& tag, const char* text) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() /
+                 ("trellis-test-" + std::to_string(::getpid()) + "-" + std::to_string(world_rank()));
+  fs::create_directories(dir);
+  fs::path path = dir / (tag + ".deck");
+  if (!fs::exists(path)) std::ofstream(path) << text;
+  return path.string();
 }
 
 }  // namespace trellis::testing

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <string>
+
 namespace trellis::testing {
 
 /// Adds the cross-rank listener (and, on ranks other than 0, a printer of that rank's failures
@@ -20,5 +22,9 @@ bool all_ranks_ok(bool ok);
 
 int world_rank();
 int world_size();
+
+/// Writes `text` to a deck file private to this process and rank, named after `tag`, and returns
+/// its path (the same path for the same tag on later calls).
+std::string write_deck(const std::string& tag, const char* text);
 
 }  // namespace trellis::testing

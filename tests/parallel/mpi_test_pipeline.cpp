@@ -40,17 +40,7 @@ synthetic_order = 1
 synthetic_branching = 3
 )";
 
-std::string deck_path() {
-  static std::string path = [] {
-    fs::path dir = fs::temp_directory_path() /
-                   ("trellis-mpi-pp-" + std::to_string(::getpid()) + "-" +
-                    std::to_string(trellis::testing::world_rank()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "pp.deck") << kDeck;
-    return (dir / "pp.deck").string();
-  }();
-  return path;
-}
+std::string deck_path() { return trellis::testing::write_deck("pp", kDeck); }
 
 struct Result {
   std::vector<double> losses;

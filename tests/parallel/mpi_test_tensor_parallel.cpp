@@ -149,15 +149,7 @@ synthetic_order = 1
 synthetic_branching = 3
 )";
 
-std::string deck_path() {
-  static std::string path = [] {
-    fs::path dir = fs::temp_directory_path() / ("trellis-mpi-tp-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "tp.deck") << kDeck;
-    return (dir / "tp.deck").string();
-  }();
-  return path;
-}
+std::string deck_path() { return trellis::testing::write_deck("tp", kDeck); }
 
 std::vector<double> losses(MPI_Comm comm, std::vector<std::string> overrides, Trainer** keep = nullptr) {
   int size = 1;

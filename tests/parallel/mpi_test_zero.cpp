@@ -43,17 +43,7 @@ synthetic_order = 1
 synthetic_branching = 3
 )";
 
-std::string deck_path() {
-  static std::string path = [] {
-    fs::path dir = fs::temp_directory_path() /
-                   ("trellis-mpi-zero-" + std::to_string(::getpid()) + "-" +
-                    std::to_string(trellis::testing::world_rank()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "tiny.deck") << kDeck;
-    return (dir / "tiny.deck").string();
-  }();
-  return path;
-}
+std::string deck_path() { return trellis::testing::write_deck("zero", kDeck); }
 
 struct TrainedRun {
   std::vector<double> losses;
