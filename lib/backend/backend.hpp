@@ -18,16 +18,10 @@ class Backend {
   /// Threads the backend may use for its GEMMs (0: all of this rank's cores).
   virtual void set_threads(int threads) = 0;
 
-  // ---- embeddings ----
-  /// out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T), wte (V,C), wpe (maxT,C).
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte,
-                               const float* wpe, int B, int T, int C) = 0;
-  /// dwte (V,C) +=, dwpe (maxT,C) += from dout (B,T,C).
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                int B, int T, int C) = 0;
-
-  // ---- vocab-parallel embeddings (tensor parallelism: a rank holds vocab rows
-  //      [vocab_begin, vocab_begin + vocab_count) of wte) ----
+  // ---- embeddings, vocab-parallel (tensor parallelism: a rank holds vocab rows
+  //      [vocab_begin, vocab_begin + vocab_count) of wte; with tp = 1 that is the whole table).
+  //      The token embedding is the sum over ranks of embedding_forward, then position_forward
+  //      adds wpe. ----
   /// out (N,C) = wte[tokens[n] − vocab_begin] where the token is this rank's, else 0.
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
                                  int vocab_begin, int vocab_count) = 0;
@@ -78,15 +72,10 @@ class Backend {
   virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void scale(float* x, float s, int64_t n) = 0;
 
-  // ---- loss ----
-  /// Softmax cross-entropy over logits (N,V). losses (N) = -log p[target]; when dloss ≠ 0 the
-  /// logits are replaced in place by dlogits = (p - onehot(target))·dloss. A target < 0 is ignored
-  /// (loss 0, gradient 0).
-  virtual void softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N,
-                                    int V, float dloss) = 0;
-
-  // ---- vocab-parallel cross-entropy, in three steps with the group's reductions between them
-  //      (max, then sum of exponentials and target logit): full logits are never gathered.
+  // ---- loss: softmax cross-entropy, vocab-parallel, in three steps with the group's reductions
+  //      between them (max, then sum of exponentials and target logit): full logits are never
+  //      gathered. With tp = 1 the reductions are no-ops and the steps run back to back.
+  //      A target < 0 is ignored (loss 0, gradient 0).
   //      logits (N,V) hold this rank's V vocabulary columns starting at global column vocab_begin;
   //      only the first `valid` are real (the rest pad the vocabulary to a multiple of tp). ----
   /// row_max (N) = max over the valid columns.

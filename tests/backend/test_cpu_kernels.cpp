@@ -1,6 +1,7 @@
-// CPU backend: embeddings, layer norm, linear layers, GELU, add, scale, make_backend — forward
-// kernels against plain double-precision loops, backward kernels against central finite
-// differences of the forward, and the overwrite / accumulate contract of each output.
+// CPU backend: vocab-parallel embeddings and positions, layer norm, linear layers, GELU, add,
+// scale, make_backend — forward kernels against plain double-precision loops, backward kernels
+// against central finite differences of the forward, and the overwrite / accumulate contract of
+// each output.
 #include <cstring>
 
 #include "backend_test_util.hpp"
@@ -36,38 +37,107 @@ TEST(MakeBackend, NamesAndErrors) {
 
 // ---- embeddings ----
 
-TEST_F(CpuKernels, EncoderForwardMatchesReference) {
-  const int B = 2, T = 3, C = 13, V = 5, maxT = 4;
-  std::vector<int32_t> tokens = {4, 0, 4, 2, 2, 1};  // (B,T)
-  auto wte = random_vec(V * C, 1), wpe = random_vec(maxT * C, 2);
-  std::vector<float> out(B * T * C, 99.0f);
-  be->encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  std::vector<double> ref(out.size());
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t)
+// Vocabulary ranges [vocab_begin, vocab_begin + vocab_count) of a 7-token vocabulary: the whole
+// table (tp = 1), a middle slice and the last rows. Tokens outside a range give zero rows and no
+// gradient.
+constexpr int kVocab = 7;
+constexpr std::pair<int, int> kRanges[] = {{0, kVocab}, {2, 3}, {5, 2}};
+
+TEST_F(CpuKernels, EmbeddingForwardMatchesReferenceOverVocabRanges) {
+  const int N = 10, C = 13;
+  const std::vector<int32_t> tokens = {4, 0, 4, 2, 6, 1, 3, 3, 5, 0};  // (N), repeats
+  const auto wte = random_vec(kVocab * C, 1);                          // (kVocab,C), global
+  std::vector<float> sum(N * C, 0.0f);
+  for (auto [begin, count] : kRanges) {
+    // this rank's slice of the table: rows [begin, begin + count)
+    const std::vector<float> local(wte.begin() + begin * C, wte.begin() + (begin + count) * C);
+    std::vector<float> out(N * C, 99.0f);  // overwritten
+    be->embedding_forward(out.data(), tokens.data(), local.data(), N, C, begin, count);
+    for (int n = 0; n < N; ++n) {
+      const bool mine = tokens[n] >= begin && tokens[n] < begin + count;
       for (int c = 0; c < C; ++c)
-        ref[(b * T + t) * C + c] = double(wte[tokens[b * T + t] * C + c]) + wpe[t * C + c];
-  expect_close(out, ref, 1e-6, "encoder out");
+        ASSERT_EQ(out[n * C + c], mine ? wte[tokens[n] * C + c] : 0.0f)
+            << "range " << begin << "+" << count << " n " << n << " c " << c;
+    }
+    if (count != kVocab)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+  }
+  // The two slices {2..4} and {5,6} and the rest {0,1} (run below) add up to the full embedding.
+  const std::vector<float> rest(wte.begin(), wte.begin() + 2 * C);
+  std::vector<float> out(N * C);
+  be->embedding_forward(out.data(), tokens.data(), rest.data(), N, C, 0, 2);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      ASSERT_EQ(sum[n * C + c] + out[n * C + c], wte[tokens[n] * C + c]) << n << " " << c;
 }
 
-TEST_F(CpuKernels, EncoderBackwardMatchesFiniteDifferencesAndAccumulates) {
-  const int B = 2, T = 3, C = 13, V = 5, maxT = 4;
-  std::vector<int32_t> tokens = {4, 0, 4, 2, 4, 1};  // token 4 repeats: the scatter must add
-  auto wte = random_vec(V * C, 3), wpe = random_vec(maxT * C, 4), w = random_vec(B * T * C, 5);
-  std::vector<float> out(B * T * C);
+TEST_F(CpuKernels, EmbeddingBackwardMatchesReferenceAndFiniteDifferencesAndAccumulates) {
+  const int N = 10, C = 150;  // several channel blocks
+  const std::vector<int32_t> tokens = {4, 0, 4, 2, 6, 1, 4, 3, 5, 2};  // token 4 three times
+  const auto w = random_vec(N * C, 5);                                 // dout (N,C)
+  for (auto [begin, count] : kRanges) {
+    auto local = random_vec(size_t(count) * C, 3);  // (count,C)
+    std::vector<float> out(N * C);
+    auto loss = [&] {
+      be->embedding_forward(out.data(), tokens.data(), local.data(), N, C, begin, count);
+      return weighted_sum(out, w);
+    };
+    const auto fd = finite_diff(local, loss, 1e-2);
+    std::vector<double> ref(size_t(count) * C, 0.0);  // naive scatter in double
+    for (int n = 0; n < N; ++n)
+      if (tokens[n] >= begin && tokens[n] < begin + count)
+        for (int c = 0; c < C; ++c) ref[(tokens[n] - begin) * C + c] += w[n * C + c];
+    const auto dwte0 = random_vec(size_t(count) * C, 6);
+    auto dwte = dwte0;
+    be->embedding_backward(dwte.data(), w.data(), tokens.data(), N, C, begin, count);
+    expect_close(diff(dwte, dwte0), ref, 1e-5, "dwte");
+    expect_close(diff(dwte, dwte0), fd, 1e-3, "dwte (finite differences)");
+    const auto dwte1 = dwte;
+    be->embedding_backward(dwte.data(), w.data(), tokens.data(), N, C, begin, count);
+    expect_close(diff(dwte, dwte1), diff(dwte1, dwte0), 1e-5, "dwte second call");
+  }
+  // No token in the range: the gradient is left exactly as it was.
+  const std::vector<int32_t> low = {0, 1, 1, 0};
+  const auto dwte0 = random_vec(3 * C, 7);
+  auto dwte = dwte0;
+  be->embedding_backward(dwte.data(), w.data(), low.data(), 4, C, 2, 3);
+  EXPECT_EQ(0, std::memcmp(dwte.data(), dwte0.data(), dwte.size() * sizeof(float)));
+}
+
+// Rows [first_row, first_row + rows) of a (B,T) batch, T = 4: the slice starts mid-sequence and
+// spans three sequences, so positions repeat and wrap.
+TEST_F(CpuKernels, PositionForwardAddsByPosition) {
+  const int T = 4, C = 13, rows = 11, first_row = 5;
+  const auto wpe = random_vec(T * C, 8);                 // (T,C)
+  const auto out0 = random_vec(size_t(rows) * C, 9);     // (rows,C), accumulated into
+  auto out = out0;
+  be->position_forward(out.data(), wpe.data(), rows, T, C, first_row);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < C; ++c)
+      ASSERT_EQ(out[r * C + c], out0[r * C + c] + wpe[((first_row + r) % T) * C + c]) << r;
+}
+
+TEST_F(CpuKernels, PositionBackwardMatchesReferenceAndFiniteDifferencesAndAccumulates) {
+  const int T = 4, C = 150, rows = 11, first_row = 5;
+  auto wpe = random_vec(T * C, 10);
+  const auto w = random_vec(size_t(rows) * C, 11);  // dout (rows,C)
+  std::vector<float> out(size_t(rows) * C);
   auto loss = [&] {
-    be->encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    std::fill(out.begin(), out.end(), 0.0f);
+    be->position_forward(out.data(), wpe.data(), rows, T, C, first_row);
     return weighted_sum(out, w);
   };
-  auto fd_wte = finite_diff(wte, loss, 1e-2), fd_wpe = finite_diff(wpe, loss, 1e-2);
-  const auto dwte0 = random_vec(V * C, 6), dwpe0 = random_vec(maxT * C, 7);
-  auto dwte = dwte0, dwpe = dwpe0;
-  be->encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C);
-  expect_close(diff(dwte, dwte0), fd_wte, 1e-3, "dwte");
-  expect_close(diff(dwpe, dwpe0), fd_wpe, 1e-3, "dwpe");
-  const auto dwte1 = dwte, dwpe1 = dwpe;
-  be->encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C);
-  expect_close(diff(dwte, dwte1), diff(dwte1, dwte0), 1e-5, "dwte second call");
+  const auto fd = finite_diff(wpe, loss, 1e-2);
+  std::vector<double> ref(T * C, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < C; ++c) ref[((first_row + r) % T) * C + c] += w[r * C + c];
+  const auto dwpe0 = random_vec(T * C, 12);
+  auto dwpe = dwpe0;
+  be->position_backward(dwpe.data(), w.data(), rows, T, C, first_row);
+  expect_close(diff(dwpe, dwpe0), ref, 1e-5, "dwpe");
+  expect_close(diff(dwpe, dwpe0), fd, 1e-3, "dwpe (finite differences)");
+  const auto dwpe1 = dwpe;
+  be->position_backward(dwpe.data(), w.data(), rows, T, C, first_row);
   expect_close(diff(dwpe, dwpe1), diff(dwpe1, dwpe0), 1e-5, "dwpe second call");
 }
 

@@ -38,13 +38,14 @@ std::vector<float> run_all(int threads) {
   be->set_threads(threads);
   const int B = 3, T = 70, C = 40, V = 29, H = 4, KV = 2, hd = 10, OC = 130;
   const int N = B * T;
+  const int CE = 200;  // embedding width: 4 channel blocks, so 2 and 3 threads both split them
   const int R = (H + 2 * KV) * hd;
   std::vector<int32_t> tok(N);
-  for (int i = 0; i < N; ++i) tok[i] = (i * 7) % V;
+  for (int i = 0; i < N; ++i) tok[i] = (i * 7) % (V - 2);  // real columns only (2 pad)
   tok[5] = -1;  // one ignored target
-  auto wte = random_vec(size_t(V) * C, 1), wpe = random_vec(size_t(T) * C, 2);
+  auto wte = random_vec(size_t(V) * CE, 1), wpe = random_vec(size_t(T) * CE, 2);
   auto x = random_vec(size_t(N) * C, 3, -2.0f, 2.0f), w = random_vec(C, 4), bias = random_vec(C, 5);
-  auto dout = random_vec(size_t(N) * C, 6);
+  auto dout = random_vec(size_t(N) * C, 6), dembed = random_vec(size_t(N) * CE, 15);
   auto W = random_vec(size_t(OC) * C, 7), bo = random_vec(OC, 8), dO = random_vec(size_t(N) * OC, 9);
   auto qkv = random_vec(size_t(N) * R, 10, -2.0f, 2.0f), datt = random_vec(size_t(N) * H * hd, 11);
   auto big = random_vec(100003, 12, -3.0f, 3.0f), big2 = random_vec(100003, 13);
@@ -52,11 +53,14 @@ std::vector<float> run_all(int threads) {
 
   std::vector<float> out;
   auto append = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
-  std::vector<float> enc(size_t(N) * C), dwte(wte.size(), 0.5f), dwpe(wpe.size(), 0.25f);
-  std::vector<int32_t> tok_ok(tok);
-  tok_ok[5] = 0;
-  be->encoder_forward(enc.data(), tok_ok.data(), wte.data(), wpe.data(), B, T, C);
-  be->encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok_ok.data(), B, T, C);
+  // Embeddings of vocabulary rows [5, 25) (other tokens give zero rows); positions of rows
+  // [7, N) of the batch, which start mid-sequence.
+  const int vb = 5, vc = 20, first = 7, rows = N - first;
+  std::vector<float> enc(size_t(N) * CE), dwte(size_t(vc) * CE, 0.5f), dwpe(wpe.size(), 0.25f);
+  be->embedding_forward(enc.data(), tok.data(), wte.data() + vb * CE, N, CE, vb, vc);
+  be->position_forward(enc.data() + first * CE, wpe.data(), rows, T, CE, first);
+  be->embedding_backward(dwte.data(), dembed.data(), tok.data(), N, CE, vb, vc);
+  be->position_backward(dwpe.data(), dembed.data() + first * CE, rows, T, CE, first);
   append(enc), append(dwte), append(dwpe);
   std::vector<float> ln(size_t(N) * C), mean(N), rstd(N), dx(size_t(N) * C, 1.0f), dw(C, 0.5f),
       db(C, 0.5f);
@@ -78,9 +82,14 @@ std::vector<float> run_all(int threads) {
   be->add(s.data(), big.data(), big2.data(), int64_t(big.size()));
   be->scale(s.data(), 0.5f, int64_t(big.size()));
   append(g), append(dg), append(s);
-  std::vector<float> losses(N);
-  be->softmax_crossentropy(logits.data(), losses.data(), tok.data(), N, V, 0.01f);
-  append(logits), append(losses);
+  // Cross-entropy over V columns of which the last 2 are padding.
+  std::vector<float> losses(N), row_max(N), sumexp(N), target_logit(N);
+  be->crossentropy_max(logits.data(), row_max.data(), N, V, V - 2);
+  be->crossentropy_sums(logits.data(), tok.data(), row_max.data(), sumexp.data(),
+                        target_logit.data(), N, V, V - 2, 0);
+  be->crossentropy_finish(logits.data(), losses.data(), tok.data(), row_max.data(), sumexp.data(),
+                          target_logit.data(), N, V, V - 2, 0, 0.01f);
+  append(logits), append(losses), append(row_max), append(sumexp), append(target_logit);
   const double ss = be->sum_squares(big.data(), int64_t(big.size()));
   out.push_back(float(ss)), out.push_back(float(ss - double(float(ss))));
   std::vector<float> p(big), m(big.size(), 0.1f), v(big.size(), 0.2f);

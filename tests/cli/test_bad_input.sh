@@ -59,6 +59,8 @@ expect "bucket size <= 0"             2 2 "parallel.bucket_mb"           -- trai
 expect "heads do not divide d_model"  2 2 "model.heads"                  -- train "$ok" --model.heads=3
 expect "missing text file"            2 2 "nothing-here.txt"             -- train "$ok" --data.source=text --data.path="$work/nothing-here.txt" --model.vocab=256
 expect "deck is a directory"          1 2 "$work"                        -- train "$work"
+expect "unwritable checkpoint.dir"    2 2 "checkpoint.dir"               -- train "$ok" --checkpoint.dir="$ok/ckpt"
+expect "resume from a missing file"   2 2 "nothing.h5"                   -- train "$ok" --checkpoint.resume="$work/nothing.h5"
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

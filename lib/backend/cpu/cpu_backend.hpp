@@ -6,8 +6,9 @@
 // threads as OpenBLAS uses (cpu_threads.hpp), so that the cores OpenBLAS uses inside GEMMs do not
 // idle between them; results do not depend on the number of threads.
 //
-// Files: cpu_gemm.cpp (matmul, attention), cpu_elementwise.cpp (encoder, layernorm, GELU, add,
-// scale), cpu_loss_optim.cpp (softmax cross-entropy, sum of squares, AdamW), cpu_threads.cpp.
+// Files: cpu_gemm.cpp (matmul, attention), cpu_elementwise.cpp (layernorm, GELU, add, scale),
+// cpu_vocab_parallel.cpp (embeddings, cross-entropy), cpu_loss_optim.cpp (sum of squares, AdamW),
+// cpu_threads.cpp.
 #pragma once
 #include <memory>
 
@@ -26,11 +27,6 @@ class CpuBackend : public Backend {
   ~CpuBackend() override;
   std::string name() const override { return "cpu"; }
   void set_threads(int threads) override;
-
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) override;
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                        int T, int C) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
                          int vocab_begin, int vocab_count) override;
@@ -67,9 +63,6 @@ class CpuBackend : public Backend {
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void add(float* out, const float* a, const float* b, int64_t n) override;
   void scale(float* x, float s, int64_t n) override;
-
-  void softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N, int V,
-                            float dloss) override;
 
   double sum_squares(const float* x, int64_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,

@@ -1,4 +1,4 @@
-// CPU backend: embeddings, layer norm, GELU, add, scale — Kokkos kernels on the host execution
+// CPU backend: layer norm, GELU, add, scale — Kokkos kernels on the host execution
 // space. Each work item owns the outputs it writes (rows, channel blocks or value chunks), so the
 // kernels are race-free and deterministic on any execution space.
 #include <cmath>
@@ -8,51 +8,6 @@
 #include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
-
-namespace {
-/// Column-wise kernels (sums over rows) give each work item this many adjacent channels.
-constexpr int kColBlock = 64;
-}  // namespace
-
-// ---- embeddings ----
-
-void CpuBackend::encoder_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int B, int T, int C) {
-  // out (B,T,C), tokens (B,T), wte (V,C), wpe (maxT,C)
-  cpu::parallel_for(*pool_, "encoder_forward", int64_t(B) * T, [=](int64_t bt) {
-    const int64_t t = bt % T;
-    float* o = out + bt * C;                      // (C)
-    const float* we = wte + int64_t(tokens[bt]) * C;  // (C)
-    const float* wp = wpe + t * C;                // (C)
-    for (int c = 0; c < C; ++c) o[c] = we[c] + wp[c];
-  });
-}
-
-void CpuBackend::encoder_backward(float* dwte, float* dwpe, const float* dout,
-                                  const int32_t* tokens, int B, int T, int C) {
-  // dwte (V,C) +=, dwpe (maxT,C) +=, dout (B,T,C), tokens (B,T)
-  // dwpe: one work item per position t sums over b.
-  cpu::parallel_for(*pool_, "encoder_backward_wpe", T, [=](int64_t t) {
-    float* dp = dwpe + t * C;  // (C)
-    for (int b = 0; b < B; ++b) {
-      const float* d = dout + (int64_t(b) * T + t) * C;  // (C)
-      for (int c = 0; c < C; ++c) dp[c] += d[c];
-    }
-  });
-  // dwte: tokens repeat, so a scatter over tokens would race; instead each work item owns a block
-  // of channels and walks all tokens in order (deterministic order of accumulation).
-  const int nblk = (C + kColBlock - 1) / kColBlock;
-  const int64_t BT = int64_t(B) * T;
-  cpu::parallel_for(*pool_, "encoder_backward_wte", nblk, [=](int64_t k) {
-    const int c0 = int(k) * kColBlock;
-    const int c1 = std::min(C, c0 + kColBlock);
-    for (int64_t bt = 0; bt < BT; ++bt) {
-      float* dw = dwte + int64_t(tokens[bt]) * C;  // (C)
-      const float* d = dout + bt * C;              // (C)
-      for (int c = c0; c < c1; ++c) dw[c] += d[c];
-    }
-  });
-}
 
 // ---- layer norm ----
 
@@ -115,10 +70,10 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
     }
   });
   // dweight, dbias: sums over rows; each work item owns a block of channels.
-  const int nblk = (C + kColBlock - 1) / kColBlock;
+  const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
   cpu::parallel_for(*pool_, "layernorm_backward_w", nblk, [=](int64_t k) {
-    const int c0 = int(k) * kColBlock;
-    const int c1 = std::min(C, c0 + kColBlock);
+    const int c0 = int(k) * cpu::kColBlock;
+    const int c1 = std::min(C, c0 + cpu::kColBlock);
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + n * C;   // (C)
       const float* d = dout + n * C;  // (C)

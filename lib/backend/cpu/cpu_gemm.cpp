@@ -14,8 +14,6 @@
 namespace trellis {
 
 namespace {
-/// Bias sums give each work item this many adjacent output channels.
-constexpr int kColBlock = 64;
 /// Attention works in blocks of this many query rows: row block [i0, i1) only needs keys
 /// [0, i1), so the causal half of S = Q·Kᵀ (and of the products with P) is mostly skipped.
 constexpr int kRowBlock = 64;
@@ -87,11 +85,11 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
               dweight, C);
   if (dbias) {  // column sums of dout; each work item owns a block of channels
-    const int nblk = (OC + kColBlock - 1) / kColBlock;
+    const int nblk = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
     cpu::parallel_for(*pool_, "matmul_dbias", nblk, [=](int64_t k) {
-      const int j0 = int(k) * kColBlock;
-      const int j1 = std::min(OC, j0 + kColBlock);
-      float acc[kColBlock];
+      const int j0 = int(k) * cpu::kColBlock;
+      const int j1 = std::min(OC, j0 + cpu::kColBlock);
+      float acc[cpu::kColBlock];
       for (int j = j0; j < j1; ++j) acc[j - j0] = 0.0f;
       for (int64_t n = 0; n < N; ++n) {
         const float* d = dout + n * OC;  // (OC)

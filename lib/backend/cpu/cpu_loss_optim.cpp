@@ -1,5 +1,5 @@
-// CPU backend: softmax cross-entropy, sum of squares, AdamW — Kokkos kernels on the host
-// execution space (rows or value chunks per work item).
+// CPU backend: sum of squares, AdamW — value chunks per work item on the host threads.
+// (The cross-entropy loss is in cpu_vocab_parallel.cpp.)
 #include <cmath>
 #include <vector>
 
@@ -8,51 +8,6 @@
 #include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
-
-void CpuBackend::softmax_crossentropy(float* logits, float* losses, const int32_t* targets, int N,
-                                      int V, float dloss) {
-  // logits (N,V) (replaced by dlogits when dloss ≠ 0), losses (N), targets (N)
-  const bool grad = dloss != 0.0f;
-  cpu::parallel_for(*pool_, "softmax_crossentropy", N, [=](int64_t n) {
-    float* x = logits + n * V;  // (V)
-    const int32_t t = targets[n];
-    if (t < 0) {  // ignored position: no loss, no gradient
-      losses[n] = 0.0f;
-      if (grad)
-        for (int j = 0; j < V; ++j) x[j] = 0.0f;
-      return;
-    }
-    const float mx = cpu::lane_max(x, V);
-    const float xt = x[t];
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float sum = 0.0f;
-    int j = 0;
-    if (grad) {  // keep e^{x−max} in place for the gradient pass
-      for (; j + 8 <= V; j += 8)
-        for (int l = 0; l < 8; ++l) {
-          const float e = cpu::fast_expf(x[j + l] - mx);
-          x[j + l] = e;
-          acc[l] += e;
-        }
-      for (; j < V; ++j) {
-        const float e = cpu::fast_expf(x[j] - mx);
-        x[j] = e;
-        sum += e;
-      }
-    } else {
-      for (; j + 8 <= V; j += 8)
-        for (int l = 0; l < 8; ++l) acc[l] += cpu::fast_expf(x[j + l] - mx);
-      for (; j < V; ++j) sum += cpu::fast_expf(x[j] - mx);
-    }
-    sum += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    losses[n] = std::log(sum) - (xt - mx);
-    if (grad) {
-      const float s = dloss / sum;
-      for (int k = 0; k < V; ++k) x[k] *= s;
-      x[t] -= dloss;
-    }
-  });
-}
 
 double CpuBackend::sum_squares(const float* x, int64_t n) {
   // x (n)

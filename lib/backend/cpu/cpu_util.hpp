@@ -14,6 +14,11 @@ using HostRange = Kokkos::RangePolicy<HostSpace, Kokkos::IndexType<int64_t>>;
 /// inner loop is a plain, vectorisable loop whatever the execution space.
 inline constexpr int64_t kChunk = 4096;
 
+/// Column-wise kernels (sums over rows: bias, layer-norm weight and embedding gradients) give each
+/// work item this many adjacent channels and have it walk the rows in order: no two items write the
+/// same element, and each sum's order does not depend on the number of threads.
+inline constexpr int kColBlock = 64;
+
 /// Runs f(lo, hi) over [0, n) in chunks, in parallel on the host execution space. f must only
 /// write elements in [lo, hi) (race-free by construction).
 template <class F>

@@ -1,60 +1,94 @@
-// Vocab-parallel embedding and cross-entropy kernels (tensor parallelism; with tp = 1 they are the
-// ordinary embedding and loss). Each output element is written by one work item: race-free on
-// any Kokkos execution space, and deterministic.
-#include <Kokkos_Core.hpp>
+// CPU backend: vocab-parallel embeddings and softmax cross-entropy (tensor parallelism; with tp = 1
+// they are the ordinary embedding and loss), on the host threads (cpu_threads.hpp) like the other
+// element-wise kernels. Each work item owns the outputs it writes — a row, or for the gradients
+// that sum over rows a block of channels — so every kernel is race-free and gives bitwise the same
+// results for any number of threads.
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_threads.hpp"
+#include "backend/cpu/cpu_util.hpp"
 
 namespace trellis {
 
-using HostRange = Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>;
+namespace {
+/// Whether token `tok` is one of this rank's vocabulary rows; its local row in `v`.
+inline bool local_row(int32_t tok, int vocab_begin, int vocab_count, int* v) {
+  *v = tok - vocab_begin;
+  return *v >= 0 && *v < vocab_count;
+}
+}  // namespace
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
-                                   int vocab_begin, int vocab_count) {
-  Kokkos::parallel_for("embedding_forward", HostRange(0, N), KOKKOS_LAMBDA(int n) {
-    float* o = out + int64_t(n) * C;
-    const int v = tokens[n] - vocab_begin;
-    if (v >= 0 && v < vocab_count) {
-      const float* w = wte + int64_t(v) * C;
+// ---- embeddings ----
+
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, int N,
+                                   int C, int vocab_begin, int vocab_count) {
+  // out (N,C) (overwritten), tokens (N), wte (vocab_count,C)
+  // Rows of other ranks' tokens are zero, so the group's sum of outputs is the full embedding.
+  cpu::parallel_for(*pool_, "embedding_forward", N, [=](int64_t n) {
+    float* o = out + n * C;  // (C)
+    int v;
+    if (local_row(tokens[n], vocab_begin, vocab_count, &v)) {
+      const float* w = wte + int64_t(v) * C;  // (C)
       for (int c = 0; c < C; ++c) o[c] = w[c];
     } else {
-      for (int c = 0; c < C; ++c) o[c] = 0.f;
+      for (int c = 0; c < C; ++c) o[c] = 0.0f;
     }
   });
 }
 
 void CpuBackend::embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
                                     int C, int vocab_begin, int vocab_count) {
-  // One work item per channel walks the rows in order: no two items touch the same element.
-  Kokkos::parallel_for("embedding_backward", HostRange(0, C), KOKKOS_LAMBDA(int c) {
-    for (int n = 0; n < N; ++n) {
-      const int v = tokens[n] - vocab_begin;
-      if (v >= 0 && v < vocab_count) dwte[int64_t(v) * C + c] += dout[int64_t(n) * C + c];
+  // dwte (vocab_count,C) +=, dout (N,C), tokens (N)
+  // Tokens repeat, so a scatter over rows would race; instead each work item owns a block of
+  // channels and walks all rows in order (the same order of accumulation for any thread count).
+  const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
+  cpu::parallel_for(*pool_, "embedding_backward", nblk, [=](int64_t k) {
+    const int c0 = int(k) * cpu::kColBlock;
+    const int c1 = std::min(C, c0 + cpu::kColBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      int v;
+      if (!local_row(tokens[n], vocab_begin, vocab_count, &v)) continue;
+      float* dw = dwte + int64_t(v) * C;  // (C)
+      const float* d = dout + n * C;      // (C)
+      for (int c = c0; c < c1; ++c) dw[c] += d[c];
     }
   });
 }
 
 void CpuBackend::position_forward(float* out, const float* wpe, int rows, int T, int C,
                                   int first_row) {
-  Kokkos::parallel_for("position_forward", HostRange(0, rows), KOKKOS_LAMBDA(int r) {
-    const float* p = wpe + int64_t((first_row + r) % T) * C;
-    float* o = out + int64_t(r) * C;
+  // out (rows,C) +=, wpe (T,C); out's row r is row first_row + r of a (B,T) batch, so position
+  // (first_row + r) mod T (a pipeline / sequence-parallel slice may start mid-sequence).
+  cpu::parallel_for(*pool_, "position_forward", rows, [=](int64_t r) {
+    const float* p = wpe + ((first_row + r) % T) * C;  // (C)
+    float* o = out + r * C;                            // (C)
     for (int c = 0; c < C; ++c) o[c] += p[c];
   });
 }
 
 void CpuBackend::position_backward(float* dwpe, const float* dout, int rows, int T, int C,
                                    int first_row) {
-  Kokkos::parallel_for("position_backward", HostRange(0, C), KOKKOS_LAMBDA(int c) {
-    for (int r = 0; r < rows; ++r)
-      dwpe[int64_t((first_row + r) % T) * C + c] += dout[int64_t(r) * C + c];
+  // dwpe (T,C) +=, dout (rows,C)
+  // Rows of different sequences share a position: channel blocks, rows in order (as above).
+  const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
+  cpu::parallel_for(*pool_, "position_backward", nblk, [=](int64_t k) {
+    const int c0 = int(k) * cpu::kColBlock;
+    const int c1 = std::min(C, c0 + cpu::kColBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dp = dwpe + ((first_row + r) % T) * C;  // (C)
+      const float* d = dout + r * C;                  // (C)
+      for (int c = c0; c < c1; ++c) dp[c] += d[c];
+    }
   });
 }
 
+// ---- cross-entropy, three steps (one work item per row in each) ----
+
 void CpuBackend::crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) {
-  Kokkos::parallel_for("crossentropy_max", HostRange(0, N), KOKKOS_LAMBDA(int n) {
-    const float* l = logits + int64_t(n) * V;
+  // logits (N,V), row_max (N); padding columns [valid, V) are not logits and are skipped.
+  cpu::parallel_for(*pool_, "crossentropy_max", N, [=](int64_t n) {
+    const float* l = logits + n * V;  // (V)
     float m = -INFINITY;
     for (int v = 0; v < valid; ++v) m = l[v] > m ? l[v] : m;
     row_max[n] = m;
@@ -64,14 +98,17 @@ void CpuBackend::crossentropy_max(const float* logits, float* row_max, int N, in
 void CpuBackend::crossentropy_sums(const float* logits, const int32_t* targets,
                                    const float* row_max, float* sumexp, float* target_logit, int N,
                                    int V, int valid, int vocab_begin) {
-  Kokkos::parallel_for("crossentropy_sums", HostRange(0, N), KOKKOS_LAMBDA(int n) {
-    const float* l = logits + int64_t(n) * V;
+  // logits (N,V), targets (N), row_max (N) (the group's max), sumexp (N), target_logit (N)
+  // The sum is accumulated in double: with a large vocabulary many small terms are added to ≈1.
+  cpu::parallel_for(*pool_, "crossentropy_sums", N, [=](int64_t n) {
+    const float* l = logits + n * V;  // (V)
     const float m = row_max[n];
     double s = 0;
     for (int v = 0; v < valid; ++v) s += std::exp(double(l[v] - m));
     sumexp[n] = float(s);
-    const int t = targets[n] - vocab_begin;
-    target_logit[n] = (targets[n] >= 0 && t >= 0 && t < valid) ? l[t] : 0.f;
+    int t;
+    // 0 where another rank holds the target: the group's sum is then the target's logit.
+    target_logit[n] = targets[n] >= 0 && local_row(targets[n], vocab_begin, valid, &t) ? l[t] : 0.f;
   });
 }
 
@@ -79,15 +116,17 @@ void CpuBackend::crossentropy_finish(float* logits, float* losses, const int32_t
                                      const float* row_max, const float* sumexp,
                                      const float* target_logit, int N, int V, int valid,
                                      int vocab_begin, float dloss) {
-  Kokkos::parallel_for("crossentropy_finish", HostRange(0, N), KOKKOS_LAMBDA(int n) {
-    float* l = logits + int64_t(n) * V;
+  // logits (N,V) (replaced by dlogits when dloss ≠ 0), losses (N), targets (N), and row_max,
+  // sumexp, target_logit (N) reduced over the group.
+  cpu::parallel_for(*pool_, "crossentropy_finish", N, [=](int64_t n) {
+    float* l = logits + n * V;  // (V)
     const bool ignored = targets[n] < 0;
     losses[n] = ignored ? 0.f : float(std::log(double(sumexp[n])) + row_max[n] - target_logit[n]);
     if (dloss == 0.f) return;
     const float m = row_max[n], inv = 1.0f / sumexp[n];
-    const int t = targets[n] - vocab_begin;
+    const int t = targets[n] - vocab_begin;  // a local column only if this rank holds the target
     for (int v = 0; v < V; ++v) {
-      if (ignored || v >= valid) {
+      if (ignored || v >= valid) {  // no gradient for ignored rows or padding columns
         l[v] = 0.f;
         continue;
       }
