@@ -29,6 +29,7 @@ packages=(
   libopenblas-dev
   libgtest-dev
   python3
+  python3-torch python3-h5py python3-numpy  # scripts/torch_reference.py, its test (system python)
 )
 
 missing=()
