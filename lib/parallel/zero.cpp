@@ -107,10 +107,11 @@ void ShardedParams::release_params(int unit) {
   g.present = false;
 }
 
-std::vector<float> ShardedParams::gather_parameters() {
+std::vector<float> ShardedParams::gather_parameters(Comm* via) {
+  Comm& dp = via ? *via : dp_;
   std::vector<float> all(total_);
   if (stage_ < 3) std::memcpy(all.data(), params_.data(), sizeof(float) * total_);
-  else dp_.all_gather(params_.f32(), all.data(), shard_counts(total_, dp_.size()));
+  else dp.all_gather(params_.f32(), all.data(), shard_counts(total_, dp.size()));
   return all;
 }
 
@@ -121,7 +122,8 @@ std::vector<float> ShardedParams::gather_gradients() {
   return all;
 }
 
-void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v) {
+void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v, Comm* via) {
+  Comm& dp = via ? *via : dp_;
   m.assign(total_, 0.f);
   v.assign(total_, 0.f);
   if (stage_ == 0) {
@@ -129,9 +131,9 @@ void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<fl
     std::memcpy(v.data(), optimizer_->v(), sizeof(float) * total_);
     return;
   }
-  const std::vector<int64_t> counts = shard_counts(total_, dp_.size());
-  dp_.all_gather(optimizer_->m(), m.data(), counts);
-  dp_.all_gather(optimizer_->v(), v.data(), counts);
+  const std::vector<int64_t> counts = shard_counts(total_, dp.size());
+  dp.all_gather(optimizer_->m(), m.data(), counts);
+  dp.all_gather(optimizer_->v(), v.data(), counts);
 }
 
 void ShardedParams::load_state(const float* params, const float* m, const float* v,

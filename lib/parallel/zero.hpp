@@ -73,11 +73,13 @@ class ShardedParams : public ParamStore {
   int stage() const { return stage_; }
   ShardRange shard() const { return shard_; }
   /// Every parameter, gathered (collective). For tests and checkpoints.
-  std::vector<float> gather_parameters();
+  /// `via`: the dp group to use instead of the training one (so that checkpoint traffic is
+  /// counted apart).
+  std::vector<float> gather_parameters(Comm* via = nullptr);
   /// Every reduced gradient, gathered (collective; after finish_grad_sync). For tests.
   std::vector<float> gather_gradients();
   /// AdamW's m and v for every parameter, gathered (collective). For checkpoints.
-  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v);
+  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v, Comm* via = nullptr);
   /// Takes this rank's part of full (P) arrays of parameters, m and v, and the step count.
   void load_state(const float* params, const float* m, const float* v, int64_t steps_taken);
   Comm& dp() { return dp_; }

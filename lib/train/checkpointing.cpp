@@ -11,7 +11,13 @@ namespace trellis {
 
 Checkpointer::Checkpointer(const Config& cfg, const Grid& grid, const ParamTable& full,
                            const ParamTable& staged, ShardedParams& store, MPI_Comm world)
-    : cfg_(cfg), grid_(grid), full_(full), staged_(staged), store_(store), world_(world) {}
+    : cfg_(cfg),
+      grid_(grid),
+      full_(full),
+      staged_(staged),
+      store_(store),
+      world_(world),
+      dp_(grid.dp_comm(), "dp checkpoint") {}
 
 std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* data,
                                           bool for_writing) const {
@@ -47,8 +53,8 @@ std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* data
 }
 
 void Checkpointer::save(int64_t step) {
-  std::vector<float> params = store_.gather_parameters(), m, v;
-  store_.gather_optimizer_state(m, v);
+  std::vector<float> params = store_.gather_parameters(&dp_), m, v;
+  store_.gather_optimizer_state(m, v, &dp_);
   std::vector<CkptSlab> all = slabs("model/", params.data(), true);
   for (auto& s : slabs("optim/m/", m.data(), true)) all.push_back(std::move(s));
   for (auto& s : slabs("optim/v/", v.data(), true)) all.push_back(std::move(s));

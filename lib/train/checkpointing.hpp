@@ -48,6 +48,7 @@ class Checkpointer {
   const ParamTable& staged_;
   ShardedParams& store_;
   MPI_Comm world_;
+  Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 
 }  // namespace trellis
