@@ -8,11 +8,11 @@
 # Where Slurm cannot run here, prints why and reports "slurm: 0 passed, 0 failed".
 # Usage: test_slurm.sh BUILD_DIR. Ends with "slurm: N passed, M failed".
 set -u
+build=$(cd "${1:-build}" && pwd) || { echo "slurm: no build directory ${1:-build}"; echo "slurm: 0 passed, 1 failed"; exit 1; }
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
-build=$(cd "${1:-build}" && pwd) || { echo "slurm: no build directory ${1:-build}"; echo "slurm: 0 passed, 1 failed"; exit 1; }
-steps=${TRELLIS_SLURM_STEPS:-100000}   # long enough (about a minute) that the signal comes mid-run
-wait_s=${TRELLIS_SLURM_WAIT:-240}      # the most the job may take, requeue included
+steps=${TRELLIS_SLURM_STEPS:-150000}   # long enough (over a minute) that the signal comes mid-run
+wait_s=${TRELLIS_SLURM_WAIT:-300}      # the most the job may take, requeue included
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 
@@ -48,7 +48,7 @@ cleanup() {
   done
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
-  rm -rf "$work"
+  [ -n "${TRELLIS_SLURM_KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -91,7 +91,7 @@ whole_pid=$!
 pids+=("$whole_pid")
 
 # munged on a private socket with its own key, so that it neither needs nor disturbs a system one.
-mkdir -p "$work/munge" "$work/state" "$work/spool" /run/munge
+mkdir -p "$work/munge" "$work/state" "$work/spool"
 chmod 700 "$work/munge"
 if command -v mungekey >/dev/null; then
   mungekey --create --keyfile="$work/munge/munge.key" >/dev/null 2>&1
@@ -124,7 +124,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$sock,cred_expire=10
 StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool/%n
+SlurmdSpoolDir=$work/spool
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd.pid
 SlurmctldLogFile=$work/slurmctld.log
@@ -141,6 +141,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 ReturnToService=2
 JobRequeue=1
 MinJobAge=60
@@ -181,7 +182,8 @@ fi
 check "sbatch accepts slurm/train.sbatch" '[ -n "$jobid" ]'
 
 # Wait for the job to end, at most wait_s. Once it has requeued itself, give the next start a
-# limit it will not reach (and no wait before it), so that the test sees exactly one requeue.
+# limit it will not reach, so that the test sees exactly one requeue. (The requeued job waits
+# cred_expire seconds before it starts again, so the old step is gone by then.)
 state="" restarts=0 extended=0
 while [ -n "$jobid" ] && [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do
   info=$(scontrol -o show job "$jobid" 2>/dev/null) || { state=PURGED; break; }
@@ -190,7 +192,6 @@ while [ -n "$jobid" ] && [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do
   if [ "${restarts:-0}" -ge 1 ] && [ $extended -eq 0 ]; then
     echo "slurm: requeued after $(elapsed) (state $state)"
     scontrol update JobId="$jobid" TimeLimit=00:10:00 2>&1
-    [ "$state" = PENDING ] && scontrol update JobId="$jobid" StartTime=now 2>/dev/null
     extended=1
   fi
   case $state in
@@ -204,6 +205,9 @@ if [ "$state" != COMPLETED ]; then
   scontrol -o show job "$jobid" 2>/dev/null; logs
 fi
 check "job completed within ${wait_s}s" '[ "$state" = COMPLETED ]'
+if [ "$state" = COMPLETED ] && [ "${restarts:-0}" -eq 0 ]; then
+  echo "slurm: the run finished before the stop signal came; raise TRELLIS_SLURM_STEPS (now $steps)"
+fi
 check "checkpointed before the time limit and requeued, once" \
   '[ "$(grep -c "checkpointed before the time limit; requeueing" "$out" 2>/dev/null)" = 1 ]'
 check "second start resumed from the checkpoint" \
