@@ -39,7 +39,7 @@ for np in 1 2 4; do
 done
 # Pipelines of three stages and the full 2 × 2 × 2 grid.
 run "mpi-np3" 3 300 -- "$build/mpi_tests" --gtest_filter='Pipeline*'
-run "mpi-np8" 8 600 -- "$build/mpi_tests" --gtest_filter='Grid3D*'
+run "mpi-np8" 8 600 -- "$build/mpi_tests" --gtest_filter='Grid3D*:Restart.Chain*'
 
 
 # Shell tests (tests/cli/*.sh): whole-program behaviour under mpirun; each ends with

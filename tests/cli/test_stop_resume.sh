@@ -54,5 +54,14 @@ timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" 
 check "resumed run finishes" '[ $? -eq 0 ] && grep -q "resumed from" "$work/resume.log"'
 check "same final loss as the uninterrupted run" '[ "$(final_loss "$work/cut/summary.json")" = "$(final_loss "$work/whole/summary.json")" ]'
 check "metrics.csv continued, one row per step" '[ "$(tail -n +2 "$work/cut/metrics.csv" | cut -d, -f1 | sort -n | uniq | wc -l)" -eq 3000 ]'
+# A wall-time budget (system.max_hours, here 7.2 s) stops the same way, leaving room for the
+# checkpoint.
+start=$(date +%s)
+timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/budget" \
+  --train.steps=1000000 --system.max_hours=0.002 > "$work/budget.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+check "system.max_hours stops with status 3 within the budget (${elapsed}s)" '[ $rc -eq 3 ] && [ $elapsed -le 12 ]'
+check "and leaves a checkpoint" '[ -f "$work/budget/ckpt/$(cat "$work/budget/ckpt/latest")" ]'
 echo "stop: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

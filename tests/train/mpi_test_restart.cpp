@@ -142,3 +142,35 @@ TEST(Restart, DamagedCheckpointFallsBackOrFails) {
                UserError);
   EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
 }
+
+TEST(Restart, ChainOfLayoutsOnEightRanks) {
+  // 1×1×1 → 2×2×2 with ZeRO 3 → 4×1×2 with ZeRO 1 → 2×4×1 (dp × tp × pp), each run resuming
+  // from the previous one's checkpoint five steps later.
+  if (trellis::testing::world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  const std::string steps = "--train.steps=20", keep = "--checkpoint.keep=10";
+  const std::string source = shared_dir("chain-0");
+  if (trellis::testing::world_rank() == 0) fs::remove_all(source);
+  const std::vector<double> whole = train(MPI_COMM_SELF, trellis::testing::world_rank() == 0 ? source : own_dir("c"),
+                                          {"--parallel.dp=1", steps, keep});
+  ASSERT_EQ(whole.size(), 20u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::vector<std::vector<std::string>> chain = {
+      {"--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--parallel.zero=3"},
+      {"--parallel.dp=4", "--parallel.tp=1", "--parallel.pp=2", "--parallel.zero=1", "--train.micro_batch=1"},
+      {"--parallel.dp=2", "--parallel.tp=4", "--parallel.pp=1"}};
+  std::string from = source;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    SCOPED_TRACE("link " + std::to_string(i + 1));
+    const int64_t start = 5 * int64_t(i + 1);
+    std::vector<std::string> o = chain[i];
+    o.push_back(steps);
+    o.push_back(keep);
+    o.push_back("--checkpoint.resume=" + (fs::path(from) / checkpoint_file_name(start)).string());
+    const std::string to = shared_dir("chain-" + std::to_string(i + 1));
+    const std::vector<double> resumed = train(MPI_COMM_WORLD, to, o);
+    ASSERT_EQ(resumed.size(), size_t(20 - start));
+    for (size_t s = 0; s < resumed.size(); ++s)
+      EXPECT_NEAR(resumed[s], whole[start + s], 1e-5 * std::fabs(whole[start + s])) << "step " << start + s;
+    from = to;
+  }
+}
