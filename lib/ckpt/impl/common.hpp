@@ -1,0 +1,73 @@
+// Helpers shared by the checkpoint writer/reader, the run-directory functions and inspect.
+// Private to lib/ckpt/.
+#pragma once
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+
+namespace trellis::ckpt_impl {
+
+/// Owns one HDF5 identifier and closes it with the matching H5xclose.
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  H5Id(H5Id&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      close();
+      id_ = o.id_;
+      closer_ = o.closer_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  ~H5Id() { close(); }
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+  /// Closes now; returns false if HDF5 reports a failure (e.g. a flush at file close).
+  bool close() {
+    herr_t r = 0;
+    if (id_ >= 0 && closer_) r = closer_(id_);
+    id_ = -1;
+    return r >= 0;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+
+/// HDF5's innermost error message of the current error stack (automatic printing is off).
+std::string h5_error();
+void silence_hdf5();
+std::string errno_text(int e);
+/// The directory part of a path ("." when there is none).
+std::string dir_of(const std::string& path);
+/// fsync a file or a directory; "" on success, else what failed.
+std::string fsync_file(const std::string& path, bool directory);
+std::string shape_text(const std::vector<int64_t>& s);
+std::string random_suffix(int64_t pid);
+double file_size(const std::string& path);
+/// "" when path is an existing regular file, else why not.
+std::string check_regular(const std::string& path);
+int comm_rank(MPI_Comm comm);
+/// Rank `root`'s string on every rank of comm.
+void bcast_string(MPI_Comm comm, std::string& s, int root);
+/// Rank 0's metadata on every rank of comm.
+CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m);
+/// Writes meta as attributes of loc; "" on success.
+std::string write_attributes(hid_t loc, const CkptMeta& m);
+/// Reads the root group's attributes into meta; "" on success.
+std::string read_attributes(hid_t file, CkptMeta& meta);
+
+}  // namespace trellis::ckpt_impl

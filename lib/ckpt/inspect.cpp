@@ -1,0 +1,177 @@
+// `trellis inspect CKPT`: metadata, every dataset with its shape, and a full read of each so that
+// HDF5 verifies every chunk's Fletcher32 checksum.
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/impl/common.hpp"
+#include "core/error.hpp"
+
+namespace trellis {
+
+using namespace ckpt_impl;
+
+// ---- inspect ---------------------------------------------------------------------------------------
+
+namespace {
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* data) {
+  if (info && info->type == H5L_TYPE_HARD) static_cast<std::vector<std::string>*>(data)->push_back(name);
+  return 0;
+}
+
+/// Reads the dataset fully (HDF5 verifies each chunk's checksum); "" or what is wrong.
+std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t& nonfinite) {
+  H5Id space(H5Dget_space(dset), H5Sclose);
+  if (!space.ok()) return h5_error();
+  const int nd = static_cast<int>(dims.size());
+  if (nd == 0) {
+    float v = 0;
+    if (H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v) < 0) return h5_error();
+    nonfinite += !std::isfinite(v);
+    return {};
+  }
+  hsize_t row = 1;
+  for (int i = 1; i < nd; ++i) row *= dims[static_cast<size_t>(i)];
+  if (row == 0 || dims[0] == 0) return {};
+  const hsize_t block = std::max<hsize_t>(1, (hsize_t(16) << 20) / row);  // ~64 MiB a read
+  std::vector<float> buf;
+  for (hsize_t r0 = 0; r0 < dims[0]; r0 += block) {
+    const hsize_t nr = std::min(block, dims[0] - r0);
+    std::vector<hsize_t> start(static_cast<size_t>(nd), 0), count(dims);
+    start[0] = r0;
+    count[0] = nr;
+    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr) < 0)
+      return h5_error();
+    hsize_t m = nr * row;
+    H5Id mem(H5Screate_simple(1, &m, nullptr), H5Sclose);
+    buf.resize(static_cast<size_t>(m));
+    if (!mem.ok() ||
+        H5Dread(dset, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, buf.data()) < 0)
+      return strfmt("rows %llu..%llu: ", (unsigned long long)r0, (unsigned long long)(r0 + nr)) +
+             h5_error();
+    for (float v : buf) nonfinite += !std::isfinite(v);
+  }
+  return {};
+}
+
+}  // namespace
+
+int inspect_checkpoint(const std::string& path, std::FILE* out) {
+  silence_hdf5();
+  std::string err = check_regular(path);
+  if (!err.empty()) {
+    std::fprintf(out, "%s: %s\n", path.c_str(), err.c_str());
+    return 1;
+  }
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) {
+    std::fprintf(out, "%s: not a readable HDF5 file (truncated or corrupt?): %s\n", path.c_str(),
+                 h5_error().c_str());
+    return 1;
+  }
+  int problems = 0;
+  std::fprintf(out, "checkpoint %s (%.0f bytes)\n", path.c_str(), file_size(path));
+  CkptMeta meta;
+  err = read_attributes(file.get(), meta);
+  if (!err.empty()) {
+    std::fprintf(out, "  PROBLEM: %s\n", err.c_str());
+    ++problems;
+  }
+  for (const auto& [k, v] : meta.integers) std::fprintf(out, "  %s = %lld\n", k.c_str(), (long long)v);
+  for (const auto& [k, v] : meta.reals) std::fprintf(out, "  %s = %.17g\n", k.c_str(), v);
+  for (const auto& [k, v] : meta.text) {
+    if (v.find('\n') == std::string::npos) {
+      std::fprintf(out, "  %s = %s\n", k.c_str(), v.c_str());
+      continue;
+    }
+    std::fprintf(out, "  %s:\n", k.c_str());
+    size_t pos = 0;
+    while (pos < v.size()) {
+      size_t nl = v.find('\n', pos);
+      if (nl == std::string::npos) nl = v.size();
+      std::fprintf(out, "    | %s\n", v.substr(pos, nl - pos).c_str());
+      pos = nl + 1;
+    }
+  }
+
+  std::vector<std::string> links;
+  if (H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, collect_link, &links) < 0) {
+    std::fprintf(out, "  PROBLEM: cannot list the file's objects: %s\n", h5_error().c_str());
+    ++problems;
+  }
+  int64_t ndatasets = 0, nelems = 0;
+  std::fprintf(out, "datasets:\n");
+  for (const std::string& name : links) {
+    H5Id dset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dset.ok()) {
+      H5Eclear2(H5E_DEFAULT);
+      continue;  // a group
+    }
+    ++ndatasets;
+    std::string status;
+    H5Id type(H5Dget_type(dset.get()), H5Tclose);
+    H5Id space(H5Dget_space(dset.get()), H5Sclose);
+    H5Id dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
+    std::vector<hsize_t> dims;
+    if (!type.ok() || !space.ok() || !dcpl.ok()) {
+      status = h5_error();
+    } else {
+      const int nd = H5Sget_simple_extent_ndims(space.get());
+      if (nd < 0 || nd > 32) {
+        status = "bad dataspace";
+      } else {
+        dims.resize(static_cast<size_t>(nd));
+        H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
+          status = "not float32";
+      }
+    }
+    std::vector<int64_t> shape(dims.begin(), dims.end());
+    bool checksummed = false;
+    if (dcpl.ok()) {
+      unsigned flags = 0;
+      size_t nelmts = 0;
+      unsigned config = 0;
+      checksummed = H5Pget_filter_by_id2(dcpl.get(), H5Z_FILTER_FLETCHER32, &flags, &nelmts,
+                                         nullptr, 0, nullptr, &config) >= 0;
+      H5Eclear2(H5E_DEFAULT);
+    }
+    int64_t nonfinite = 0;
+    if (status.empty()) status = verify_dataset(dset.get(), dims, nonfinite);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    nelems += n;
+    if (status.empty()) {
+      status = checksummed ? "ok (checksum verified)" : "ok (no checksum)";
+      if (nonfinite) status += strfmt(", %lld non-finite values", (long long)nonfinite);
+    } else {
+      ++problems;
+      status = "PROBLEM: " + status;
+    }
+    std::fprintf(out, "  %-48s %-16s %s\n", name.c_str(), shape_text(shape).c_str(),
+                 status.c_str());
+  }
+  if (!file.close()) {
+    std::fprintf(out, "  PROBLEM: close: %s\n", h5_error().c_str());
+    ++problems;
+  }
+  std::fprintf(out, "%lld datasets, %lld elements: %s\n", (long long)ndatasets, (long long)nelems,
+               problems ? strfmt("%d problem(s)", problems).c_str() : "sound");
+  return problems ? 1 : 0;
+}
+
+}  // namespace trellis

@@ -1,0 +1,150 @@
+// Checkpoint directories: file names by step, the atomically replaced `latest`, retention, and
+// the order in which a run tries checkpoints when it resumes.
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/impl/common.hpp"
+#include "core/error.hpp"
+
+namespace trellis {
+
+using namespace ckpt_impl;
+
+// ---- run directories -----------------------------------------------------------------------------
+
+std::string checkpoint_file_name(int64_t step) {
+  return strfmt("step_%08lld.h5", (long long)step);
+}
+
+int64_t checkpoint_step(const std::string& name) {
+  const std::string pre = "step_", suf = ".h5";
+  if (name.size() <= pre.size() + suf.size() || name.compare(0, pre.size(), pre) != 0 ||
+      name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
+    return -1;
+  const std::string digits = name.substr(pre.size(), name.size() - pre.size() - suf.size());
+  if (digits.size() > 18) return -1;
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+namespace {
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw UserError("cannot read checkpoint directory " + dir + ": " + errno_text(errno));
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
+/// The step files of dir, newest first.
+std::vector<std::pair<int64_t, std::string>> step_files(const std::vector<std::string>& names) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  for (const std::string& n : names)
+    if (const int64_t s = checkpoint_step(n); s >= 0) v.emplace_back(s, n);
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return v;
+}
+
+/// The file name `latest` holds (a bare name, no directories), or "".
+std::string read_latest(const std::string& dir) {
+  std::FILE* f = std::fopen((dir + "/latest").c_str(), "r");
+  if (!f) return {};
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  std::string s(buf, n);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t'))
+    s.pop_back();
+  if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..") return {};
+  return s;
+}
+
+}  // namespace
+
+void publish_latest(const std::string& dir, const std::string& file_name) {
+  if (file_name.empty() || file_name.find('/') != std::string::npos)
+    throw std::logic_error("publish_latest: '" + file_name + "' is not a bare file name");
+  const std::string final_path = dir + "/latest";
+  const std::string tmp = final_path + ".tmp-" + random_suffix(::getpid());
+  const std::string content = file_name + "\n";
+  auto fail = [&](const std::string& what) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw UserError("cannot update " + final_path + ": " + what + ": " + errno_text(e));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("create " + tmp);
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t w = ::write(fd, content.data() + done, content.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      fail("write");
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("fsync");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) fail("rename");
+  const std::string e = fsync_file(dir, true);
+  if (!e.empty()) throw UserError("cannot update " + final_path + ": " + e);
+}
+
+void apply_retention(const std::string& dir, int keep) {
+  const std::vector<std::string> names = list_dir(dir);
+  const std::string latest = read_latest(dir);
+  std::string err;
+  auto remove = [&](const std::string& n) {
+    const std::string p = dir + "/" + n;
+    if (::unlink(p.c_str()) != 0 && errno != ENOENT && err.empty())
+      err = "cannot remove " + p + ": " + errno_text(errno);
+  };
+  for (const std::string& n : names)
+    if (n.find(".tmp-") != std::string::npos) remove(n);
+  if (keep > 0) {
+    const auto steps = step_files(names);
+    for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i)
+      if (steps[i].second != latest) remove(steps[i].second);
+  }
+  if (!err.empty()) throw UserError(err);
+}
+
+std::vector<std::string> resume_candidates(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return {};  // no checkpoints yet
+  const std::vector<std::string> names = list_dir(dir);
+  const std::string latest = read_latest(dir);
+  std::vector<std::string> out;
+  if (!latest.empty() && check_regular(dir + "/" + latest).empty()) out.push_back(dir + "/" + latest);
+  for (const auto& [step, n] : step_files(names))
+    if (n != latest) out.push_back(dir + "/" + n);
+  return out;
+}
+
+}  // namespace trellis
