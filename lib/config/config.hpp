@@ -48,6 +48,8 @@ struct TrainConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 turns clipping off
   std::string recompute = "none";  // none | full | selective
+  std::string on_nan = "abort";    // abort | skip
+  int max_skips = 5;
   uint64_t seed = 42;
 };
 

@@ -61,6 +61,11 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "parallel", .key = "bucket_mb", .field = FIELD(parallel.bucket_mb),
        .bound = above(0), .help = "gradient all-reduce bucket size in MiB"},
       // [train]
+      {.section = "train", .key = "on_nan", .field = FIELD(train.on_nan),
+       .check = Check::Choice, .choices = "abort|skip",
+       .help = "a non-finite loss or gradient: abort the run, or skip the update and go on"},
+      {.section = "train", .key = "max_skips", .field = FIELD(train.max_skips), .bound = at_least(0),
+       .help = "with on_nan = skip: abort after this many skipped updates in a row"},
       {.section = "train", .key = "recompute", .field = FIELD(train.recompute),
        .check = Check::Choice, .choices = "none|full|selective",
        .help = "activation recomputation: full keeps only block inputs, selective recomputes attention"},

@@ -20,6 +20,13 @@ class UserError : public std::runtime_error {
   explicit UserError(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// A failure every rank detects together (from values already reduced over all ranks, like the
+/// loss): the job can end cleanly with status 1 instead of aborting.
+class CollectiveError : public std::runtime_error {
+ public:
+  explicit CollectiveError(const std::string& what) : std::runtime_error(what) {}
+};
+
 /// printf-style formatting into a std::string.
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -101,9 +102,25 @@ StepResult Trainer::train_step(int64_t step) {
     // The last stage of each pipeline has the loss; the sum over stages and dp ranks is the mean.
     r.loss = dp_comm_->all_reduce_sum(pp_comm_->all_reduce_sum(loss_sum)) / tokens_per_step();
     r.grad_norm = store_->grad_norm();
+    // Fault injection for the tests of train.on_nan: a non-finite gradient norm at this step.
+    if (const char* at = std::getenv("TRELLIS_FAULT_NAN_AT_STEP"); at && std::atoll(at) == step + 1)
+      r.grad_norm = NAN;
     r.lr = learning_rate(cfg_.train, step);
-    store_->optimizer_step(r.lr, clip_factor(r.grad_norm, cfg_.train.grad_clip));
-    pipeline_->sync_tied_weights();
+    // The loss and the norm are already reduced over every rank: all ranks decide alike.
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+      r.skipped = true;
+      if (cfg_.train.on_nan == "abort" || ++skips_in_a_row_ > cfg_.train.max_skips)
+        throw CollectiveError(strfmt(
+            "step %lld: non-finite loss (%g) or gradient norm (%g)%s; the last checkpoint is intact",
+            (long long)step + 1, r.loss, r.grad_norm,
+            cfg_.train.on_nan == "skip" ? " after train.max_skips skipped updates in a row" : ""));
+      log(strfmt("step %lld: non-finite loss or gradient: update skipped (%d in a row, at most %d)",
+                 (long long)step + 1, skips_in_a_row_, cfg_.train.max_skips));
+    } else {
+      skips_in_a_row_ = 0;
+      store_->optimizer_step(r.lr, clip_factor(r.grad_norm, cfg_.train.grad_clip));
+      pipeline_->sync_tied_weights();
+    }
   }
   r.seconds = now_seconds() - start;
   return r;
@@ -329,6 +346,9 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     // rank got the same error from a collective.
     if (world.rank() == 0) log_error("trellis: error: " + std::string(e.what()));
     return kExitBadInput;
+  } catch (const CollectiveError& e) {
+    if (world.rank() == 0) log_error("trellis: error: " + std::string(e.what()));
+    return kExitFailure;
   } catch (const std::exception& e) {
     log_error(strfmt("trellis: rank %d: error: %s", world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitFailure);

@@ -30,6 +30,7 @@ struct StepResult {
   double lr;
   double grad_norm;   // before clipping
   double seconds;
+  bool skipped = false;  // non-finite loss or gradient: no update (train.on_nan = skip)
 };
 
 class Trainer {
@@ -91,7 +92,8 @@ class Trainer {
   bool quiet_ = false;
   bool checkpointing_ = true;
   bool stopped_early_ = false;
-  int stop_level_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
+  int stop_level_ = 0;
+  int skips_in_a_row_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
   std::unique_ptr<Checkpointer> checkpointer_;
   bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
 };

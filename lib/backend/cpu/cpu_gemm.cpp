@@ -34,6 +34,32 @@ class SingleThreadedBlas {
  private:
   int saved_;
 };
+
+/// Rows of C per part are a multiple of this (whole micro-kernel tiles in every part but the last).
+constexpr int kGemmRowAlign = 64;
+
+/// C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major, split over row ranges of C that run
+/// on the host threads, each a single-threaded cblas_sgemm: no OpenBLAS worker threads are woken,
+/// so none is left spinning to compete with the pool's element-wise kernels afterwards. Each
+/// element of C is one dot product over K in OpenBLAS's order whichever part computes it.
+void sgemm_rows(cpu::WorkerPool& pool, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int Nc,
+                int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                float* C, int ldc) {
+  const int64_t tiles = (M + kGemmRowAlign - 1) / kGemmRowAlign;
+  const int parts = cpu::num_parts(pool, tiles);
+  if (parts <= 1) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  SingleThreadedBlas one(true);
+  cpu::parallel_parts(pool, "sgemm_rows", tiles, [=](int, int64_t lo, int64_t hi) {
+    const int r0 = int(lo) * kGemmRowAlign;
+    const int r1 = std::min<int64_t>(M, hi * kGemmRowAlign);
+    const float* Ap = ta == CblasNoTrans ? A + int64_t(r0) * lda : A + r0;
+    cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, Nc, K, alpha, Ap, lda, B, ldb, beta,
+                C + int64_t(r0) * ldc, ldc);
+  });
+}
 }  // namespace
 
 CpuBackend::CpuBackend() : pool_(std::make_unique<cpu::WorkerPool>()) {
@@ -70,8 +96,7 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
     beta = 1.0f;
   }
   // out = inp · weightᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
-              out, OC);
+  sgemm_rows(*pool_, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -79,11 +104,10 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
   // dinp (N,C) overwritten or null, dweight (OC,C) +=, dbias (OC) += or null, dout (N,OC),
   // inp (N,C), weight (OC,C)
   if (dinp)  // dinp = dout · weight
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                0.0f, dinp, C);
+    sgemm_rows(*pool_, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
+               C);
   // dweight += doutᵀ · inp
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  sgemm_rows(*pool_, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias) {  // column sums of dout; each work item owns a block of channels
     const int nblk = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
     cpu::parallel_for(*pool_, "matmul_dbias", nblk, [=](int64_t k) {

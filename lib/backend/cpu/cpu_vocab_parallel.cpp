@@ -103,8 +103,13 @@ void CpuBackend::crossentropy_sums(const float* logits, const int32_t* targets,
   cpu::parallel_for(*pool_, "crossentropy_sums", N, [=](int64_t n) {
     const float* l = logits + n * V;  // (V)
     const float m = row_max[n];
-    double s = 0;
-    for (int v = 0; v < valid; ++v) s += std::exp(double(l[v] - m));
+    // fp32 exponentials (cpu::fast_expf, vectorisable) added into 8 double lanes in a fixed order
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int v = 0;
+    for (; v + 8 <= valid; v += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += double(cpu::fast_expf(l[v + k] - m));
+    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; v < valid; ++v) s += double(cpu::fast_expf(l[v] - m));
     sumexp[n] = float(s);
     int t;
     // 0 where another rank holds the target: the group's sum is then the target's logit.
@@ -125,14 +130,12 @@ void CpuBackend::crossentropy_finish(float* logits, float* losses, const int32_t
     if (dloss == 0.f) return;
     const float m = row_max[n], inv = 1.0f / sumexp[n];
     const int t = targets[n] - vocab_begin;  // a local column only if this rank holds the target
-    for (int v = 0; v < V; ++v) {
-      if (ignored || v >= valid) {  // no gradient for ignored rows or padding columns
-        l[v] = 0.f;
-        continue;
-      }
-      const float p = std::exp(l[v] - m) * inv;
-      l[v] = (p - (v == t ? 1.f : 0.f)) * dloss;
-    }
+    const int live = ignored ? 0 : valid;  // no gradient for ignored rows or padding columns
+    const bool has_t = t >= 0 && t < live;
+    const float lt = has_t ? l[t] : 0.f;
+    for (int v = 0; v < live; ++v) l[v] = (cpu::fast_expf(l[v] - m) * inv) * dloss;
+    for (int v = live; v < V; ++v) l[v] = 0.f;
+    if (has_t) l[t] = (cpu::fast_expf(lt - m) * inv - 1.f) * dloss;
   });
 }
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A non-finite loss or gradient (train.on_nan): abort ends every rank with status 1 and one
+# message; skip leaves the step's update out, logs it, and goes on; too many skips in a row abort.
+# Usage: test_nan.sh BUILD_DIR. Ends with "nan: N passed, M failed".
+set -u
+build=${1:-build}
+work=$(mktemp -d /tmp/trellis-nan-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
+[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+cat > "$work/nan.deck" <<'DECK'
+[model]
+layers = 2
+d_model = 16
+heads = 2
+seq_len = 8
+vocab = 29
+[parallel]
+dp = 2
+zero = 1
+[train]
+steps = 12
+global_batch = 4
+micro_batch = 1
+[checkpoint]
+resume = never
+[data]
+synthetic_tokens = 8192
+DECK
+passed=0 failed=0
+check() { if eval "$2"; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; cat "$work/out.log" | head -20; fi; }
+run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
+
+rc=$(run -x TRELLIS_FAULT_NAN_AT_STEP=5 -np 2 "$build/trellis" train "$work/nan.deck" --run.dir="$work/a")
+check "on_nan = abort: status 1, one message naming the step" '[ $rc -eq 1 ] && [ "$(grep -c "step 5: non-finite" "$work/out.log")" -eq 1 ]'
+rc=$(run -x TRELLIS_FAULT_NAN_AT_STEP=5 -np 2 "$build/trellis" train "$work/nan.deck" --run.dir="$work/b" --train.on_nan=skip)
+check "on_nan = skip: the run finishes" '[ $rc -eq 0 ] && grep -q "step 5: non-finite loss or gradient: update skipped" "$work/out.log"'
+rc=$(run -np 2 "$build/trellis" train "$work/nan.deck" --run.dir="$work/c" --train.on_nan=skip --train.max_skips=2 --train.lr=1e30 --train.min_lr=1e29 --train.grad_clip=0 --train.warmup_steps=0)
+check "diverging with on_nan = skip: aborts after max_skips in a row" '[ $rc -eq 1 ] && grep -q "after train.max_skips" "$work/out.log"'
+echo "nan: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
