@@ -62,5 +62,36 @@ expect "deck is a directory"          1 2 "$work"                        -- trai
 expect "unwritable checkpoint.dir"    2 2 "checkpoint.dir"               -- train "$ok" --checkpoint.dir="$ok/ckpt"
 expect "resume from a missing file"   2 2 "nothing.h5"                   -- train "$ok" --checkpoint.resume="$work/nothing.h5"
 
+# Decks that are wrong as files.
+printf '[model]\nlayers = 2\n[model\n' > "$work/syntax.deck"
+printf '[modle]\nlayers = 2\n' > "$work/section.deck"
+printf '[model]\nlayers = 2\nlayers = 3\n' > "$work/dup.deck"
+: > "$work/empty.deck"
+head -c 4096 /dev/urandom > "$work/garbage.deck"
+printf 'not a shard at all' > "$work/bad.bin"
+printf '[model]\nvocab = 256\n[data]\nsource = tokens\npath = %s\n' "$work/bad.bin" > "$work/tokens.deck"
+expect "syntax error"                 1 2 "syntax.deck"                  -- train "$work/syntax.deck"
+expect "unknown section"              1 2 "modle"                        -- train "$work/section.deck"
+expect "duplicate key"                1 2 "model.layers"                 -- train "$work/dup.deck"
+expect "garbage deck"                 1 2 "garbage.deck"                 -- train "$work/garbage.deck"
+expect "empty deck: defaults, but 1 rank with vocab 256 runs" 1 0 "done:" -- train "$work/empty.deck" --train.steps=1 --model.layers=1 --model.d_model=8 --model.heads=1 --model.seq_len=8 --data.synthetic_tokens=2048 --train.global_batch=1 --train.micro_batch=1
+expect "token shard with a bad header" 1 2 "bad.bin"                     -- train "$work/tokens.deck"
+expect "NaN value"                    1 2 "train.lr"                     -- train "$ok" --train.lr=nan
+expect "infinite value"               1 2 "train.lr"                     -- train "$ok" --train.lr=inf
+expect "negative value"               1 2 "train.steps"                  -- train "$ok" --train.steps=-5
+expect "zero where >= 1"              1 2 "model.layers"                 -- train "$ok" --model.layers=0
+expect "huge value"                   1 2 "train.steps"                  -- train "$ok" --train.steps=99999999999999999999
+expect "wrong type (bool)"            1 2 "parallel.sequence_parallel"   -- train "$ok" --parallel.sequence_parallel=maybe
+expect "bad choice"                   1 2 "parallel.schedule"            -- train "$ok" --parallel.schedule=zigzag
+expect "malformed override"           1 2 "train.steps"                  -- train "$ok" --train.steps
+expect "key without a section"        1 2 "train.steps"                  -- train "$ok" --steps=5
+expect "kv_heads does not divide heads" 1 2 "model.kv_heads"             -- train "$ok" --model.kv_heads=3 --model.heads=4 --model.d_model=16
+expect "tp does not divide heads"     2 2 "parallel.tp"                  -- train "$ok" --parallel.tp=2 --model.heads=3 --model.d_model=18
+expect "more stages than layers"      2 2 "parallel.pp"                  -- train "$ok" --parallel.pp=2 --model.layers=1 --parallel.dp=1
+expect "interleaved, chunks uneven"   2 2 "parallel.virtual_stages"      -- train "$ok" --parallel.pp=2 --parallel.dp=1 --parallel.schedule=interleaved --parallel.virtual_stages=3
+expect "world size not dp*tp*pp"      4 2 "parallel.dp"                  -- train "$ok" --parallel.dp=3
+expect "bf16 on the CPU"              1 2 "system.precision"             -- train "$ok" --system.precision=bf16
+expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
