@@ -61,7 +61,7 @@ MPI_TEST_SRC := $(shell find tests -name 'mpi_test_*.cpp' | sort)
 MPI_TEST_OBJ := $(MPI_TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(TEST_MAIN_OBJ)
 LIBTRELLIS := $(BUILD)/libtrellis.a
 
-.PHONY: all deps run test tests bench features clean
+.PHONY: all deps run test tests bench features fuzz clean
 all: features $(BUILD)/trellis
 
 features:
@@ -112,6 +112,33 @@ bench:
 	@$(MAKE) deps
 	@$(MAKE) all
 	@bash scripts/bench.sh $(BUILD)
+
+# ---- fuzzing (libFuzzer, clang): the deck parser and the checkpoint reader -----------------------
+# Each target runs FUZZ_SECONDS; new inputs go to $(BUILD)/fuzz/corpus-*, seeds in tests/fuzz/corpus.
+CLANGXX      ?= clang++
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -DOMPI_SKIP_MPICXX=1 -Ilib \
+                -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi -isystem $(HDF5_INC)
+$(BUILD)/fuzz/fuzz_deck: tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) Makefile
+	@mkdir -p $(@D)
+	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) -o $@ \
+	  -lboost_program_options
+$(BUILD)/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.cpp $(wildcard lib/ckpt/*.cpp lib/core/*.cpp) Makefile
+	@mkdir -p $(@D)
+	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_ckpt.cpp $(wildcard lib/ckpt/*.cpp lib/core/*.cpp) -o $@ \
+	  -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi
+
+fuzz:
+	@$(MAKE) deps
+	@$(MAKE) $(BUILD)/fuzz/fuzz_deck $(BUILD)/fuzz/fuzz_ckpt
+	@for t in deck ckpt; do \
+	  mkdir -p $(BUILD)/fuzz/corpus-$$t; \
+	  echo "=== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  ASAN_OPTIONS=detect_leaks=0 $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -artifact_prefix=$(BUILD)/fuzz/crash-$$t- $(BUILD)/fuzz/corpus-$$t tests/fuzz/corpus/$$t \
+	    > $(BUILD)/fuzz/$$t.log 2>&1 && tail -2 $(BUILD)/fuzz/$$t.log \
+	    || { tail -30 $(BUILD)/fuzz/$$t.log; exit 1; }; \
+	done
 
 clean:
 	rm -rf $(BUILD)

@@ -357,7 +357,9 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
                        const CkptMeta& meta) {
   H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   std::string err;
-  if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
+  // The 1.8 file format or later: attributes over 64 KiB (a long deck) go to dense storage.
+  if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0 ||
+      H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)
     err = "file access properties: " + h5_error();
   err = agree_error(comm, err);
   if (!err.empty()) return err;

@@ -3,6 +3,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -70,11 +71,11 @@ CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m) {
 }
 
 std::string write_attributes(hid_t loc, const CkptMeta& m) {
+  // Text is stored as fixed-length strings: variable-length ones live in HDF5's global heap,
+  // whose reader loops forever on some damaged files (found by tests/fuzz/fuzz_ckpt.cpp with
+  // HDF5 1.10.8), and the reader refuses them.
   H5Id scalar(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id str(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (!scalar.ok() || !str.ok() || H5Tset_size(str.get(), H5T_VARIABLE) < 0 ||
-      H5Tset_cset(str.get(), H5T_CSET_UTF8) < 0)
-    return "attribute types: " + h5_error();
+  if (!scalar.ok()) return "attribute types: " + h5_error();
   auto one = [&](const std::string& name, hid_t ftype, hid_t mtype, const void* value) {
     H5Id a(H5Acreate2(loc, name.c_str(), ftype, scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
     if (!a.ok() || H5Awrite(a.get(), mtype, value) < 0 || !a.close())
@@ -83,8 +84,13 @@ std::string write_attributes(hid_t loc, const CkptMeta& m) {
   };
   std::string err;
   for (const auto& [k, v] : m.text) {
-    const char* p = v.c_str();
-    if (err.empty()) err = one(k, str.get(), str.get(), &p);
+    H5Id str(H5Tcopy(H5T_C_S1), H5Tclose);
+    if (!str.ok() || H5Tset_size(str.get(), std::max<size_t>(1, v.size())) < 0 ||
+        H5Tset_strpad(str.get(), H5T_STR_NULLPAD) < 0 || H5Tset_cset(str.get(), H5T_CSET_UTF8) < 0)
+      return "attribute types: " + h5_error();
+    std::string padded = v;
+    padded.resize(std::max<size_t>(1, v.size()), '\0');
+    if (err.empty()) err = one(k, str.get(), str.get(), padded.data());
   }
   for (const auto& [k, v] : m.integers)
     if (err.empty()) err = one(k, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
@@ -112,17 +118,9 @@ herr_t read_attribute(hid_t loc, const char* name, const H5A_info_t*, void* data
   switch (H5Tget_class(type.get())) {
     case H5T_STRING: {
       const htri_t vl = H5Tis_variable_str(type.get());
-      if (vl > 0) {
-        H5Id mt(H5Tcopy(H5T_C_S1), H5Tclose);
-        char* p = nullptr;
-        if (!mt.ok() || H5Tset_size(mt.get(), H5T_VARIABLE) < 0 ||
-            H5Tset_cset(mt.get(), H5Tget_cset(type.get())) < 0 ||
-            H5Aread(a.get(), mt.get(), &p) < 0) {
-          err = h5_error();
-          break;
-        }
-        ctx->meta->text[name] = p ? p : "";
-        if (p) H5free_memory(p);
+      if (vl != 0) {  // see write_attributes: never read through the global heap
+        err = "a variable-length string (Trellis writes fixed-length ones)";
+        break;
       } else {
         const size_t n = H5Tget_size(type.get());
         if (n == 0 || n > (size_t(1) << 30)) {

@@ -38,16 +38,18 @@ class SingleThreadedBlas {
 /// Rows of C per part are a multiple of this (whole micro-kernel tiles in every part but the last).
 constexpr int kGemmRowAlign = 64;
 
-/// C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major, split over row ranges of C that run
-/// on the host threads, each a single-threaded cblas_sgemm: no OpenBLAS worker threads are woken,
-/// so none is left spinning to compete with the pool's element-wise kernels afterwards. Each
+/// C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major. Below 2^30 multiply-adds it is split
+/// over row ranges of C that run on the host threads, each a single-threaded cblas_sgemm: no
+/// OpenBLAS worker threads are woken, so none is left spinning to compete with the pool's element-wise kernels afterwards. Each
 /// element of C is one dot product over K in OpenBLAS's order whichever part computes it.
 void sgemm_rows(cpu::WorkerPool& pool, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int Nc,
                 int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                 float* C, int ldc) {
   const int64_t tiles = (M + kGemmRowAlign - 1) / kGemmRowAlign;
   const int parts = cpu::num_parts(pool, tiles);
-  if (parts <= 1) {
+  // Large products (≥ 2^30 multiply-adds) gain more from OpenBLAS's own threading, which packs
+  // each panel of op(B) once for all threads.
+  if (parts <= 1 || double(M) * Nc * K >= double(1 << 30)) {
     cblas_sgemm(CblasRowMajor, ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
