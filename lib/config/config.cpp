@@ -99,6 +99,11 @@ void read_deck(const std::string& path, Sources& sources) {
   buf << file.rdbuf();
   if (!file) fail(path, "cannot read the deck: permission denied or I/O error");
   const std::string text = buf.str();
+  // A deck without a single key is almost surely the wrong file (or a truncated one): say so
+  // rather than train a default model.
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    fail(path, "the deck is empty: give at least one [section] with a key (trellis train --help "
+               "lists them)");
 
   check_sections(path, text);
 

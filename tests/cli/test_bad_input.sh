@@ -74,7 +74,7 @@ expect "syntax error"                 1 2 "syntax.deck"                  -- trai
 expect "unknown section"              1 2 "modle"                        -- train "$work/section.deck"
 expect "duplicate key"                1 2 "model.layers"                 -- train "$work/dup.deck"
 expect "garbage deck"                 1 2 "garbage.deck"                 -- train "$work/garbage.deck"
-expect "empty deck: defaults, but 1 rank with vocab 256 runs" 1 0 "done:" -- train "$work/empty.deck" --train.steps=1 --model.layers=1 --model.d_model=8 --model.heads=1 --model.seq_len=8 --data.synthetic_tokens=2048 --train.global_batch=1 --train.micro_batch=1
+expect "empty deck"                   2 2 "the deck is empty"            -- train "$work/empty.deck"
 expect "token shard with a bad header" 1 2 "bad.bin"                     -- train "$work/tokens.deck"
 expect "NaN value"                    1 2 "train.lr"                     -- train "$ok" --train.lr=nan
 expect "infinite value"               1 2 "train.lr"                     -- train "$ok" --train.lr=inf
