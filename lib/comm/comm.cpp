@@ -132,6 +132,16 @@ void Comm::blocking_done(double started) {
   stats_.seconds_in_flight += dt;
 }
 
+Request Comm::in_flight(Request r, double started) {
+  // A started non-blocking operation: the time spent starting it counts as blocked; its time
+  // in flight is measured from `started` until test() or wait() sees it complete.
+  r.stats_ = &stats_;
+  r.started_ = started;
+  r.done_ = false;
+  stats_.seconds_blocked += now_seconds() - started;
+  return r;
+}
+
 void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) const {
   TRELLIS_CHECK(static_cast<int>(counts.size()) == size_, "%s on '%s': %zu counts for %d ranks",
                 op, name_.c_str(), counts.size(), size_);
@@ -165,11 +175,7 @@ Request Comm::iall_reduce(float* data, int64_t n) {
            "MPI_Iallreduce");
     r.reqs_.push_back(q);
   });
-  r.stats_ = &stats_;
-  r.started_ = t0;
-  r.done_ = false;
-  stats_.seconds_blocked += now_seconds() - t0;
-  return r;
+  return in_flight(std::move(r), t0);
 }
 
 void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
@@ -238,11 +244,7 @@ Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int
   double t0 = now_seconds();
   Request r;
   start_reduce_scatter(r, in, out, counts, false);
-  r.stats_ = &stats_;
-  r.started_ = t0;
-  r.done_ = false;
-  stats_.seconds_blocked += now_seconds() - t0;
-  return r;
+  return in_flight(std::move(r), t0);
 }
 
 void Comm::start_all_gather(Request& r, const float* in, float* out,
@@ -307,11 +309,7 @@ Request Comm::iall_gather(const float* in, float* out, const std::vector<int64_t
   double t0 = now_seconds();
   Request r;
   start_all_gather(r, in, out, counts, false);
-  r.stats_ = &stats_;
-  r.started_ = t0;
-  r.done_ = false;
-  stats_.seconds_blocked += now_seconds() - t0;
-  return r;
+  return in_flight(std::move(r), t0);
 }
 
 void Comm::broadcast(void* data, int64_t bytes, int root) {
@@ -361,11 +359,7 @@ Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
     mpi_ok(MPI_Isend(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Isend");
     r.reqs_.push_back(q);
   });
-  r.stats_ = &stats_;
-  r.started_ = t0;
-  r.done_ = false;
-  stats_.seconds_blocked += now_seconds() - t0;
-  return r;
+  return in_flight(std::move(r), t0);
 }
 
 Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
@@ -377,11 +371,7 @@ Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
     mpi_ok(MPI_Irecv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Irecv");
     r.reqs_.push_back(q);
   });
-  r.stats_ = &stats_;
-  r.started_ = t0;
-  r.done_ = false;
-  stats_.seconds_blocked += now_seconds() - t0;
-  return r;
+  return in_flight(std::move(r), t0);
 }
 
 double Comm::all_reduce_sum(double value) {

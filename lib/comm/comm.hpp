@@ -120,6 +120,7 @@ class Comm {
                         const std::vector<int64_t>& counts, bool blocking);
   void check_counts(const std::vector<int64_t>& counts, const char* op) const;
   void blocking_done(double started);
+  Request in_flight(Request r, double started);
   void all_reduce_op(float* data, int64_t n, MPI_Op op);
 
   MPI_Comm comm_;
