@@ -6,8 +6,7 @@ set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-kill-XXXXXX)
 trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
-flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
-[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+source "$(dirname "$0")/lib/common.sh"
 cat > "$work/kill.deck" <<'DECK'
 [model]
 layers = 2
@@ -27,8 +26,6 @@ every = 3
 [data]
 synthetic_tokens = 8192
 DECK
-passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; fi; }
 
 start=$(date +%s)
 timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL_DURING_CHECKPOINT=step_00000006 -np 2 \

@@ -6,8 +6,8 @@ set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-nan-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
-[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+source "$(dirname "$0")/lib/common.sh"
+check_log="$work/out.log"
 cat > "$work/nan.deck" <<'DECK'
 [model]
 layers = 2
@@ -27,8 +27,6 @@ resume = never
 [data]
 synthetic_tokens = 8192
 DECK
-passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; cat "$work/out.log" | head -20; fi; }
 run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
 
 rc=$(run -x TRELLIS_FAULT_NAN_AT_STEP=5 -np 2 "$build/trellis" train "$work/nan.deck" --run.dir="$work/a")

@@ -6,8 +6,7 @@ set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-stop-XXXXXX)
 trap 'pkill -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
-flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
-[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+source "$(dirname "$0")/lib/common.sh"
 cat > "$work/stop.deck" <<'DECK'
 [model]
 layers = 2
@@ -27,8 +26,6 @@ synthetic_tokens = 8192
 [log]
 every = 500
 DECK
-passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; fi; }
 final_loss() { python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["final_loss"]))' "$1"; }
 
 # The uninterrupted run.

@@ -30,8 +30,7 @@ if ! have_deps; then
   fi
 fi
 
-flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
-[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+source "$(dirname "$0")/lib/common.sh"
 cp "$repo/README.md" "$work/corpus.txt"  # a few KB of varied text; byte-level, vocab 256
 # init_std and lr well above the defaults: activations of order one and weights that have moved, so
 # that a wrong detail (head grouping, masking, a missing bias) shows far above the tolerance.
@@ -57,8 +56,6 @@ path = $work/corpus.txt
 every = 2
 DECK
 
-passed=0 failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1"; fi; }
 # metrics.csv's row for step 3 is the loss of step index 2's batch with the parameters after two
 # optimizer steps: those in ckpt/step_00000002.h5.
 trellis_loss() { awk -F, '$1 == 3 { print $2 }' "$1/metrics.csv"; }
