@@ -30,6 +30,7 @@ packages=(
   libgtest-dev
   python3
   python3-torch python3-h5py python3-numpy  # scripts/torch_reference.py, its test (system python)
+  gnuplot-nox  # scripts/plot.sh
   slurm-wlm munge  # tests/cli/test_slurm.sh: a one-node Slurm on localhost, started by the test
 )
 

@@ -63,6 +63,14 @@ Trainer::~Trainer() {
   tp_grads_.reset();
 }
 
+// RUN/metrics.csv, one row per step. The *_ms breakdown is the average over ranks of where each
+// rank's step went (it sums to the average step time); mem_peak_* are the min and max over ranks
+// of the bytes allocated at the high-water mark so far.
+static const std::vector<std::string> kMetricsColumns = {
+    "step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu",
+    "compute_ms", "comm_dp_ms", "comm_tp_ms", "comm_pp_ms", "bubble_ms",
+    "mem_peak_min_bytes", "mem_peak_max_bytes"};
+
 double Trainer::tokens_per_step() const {
   return double(cfg_.train.global_batch) * cfg_.model.seq_len;
 }
@@ -72,8 +80,18 @@ double Trainer::tokens_per_step() const {
 // backward (gradients accumulate; ZeRO reduces them over dp bucket by bucket while backward goes
 // on), then clip by the global norm and take an AdamW step on this rank's shard.
 
+double Trainer::blocked_seconds(const char* group) const {
+  const std::string g = group;
+  if (g == "dp") return dp_comm_->stats().seconds_blocked;
+  if (g == "pp") return pp_comm_->stats().seconds_blocked;
+  const Comm* kv = tp_grads_->kv_group();
+  return tp_comm_->stats().seconds_blocked + (kv ? kv->stats().seconds_blocked : 0.0);
+}
+
 StepResult Trainer::train_step(int64_t step) {
   const double start = now_seconds();
+  const double dp0 = blocked_seconds("dp"), tp0 = blocked_seconds("tp"), pp0 = blocked_seconds("pp");
+  const double bubble0 = timers_.get("pipeline wait");
   const int B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   const int micro_batches = cfg_.micro_batches_per_step();
   // This dp rank's sequences of the global batch: a contiguous slice, the same for every step
@@ -123,6 +141,11 @@ StepResult Trainer::train_step(int64_t step) {
     }
   }
   r.seconds = now_seconds() - start;
+  r.bubble = timers_.get("pipeline wait") - bubble0;
+  r.comm_dp = blocked_seconds("dp") - dp0;
+  r.comm_tp = blocked_seconds("tp") - tp0;
+  r.comm_pp = std::max(0.0, blocked_seconds("pp") - pp0 - r.bubble);  // the waits are in bubble
+  r.compute = std::max(0.0, r.seconds - r.bubble - r.comm_dp - r.comm_tp - r.comm_pp);
   return r;
 }
 
@@ -155,10 +178,22 @@ void Trainer::log_step(const StepResult& r) {
   const double gflops = train_flops_per_token(cfg_.model) * tok_s / 1e9;
   const double peak = cfg_.system.peak_gflops * size_;
   const std::string mfu = peak > 0 ? strfmt("%.6f", gflops / peak) : "";
-  if (run_dir_)
-    run_dir_->append_metrics({std::to_string(r.step + 1), strfmt("%.9g", r.loss), strfmt("%.6e", r.lr),
-                              strfmt("%.6e", r.grad_norm), strfmt("%.3f", r.seconds * 1e3),
-                              strfmt("%.1f", tok_s), mfu});
+  // The step's breakdown averaged over the ranks, and the memory high-water mark's spread: one
+  // small reduction per step (every rank calls log_step).
+  double parts[5] = {r.compute, r.comm_dp, r.comm_tp, r.comm_pp, r.bubble};
+  MPI_Allreduce(MPI_IN_PLACE, parts, 5, MPI_DOUBLE, MPI_SUM, comm_);
+  const double mem = double(memory_stats().total_peak);
+  double mem_minmax[2] = {-mem, mem};
+  MPI_Allreduce(MPI_IN_PLACE, mem_minmax, 2, MPI_DOUBLE, MPI_MAX, comm_);
+  if (run_dir_) {
+    std::vector<std::string> row = {std::to_string(r.step + 1), strfmt("%.9g", r.loss),
+                                    strfmt("%.6e", r.lr), strfmt("%.6e", r.grad_norm),
+                                    strfmt("%.3f", r.seconds * 1e3), strfmt("%.1f", tok_s), mfu};
+    for (double part : parts) row.push_back(strfmt("%.3f", part / size_ * 1e3));
+    row.push_back(strfmt("%.0f", -mem_minmax[0]));
+    row.push_back(strfmt("%.0f", mem_minmax[1]));
+    run_dir_->append_metrics(row);
+  }
   const bool due = (r.step + 1) % cfg_.log.every == 0 || r.step + 1 == cfg_.train.steps;
   if (quiet_ || !due) return;
   log(strfmt("step %6lld/%lld | loss %.7f | lr %.3e | norm %.4f | %8.1f ms | %s MFU | %.0f tok/s",
@@ -214,8 +249,7 @@ double Trainer::run() {
     if (rank_ == 0) {
       run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
       run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
-      run_dir_->open_metrics({"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"},
-                             /*append=*/first_step > 0);
+      run_dir_->open_metrics(kMetricsColumns, /*append=*/first_step > 0);
     }
   }
   double slowest = 0, checkpoint_seconds = 0;

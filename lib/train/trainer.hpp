@@ -31,6 +31,10 @@ struct StepResult {
   double grad_norm;   // before clipping
   double seconds;
   bool skipped = false;  // non-finite loss or gradient: no update (train.on_nan = skip)
+  // Where this rank's step time went (seconds). Communication is the time blocked in each group's
+  // calls; bubble is the time a pipeline stage waited for a neighbour's activations or gradients
+  // (so the pp column holds only the rest of pp's blocked time); compute is what remains.
+  double compute = 0, comm_dp = 0, comm_tp = 0, comm_pp = 0, bubble = 0;
 };
 
 class Trainer {
@@ -66,6 +70,7 @@ class Trainer {
   void print_start() const;
   void log_step(const StepResult& r);
   void finish();
+  double blocked_seconds(const char* group) const;  // time blocked in a group's calls so far
   void print_time_table();
   void print_comm_table();
   double tokens_per_step() const;
