@@ -13,6 +13,7 @@
 #include "core/log.hpp"
 #include "train/bench.hpp"
 #include "train/trainer.hpp"
+#include "train/tune.hpp"
 
 namespace {
 
@@ -21,6 +22,9 @@ const char* kUsage = R"(trellis — trains GPT-style transformers on clusters
 usage:
   mpirun -np N trellis train DECK [--section.key=value ...]   train from an input deck
   trellis bench [--section.key=value ...]                     step speed vs. this machine's sgemm
+  mpirun -np N trellis tune DECK [--candidates K --steps S --out FILE] [--section.key=value ...]
+                                                              run the best layouts for N ranks a few
+                                                              steps each; write the fastest as a deck
   trellis inspect CKPT                                        a checkpoint's step, layout, deck,
                                                               tensors; verifies every checksum
   trellis train --help                                        every deck key: type, default, meaning
@@ -59,7 +63,7 @@ int main(int argc, char** argv) {
     }
     return trellis::inspect_checkpoint(rest[0], stdout);
   }
-  if (command != "train" && command != "bench") {
+  if (command != "train" && command != "bench" && command != "tune") {
     std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return trellis::kExitBadInput;
   }
@@ -77,6 +81,8 @@ int main(int argc, char** argv) {
         std::vector<std::string> overrides(rest.begin() + 1, rest.end());
         status = trellis::train_main(rest[0], overrides, world);
       }
+    } else if (command == "tune") {
+      status = trellis::tune_main(rest, world);
     } else {
       status = trellis::bench_main(rest, world);
     }

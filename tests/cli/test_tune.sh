@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# trellis tune: runs the candidate layouts for the job's ranks, ranks them by measured tokens/s,
+# and writes the fastest as a deck that trains as it is; bad options end with status 2.
+# Usage: test_tune.sh BUILD_DIR. Ends with "tune: N passed, M failed".
+set -u
+build=${1:-build}
+work=$(mktemp -d /tmp/trellis-tune-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/common.sh"
+check_log="$work/out.log"
+cat > "$work/tiny.deck" <<'DECK'
+[model]
+layers = 2
+d_model = 16
+heads = 2
+seq_len = 8
+vocab = 29
+[train]
+steps = 3
+global_batch = 4
+micro_batch = 4
+[checkpoint]
+resume = never
+[data]
+synthetic_tokens = 8192
+DECK
+run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
+
+rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --steps 2 --run.dir="$work/run")
+check "np 2: status 0" '[ $rc -eq 0 ]'
+# dp2 × zero 1/2/3, tp2, pp2: five layouts of a 2-layer, 2-head model on two ranks.
+check "np 2: every valid layout measured (5)" '[ "$(grep -c "^tune: dp" "$work/out.log")" -eq 5 ]'
+check "np 2: the ranking table is printed" 'grep -q "tune: measured on 2 rank(s), fastest first" "$work/out.log"'
+winner=$(grep -o "the winner, [^,]*" "$work/out.log" | sed "s/the winner, //")
+top=$(grep "│ 1 " "$work/out.log" | awk -F"│" "{ gsub(/^ +| +$/, \"\", \$3); print \$3 }")
+check "np 2: the winner is the table's first row" '[ -n "$winner" ] && [ "$winner" = "$top" ]'
+check "np 2: the winning deck is written to run.dir/tuned.deck" '[ -f "$work/run/tuned.deck" ]'
+dp=$(sed -n "s/^dp = //p" "$work/run/tuned.deck")
+check "np 2: the deck holds the winner's layout" '[ -n "$dp" ] && echo "$winner" | grep -q "^dp$dp "'
+rc=$(run -np 2 "$build/trellis" train "$work/run/tuned.deck" --run.dir="$work/again")
+check "np 2: the tuned deck trains as it is" '[ $rc -eq 0 ] && grep -q "^3," "$work/again/metrics.csv"'
+
+rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --steps 1 --candidates 1 --out "$work/one.deck")
+check "np 1: --candidates 1 --out FILE" '[ $rc -eq 0 ] && [ -f "$work/one.deck" ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 1 ]'
+
+for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck"; do
+  rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" $bad)
+  check "bad option '$bad': status 2 with one message" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "trellis: error" "$work/out.log")" -eq 1 ]'
+done
+rc=$(run -np 2 "$build/trellis" tune)
+check "no deck: status 2" '[ $rc -eq 2 ] && grep -q "which deck" "$work/out.log"'
+rc=$(run -np 2 "$build/trellis" tune "$work/missing.deck")
+check "a missing deck: status 2, named" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
+echo "tune: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
