@@ -140,7 +140,9 @@ std::string LayoutPlan::overrides() const {
                          "--train.micro_batch=%d",
                          p.dp, p.tp, p.pp, p.zero, cfg.train.micro_batch);
   if (cfg.train.recompute != "none") s += " --train.recompute=" + cfg.train.recompute;
-  if (p.sequence_parallel) s += " --parallel.sequence_parallel=true";
+  if (p.tp > 1) s += std::string(" --parallel.sequence_parallel=") + (p.sequence_parallel ? "true" : "false");
+  if (p.pp > 1) s += " --parallel.schedule=" + p.schedule;
+  if (p.schedule == "interleaved") s += strfmt(" --parallel.virtual_stages=%d", p.virtual_stages);
   return s;
 }
 
@@ -205,8 +207,11 @@ LayoutPlan evaluate_layout(const Config& cfg, const PlanRequest& req, bool fits_
   return L;
 }
 
-LayoutSearch search_layouts(const PlanRequest& req) {
+LayoutSearch search_layouts(const PlanRequest& req_in) {
   LayoutSearch out;
+  PlanRequest req = req_in;
+  ParamTableCache tables;
+  req.memory.tables = &tables;
   const int N = req.devices;
   // Does the model fit one device with plain data parallelism (the deck's micro-batch, ZeRO 0)?
   {

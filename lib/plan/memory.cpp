@@ -48,10 +48,11 @@ double megatron_layer_activation_bytes(int64_t seq, int64_t micro_batch, const M
 }
 
 int64_t model_parameter_count(const ModelConfig& m) {
-  int64_t n = 0;
-  const ParamTable table(m);
-  for (const ParamInfo& p : table.params()) n += p.global_numel();
-  return n;
+  // The parameter table's tensors (README, "The model"), counted without building the table.
+  const int64_t C = m.d_model, F = m.d_ff, hd = m.d_model / m.heads;
+  const int64_t qkv = (int64_t(m.heads) + 2 * m.kv_heads) * hd;
+  const int64_t block = 2 * C + (qkv * C + qkv) + (C * m.heads * hd + C) + 2 * C + (F * C + F) + (C * F + C);
+  return int64_t(m.vocab) * C + int64_t(m.seq_len) * C + m.layers * block + 2 * C;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -166,6 +167,13 @@ std::string n_elems(double n) {
 
 }  // namespace
 
+const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const StageSpec& spec) {
+  const Key key{tp, spec.first_layer, spec.end_layer, spec.first, spec.last, spec.chunks, spec.chunk_stride};
+  auto& slot = tables_[key];
+  if (!slot) slot = std::make_unique<ParamTable>(m, tp, 0, spec);
+  return *slot;
+}
+
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
@@ -174,7 +182,9 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const int dp = par.dp, tp = par.tp, pp = par.pp, zero = par.zero;
   const StageSpec spec = stage_spec(cfg, stage);
   // Tensor-parallel rank 0: every tp rank holds as much (the vocabulary is padded to a multiple).
-  const ParamTable table(m, tp, 0, spec);
+  std::unique_ptr<ParamTable> own;
+  if (!opt.tables) own = std::make_unique<ParamTable>(m, tp, 0, spec);
+  const ParamTable& table = opt.tables ? opt.tables->get(m, tp, spec) : *own;
   const int64_t P = table.total();
   const int64_t S = (P + dp - 1) / dp;  // dp rank 0's shard: the largest (comm/comm.cpp shard_range)
   const int micro_batches = cfg.micro_batches_per_step();
@@ -265,11 +275,11 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     a.recompute = cfg.train.recompute;
     r.activations.bytes = double(cpu_activation_arena_bytes(a));
     a.slots = 1;
-    a.chunks = 1;
-    a.last_stage = false;
-    const double one = double(cpu_activation_arena_bytes(a));
+    const double base = double(cpu_activation_arena_bytes(a));
+    a.slots = 2;
+    const double one = double(cpu_activation_arena_bytes(a)) - base;  // what each slot adds
     r.activations.how = strfmt("%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s), "
-                               "B=%d T=%d%s%s; one micro-batch of this stage %s",
+                               "B=%d T=%d%s%s; %s per micro-batch in flight",
                                blocks_per_chunk, chunks, slots, par.schedule.c_str(),
                                cfg.train.micro_batch, m.seq_len, sp ? ", SP" : "",
                                cfg.train.recompute != "none" ? (", recompute " + cfg.train.recompute).c_str() : "",

@@ -15,10 +15,14 @@
 // Everything here is arithmetic on the deck: no MPI, no allocation of the model itself.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/config.hpp"
+#include "model/params.hpp"
 
 namespace trellis {
 
@@ -68,8 +72,20 @@ struct RankMemory {
   }
 };
 
+/// Parameter tables of one model's pipeline stages, kept for reuse: a layout search asks for the
+/// same (tp, stage) tables thousands of times, and GPT-3's have a thousand tensors each.
+class ParamTableCache {
+ public:
+  const ParamTable& get(const ModelConfig& m, int tp, const StageSpec& spec);
+
+ private:
+  using Key = std::tuple<int, int, int, bool, bool, int, int>;
+  std::map<Key, std::unique_ptr<ParamTable>> tables_;
+};
+
 struct MemoryOptions {
   Precision precision = Precision::FP32;
+  ParamTableCache* tables = nullptr;  // optional; one model only
   int threads = 1;                   // fp32/CPU: threads of the attention backward (its scratch)
   double workspace_bytes = 32 << 20;  // bf16/GPU: cuBLASLt workspace
 };

@@ -61,8 +61,10 @@ double parse_number(const std::string& text, const std::string& option, double l
 }
 
 int parse_int(const std::string& text, const std::string& option, int lo, int hi) {
-  const double v = parse_number(text, option, lo, hi);
-  if (v != std::floor(v)) throw UserError(option + " = '" + text + "': expected a whole number");
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != 0 || v < lo || v > hi)
+    throw UserError(strfmt("%s = '%s': expected a whole number from %d to %d", option.c_str(), text.c_str(), lo, hi));
   return int(v);
 }
 
@@ -71,7 +73,7 @@ Options parse_options(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) {
-      if (!o.deck.empty()) throw UserError("trellis plan: unexpected argument '" + a + "' (one DECK only)");
+      if (!o.deck.empty()) throw UserError("unexpected argument '" + a + "' (one DECK only)");
       o.deck = a;
       continue;
     }
@@ -101,9 +103,9 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "--threads") o.threads = parse_int(take(), name, 1, 1 << 16);
     else if (name == "--top") o.top = parse_int(take(), name, 0, 1 << 30);
     else if (name == "--json") o.json = take();
-    else throw UserError("trellis plan: unknown option '" + name + "' (trellis plan --help lists them)");
+    else throw UserError("unknown option '" + name + "' (trellis plan --help lists them)");
   }
-  if (o.deck.empty()) throw UserError("trellis plan: which deck? usage: trellis plan DECK [options]");
+  if (o.deck.empty()) throw UserError("which deck? usage: trellis plan DECK [options]");
   if (!o.precision.empty()) parse_precision(o.precision);  // names --precision when wrong
   return o;
 }
@@ -219,6 +221,32 @@ void write_json(const std::string& path, const Config& cfg, const std::vector<Ra
   if (!f) throw UserError("--json " + path + ": write failed");
 }
 
+/// The best fitting layout on N/4, N/2 and N devices: what doubling the devices buys (the second
+/// seed document: a small model or a light load becomes communication-bound).
+std::string scaling_table(const PlanRequest& req, const LayoutSearch& at_n) {
+  std::vector<std::vector<std::string>> rows;
+  double first_per_device = 0;
+  for (int div : {4, 2, 1}) {
+    if (req.devices % div != 0) continue;
+    PlanRequest r = req;
+    r.devices = req.devices / div;
+    const LayoutSearch s = div == 1 ? at_n : search_layouts(r);
+    if (s.layouts.empty() || !s.layouts.front().fits) {
+      rows.push_back({std::to_string(r.devices), "nothing fits", "", "", "", ""});
+      continue;
+    }
+    const LayoutPlan& best = s.layouts.front();
+    const double per_device = best.tokens_per_s / r.devices;
+    if (first_per_device == 0) first_per_device = per_device;
+    rows.push_back({std::to_string(r.devices), layout_name(best.cfg), seconds(best.time.total()),
+                    count(best.tokens_per_s), count(per_device),
+                    strfmt("%.0f%%", 100 * per_device / first_per_device)});
+  }
+  if (rows.size() < 2) return "";
+  return format_table("scaling: the best fitting layout on fewer devices (estimates)",
+                      {"devices", "best layout", "step", "tok/s", "tok/s per device", "per-device efficiency"}, rows);
+}
+
 int default_threads(const Config& cfg) {
   if (cfg.system.threads > 0) return cfg.system.threads;
   if (const char* env = std::getenv("OPENBLAS_NUM_THREADS"); env && std::atoi(env) > 0) return std::atoi(env);
@@ -300,7 +328,7 @@ int plan_main(const std::vector<std::string>& args) {
     std::printf("estimated step: %s (compute %s, tp %s, pp %s, bubble %s, dp exposed %s)%s\n\n",
                 seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.tp).c_str(),
                 seconds(t.pp).c_str(), seconds(t.bubble).c_str(), seconds(t.dp).c_str(),
-                deck_world != req.devices ? strfmt(" — on the deck's %d ranks, not the %d planned below",
+                deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
                                                    deck_world, req.devices).c_str() : "");
     if (!o.json.empty()) write_json(o.json, cfg, stages);
 
@@ -322,8 +350,12 @@ int plan_main(const std::vector<std::string>& args) {
       std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s %s\n", layout_name(best.cfg).c_str(),
                   seconds(best.time.total()).c_str(), count(best.tokens_per_s).c_str(), o.deck.c_str(),
                   best.overrides().c_str());
+      std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");
+    } else if (s.layouts.empty()) {
+      std::printf("no valid layout on %d devices: the deck's rules refuse every split (try a device count "
+                  "that the heads, layers and global batch divide)\n", req.devices);
     } else {
       std::printf("no layout fits %d devices of %s: more devices, more memory, or a smaller micro-batch\n",
                   req.devices, format_bytes(d.memory_bytes).c_str());

@@ -96,6 +96,13 @@ TEST(PlanFormulas, Gpt3ParameterCount) {
   // 12Lh² + 13Lh (blocks: four matrices, their biases, two LayerNorms) + (V + T)h + 2h.
   EXPECT_DOUBLE_EQ(psi, 12 * L * h * h + 13 * L * h + (V + T) * h + 2 * h);
   EXPECT_NEAR(psi / 1e9, 174.6, 0.05);
+  // The closed form agrees with the parameter table, grouped key/value heads and d_ff included.
+  ModelConfig g = m;
+  g.layers = 3, g.kv_heads = 8, g.d_ff = 1000;
+  int64_t table_count = 0;
+  const ParamTable table(g);
+  for (const ParamInfo& p : table.params()) table_count += p.global_numel();
+  EXPECT_EQ(model_parameter_count(g), table_count);
 }
 
 // The fp32 plan's activations are the model's arena, byte for byte (tp = 1; tests/cli covers tp).
