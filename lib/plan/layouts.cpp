@@ -86,13 +86,12 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const double per_block = block_flops_per_token(m) + recompute_flops_per_token(m, cfg.train.recompute);
   const double head = 6.0 * m.vocab * m.d_model;
   double stage_flops = 0;
-  int stage_blocks = 0, slowest = 0;
+  int stage_blocks = 0;
   for (int s = 0; s < p.pp; ++s) {
     const int blocks = v > 1 ? m.layers / p.pp : stage_layers(m, p, s).end - stage_layers(m, p, s).first;
     const double f = blocks * per_block + (s == p.pp - 1 ? head : 0);
-    if (f > stage_flops) stage_flops = f, stage_blocks = blocks, slowest = s;
+    if (f > stage_flops) stage_flops = f, stage_blocks = blocks;
   }
-  (void)slowest;
   StepTime t;
   const double compute_mb = stage_flops * tokens / p.tp / (dev.peak_flops * dev.efficiency);
 
