@@ -1,5 +1,6 @@
 // trellis — trains GPT-style transformers as an HPC job. This file only reads the subcommand and
-// hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step).
+// hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step);
+// `plan` → lib/plan/plan_main.cpp.
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "plan/plan_main.hpp"
 #include "train/bench.hpp"
 #include "train/trainer.hpp"
 #include "train/tune.hpp"
@@ -21,6 +23,8 @@ const char* kUsage = R"(trellis — trains GPT-style transformers on clusters
 
 usage:
   mpirun -np N trellis train DECK [--section.key=value ...]   train from an input deck
+  trellis plan DECK [--gpus N --gpu-mem 80GiB ...]            memory per rank and ranked layouts
+                                                              before submitting (no MPI needed)
   trellis bench [--section.key=value ...]                     step speed vs. this machine's sgemm
   mpirun -np N trellis tune DECK [--candidates K --steps S --out FILE] [--section.key=value ...]
                                                               run the best layouts for N ranks a few
@@ -55,6 +59,13 @@ int main(int argc, char** argv) {
     std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
                 trellis::keys_help().c_str());
     return trellis::kExitOk;
+  }
+  if (command == "plan") {  // no MPI needed: arithmetic on the deck
+    if (wants_help(rest)) {
+      std::fputs(trellis::kPlanUsage, stdout);
+      return trellis::kExitOk;
+    }
+    return trellis::plan_main(rest);
   }
   if (command == "inspect") {  // no MPI needed: a serial read of one file
     if (rest.size() != 1) {

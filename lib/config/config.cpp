@@ -188,6 +188,7 @@ class Validator {
   void layout() {
     auto& p = c_.parallel;
     const int64_t tp_pp = int64_t{p.tp} * p.pp;
+    if (world_ == 0) world_ = (p.dp > 0 ? p.dp : 1) * tp_pp;  // the deck's own layout (plan)
     if (p.dp == 0) {
       if (world_ % tp_pp != 0)
         fail(where({"parallel.tp", "parallel.pp"}),
@@ -339,8 +340,8 @@ StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stag
 }
 
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
-                   int world_size) {
-  TRELLIS_CHECK(world_size >= 1, "world size %d", world_size);
+                   int world_size, bool require_built_backend) {
+  TRELLIS_CHECK(world_size >= 0, "world size %d", world_size);
   Sources sources;
   read_deck(deck_path, sources);
   apply_overrides(overrides, sources);
@@ -366,7 +367,7 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
   }
   Validator(cfg, sources, world_size).run();
   check_supported_layout(cfg);
-  check_supported_backend(cfg);
+  if (require_built_backend) check_supported_backend(cfg);
 
   for (const auto& e : key_table()) cfg.effective.emplace_back(e.name(), config::value_text(e, cfg));
   return cfg;

@@ -115,9 +115,11 @@ struct StageLayers {
 StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage);
 
 /// Reads the deck, applies `overrides` ("--section.key=value" or "section.key=value"), validates
-/// against `world_size` ranks. Throws UserError (exit status 2) naming the key, value or file.
+/// against `world_size` ranks (0: as many as the deck's layout needs, dp = 0 counting as 1).
+/// Throws UserError (exit status 2) naming the key, value or file. `require_built_backend`
+/// false accepts a system.backend this build lacks (trellis plan only reads the deck).
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
-                   int world_size);
+                   int world_size, bool require_built_backend = true);
 
 /// Rejects layouts this build cannot run yet (anything but one rank, ZeRO off). The one place
 /// to loosen as multi-rank support lands. Throws UserError naming the keys.

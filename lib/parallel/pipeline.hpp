@@ -25,24 +25,10 @@
 #include "core/memory.hpp"
 #include "core/timer.hpp"
 #include "model/gpt.hpp"
+#include "parallel/schedule.hpp"
 #include "parallel/zero.hpp"
 
 namespace trellis {
-
-struct PipelineOp {
-  bool forward;
-  int micro_batch;
-  int chunk = 0;  // this rank's model chunk (interleaved)
-};
-
-/// The order of this stage's passes for one step; `chunks` model chunks per rank (interleaved).
-std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stages, int stage,
-                                          int micro_batches, int chunks = 1);
-/// Micro-batches alive at once per model chunk on `stage` (the activation slots it needs).
-int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches,
-                   int chunks = 1);
-/// The bubble's share of a step in theory: (p−1)/(m+p−1), divided by v for interleaved.
-double bubble_theory(int stages, int micro_batches, int chunks = 1);
 
 class Pipeline {
  public:

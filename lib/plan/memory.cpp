@@ -1,0 +1,348 @@
+#include "plan/memory.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/memory.hpp"
+#include "model/params.hpp"
+#include "parallel/schedule.hpp"
+
+namespace trellis {
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::FP32;
+  if (text == "bf16") return Precision::BF16;
+  throw UserError("--precision '" + text + "': expected fp32 or bf16");
+}
+
+const char* precision_name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
+
+ModelStates zero_model_states(double psi, int dp, int zero_stage, Precision precision) {
+  // Bytes per parameter of each state: bf16 weights and gradients with an fp32 copy, m and v
+  // (ZeRO's K = 12); this code's fp32 run keeps no extra copy (K = 8: m and v).
+  const bool bf16 = precision == Precision::BF16;
+  const double p = bf16 ? 2 : 4, g = bf16 ? 2 : 4, o = bf16 ? 12 : 8;
+  const double shard = psi / dp;
+  return {p * (zero_stage >= 3 ? shard : psi), g * (zero_stage >= 2 ? shard : psi),
+          o * (zero_stage >= 1 ? shard : psi)};
+}
+
+double megatron_layer_activation_bytes(int64_t seq, int64_t micro_batch, const ModelConfig& m,
+                                       int tp, bool sequence_parallel,
+                                       const std::string& recompute) {
+  const double s = double(seq), b = double(micro_batch), h = double(m.d_model), a = double(m.heads);
+  const double t = double(tp);
+  const double sbh = s * b * h;
+  const double sp_div = sequence_parallel ? t : 1.0;
+  if (recompute == "full") return 2 * sbh / sp_div;  // the layer's input only
+  // Outside the tensor-parallel region (replicated over tp unless sequence-parallel): the two
+  // LayerNorms' inputs 4sbh, the QKV and first MLP linears' inputs 2sbh each, two dropout masks.
+  const double replicated = 10 * sbh;
+  // Inside it (split over tp): Q, K, V and the projection's input; the MLP's GeLU input and output.
+  const double kv = double(m.kv_heads) / a, ff = double(m.d_ff) / (4 * h);
+  const double sharded = (2 + 2 * kv + 2 * kv + 2) * sbh + 16 * ff * sbh;
+  // Attention scores: softmax output 2as²b, dropout mask as²b, dropout output 2as²b.
+  const double scores = recompute == "selective" ? 0.0 : 5 * a * s * s * b;
+  return replicated / sp_div + (sharded + scores) / t;
+}
+
+int64_t model_parameter_count(const ModelConfig& m) {
+  // The parameter table's tensors (README, "The model"), counted without building the table.
+  const int64_t C = m.d_model, F = m.d_ff, hd = m.d_model / m.heads;
+  const int64_t qkv = (int64_t(m.heads) + 2 * m.kv_heads) * hd;
+  const int64_t block = 2 * C + (qkv * C + qkv) + (C * m.heads * hd + C) + 2 * C + (F * C + F) + (C * F + C);
+  return int64_t(m.vocab) * C + int64_t(m.seq_len) * C + m.layers * block + 2 * C;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the fp32 activation arena: the same list, in the same order, as GPT::allocate_activations
+
+int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
+  Arena a = Arena::measuring();
+  const int64_t N = int64_t(s.micro_batch) * s.seq_len;
+  const bool sp = s.sequence_parallel && s.tp > 1;
+  const int64_t R = sp ? N / s.tp : N, C = s.d_model;
+  const int64_t QKV = int64_t(s.heads_local + 2 * s.kv_heads_local) * s.head_dim;
+  const int64_t att = int64_t(s.micro_batch) * s.heads_local * s.seq_len * s.seq_len;
+  const bool full = s.recompute == "full", selective = s.recompute == "selective";
+  auto block = [&](bool with_att, bool with_output) {
+    a.take_f32(R * C);  // ln1
+    a.take_f32(R);
+    a.take_f32(R);
+    a.take_f32(N * QKV);
+    a.take_f32(N * s.heads_local * s.head_dim);  // atty
+    if (with_att) a.take_f32(att);
+    a.take_f32(R * C);  // res2
+    a.take_f32(R * C);  // ln2
+    a.take_f32(R);
+    a.take_f32(R);
+    a.take_f32(N * s.d_ff_local);  // fch
+    a.take_f32(N * s.d_ff_local);  // fch_gelu
+    if (with_output) a.take_f32(R * C);  // res3
+  };
+  if (full) block(true, false);  // the block being recomputed, shared by every slot
+  if (selective) a.take_f32(att);
+  for (int i = 0; i < s.chunks * s.slots; ++i) {
+    const bool head = s.last_stage && i / s.slots == s.chunks - 1;
+    a.take_i32(N);  // inputs
+    a.take_i32(N);  // targets
+    a.take_f32(R * C);  // x
+    for (int b = 0; b < s.blocks_per_chunk; ++b) {
+      if (full) a.take_f32(R * C);
+      else block(!selective, true);
+    }
+    if (head) {
+      a.take_f32(R * C);  // lnf
+      a.take_f32(R);
+      a.take_f32(R);
+      a.take_f32(N * s.vocab_local);  // logits
+      a.take_f32(N);                  // losses
+      a.take_f32(N);                  // row_max
+      a.take_f32(2 * N);              // row_sums
+    }
+  }
+  if (sp) a.take_f32(N * C), a.take_f32(N * C);  // full_, partial_
+  a.take_f32(R * C);                               // dres_
+  if (sp) a.take_f32(R * C);                       // dchunk_
+  a.take_f32(N * C);                               // dbtc_
+  a.take_f32(N * QKV);                             // dqkv_
+  a.take_f32(N * s.d_ff_local);                    // dfch_gelu_
+  a.take_f32(N * s.d_ff_local);                    // dfch_
+  return int64_t(a.used());
+}
+
+// ---------------------------------------------------------------------------------------------
+// one rank
+
+namespace {
+
+/// What the trainer builds for pipeline stage `stage` (lib/train/trainer.cpp).
+StageSpec stage_spec(const Config& cfg, int stage) {
+  const int pp = cfg.parallel.pp;
+  StageSpec spec{0, 0, stage == 0, stage == pp - 1};
+  const int chunks = cfg.parallel.schedule == "interleaved" ? cfg.parallel.virtual_stages : 1;
+  if (chunks > 1) {
+    const int per_chunk = cfg.model.layers / (pp * chunks);
+    spec.first_layer = stage * per_chunk;
+    spec.end_layer = (stage + 1) * per_chunk;
+    spec.chunks = chunks;
+    spec.chunk_stride = pp * per_chunk;
+  } else {
+    const StageLayers layers = stage_layers(cfg.model, cfg.parallel, stage);
+    spec.first_layer = layers.first;
+    spec.end_layer = layers.end;
+  }
+  return spec;
+}
+
+/// ZeRO's gradient buckets (lib/parallel/zero.cpp, build_buckets): runs of whole units in backward
+/// order holding at least bucket_mb, never mixing two model chunks. Returns their sizes
+/// (elements), the embeddings' bucket (the one holding unit 0) first.
+std::vector<int64_t> bucket_sizes(const ParamTable& t, double bucket_mb) {
+  const int64_t target = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+  std::vector<int64_t> sizes;
+  int last = int(t.units.size()) - 1;
+  while (last >= 0) {
+    int first = last;
+    while (first > 0 && t.units[last].end - t.units[first].begin < target &&
+           t.unit_chunk[first - 1] == t.unit_chunk[last])
+      --first;
+    sizes.insert(sizes.begin(), t.units[last].end - t.units[first].begin);
+    last = first - 1;
+  }
+  return sizes;
+}
+
+struct ElementBytes {
+  double param, grad, optim;  // optim: every optimizer value kept per parameter, together
+};
+
+std::string n_elems(double n) {
+  if (n >= 1e9) return strfmt("%.2fG", n / 1e9);
+  if (n >= 1e6) return strfmt("%.2fM", n / 1e6);
+  if (n >= 1e4) return strfmt("%.1fK", n / 1e3);
+  return strfmt("%.0f", n);
+}
+
+}  // namespace
+
+const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const StageSpec& spec) {
+  const Key key{tp, spec.first_layer, spec.end_layer, spec.first, spec.last, spec.chunks, spec.chunk_stride};
+  auto& slot = tables_[key];
+  if (!slot) slot = std::make_unique<ParamTable>(m, tp, 0, spec);
+  return *slot;
+}
+
+RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& par = cfg.parallel;
+  const bool bf16 = opt.precision == Precision::BF16;
+  const ElementBytes eb = bf16 ? ElementBytes{2, 2, 12} : ElementBytes{4, 4, 8};
+  const int dp = par.dp, tp = par.tp, pp = par.pp, zero = par.zero;
+  const StageSpec spec = stage_spec(cfg, stage);
+  // Tensor-parallel rank 0: every tp rank holds as much (the vocabulary is padded to a multiple).
+  std::unique_ptr<ParamTable> own;
+  if (!opt.tables) own = std::make_unique<ParamTable>(m, tp, 0, spec);
+  const ParamTable& table = opt.tables ? opt.tables->get(m, tp, spec) : *own;
+  const int64_t P = table.total();
+  const int64_t S = (P + dp - 1) / dp;  // dp rank 0's shard: the largest (comm/comm.cpp shard_range)
+  const int micro_batches = cfg.micro_batches_per_step();
+  const int chunks = spec.chunks;
+  const int slots = pipeline_slots(par.schedule, pp, stage, micro_batches, chunks);
+  const bool sp = par.sequence_parallel && tp > 1;
+  const int64_t N = int64_t(cfg.train.micro_batch) * m.seq_len;
+  const int64_t R = sp ? N / tp : N, C = m.d_model;
+  const int64_t head = int64_t(table.vocab_local) * C;  // the tied LM head on this tp rank
+  const bool head_copy = spec.last && !spec.first;       // pipeline.cpp keeps its own wte copy
+
+  RankMemory r;
+  r.stage = stage;
+  const std::string psi = "Ψ_rank = " + n_elems(double(P)) + " parameters";
+
+  // ---- parameters ----
+  if (zero < 3) {
+    r.params = {eb.param * P, strfmt("%g B x %s", eb.param, psi.c_str())};
+  } else {
+    // Stage 3 gathers a unit just before use and prefetches the next: the largest pair of
+    // neighbours in the walk (embeddings and the final LayerNorm meet at the tied LM head).
+    int64_t pair = 0;
+    const auto& u = table.units;
+    for (size_t i = 0; i + 1 < u.size(); ++i)
+      pair = std::max(pair, (u[i].end - u[i].begin) + (u[i + 1].end - u[i + 1].begin));
+    if (spec.first && spec.last && u.size() > 1)
+      pair = std::max(pair, (u.front().end - u.front().begin) + (u.back().end - u.back().begin));
+    if (u.size() == 1) pair = u[0].end - u[0].begin;
+    r.params = {eb.param * (S + pair),
+                strfmt("%g B x (Ψ_rank/dp = %s + 2 gathered units %s)", eb.param, n_elems(S).c_str(),
+                       n_elems(pair).c_str())};
+  }
+  if (head_copy) {
+    r.params.bytes += eb.param * head;
+    r.params.how += strfmt(" + LM-head copy %s", n_elems(head).c_str());
+  }
+
+  // ---- gradients, ZeRO's reduction buffers ----
+  const std::vector<int64_t> buckets = bucket_sizes(table, par.bucket_mb);
+  double comm_bytes = 0;
+  std::string comm_how;
+  if (zero < 2) {
+    r.grads = {eb.grad * P, strfmt("%g B x Ψ_rank", eb.grad)};
+    if (zero == 1) {
+      // Each bucket's reduce-scatter (run even over one rank) receives its part of this rank's
+      // shard into a buffer freed when it completes: at most the whole shard.
+      comm_bytes += eb.grad * S;
+      comm_how = strfmt("reduce-scatter receive %g B x Ψ_rank/dp", eb.grad);
+    }
+  } else {
+    // A bucket's full gradient lives while it fills and reduces; zero.cpp lets one reduce while
+    // the next fills, and the embeddings' bucket stays open through the whole backward.
+    int64_t alive = 0;
+    std::vector<int64_t> others(buckets.begin() + (spec.first ? 1 : 0), buckets.end());
+    std::sort(others.rbegin(), others.rend());
+    for (size_t i = 0; i < others.size() && i < 2; ++i) alive += others[i];
+    if (spec.first) alive += buckets.front();
+    const int n_alive = int(std::min<size_t>(others.size(), 2)) + (spec.first ? 1 : 0);
+    r.grads = {eb.grad * (S + alive),
+               strfmt("%g B x (Ψ_rank/dp + %d bucket(s) alive %s; %zu bucket(s) of %g MB)", eb.grad,
+                      n_alive, n_elems(alive).c_str(), buckets.size(), par.bucket_mb)};
+    // The alive buckets' reduce-scatters receive their parts of this rank's shard.
+    const double recv = std::min<double>(double(S), double(alive));
+    comm_bytes += eb.grad * recv;
+    comm_how = strfmt("reduce-scatter receive %s", n_elems(recv).c_str());
+  }
+  if (head_copy) {
+    r.grads.bytes += eb.grad * head;
+    r.grads.how += " + LM-head copy";
+  }
+
+  // ---- optimizer ----
+  r.optim = {eb.optim * (zero >= 1 ? S : P),
+             strfmt(bf16 ? "%g B x %s (fp32 copy, m, v)" : "%g B x %s (AdamW m, v)", eb.optim,
+                    zero >= 1 ? "Ψ_rank/dp" : "Ψ_rank")};
+
+  // ---- activations ----
+  const int blocks_per_chunk = int(table.blocks.size()) / chunks;
+  if (!bf16) {
+    ArenaShape a{cfg.train.micro_batch, m.seq_len, m.d_model, m.d_model / m.heads,
+                 table.heads_local, table.kv_heads_local, table.d_ff_local, table.vocab_local};
+    a.tp = tp;
+    a.sequence_parallel = par.sequence_parallel;
+    a.blocks_per_chunk = blocks_per_chunk;
+    a.chunks = chunks;
+    a.slots = slots;
+    a.last_stage = spec.last;
+    a.recompute = cfg.train.recompute;
+    r.activations.bytes = double(cpu_activation_arena_bytes(a));
+    a.slots = 1;
+    const double base = double(cpu_activation_arena_bytes(a));
+    a.slots = 2;
+    const double one = double(cpu_activation_arena_bytes(a)) - base;  // what each slot adds
+    r.activations.how = strfmt("%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s), "
+                               "B=%d T=%d%s%s; %s per micro-batch in flight",
+                               blocks_per_chunk, chunks, slots, par.schedule.c_str(),
+                               cfg.train.micro_batch, m.seq_len, sp ? ", SP" : "",
+                               cfg.train.recompute != "none" ? (", recompute " + cfg.train.recompute).c_str() : "",
+                               format_bytes(one).c_str());
+  } else {
+    const double layer = megatron_layer_activation_bytes(m.seq_len, cfg.train.micro_batch, m, tp, sp,
+                                                         cfg.train.recompute);
+    double bytes = layer * blocks_per_chunk * chunks * slots;
+    // Around the blocks: the embeddings' dropout mask (first stage); the final LayerNorm's input
+    // and the fp32 logits the cross-entropy keeps (last stage).
+    if (spec.first) bytes += double(slots) * R * C;
+    if (spec.last) bytes += 2.0 * R * C + 4.0 * N * table.vocab_local;
+    r.activations = {bytes, strfmt("%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s) x "
+                                   "%s per layer (Megatron, B=%d T=%d t=%d%s%s)",
+                                   blocks_per_chunk, chunks, slots, par.schedule.c_str(),
+                                   format_bytes(layer).c_str(), cfg.train.micro_batch, m.seq_len, tp,
+                                   sp ? " SP" : "",
+                                   cfg.train.recompute != "none" ? (" recompute " + cfg.train.recompute).c_str() : "")};
+  }
+
+  // ---- pipeline message buffers ----
+  if (pp > 1) {
+    // pipeline.cpp: a stage other than the first keeps one buffer per slot for the gradients it
+    // sends back (interleaved: per chunk that is not the first model chunk); the first stage
+    // receives the LM head's gradient into a (Vl, C) buffer.
+    const int sending_chunks = chunks - (spec.first ? 1 : 0);
+    const int buffers = sending_chunks * std::min(slots, micro_batches);
+    const double act = bf16 ? 2.0 : 4.0;
+    if (buffers > 0) {
+      comm_bytes += act * buffers * R * C;
+      comm_how += std::string(comm_how.empty() ? "" : "; ") +
+                  strfmt("%d gradient send buffer(s) of (R, C)", buffers);
+    }
+    if (spec.first && !spec.last) {
+      comm_bytes += eb.grad * head;
+      comm_how += std::string(comm_how.empty() ? "" : "; ") + "LM-head gradient from the last stage";
+    }
+  }
+  r.comm = {comm_bytes, comm_how.empty() ? "none" : comm_how};
+
+  // ---- workspace ----
+  if (!bf16) {
+    // The CPU attention backward: one (min(T, 64), T) block per thread (cpu_gemm.cpp).
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(int64_t(cfg.train.micro_batch) * table.kv_heads_local, opt.threads));
+    const int64_t rows = std::min(m.seq_len, 64);
+    r.workspace = {4.0 * parts * rows * m.seq_len,
+                   strfmt("attention backward scratch, %lld thread(s)", (long long)parts)};
+  } else {
+    r.workspace = {opt.workspace_bytes, "cuBLASLt workspace"};
+  }
+  return r;
+}
+
+std::vector<RankMemory> layout_memory(const Config& cfg, const MemoryOptions& opt) {
+  std::vector<RankMemory> out;
+  for (int s = 0; s < cfg.parallel.pp; ++s) out.push_back(rank_memory(cfg, s, opt));
+  return out;
+}
+
+const RankMemory& largest(const std::vector<RankMemory>& stages) {
+  TRELLIS_CHECK(!stages.empty(), "no stages");
+  return *std::max_element(stages.begin(), stages.end(),
+                           [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
+}
+
+}  // namespace trellis

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# trellis plan against measurement: for CPU runs of several layouts (dp/tp/pp/ZeRO mixes, pipeline
+# schedules, recomputation, sequence parallelism) the trainer's measured peak bytes per rank
+# (summary.json: the largest rank's peak, and each kind's) is within 10 % of what `trellis plan`
+# predicts for that layout (--json). Also: bad options end with status 2 naming the option, and
+# GPT-3 175B on 1024 devices gets a ranked table with fitting layouts.
+# Usage: test_plan.sh BUILD_DIR. Ends with "plan: N passed, M failed".
+set -u
+build=${1:-build}
+work=$(mktemp -d /tmp/trellis-plan-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/common.sh"
+check_log="$work/out.log"
+cat > "$work/tiny.deck" <<'DECK'
+[model]
+layers = 4
+d_model = 64
+heads = 4
+seq_len = 32
+vocab = 64
+[train]
+steps = 2
+global_batch = 8
+micro_batch = 2
+[checkpoint]
+resume = never
+[data]
+synthetic_tokens = 16384
+[system]
+threads = 1
+DECK
+
+# compare NP OVERRIDES...: train the layout, plan it, compare the peaks.
+compare() {
+  local np=$1; shift
+  local name="np $np $*"
+  rm -rf "$work/run" "$work/plan.json"
+  timeout 120 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/tiny.deck" --run.dir="$work/run" "$@" \
+    > "$work/out.log" 2>&1
+  local rc=$?
+  "$build/trellis" plan "$work/tiny.deck" "$@" --gpus "$np" --top 0 --json "$work/plan.json" >> "$work/out.log" 2>&1
+  local prc=$?
+  check "$name: trains and plans" '[ $rc -eq 0 ] && [ $prc -eq 0 ] && [ -f "$work/run/summary.json" ] && [ -f "$work/plan.json" ]'
+  [ -f "$work/run/summary.json" ] && [ -f "$work/plan.json" ] || return
+  local verdict
+  verdict=$(python3 - "$work/run/summary.json" "$work/plan.json" <<'PY'
+import json, sys
+measured = json.load(open(sys.argv[1]))
+plan = json.load(open(sys.argv[2]))
+m, p = measured["peak_bytes_per_rank"], plan["peak_bytes_per_rank"]
+bad = []
+if abs(p - m) > 0.10 * m:
+    bad.append(f"total: plan {p:.0f} vs measured {m:.0f}")
+# Each kind's peak over the ranks (the plan's over its stages), where it is a sizeable part.
+kinds = {}
+for stage in plan["stages"]:
+    for k, v in stage["by_kind"].items():
+        kinds[k] = max(kinds.get(k, 0), v)
+for k, v in kinds.items():
+    mk = measured["peak_bytes_by_kind"].get(k, 0)
+    if max(v, mk) > 0.02 * m and abs(v - mk) > 0.10 * max(mk, 1):
+        bad.append(f"{k}: plan {v:.0f} vs measured {mk:.0f}")
+print(f"plan/measured = {p / m:.3f}" + ("; " + "; ".join(bad) if bad else ""))
+PY
+)
+  echo "     $verdict"
+  check "$name: plan within 10 % of the measured peak per rank" '[[ "$verdict" == plan/measured* && "$verdict" != *"vs measured"* ]]'
+}
+
+compare 1
+compare 2 --parallel.dp=2 --parallel.zero=1
+compare 2 --parallel.dp=2 --parallel.zero=2
+compare 2 --parallel.dp=2 --parallel.zero=3
+compare 2 --parallel.tp=2 --parallel.sequence_parallel=true
+compare 2 --parallel.pp=2 --parallel.schedule=gpipe
+compare 4 --parallel.dp=2 --parallel.pp=2 --parallel.zero=1 --train.micro_batch=1
+compare 4 --parallel.tp=2 --parallel.pp=2 --parallel.schedule=interleaved --parallel.virtual_stages=2
+compare 4 --parallel.dp=2 --parallel.tp=2 --parallel.zero=2 --train.recompute=full
+compare 4 --parallel.pp=4 --train.recompute=selective --train.micro_batch=1
+compare 4 --parallel.dp=4 --parallel.zero=3 --parallel.bucket_mb=0.1 --train.micro_batch=1
+
+# Bad input: status 2 and a message naming the option or key.
+run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }
+rc=$(run_plan "$work/tiny.deck" --gpu-mem 80gigs)
+check "bad --gpu-mem: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpu-mem" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --precision fp16)
+check "bad --precision: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--precision" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpus)
+check "--gpus without a value: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpus" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
+check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)
+check "a layout the deck's rules refuse: status 2 naming the key" '[ $rc -eq 2 ] && grep -q "parallel.tp" "$work/out.log"'
+rc=$(run_plan "$work/missing.deck")
+check "a missing deck: status 2 naming the file" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
+
+# GPT-3 175B on 1024 devices of 80 GiB: fitting layouts, ranked; plain data parallelism does not fit.
+deck_dir="$(dirname "$0")/../../inputs"
+rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 1024 --gpu-mem 80GiB --gpus-per-node 8)
+check "GPT-3 175B on 1024 GPUs: ranked layouts, some fit" \
+  '[ $rc -eq 0 ] && grep -q "174.60B parameters" "$work/out.log" && grep -Eq "layouts of 1024 devices evaluated, [1-9][0-9]* fit" "$work/out.log" && grep -q "does not fit one device" "$work/out.log"'
+echo "plan: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,239 @@
+// The planner's formulas against the papers they come from (ZeRO's model states, Megatron-LM's
+// activation memory, GPT-3's parameter count), its fp32 activation arena against the model's own,
+// and the layout search on the tiny deck and on GPT-3 175B over 1024 devices. The whole-program
+// test tests/cli/test_plan.sh holds the fp32 plan to the trainer's measured peak.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/backend.hpp"
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+#include "model/param_store.hpp"
+#include "plan/layouts.hpp"
+#include "plan/memory.hpp"
+#include "plan/plan_main.hpp"
+
+using namespace trellis;
+
+namespace {
+
+ModelConfig gpt3_175b() {
+  ModelConfig m;
+  m.layers = 96;
+  m.d_model = 12288;
+  m.heads = 96;
+  m.kv_heads = 96;
+  m.d_ff = 4 * 12288;
+  m.seq_len = 2048;
+  m.vocab = 50257;
+  return m;
+}
+
+}  // namespace
+
+// ZeRO (Rajbhandari et al. 2020), Figure 1: Ψ = 7.5B parameters, N_d = 64, mixed-precision Adam
+// (K = 12): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per device for stages 0–3.
+TEST(PlanFormulas, ZeroModelStatesReproduceThePaper) {
+  const double psi = 7.5e9;
+  const int nd = 64;
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 0, Precision::BF16).total(), 16 * psi);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 1, Precision::BF16).total(), 2 * psi + 2 * psi + 12 * psi / nd);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 2, Precision::BF16).total(), 2 * psi + (2 + 12) * psi / nd);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 3, Precision::BF16).total(), (2 + 2 + 12) * psi / nd);
+  EXPECT_NEAR(zero_model_states(psi, nd, 0, Precision::BF16).total() / 1e9, 120.0, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 1, Precision::BF16).total() / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 2, Precision::BF16).total() / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 3, Precision::BF16).total() / 1e9, 1.9, 0.05);
+  // Each part on its own: what stage k shards.
+  const ModelStates s2 = zero_model_states(psi, nd, 2, Precision::BF16);
+  EXPECT_DOUBLE_EQ(s2.params, 2 * psi);
+  EXPECT_DOUBLE_EQ(s2.grads, 2 * psi / nd);
+  EXPECT_DOUBLE_EQ(s2.optim, 12 * psi / nd);
+  // This code's fp32 AdamW: 4Ψ + 4Ψ + 8Ψ, the same sharding.
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, 1, 0, Precision::FP32).total(), 16 * psi);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, 8, 1, Precision::FP32).total(), 8 * psi + 8 * psi / 8);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, 8, 3, Precision::FP32).optim, 8 * psi / 8);
+}
+
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+// equations 1–5: per layer, s·b·h·(34 + 5as/h); with tp t: sbh(10 + 24/t + 5as/(ht)); with
+// sequence parallelism: sbh/t·(34 + 5as/h); with selective recomputation too: 34·sbh/t; full
+// recomputation: 2sbh.
+TEST(PlanFormulas, MegatronActivationMemoryPerLayer) {
+  const ModelConfig m = gpt3_175b();
+  for (int64_t b : {1, 4})
+    for (int t : {1, 2, 8}) {
+      const double s = 2048, h = 12288, a = 96, sbh = s * double(b) * h;
+      SCOPED_TRACE("b=" + std::to_string(b) + " t=" + std::to_string(t));
+      EXPECT_NEAR(megatron_layer_activation_bytes(2048, b, m, t, false, "none"),
+                  sbh * (10 + 24.0 / t + 5 * a * s / (h * t)), 1e-6 * sbh);
+      EXPECT_NEAR(megatron_layer_activation_bytes(2048, b, m, t, true, "none"),
+                  sbh / t * (34 + 5 * a * s / h), 1e-6 * sbh);
+      EXPECT_NEAR(megatron_layer_activation_bytes(2048, b, m, t, true, "selective"), sbh * 34 / t, 1e-6 * sbh);
+      EXPECT_NEAR(megatron_layer_activation_bytes(2048, b, m, t, false, "full"), 2 * sbh, 1e-6 * sbh);
+      if (t == 1) {
+        EXPECT_NEAR(megatron_layer_activation_bytes(2048, b, m, 1, false, "none"), sbh * (34 + 5 * a * s / h),
+                    1e-6 * sbh);
+      }
+    }
+  // The paper's GPT-3 example (Table 2 setting, t = 8, b = 1): with SP and selective recomputation
+  // 34·sbh/8 ≈ 107 MB per layer.
+  EXPECT_NEAR(megatron_layer_activation_bytes(2048, 1, m, 8, true, "selective") / 1e6,
+              34.0 * 2048 * 12288 / 8 / 1e6, 0.01);
+  // Grouped key/value heads and a narrower MLP keep less than multi-head attention does.
+  ModelConfig gqa = m;
+  gqa.kv_heads = 8;
+  EXPECT_LT(megatron_layer_activation_bytes(2048, 1, gqa, 1, false, "none"),
+            megatron_layer_activation_bytes(2048, 1, m, 1, false, "none"));
+}
+
+TEST(PlanFormulas, Gpt3ParameterCount) {
+  const ModelConfig m = gpt3_175b();
+  const double psi = double(model_parameter_count(m));
+  const double h = 12288, L = 96, V = 50257, T = 2048;
+  // 12Lh² + 13Lh (blocks: four matrices, their biases, two LayerNorms) + (V + T)h + 2h.
+  EXPECT_DOUBLE_EQ(psi, 12 * L * h * h + 13 * L * h + (V + T) * h + 2 * h);
+  EXPECT_NEAR(psi / 1e9, 174.6, 0.05);
+  // The closed form agrees with the parameter table, grouped key/value heads and d_ff included.
+  ModelConfig g = m;
+  g.layers = 3, g.kv_heads = 8, g.d_ff = 1000;
+  int64_t table_count = 0;
+  const ParamTable table(g);
+  for (const ParamInfo& p : table.params()) table_count += p.global_numel();
+  EXPECT_EQ(model_parameter_count(g), table_count);
+}
+
+// The fp32 plan's activations are the model's arena, byte for byte (tp = 1; tests/cli covers tp).
+TEST(PlanMemory, ActivationArenaMatchesTheModel) {
+  ModelConfig m;
+  m.layers = 3;
+  m.d_model = 32;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.d_ff = 96;
+  m.seq_len = 16;
+  m.vocab = 37;
+  auto be = make_backend("cpu");
+  for (const char* recompute : {"none", "selective", "full"})
+    for (int slots : {1, 3})
+      for (bool last : {true, false}) {
+        SCOPED_TRACE(std::string(recompute) + " slots " + std::to_string(slots) + (last ? " last" : ""));
+        StageSpec spec{0, 2, true, last};
+        ParamTable table(m, 1, 0, spec);
+        ResidentParams store(table);
+        GPT gpt(m, table, store, *be, 2, nullptr, false, slots, recompute);
+        ArenaShape a{2, m.seq_len, m.d_model, m.d_model / m.heads, table.heads_local, table.kv_heads_local,
+                     table.d_ff_local, table.vocab_local};
+        a.blocks_per_chunk = 2;
+        a.slots = slots;
+        a.last_stage = last;
+        a.recompute = recompute;
+        EXPECT_EQ(cpu_activation_arena_bytes(a), int64_t(gpt.activation_bytes()));
+      }
+}
+
+TEST(PlanMemory, DeckLayoutModelStatesFollowZero) {
+  // The tiny default deck on 4 ranks: parameters/gradients/optimizer as ZeRO shards them.
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const Config cfg = load_config("inputs/default.deck",
+                                   {"--parallel.dp=4", "--parallel.zero=" + std::to_string(zero),
+                                    "--train.micro_batch=8"},
+                                   4);
+    const RankMemory r = rank_memory(cfg, 0, MemoryOptions{});
+    const double P = double(ParamTable(cfg.model).total()), S = std::ceil(P / 4);
+    EXPECT_DOUBLE_EQ(r.optim.bytes, 8 * (zero >= 1 ? S : P));
+    if (zero < 3) {
+      EXPECT_DOUBLE_EQ(r.params.bytes, 4 * P);
+    } else {
+      EXPECT_GT(r.params.bytes, 4 * S);  // the shard plus the units gathered at once
+    }
+    if (zero < 2) {
+      EXPECT_DOUBLE_EQ(r.grads.bytes, 4 * P);
+    }
+  }
+}
+
+TEST(PlanLayouts, GroupPlacementFollowsTheOrder) {
+  ParallelConfig p;
+  p.dp = 16, p.tp = 8, p.pp = 8;
+  EXPECT_TRUE(group_inside_node("tp-dp-pp", p, "tp", 8));
+  EXPECT_FALSE(group_inside_node("tp-dp-pp", p, "dp", 8));
+  EXPECT_FALSE(group_inside_node("tp-dp-pp", p, "pp", 8));
+  EXPECT_FALSE(group_inside_node("dp-tp-pp", p, "tp", 8));
+  p.tp = 2, p.dp = 4;
+  EXPECT_TRUE(group_inside_node("tp-dp-pp", p, "dp", 8));
+}
+
+TEST(PlanLayouts, TensorParallelismAcrossNodesIsSlower) {
+  const Config in = load_config("inputs/gpt3-175b.deck", {"--parallel.dp=8"}, 1024, false);
+  Config across = in;
+  across.parallel.tp = 16, across.parallel.pp = 8;  // a tensor group of 16 spans two nodes of 8
+  DeviceModel dev;
+  const StepTime a = estimate_step_time(in, Precision::BF16, dev);
+  const StepTime b = estimate_step_time(across, Precision::BF16, dev);
+  EXPECT_GT(b.tp, 3 * a.tp);
+  // More devices are not always faster: a small model on many devices is communication-bound.
+  const Config tiny = load_config("inputs/default.deck", {"--parallel.dp=16", "--train.micro_batch=2"}, 16);
+  dev.per_node = 1;
+  const StepTime t = estimate_step_time(tiny, Precision::BF16, dev);
+  EXPECT_GT(t.comm_share(), 0.5);
+}
+
+TEST(PlanLayouts, Gpt3On1024DevicesFindsFittingLayouts) {
+  PlanRequest req;
+  req.deck = "inputs/gpt3-175b.deck";
+  req.devices = 1024;
+  req.precision = Precision::BF16;
+  const LayoutSearch s = search_layouts(req);
+  ASSERT_FALSE(s.layouts.empty());
+  EXPECT_FALSE(s.fits_one_device);
+  const LayoutPlan& best = s.layouts.front();
+  EXPECT_TRUE(best.fits);
+  EXPECT_LE(best.memory.total(), req.device.usable());
+  EXPECT_LE(best.cfg.parallel.tp, 8);  // the seed table: tensor parallelism inside a node
+  EXPECT_GT(best.cfg.parallel.tp * best.cfg.parallel.pp, 1);  // 175B does not fit on dp alone
+  // Plain data parallelism without sharding cannot hold 16Ψ = 2.8 TB on one 80 GiB device.
+  for (const LayoutPlan& L : s.layouts)
+    if (L.cfg.parallel.tp == 1 && L.cfg.parallel.pp == 1 && L.cfg.parallel.zero == 0) {
+      EXPECT_FALSE(L.fits);
+    }
+  EXPECT_GT(best.mfu, 0.05);
+  EXPECT_LT(best.mfu, 0.5);  // below the efficiency assumed for the GEMMs
+}
+
+TEST(PlanLayouts, TinyDeckFitsOneDeviceAndPrefersDataParallel) {
+  PlanRequest req;
+  req.deck = "inputs/default.deck";
+  req.devices = 4;
+  req.precision = Precision::FP32;
+  const LayoutSearch s = search_layouts(req);
+  EXPECT_TRUE(s.fits_one_device);
+  for (const LayoutPlan& L : s.layouts) {
+    EXPECT_TRUE(L.fits);
+    EXPECT_EQ(L.cfg.parallel.dp * L.cfg.parallel.tp * L.cfg.parallel.pp, 4);
+    if (L.cfg.parallel.tp > 1 || L.cfg.parallel.pp > 1) {
+      EXPECT_NE(L.advice.find("fits one device"), std::string::npos);
+    }
+  }
+}
+
+TEST(PlanOptions, SizesAndErrors) {
+  EXPECT_DOUBLE_EQ(parse_size("80GiB", "--gpu-mem"), 80.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(parse_size("96GB", "--gpu-mem"), 96e9);
+  EXPECT_DOUBLE_EQ(parse_size("1.5T", "--gpu-mem"), 1.5 * (1ull << 40));
+  EXPECT_DOUBLE_EQ(parse_size("4096", "--gpu-mem"), 4096);
+  try {
+    parse_size("80 gigs", "--gpu-mem");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos);
+  }
+  EXPECT_THROW(parse_size("-1G", "--gpu-mem"), UserError);
+  EXPECT_THROW(parse_precision("fp16"), UserError);
+  EXPECT_EQ(plan_main({"inputs/default.deck", "--gpus", "zero"}), kExitBadInput);
+  EXPECT_EQ(plan_main({"inputs/default.deck", "--no-such-option=1"}), kExitBadInput);
+  EXPECT_EQ(plan_main({"inputs/default.deck", "--model.heads=5"}), kExitBadInput);
+}
