@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
 #include <memory>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
+#include "plan/layouts.hpp"
 #include "train/run_dir.hpp"
 #include "train/trainer.hpp"
 
@@ -55,13 +60,6 @@ TuneOptions parse_tune_options(const std::vector<std::string>& args) {
   return o;
 }
 
-std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return d;
-}
-
 struct Measured {
   LayoutChoice layout;
   Config cfg;
@@ -80,54 +78,79 @@ Config base_config(const std::string& deck, std::vector<std::string> overrides) 
   return load_config(deck, overrides, 1);
 }
 
-bool validates(const std::string& deck, const std::vector<std::string>& overrides, int world) {
-  try {
-    load_config(deck, overrides, world);
-    return true;
-  } catch (const UserError&) {
-    return false;
+// This node's CPUs as the planner's device: the memory a rank may use is its share of what the
+// node has available now; the peak is the deck's system.peak_gflops (a rough 50 GFLOP/s per rank
+// without it — the ranking needs the ratio of compute to communication, not the absolute figure);
+// ranks talk through shared memory inside a node.
+DeviceModel cpu_device_model(const Config& cfg, int local_ranks) {
+  DeviceModel d;
+  double available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") available = kib * 1024;
+    meminfo.ignore(1 << 10, '\n');
   }
+  d.memory_bytes = available > 0 ? available / std::max(1, local_ranks) : 4.0 * (1ull << 30);
+  d.reserve_bytes = 0;
+  d.per_node = std::max(1, local_ranks);
+  d.peak_flops = (cfg.system.peak_gflops > 0 ? cfg.system.peak_gflops : 50.0) * 1e9;
+  d.efficiency = 0.6;
+  d.intra_bw = 5e9, d.intra_latency = 5e-6;
+  d.inter_bw = 1e9, d.inter_latency = 2e-5;
+  return d;
+}
+
+int local_ranks(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
 }
 
 }  // namespace
 
 std::vector<LayoutChoice> tune_candidates(const std::string& deck,
-                                          const std::vector<std::string>& overrides, int world) {
+                                          const std::vector<std::string>& overrides, int world,
+                                          int local_ranks, int count) {
+  PlanRequest req;
+  req.deck = deck;
+  req.overrides = overrides;
+  req.devices = world;
   const Config base = base_config(deck, overrides);
-  std::vector<LayoutChoice> out;
-  for (int tp : divisors(world)) {
-    for (int pp : divisors(world / tp)) {
-      const int dp = world / (tp * pp);
-      std::vector<int> stages = dp > 1 ? std::vector<int>{1, 2, 3} : std::vector<int>{0};
-      for (int zero : stages) {
-        // The micro-batch: the deck's, or the largest that divides this dp rank's share.
-        const int share = base.train.global_batch % dp == 0 ? base.train.global_batch / dp : 0;
-        if (share == 0) continue;
-        int mb = std::min(base.train.micro_batch, share);
-        while (share % mb) --mb;
-        LayoutChoice c;
-        c.overrides = overrides;
-        for (const std::string& o :
-             {strfmt("--parallel.dp=%d", dp), strfmt("--parallel.tp=%d", tp),
-              strfmt("--parallel.pp=%d", pp), strfmt("--parallel.zero=%d", zero),
-              strfmt("--train.micro_batch=%d", mb), std::string("--parallel.stage_layers=")})
-          c.overrides.push_back(o);
-        // With pp > 1 the deck's own schedule when it fits this layout, else 1F1B.
-        if (pp == 1) c.overrides.push_back("--parallel.schedule=1f1b");
-        if (!validates(deck, c.overrides, world)) {
-          c.overrides.push_back("--parallel.schedule=1f1b");
-          if (pp == 1 || !validates(deck, c.overrides, world)) continue;  // e.g. heads % tp != 0
-        }
-        c.name = strfmt("dp%d tp%d pp%d zero%d mb%d", dp, tp, pp, zero, mb);
-        out.push_back(c);
-      }
-    }
+  req.precision = base.system.backend == "cpu" ? Precision::FP32 : Precision::BF16;
+  req.memory.threads = std::max(1, base.system.threads);
+  if (base.system.backend == "cpu") req.device = cpu_device_model(base, local_ranks);
+  const LayoutSearch search = search_layouts(req);
+  // The planner's ranking, best first, but one layout per grid shape (dp, tp, pp) before any
+  // second one: the question tune answers is which degree of each parallelism pays here.
+  std::vector<const LayoutPlan*> picked, seconds;
+  std::set<std::tuple<int, int, int>> shapes;
+  for (const LayoutPlan& L : search.layouts) {
+    if (!L.fits) continue;
+    const auto shape = std::make_tuple(L.cfg.parallel.dp, L.cfg.parallel.tp, L.cfg.parallel.pp);
+    (shapes.insert(shape).second ? picked : seconds).push_back(&L);
   }
-  // Without an estimate, the seed documents' order: data parallel first (least communication
-  // per FLOP), then tensor parallel inside a node, pipeline last; lower ZeRO stages first.
-  std::stable_sort(out.begin(), out.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
-    return a.estimated_seconds < b.estimated_seconds;
-  });
+  picked.insert(picked.end(), seconds.begin(), seconds.end());
+  if (int(picked.size()) > count) picked.resize(count);
+  std::vector<LayoutChoice> out;
+  for (const LayoutPlan* L : picked) {
+    LayoutChoice c;
+    c.overrides = overrides;
+    std::istringstream words(L->overrides());
+    for (std::string w; words >> w;) c.overrides.push_back(w);
+    c.overrides.push_back("--parallel.stage_layers=");  // the deck's split was for its own pp
+    const ParallelConfig& p = L->cfg.parallel;
+    c.name = strfmt("dp%d tp%d pp%d zero%d mb%d%s%s", p.dp, p.tp, p.pp, p.zero,
+                    L->cfg.train.micro_batch, p.sequence_parallel ? " sp" : "",
+                    L->cfg.train.recompute == "none" ? "" : (" rc-" + L->cfg.train.recompute).c_str());
+    c.estimated_seconds = L->time.total();
+    c.planned_bytes = L->memory.total();
+    out.push_back(c);
+  }
   return out;
 }
 
@@ -137,10 +160,12 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   std::string error;
   try {
     opt = parse_tune_options(args);
-    candidates = tune_candidates(opt.deck, opt.overrides, world.size());
+    candidates = tune_candidates(opt.deck, opt.overrides, world.size(), local_ranks(world.comm()),
+                                 opt.candidates);
     if (candidates.empty())
-      throw UserError(strfmt("trellis tune: no valid layout of %s for %d ranks", opt.deck.c_str(),
-                             world.size()));
+      throw UserError(strfmt("trellis tune: no layout of %s for %d ranks fits in memory (see "
+                             "trellis plan %s --gpus %d)", opt.deck.c_str(), world.size(),
+                             opt.deck.c_str(), world.size()));
     if (opt.out.empty()) opt.out = base_config(opt.deck, opt.overrides).run.dir + "/tuned.deck";
     check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");
   } catch (const UserError& e) {
@@ -151,7 +176,6 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     if (world.rank() == 0) log_error("trellis: error: " + error);
     return kExitBadInput;
   }
-  if (int(candidates.size()) > opt.candidates) candidates.resize(opt.candidates);
   log(strfmt("tune: %zu layout(s) of %s on %d rank(s), %d timed step(s) each after a warm-up",
              candidates.size(), opt.deck.c_str(), world.size(), opt.steps));
 
@@ -194,10 +218,12 @@ int tune_main(const std::vector<std::string>& args, World& world) {
                     strfmt("%.0f", m.tokens_per_s),
                     strfmt("%.2f", m.tokens_per_s / results[order[0]].tokens_per_s),
                     format_bytes(m.peak_bytes),
+                    format_bytes(m.layout.planned_bytes),
                     m.layout.estimated_seconds > 0 ? strfmt("%.1f", m.layout.estimated_seconds * 1e3) : "-"});
   }
   log(format_table(strfmt("tune: measured on %d rank(s), fastest first", world.size()),
-                   {"rank", "layout", "ms/step", "tokens/s", "vs best", "peak/rank", "planned ms"},
+                   {"rank", "layout", "ms/step", "tokens/s", "vs best", "peak/rank", "planned peak",
+                    "planned ms"},
                    rows));
   const Measured& best = results[order[0]];
   std::string write_error;

@@ -17,12 +17,15 @@ struct LayoutChoice {
   std::vector<std::string> overrides;  // e.g. {"--parallel.dp=2", "--parallel.tp=2", ...}
   std::string name;                    // e.g. "dp2 tp2 pp1 zero1"
   double estimated_seconds = 0;        // the planner's step time (0: no estimate)
+  double planned_bytes = 0;            // the planner's peak bytes on the largest rank
 };
 
-/// The layouts worth trying for `world` ranks, best first, built from the deck's own settings
-/// (layouts that do not validate are left out).
+/// At most `count` layouts worth trying for `world` ranks (`local_ranks` of them per node), best
+/// first: those that plan/ finds fit in memory, in its order of estimated step time, one per grid
+/// shape (dp, tp, pp) before any second one.
 std::vector<LayoutChoice> tune_candidates(const std::string& deck,
-                                          const std::vector<std::string>& overrides, int world);
+                                          const std::vector<std::string>& overrides, int world,
+                                          int local_ranks, int count);
 
 int tune_main(const std::vector<std::string>& args, World& world);
 

@@ -28,8 +28,12 @@ run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
 
 rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --steps 2 --run.dir="$work/run")
 check "np 2: status 0" '[ $rc -eq 0 ]'
-# dp2 × zero 1/2/3, tp2, pp2: five layouts of a 2-layer, 2-head model on two ranks.
-check "np 2: every valid layout measured (5)" '[ "$(grep -c "^tune: dp" "$work/out.log")" -eq 5 ]'
+# Six of the planner's layouts (the default --candidates), each grid shape of two ranks among them.
+check "np 2: six layouts measured" '[ "$(grep -c "^tune: dp" "$work/out.log")" -eq 6 ]'
+for shape in "dp2 tp1 pp1" "dp1 tp2 pp1" "dp1 tp1 pp2"; do
+  check "np 2: the shape $shape is tried" 'grep -q "^tune: $shape" "$work/out.log"'
+done
+check "np 2: the plan's peak memory is shown next to the measured one" 'grep -q "planned peak" "$work/out.log"'
 check "np 2: the ranking table is printed" 'grep -q "tune: measured on 2 rank(s), fastest first" "$work/out.log"'
 winner=$(grep -o "the winner, [^,]*" "$work/out.log" | sed "s/the winner, //")
 top=$(grep "│ 1 " "$work/out.log" | awk -F"│" "{ gsub(/^ +| +$/, \"\", \$3); print \$3 }")
