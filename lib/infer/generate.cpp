@@ -35,6 +35,7 @@ const char* kGenerateUsage = R"(usage: mpirun -np TP trellis generate CKPT (--pr
   --temperature T      0 = greedy; otherwise sample from softmax(logits / T) (default 1)
   --top-k K            sample among the K most likely tokens only (default 0: all)
   --seed S             the sampler's seed (default 1234): the same seed gives the same text
+  --blas-threads N     BLAS threads per rank (default: the deck's system.threads; 0 = all)
   --logits-out FILE    write the logits after every token fed to the model: float32,
                        little-endian, (rows, vocab): one row per prompt token, then one per
                        generated token but the last (--tokens 0: the prompt's rows)
@@ -53,6 +54,7 @@ struct GenerateOptions {
   bool has_tokens = false;
   SamplingOptions sampling;
   std::string logits_out;
+  int threads = -1;  // BLAS threads per rank; -1: the checkpoint deck's system.threads
   bool help = false;
 };
 
@@ -63,7 +65,7 @@ GenerateOptions parse_options(const std::vector<std::string>& args) {
       "prompt", po::value<std::string>(&o.prompt))("prompt-ids", po::value<std::string>(&o.prompt_ids))(
       "tokens", po::value<int>(&o.tokens))("temperature", po::value<double>(&o.sampling.temperature))(
       "top-k", po::value<int>(&o.sampling.top_k))("seed", po::value<uint64_t>(&o.sampling.seed))(
-      "logits-out", po::value<std::string>(&o.logits_out))("help,h", po::bool_switch(&o.help));
+      "logits-out", po::value<std::string>(&o.logits_out))("blas-threads", po::value<int>(&o.threads))("help,h", po::bool_switch(&o.help));
   po::positional_options_description positional;
   positional.add("checkpoint", 1);
   po::variables_map vm;
@@ -83,6 +85,8 @@ GenerateOptions parse_options(const std::vector<std::string>& args) {
   if (o.tokens < 0) throw UserError("--tokens " + std::to_string(o.tokens) + ": expected ≥ 0");
   if (!std::isfinite(o.sampling.temperature) || o.sampling.temperature < 0)
     throw UserError(strfmt("--temperature %g: expected a number ≥ 0 (0 = greedy)", o.sampling.temperature));
+  if (vm.count("blas-threads") && o.threads < 0)
+    throw UserError("--blas-threads " + std::to_string(o.threads) + ": expected ≥ 0 (0 = all cores)");
   if (o.sampling.top_k < 0)
     throw UserError("--top-k " + std::to_string(o.sampling.top_k) + ": expected ≥ 0 (0 = all)");
   return o;
@@ -263,7 +267,7 @@ int generate_main(const std::vector<std::string>& args, World& world) {
         if (!probe) throw UserError("--logits-out " + opt.logits_out + ": cannot write this file");
       }
       backend = make_backend(cfg.system.backend);
-      backend->set_threads(cfg.system.threads);
+      backend->set_threads(opt.threads >= 0 ? opt.threads : cfg.system.threads);
     }
   } catch (const UserError& e) {
     error = e.what();

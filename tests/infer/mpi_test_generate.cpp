@@ -10,6 +10,7 @@
 #include "infer/decoder.hpp"
 #include "infer/generate.hpp"
 #include "infer/sampling.hpp"
+#include "infer_test_util.hpp"
 #include "mpi_util.hpp"
 
 using namespace trellis;
@@ -34,7 +35,7 @@ Generation run(const ModelConfig& m, Comm* tp, const SamplingOptions& opt) {
   const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
   ParamTable table(m, size, rank);
   std::vector<float> params(table.total());
-  init_parameters(table, m.seed, params.data());  // the same global model on any layout
+  trellis::testing::random_parameters(table, params.data());  // the same model on any layout
   auto be = make_backend("cpu");
   Decoder dec(m, table, params.data(), *be, tp);
   TokenSampler sampler(opt);

@@ -98,6 +98,10 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
     });
     beta = 1.0f;
   }
+  if (N == 1) {  // one row (a generation step): sgemm would first pack all of the weight
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, beta, out, 1);
+    return;
+  }
   // out = inp · weightᵀ
   sgemm_rows(*pool_, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
