@@ -1,6 +1,7 @@
 // trellis — trains GPT-style transformers as an HPC job. This file only reads the subcommand and
 // hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step);
-// `plan` → lib/plan/plan_main.cpp.
+// `plan` → lib/plan/plan_main.cpp, `tune` → lib/train/tune.cpp, `generate` →
+// lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
@@ -8,10 +9,12 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/export_hf.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "infer/generate.hpp"
 #include "plan/plan_main.hpp"
 #include "train/bench.hpp"
 #include "train/trainer.hpp"
@@ -31,6 +34,10 @@ usage:
                                                               steps each; write the fastest as a deck
   trellis inspect CKPT                                        a checkpoint's step, layout, deck,
                                                               tensors; verifies every checksum
+  mpirun -np TP trellis generate CKPT --prompt TEXT [...]     sample text from a trained model
+                                                              (KV cache, tensor-parallel over TP)
+  trellis export CKPT --format hf-gpt2 OUTDIR                 a Hugging Face GPT-2 model directory
+                                                              (config.json, model.safetensors)
   trellis train --help                                        every deck key: type, default, meaning
   trellis --help                                              this text
 
@@ -74,7 +81,12 @@ int main(int argc, char** argv) {
     }
     return trellis::inspect_checkpoint(rest[0], stdout);
   }
-  if (command != "train" && command != "bench" && command != "tune") {
+  if (command == "generate" && wants_help(rest)) {  // before Kokkos, which reads --help too
+    std::fputs(trellis::generate_usage(), stdout);
+    return trellis::kExitOk;
+  }
+  if (command == "export") return trellis::export_main(rest);  // serial, like inspect
+  if (command != "train" && command != "bench" && command != "tune" && command != "generate") {
     std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return trellis::kExitBadInput;
   }
@@ -94,6 +106,8 @@ int main(int argc, char** argv) {
       }
     } else if (command == "tune") {
       status = trellis::tune_main(rest, world);
+    } else if (command == "generate") {
+      status = trellis::generate_main(rest, world);
     } else {
       status = trellis::bench_main(rest, world);
     }

@@ -63,6 +63,14 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
                                   const float* att, int B, int T, int H, int KV, int hd) = 0;
 
+  /// Generation with a key/value cache (lib/infer/), one sequence: M new positions
+  /// [p0, p0 + M). qkv (M,(H+2·KV)·hd) is laid out as in attention_forward; its key and value
+  /// heads are first stored as rows [p0, p0 + M) of k_cache and v_cache (T_max, KV·hd), which
+  /// hold rows [0, p0) from earlier calls; then query row i attends to cache rows [0, p0 + i].
+  /// out (M, H·hd) (overwrites). M = prompt length for the prefill, 1 per generated token.
+  virtual void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv,
+                                int M, int p0, int H, int KV, int hd) = 0;
+
   // ---- element-wise ----
   /// GELU, tanh approximation (as GPT-2). out (n) from inp (n).
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;

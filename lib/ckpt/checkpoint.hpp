@@ -77,6 +77,11 @@ void apply_retention(const std::string& dir, int keep);
 /// then the other step_*.h5 files by step, descending.
 std::vector<std::string> resume_candidates(const std::string& dir);
 
+/// A checkpoint named on the command line: a file as it is; a checkpoint directory or a run
+/// directory (with ckpt/) → its newest checkpoint (`latest`, else the highest step). A directory
+/// without any → UserError.
+std::string resolve_checkpoint(const std::string& path);
+
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
 /// Returns 0 if the file is sound, 1 if not (with what is wrong printed).

@@ -147,4 +147,15 @@ std::vector<std::string> resume_candidates(const std::string& dir) {
   return out;
 }
 
+std::string resolve_checkpoint(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;  // a file (or not)
+  for (const std::string& dir : {path, path + "/ckpt"}) {
+    const std::vector<std::string> c = resume_candidates(dir);
+    if (!c.empty()) return c.front();
+  }
+  throw UserError("checkpoint " + path + ": a directory without step_*.h5 files (give a "
+                  "checkpoint file, a checkpoint directory or a run directory)");
+}
+
 }  // namespace trellis

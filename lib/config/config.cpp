@@ -88,6 +88,8 @@ std::string line_of(const std::string& text, const std::string& bad) {
   return "";
 }
 
+void parse_deck_text(const std::string& path, const std::string& text, Sources& sources);
+
 void read_deck(const std::string& path, Sources& sources) {
   if (path.empty()) fail(kCommandLine, "no deck given");
   std::error_code ec;
@@ -98,7 +100,11 @@ void read_deck(const std::string& path, Sources& sources) {
   std::stringstream buf;
   buf << file.rdbuf();
   if (!file) fail(path, "cannot read the deck: permission denied or I/O error");
-  const std::string text = buf.str();
+  parse_deck_text(path, buf.str(), sources);
+}
+
+// `path` only names the deck in messages.
+void parse_deck_text(const std::string& path, const std::string& text, Sources& sources) {
   // A deck without a single key is almost surely the wrong file (or a truncated one): say so
   // rather than train a default model.
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
@@ -339,11 +345,32 @@ StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stag
   return r;
 }
 
+namespace {
+Config config_from_sources(const std::string& deck_path, Sources& sources,
+                           const std::vector<std::string>& overrides, int world_size,
+                           bool require_built_backend);
+}
+
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                    int world_size, bool require_built_backend) {
   TRELLIS_CHECK(world_size >= 0, "world size %d", world_size);
   Sources sources;
   read_deck(deck_path, sources);
+  return config_from_sources(deck_path, sources, overrides, world_size, require_built_backend);
+}
+
+Config load_config_text(const std::string& deck_text, const std::string& deck_name,
+                        const std::vector<std::string>& overrides, int world_size) {
+  TRELLIS_CHECK(world_size >= 1, "world size %d", world_size);
+  Sources sources;
+  parse_deck_text(deck_name, deck_text, sources);
+  return config_from_sources(deck_name, sources, overrides, world_size, true);
+}
+
+namespace {
+Config config_from_sources(const std::string& deck_path, Sources& sources,
+                           const std::vector<std::string>& overrides, int world_size,
+                           bool require_built_backend) {
   apply_overrides(overrides, sources);
 
   Config cfg;
@@ -372,6 +399,7 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
   for (const auto& e : key_table()) cfg.effective.emplace_back(e.name(), config::value_text(e, cfg));
   return cfg;
 }
+}  // namespace
 
 std::string effective_deck_ini(const Config& cfg) {
   std::string out = "# Effective deck written by trellis (from " +

@@ -121,6 +121,11 @@ StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stag
 Config load_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                    int world_size, bool require_built_backend = true);
 
+/// The same from a deck's text (e.g. the deck stored in a checkpoint); `deck_name` names it in
+/// messages and stands for the deck's path (run.dir's default).
+Config load_config_text(const std::string& deck_text, const std::string& deck_name,
+                        const std::vector<std::string>& overrides, int world_size);
+
 /// Rejects layouts this build cannot run yet (anything but one rank, ZeRO off). The one place
 /// to loosen as multi-rank support lands. Throws UserError naming the keys.
 void check_supported_layout(const Config& cfg);

@@ -93,6 +93,8 @@ class GPT {
 
   const ParamTable& table() const { return table_; }
   const float* losses(int slot = 0) const { return slots_[slot].losses; }  // (B, T), last chunk
+  /// (B·T, Vl) this rank's vocabulary columns, after a forward with dloss = 0 (last stage).
+  const float* logits(int slot = 0) const { return slots_[slot].logits; }
   /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
   int num_slots() const { return slots_per_chunk_; }  // per model chunk

@@ -59,6 +59,9 @@ class CpuBackend : public Backend {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           int B, int T, int H, int KV, int hd) override;
 
+  void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M,
+                        int p0, int H, int KV, int hd) override;
+
   void gelu_forward(float* out, const float* inp, int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void add(float* out, const float* a, const float* b, int64_t n) override;

@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
@@ -96,6 +97,10 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
       for (int j = 0; j < OC; ++j) o[j] = bias[j];
     });
     beta = 1.0f;
+  }
+  if (N == 1) {  // one row (a generation step): sgemm would first pack all of the weight
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, beta, out, 1);
+    return;
   }
   // out = inp · weightᵀ
   sgemm_rows(*pool_, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
@@ -245,6 +250,46 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, sc, D, T,
                       Q + int64_t(i0) * R, R, beta, dK, R);
         }
+      }
+    }
+  });
+}
+
+void CpuBackend::attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv,
+                                  int M, int p0, int H, int KV, int hd) {
+  // out (M,H·hd), k_cache/v_cache (T_max,KV·hd), qkv (M,(H+2·KV)·hd)
+  const int R = (H + 2 * KV) * hd;  // row stride of qkv
+  const int OS = H * hd;            // row stride of out
+  const int KS = KV * hd;           // row stride of the caches
+  const int group = H / KV;
+  const float sc = 1.0f / std::sqrt(float(hd));
+  for (int m = 0; m < M; ++m) {  // the new positions' keys and values join the cache
+    std::memcpy(k_cache + int64_t(p0 + m) * KS, qkv + int64_t(m) * R + OS, sizeof(float) * KS);
+    std::memcpy(v_cache + int64_t(p0 + m) * KS, qkv + int64_t(m) * R + OS + KS, sizeof(float) * KS);
+  }
+  const int parts = cpu::num_parts(*pool_, H);
+  const int64_t block = int64_t(std::min(M, kRowBlock)) * (p0 + M);  // one (rows, keys) S block
+  float* scr = scratch(parts * block);
+  SingleThreadedBlas one(parts > 1);
+  // one work item per query head: it writes out[:, h·hd : (h+1)·hd]
+  cpu::parallel_parts(*pool_, "attention_cached", H, [=](int part, int64_t lo, int64_t hi) {
+    float* S = scr + part * block;
+    for (int64_t h = lo; h < hi; ++h) {
+      const int64_t g = h / group;
+      const float* Q = qkv + h * hd;      // (M,hd), ld R
+      const float* K = k_cache + g * hd;  // (p0+M,hd), ld KS
+      const float* V = v_cache + g * hd;  // (p0+M,hd), ld KS
+      float* O = out + h * hd;            // (M,hd), ld OS
+      for (int i0 = 0; i0 < M; i0 += kRowBlock) {
+        const int i1 = std::min(M, i0 + kRowBlock);
+        const int keys = p0 + i1;  // row block [i0, i1) sees cache rows [0, p0 + i1)
+        // S (i1−i0, keys) = Q[i0:i1]·K[0:keys]ᵀ·scale, then the causal softmax in place
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, keys, hd, sc,
+                    Q + int64_t(i0) * R, R, K, KS, 0.0f, S, keys);
+        causal_softmax_rows(S, keys, p0 + i0, i1 - i0, keys);
+        // O[i0:i1] = P·V[0:keys]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hd, keys, 1.0f, S, keys,
+                    V, KS, 0.0f, O + int64_t(i0) * OS, OS);
       }
     }
   });

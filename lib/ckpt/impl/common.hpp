@@ -65,6 +65,10 @@ int comm_rank(MPI_Comm comm);
 void bcast_string(MPI_Comm comm, std::string& s, int root);
 /// Rank 0's metadata on every rank of comm.
 CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m);
+/// Checks that dataset `name` of an open file exists, is float32 and has `shape`; opens it into
+/// `out`. "" or what is wrong (without the dataset's name).
+std::string open_checked(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
+                         H5Id& out);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.

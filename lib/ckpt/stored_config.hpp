@@ -1,0 +1,16 @@
+// The model a checkpoint holds, from the effective deck stored in it: what `generate` and
+// `export` need to rebuild the GPT without the deck file or the training layout.
+#pragma once
+#include <string>
+
+#include "config/config.hpp"
+
+namespace trellis {
+
+/// Serial (no MPI). The checkpoint's deck as a Config for one rank (dp = tp = pp = 1; the layout
+/// that wrote it does not matter: checkpoints hold global tensors). Not a Trellis checkpoint of
+/// the format version lib/train/checkpointing.hpp writes, unreadable, or a deck that no longer
+/// parses → UserError naming the file.
+Config stored_config(const std::string& path);
+
+}  // namespace trellis
