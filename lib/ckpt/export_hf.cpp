@@ -138,7 +138,11 @@ int export_main(const std::vector<std::string>& args) {
       std::fputs(kExportUsage, stdout);
       return kExitOk;
     }
-    if (a == "--format" && i + 1 < args.size()) {
+    if (a == "--format") {
+      if (i + 1 == args.size()) {
+        std::fprintf(stderr, "trellis export: error: --format needs a value (hf-gpt2)\n");
+        return kExitBadInput;
+      }
       format = args[++i];
     } else if (a.rfind("--format=", 0) == 0) {
       format = a.substr(9);
