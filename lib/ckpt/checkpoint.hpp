@@ -30,6 +30,10 @@ struct CkptSlab {
   bool writer = true;                  // false: another rank writes identical data
 };
 
+/// The version of what a Trellis checkpoint holds (tensor names, metadata keys): written as the
+/// "format_version" attribute; readers refuse any other.
+constexpr int64_t kCheckpointFormat = 1;
+
 /// Small metadata, stored as attributes on the root group ("/"). Names must be distinct across
 /// the three maps.
 struct CkptMeta {

@@ -7,19 +7,13 @@
 
 namespace trellis {
 
-namespace {
-// The format version lib/train/checkpointing.hpp (kCheckpointFormat) writes; ckpt/ does not
-// depend on train/, so a new version must be added in both places.
-constexpr int64_t kReadableFormat = 1;
-}  // namespace
-
 Config stored_config(const std::string& path) {
   CkptMeta meta = read_checkpoint_meta(path);
   const auto version = meta.integers.find("format_version");
-  if (version == meta.integers.end() || version->second != kReadableFormat ||
+  if (version == meta.integers.end() || version->second != kCheckpointFormat ||
       !meta.text.count("deck"))
     throw UserError("checkpoint " + path + ": not a Trellis checkpoint of format version " +
-                    std::to_string(kReadableFormat) + " (no format_version or deck attribute)");
+                    std::to_string(kCheckpointFormat) + " (no format_version or deck attribute)");
   const std::vector<std::string> one_rank = {
       "parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.stage_layers=",
       "parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.sequence_parallel=false",

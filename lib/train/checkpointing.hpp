@@ -21,8 +21,6 @@
 
 namespace trellis {
 
-constexpr int64_t kCheckpointFormat = 1;
-
 class Checkpointer {
  public:
   Checkpointer(const Config& cfg, const Grid& grid, const ParamTable& full, const ParamTable& staged,
