@@ -3,6 +3,8 @@
 #include <climits>
 #include <vector>
 
+#include "core/log.hpp"
+
 namespace trellis {
 
 World::World(int* argc, char*** argv) {
@@ -45,6 +47,15 @@ MinAvgMax min_avg_max(MPI_Comm comm, double value) {
   MPI_Allreduce(&value, &r.avg, 1, MPI_DOUBLE, MPI_SUM, comm);
   r.avg /= size;
   return r;
+}
+
+bool failed_together(MPI_Comm comm, const std::string& error, const std::string& who) {
+  const std::string agreed = agree_on_error(comm, error);
+  if (agreed.empty()) return false;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) log_error(who + ": error: " + agreed);
+  return true;
 }
 
 }  // namespace trellis

@@ -29,6 +29,10 @@ class World {
 /// and the message is printed once.
 std::string agree_on_error(MPI_Comm comm, const std::string& error);
 
+/// Collective: agree_on_error, then, when some rank failed, rank 0 of comm prints
+/// "<who>: error: <message>" once. True when some rank failed (the caller then exits 2).
+bool failed_together(MPI_Comm comm, const std::string& error, const std::string& who);
+
 struct MinAvgMax {
   double min, avg, max;
 };

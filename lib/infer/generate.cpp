@@ -272,11 +272,7 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   } catch (const UserError& e) {
     error = e.what();
   }
-  error = agree_on_error(world.comm(), error);
-  if (!error.empty()) {
-    if (rank == 0) log_error("trellis generate: error: " + error);
-    return kExitBadInput;
-  }
+  if (failed_together(world.comm(), error, "trellis generate")) return kExitBadInput;
   if (opt.help) {
     if (rank == 0) std::fputs(kGenerateUsage, stdout);
     return kExitOk;

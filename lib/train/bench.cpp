@@ -45,11 +45,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   } catch (const UserError& e) {
     error = e.what();
   }
-  error = agree_on_error(world.comm(), error);
-  if (!error.empty()) {
-    if (world.rank() == 0) log_error("trellis bench: error: " + error);
-    return kExitBadInput;
-  }
+  if (failed_together(world.comm(), error, "trellis bench")) return kExitBadInput;
 
   auto backend = make_backend(cfg.system.backend);
   backend->set_threads(cfg.system.threads);

@@ -366,11 +366,7 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   } catch (const UserError& e) {
     error = e.what();
   }
-  error = agree_on_error(world.comm(), error);
-  if (!error.empty()) {
-    if (world.rank() == 0) log_error("trellis: error: " + error);
-    return kExitBadInput;
-  }
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   // Phase 2: the run. A failure now may leave other ranks inside a collective: abort the job.
   try {
     trainer->run();

@@ -171,11 +171,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   } catch (const UserError& e) {
     error = e.what();
   }
-  error = agree_on_error(world.comm(), error);
-  if (!error.empty()) {
-    if (world.rank() == 0) log_error("trellis: error: " + error);
-    return kExitBadInput;
-  }
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   log(strfmt("tune: %zu layout(s) of %s on %d rank(s), %d timed step(s) each after a warm-up",
              candidates.size(), opt.deck.c_str(), world.size(), opt.steps));
 
@@ -240,11 +236,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
       write_error = strfmt("trellis tune: --out = '%s': %s", opt.out.c_str(), e.what());
     }
   }
-  write_error = agree_on_error(world.comm(), write_error);
-  if (!write_error.empty()) {
-    if (world.rank() == 0) log_error("trellis: error: " + write_error);
-    return kExitBadInput;
-  }
+  if (failed_together(world.comm(), write_error, "trellis")) return kExitBadInput;
   log("tune: the winner, " + best.layout.name + ", is written to " + opt.out);
   return kExitOk;
 }

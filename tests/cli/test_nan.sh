@@ -8,13 +8,7 @@ work=$(mktemp -d /tmp/trellis-nan-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"
-cat > "$work/nan.deck" <<'DECK'
-[model]
-layers = 2
-d_model = 16
-heads = 2
-seq_len = 8
-vocab = 29
+tiny_deck "$work/nan.deck" <<'DECK'
 [parallel]
 dp = 2
 zero = 1
@@ -22,10 +16,6 @@ zero = 1
 steps = 12
 global_batch = 4
 micro_batch = 1
-[checkpoint]
-resume = never
-[data]
-synthetic_tokens = 8192
 DECK
 run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
 

@@ -8,21 +8,11 @@ work=$(mktemp -d /tmp/trellis-tune-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"
-cat > "$work/tiny.deck" <<'DECK'
-[model]
-layers = 2
-d_model = 16
-heads = 2
-seq_len = 8
-vocab = 29
+tiny_deck "$work/tiny.deck" <<'DECK'
 [train]
 steps = 3
 global_batch = 4
 micro_batch = 4
-[checkpoint]
-resume = never
-[data]
-synthetic_tokens = 8192
 DECK
 run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
 

@@ -14,3 +14,11 @@ check() {
   fi
   return 0
 }
+# tiny_deck FILE: writes the tiny model the whole-program tests train (2 layers, d_model 16, 2 heads,
+# seq_len 8, vocab 29, synthetic data, no resuming), with the [train]/[parallel] sections read from
+# standard input.
+tiny_deck() {
+  { printf '[model]\nlayers = 2\nd_model = 16\nheads = 2\nseq_len = 8\nvocab = 29\n'
+    cat
+    printf '[checkpoint]\nresume = never\n[data]\nsynthetic_tokens = 8192\n'; } > "$1"
+}
