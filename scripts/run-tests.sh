@@ -50,7 +50,7 @@ for script in tests/cli/*.sh; do
   out=$(timeout --kill-after=10 900 bash "$script" "$build" 2>&1)
   rc=$?
   echo "$out"
-  line=$(echo "$out" | grep -E '^[a-z]+: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+  line=$(echo "$out" | grep -E '^[a-z_0-9-]+: [0-9]+ passed, [0-9]+ failed$' | tail -1)
   if [ -n "$line" ]; then
     read -r p f < <(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1 \2/')
     passed=$((passed + p)); failed=$((failed + f))
