@@ -318,10 +318,10 @@ H5Id dataset_create_plist(const std::vector<int64_t>& g) {
   return dcpl;
 }
 
-/// Checks the dataset `name` of an open file against the expected shape; opens it into `out`.
-/// Returns "" or what is wrong (without the dataset's name).
+/// Checks the dataset `name` of an open file (check_dataset, then the expected shape); opens it
+/// into `out`. Returns "" or what is wrong (without the dataset's name).
 std::string open_checked(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
-                         H5Id& out) {
+                         double file_bytes, H5Id& out) {
   // Every component of the path must exist (H5Lexists needs its parents).
   for (size_t pos = 0; pos <= name.size();) {
     size_t next = name.find('/', pos);
@@ -337,17 +337,9 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
   }
   out = H5Id(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!out.ok()) return "not a dataset (" + h5_error() + ")";
-  H5Id type(H5Dget_type(out.get()), H5Tclose);
-  if (!type.ok()) return h5_error();
-  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
-    return "not float32";
-  H5Id space(H5Dget_space(out.get()), H5Sclose);
-  if (!space.ok()) return h5_error();
-  const int nd = H5Sget_simple_extent_ndims(space.get());
-  if (nd < 0 || nd > 32) return "bad dataspace";
-  std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 1)));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  std::vector<int64_t> got(dims.begin(), dims.begin() + nd);
+  std::vector<int64_t> got;
+  const std::string e = check_dataset(out.get(), got, file_bytes);
+  if (!e.empty()) return e;
   if (got != shape) return "shape " + shape_text(got) + ", expected " + shape_text(shape);
   return {};
 }
@@ -546,9 +538,11 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
 
   // Check every dataset before reading any (the same checks on every rank).
+  const double bytes = file_size(path);
   std::vector<H5Id> dsets(slabs.size());
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
-    const std::string e = open_checked(file.get(), slabs[i].name, slabs[i].global_shape, dsets[i]);
+    const std::string e =
+        open_checked(file.get(), slabs[i].name, slabs[i].global_shape, bytes, dsets[i]);
     if (!e.empty()) err = "dataset " + slabs[i].name + ": " + e;
   }
   err = agree_error(comm, err);
@@ -587,7 +581,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
   double dt = now_seconds() - t0, slowest = dt;
   MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return {file_size(path), slowest};
+  return {bytes, slowest};
 }
 
 CkptMeta read_checkpoint_meta(const std::string& path) {

@@ -65,6 +65,11 @@ int comm_rank(MPI_Comm comm);
 void bcast_string(MPI_Comm comm, std::string& s, int root);
 /// Rank 0's metadata on every rank of comm.
 CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m);
+/// Checks an open dataset of an untrusted file before any read of its data (untrusted.cpp):
+/// float32, 1-D or 2-D, stored inside this file (no external or virtual storage, HDF5's own
+/// filters only), its stored size within file_bytes and (uncompressed) complete. Fills `shape`.
+/// Returns "" or what is wrong.
+std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_bytes);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.
