@@ -53,36 +53,6 @@ double now_seconds() {
       .count();
 }
 
-int comm_rank(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
-int comm_size(MPI_Comm comm) {
-  int s = 1;
-  MPI_Comm_size(comm, &s);
-  return s;
-}
-
-void bcast_string(MPI_Comm comm, std::string& s, int root) {
-  int64_t n = static_cast<int64_t>(s.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, root, comm);
-  s.resize(static_cast<size_t>(n));
-  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm);
-}
-
-/// Collective: "" when `err` is empty on every rank, else the message of the lowest failing rank
-/// (the same string on every rank).
-std::string agree_error(MPI_Comm comm, const std::string& err) {
-  const int size = comm_size(comm);
-  int mine = err.empty() ? size : comm_rank(comm), first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return {};
-  std::string msg = err;
-  bcast_string(comm, msg, first);
-  return msg;
-}
-
 std::string dir_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -351,14 +321,14 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
   if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0 ||
       H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)
     err = "file access properties: " + h5_error();
-  err = agree_error(comm, err);
+  err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
   H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) err = "cannot create " + tmp + ": " + h5_error();
-  err = agree_error(comm, err);
+  if (!file.ok()) err = with_disk_reason("cannot create " + tmp + ": " + h5_error(), tmp);
+  err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
 
-  err = agree_error(comm, write_attributes(file.get(), meta));
+  err = agree_error(comm, with_disk_reason(write_attributes(file.get(), meta), tmp), tmp);
 
   H5Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -367,7 +337,7 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
     if (!dxpl.ok() || H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0 || !lcpl.ok() ||
         H5Pset_create_intermediate_group(lcpl.get(), 1) < 0)
       e = "transfer properties: " + h5_error();
-    err = agree_error(comm, e);
+    err = agree_error(comm, e, tmp);
   }
   // Collective writes go one row interval at a time; every rank makes as many calls for a
   // dataset as the rank with the most intervals (the others with empty selections).
@@ -402,7 +372,8 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
       if (!dset.ok()) e = "create: " + h5_error();
     }
     // Creation is collective: agree before the collective writes.
-    err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
+    e = e.empty() ? e : "dataset " + s.name + ": " + with_disk_reason(e, tmp);
+    err = agree_error(comm, e, tmp);
     if (!err.empty()) break;
     const float* buf = &dummy;
     if (calls[i] > 0) {
@@ -428,13 +399,14 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
         e = "write: " + h5_error();
     }
     if (!dset.close() && e.empty()) e = "close: " + h5_error();
-    err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
+    e = e.empty() ? e : "dataset " + s.name + ": " + with_disk_reason(e, tmp);
+    err = agree_error(comm, e, tmp);
   }
   dxpl.close();
   lcpl.close();
   std::string e;
-  if (!file.close()) e = "closing " + tmp + ": " + h5_error();
-  e = agree_error(comm, e);
+  if (!file.close()) e = with_disk_reason("closing " + tmp + ": " + h5_error(), tmp);
+  e = agree_error(comm, e, tmp);
   return err.empty() ? e : err;
 }
 
@@ -481,12 +453,15 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
         throw std::logic_error("write_checkpoint " + final_path + ": metadata name '" + k +
                                "' used twice or empty");
   }
+  // Refuse early, on every rank alike, a file that cannot fit.
+  const std::string no_room = agree_error(comm, rank == 0 ? check_room(slabs, final_path) : "");
+  if (!no_room.empty()) throw UserError("cannot write checkpoint " + final_path + ": " + no_room);
   std::string tmp;
   if (rank == 0) tmp = final_path + ".tmp-" + random_suffix(::getpid());
   bcast_string(comm, tmp, 0);
 
   std::string err = write_file(comm, tmp, slabs, meta);
-  if (err.empty()) err = agree_error(comm, fsync_file(tmp, false));
+  if (err.empty()) err = agree_error(comm, fsync_file(tmp, false), tmp);
   if (err.empty()) {
     std::string e;
     if (rank == 0) {
