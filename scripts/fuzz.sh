@@ -31,7 +31,7 @@ for t in deck ckpt; do
        -artifact_prefix="$build/fuzz/crash-$t-" "$build/fuzz/corpus-$t" "tests/fuzz/corpus/$t" \
        >> "$log" 2>&1; then
     echo "ok   fuzz_$t: $(grep -oE '#[0-9]+' "$log" | tail -1 | tr -d '#') inputs in $(( $(date +%s) - start )) s," \
-         "corpus $(ls "$build/fuzz/corpus-$t" | wc -l) files"
+         "$(ls "$build/fuzz/corpus-$t" | wc -l) inputs kept in $build/fuzz/corpus-$t"
     passed=$((passed + 1))
   else
     echo "FAIL fuzz_$t (log: $log; input: $(ls "$build"/fuzz/crash-$t-* 2>/dev/null | tail -1)):"
