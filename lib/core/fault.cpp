@@ -29,6 +29,10 @@ FaultSpec parse(const std::string& text) {
   const size_t a = text.find(':');
   if (a == std::string::npos || a == 0) throw bad();
   s.point = text.substr(0, a);
+  if (s.point != "forward" && s.point != "dp" && s.point != "tp" && s.point != "pp" &&
+      s.point != "checkpoint")
+    throw UserError("TRELLIS_FAULT_KILL='" + text + "': unknown point '" + s.point +
+                    "' (forward, dp, tp, pp, checkpoint)");
   const size_t b = text.find(':', a + 1);
   const std::string step = text.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
   char* end = nullptr;

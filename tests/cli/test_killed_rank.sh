@@ -78,5 +78,13 @@ kill_case tp 4 tp:5 step_00000003.h5 --parallel.tp=2
 kill_case pp 4 pp:8 step_00000006.h5 --parallel.dp=1 --parallel.tp=2 --parallel.pp=2 --parallel.schedule=1f1b
 kill_case rank0 4 dp:5:0 step_00000003.h5 --parallel.dp=4 --parallel.zero=1
 
+# A malformed fault specification is bad input like any other: exit 2 before any work.
+check_log="$work/badspec.log"
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL=forward -np 2 "$build/trellis" train \
+  "$work/kill.deck" --run.dir="$work/run-badspec" > "$check_log" 2>&1
+rc=$?
+check "TRELLIS_FAULT_KILL=forward (no step): exit 2 with one message naming the variable" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "error: TRELLIS_FAULT_KILL=.forward.: expected POINT:STEP" "$check_log")" -eq 1 ] && [ ! -e "$work/run-badspec" ]'
+
 echo "killed: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
