@@ -8,9 +8,10 @@
 // point POINT while step STEP (1-based, as the log counts) runs. Points:
 //   forward      the start of a micro-batch's forward pass
 //   dp, tp, pp   entering any operation on the communicator of that name (lib/comm/comm.hpp):
-//                dp = the data-parallel gradient all-reduce / reduce-scatter, tp = the
-//                tensor-parallel all-reduces of forward and backward, pp = pipeline messages;
-//                the other ranks of the group are then waiting inside the collective
+//                dp = the data-parallel gradient all-reduce / reduce-scatter (with ZeRO 3
+//                first the parameter gathers of forward), tp = the tensor-parallel
+//                all-reduces of forward and backward, pp = pipeline messages; the other
+//                ranks of the group are then waiting inside the collective
 //   checkpoint   halfway through writing the checkpoint of step STEP (its datasets)
 // Unset — every real run — each fault point costs one predictable branch.
 #pragma once
