@@ -17,7 +17,8 @@ namespace trellis::ckpt_impl {
 
 double free_bytes(const std::string& dir) {
   struct statvfs st;
-  if (::statvfs(dir.c_str(), &st) != 0) return -1;
+  // Some network and FUSE filesystems report no size at all: unknown, not full.
+  if (::statvfs(dir.c_str(), &st) != 0 || st.f_blocks == 0) return -1;
   return double(st.f_bavail) * double(st.f_frsize);
 }
 

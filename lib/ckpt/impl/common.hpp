@@ -70,7 +70,7 @@ std::string agree_error(MPI_Comm comm, const std::string& err, const std::string
 void bcast_string(MPI_Comm comm, std::string& s, int root);
 /// Rank 0's metadata on every rank of comm.
 CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m);
-/// Bytes available to this user on the filesystem of dir (-1 if unknown).
+/// Bytes available to this user on the filesystem of dir (-1 if unknown: no check then).
 double free_bytes(const std::string& dir);
 /// "" when the filesystem of `path` has room for the slabs' data (a lower bound on the file: HDF5
 /// adds metadata and checksums), else why not.
