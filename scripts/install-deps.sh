@@ -32,6 +32,7 @@ packages=(
   python3-torch python3-h5py python3-numpy  # scripts/torch_reference.py, its test (system python)
   gnuplot-nox  # scripts/plot.sh
   slurm-wlm munge  # tests/cli/test_slurm.sh: a one-node Slurm on localhost, started by the test
+  clang libclang-rt-14-dev  # make fuzz (libFuzzer), run by make test
 )
 
 missing=()

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test binary, each under mpirun with its rank count and a timeout, and ends with one
 # line "tests: N passed, M failed". Usage: scripts/run-tests.sh [BUILD_DIR]
+# With the sanitizer build (make asan-build: $ASAN_BUILD, default build-asan) and the fuzzers
+# (make fuzz-build) present it runs those too — `make test` builds both; otherwise it says it
+# skipped them. scripts/run-tests.sh --asan-only ASAN_BUILD runs only the sanitizer tests.
 set -uo pipefail
+only_asan=0
+if [ "${1:-}" = --asan-only ]; then only_asan=1; shift; fi
 build=${1:-build}
+asan_build=${ASAN_BUILD:-build-asan}
+[ $only_asan -eq 1 ] && asan_build=$build
 cd "$(dirname "$0")/.."
 
 mpirun_flags=(--oversubscribe --bind-to none)
@@ -31,6 +38,26 @@ run() {
   fi
 }
 
+# The tests of the untrusted-input readers under AddressSanitizer + UBSan (Makefile: asan-build).
+run_asan() {
+  if [ ! -x "$asan_build/asan_tests" ]; then
+    echo "=== asan: SKIPPED ($asan_build/asan_tests not built: make asan-build)"
+    return
+  fi
+  export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1  # leaks: see Makefile
+  run asan-unit 1 600 -- "$asan_build/asan_tests" --gtest_filter='-CkptTest*'
+  run asan-ckpt-np2 2 600 -- "$asan_build/asan_tests" --gtest_filter='CkptTest*'
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+}
+if [ $only_asan -eq 1 ]; then
+  run_asan
+  echo
+  [ ${#failures[@]} -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"
+  echo "tests: $passed passed, $failed failed"
+  [ ${#failures[@]} -eq 0 ] && [ $failed -eq 0 ]
+  exit
+fi
+
 run unit 1 900 -- "$build/unit_tests"
 # MPI tests (tests/**/mpi_test_*.cpp): the same binary at two world sizes; tests that need another
 # size skip themselves.
@@ -41,6 +68,7 @@ done
 run "mpi-np3" 3 300 -- "$build/mpi_tests" --gtest_filter='Pipeline*'
 run "mpi-np8" 8 600 -- "$build/mpi_tests" --gtest_filter='Grid3D*:Restart.Chain*'
 
+run_asan
 
 # Shell tests (tests/cli/*.sh): whole-program behaviour under mpirun; each ends with
 # "NAME: N passed, M failed".
@@ -59,6 +87,19 @@ for script in tests/cli/*.sh; do
   fi
   [ $rc -eq 0 ] || failures+=("$name (exit $rc)")
 done
+
+# Fuzzers (Makefile: fuzz-build; scripts/fuzz.sh), FUZZ_SECONDS each (default 60).
+if [ -x "$build/fuzz/fuzz_deck" ] || [ -x "$build/fuzz/fuzz_ckpt" ]; then
+  echo "=== fuzz"
+  out=$(bash scripts/fuzz.sh "$build" "${FUZZ_SECONDS:-60}" 2>&1)
+  rc=$?
+  echo "$out"
+  read -r p f < <(echo "$out" | tail -1 | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1 \2/')
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
+  [ $rc -eq 0 ] || failures+=("fuzz (exit $rc)")
+else
+  echo "=== fuzz: SKIPPED ($build/fuzz/fuzz_* not built: make fuzz-build, needs clang)"
+fi
 
 echo
 [ ${#failures[@]} -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"

@@ -5,9 +5,6 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
 
-#include <csignal>
-#include <cstdlib>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -24,6 +21,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/fault.hpp"
 
 namespace trellis {
 namespace ckpt_impl {
@@ -53,36 +51,6 @@ std::string errno_text(int e) { return std::strerror(e); }
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-int comm_rank(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
-int comm_size(MPI_Comm comm) {
-  int s = 1;
-  MPI_Comm_size(comm, &s);
-  return s;
-}
-
-void bcast_string(MPI_Comm comm, std::string& s, int root) {
-  int64_t n = static_cast<int64_t>(s.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, root, comm);
-  s.resize(static_cast<size_t>(n));
-  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm);
-}
-
-/// Collective: "" when `err` is empty on every rank, else the message of the lowest failing rank
-/// (the same string on every rank).
-std::string agree_error(MPI_Comm comm, const std::string& err) {
-  const int size = comm_size(comm);
-  int mine = err.empty() ? size : comm_rank(comm), first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return {};
-  std::string msg = err;
-  bcast_string(comm, msg, first);
-  return msg;
 }
 
 std::string dir_of(const std::string& path) {
@@ -318,10 +286,10 @@ H5Id dataset_create_plist(const std::vector<int64_t>& g) {
   return dcpl;
 }
 
-/// Checks the dataset `name` of an open file against the expected shape; opens it into `out`.
-/// Returns "" or what is wrong (without the dataset's name).
+/// Checks the dataset `name` of an open file (check_dataset, then the expected shape); opens it
+/// into `out`. Returns "" or what is wrong (without the dataset's name).
 std::string open_checked(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
-                         H5Id& out) {
+                         double file_bytes, H5Id& out) {
   // Every component of the path must exist (H5Lexists needs its parents).
   for (size_t pos = 0; pos <= name.size();) {
     size_t next = name.find('/', pos);
@@ -337,17 +305,9 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
   }
   out = H5Id(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!out.ok()) return "not a dataset (" + h5_error() + ")";
-  H5Id type(H5Dget_type(out.get()), H5Tclose);
-  if (!type.ok()) return h5_error();
-  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
-    return "not float32";
-  H5Id space(H5Dget_space(out.get()), H5Sclose);
-  if (!space.ok()) return h5_error();
-  const int nd = H5Sget_simple_extent_ndims(space.get());
-  if (nd < 0 || nd > 32) return "bad dataspace";
-  std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 1)));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  std::vector<int64_t> got(dims.begin(), dims.begin() + nd);
+  std::vector<int64_t> got;
+  const std::string e = check_dataset(out.get(), got, file_bytes);
+  if (!e.empty()) return e;
   if (got != shape) return "shape " + shape_text(got) + ", expected " + shape_text(shape);
   return {};
 }
@@ -361,14 +321,14 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
   if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0 ||
       H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)
     err = "file access properties: " + h5_error();
-  err = agree_error(comm, err);
+  err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
   H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) err = "cannot create " + tmp + ": " + h5_error();
-  err = agree_error(comm, err);
+  if (!file.ok()) err = with_disk_reason("cannot create " + tmp + ": " + h5_error(), tmp);
+  err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
 
-  err = agree_error(comm, write_attributes(file.get(), meta));
+  err = agree_error(comm, with_disk_reason(write_attributes(file.get(), meta), tmp), tmp);
 
   H5Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -377,7 +337,7 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
     if (!dxpl.ok() || H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0 || !lcpl.ok() ||
         H5Pset_create_intermediate_group(lcpl.get(), 1) < 0)
       e = "transfer properties: " + h5_error();
-    err = agree_error(comm, e);
+    err = agree_error(comm, e, tmp);
   }
   // Collective writes go one row interval at a time; every rank makes as many calls for a
   // dataset as the rank with the most intervals (the others with empty selections).
@@ -393,15 +353,10 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
                   MPI_MAX, comm);
   std::vector<float> ubuf;
   float dummy = 0;
-  // Fault injection for the tests of invariant 4 (nothing lost): the last rank kills itself with
-  // SIGKILL halfway through writing a file whose name contains this variable's value.
-  const char* kill_at = std::getenv("TRELLIS_FAULT_KILL_DURING_CHECKPOINT");
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const bool die_here = kill_at && *kill_at && tmp.find(kill_at) != std::string::npos && rank == size - 1;
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
-    if (die_here && i == slabs.size() / 2) std::raise(SIGKILL);
+    // The tests of invariant 4 (nothing lost) kill a rank halfway through the datasets
+    // (TRELLIS_FAULT_KILL=checkpoint:STEP).
+    if (i == slabs.size() / 2) fault_point("checkpoint");
     const CkptSlab& s = slabs[i];
     const RowUnion& u = unions[i];
     std::string e;
@@ -417,7 +372,8 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
       if (!dset.ok()) e = "create: " + h5_error();
     }
     // Creation is collective: agree before the collective writes.
-    err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
+    e = e.empty() ? e : "dataset " + s.name + ": " + with_disk_reason(e, tmp);
+    err = agree_error(comm, e, tmp);
     if (!err.empty()) break;
     const float* buf = &dummy;
     if (calls[i] > 0) {
@@ -443,13 +399,14 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
         e = "write: " + h5_error();
     }
     if (!dset.close() && e.empty()) e = "close: " + h5_error();
-    err = agree_error(comm, e.empty() ? e : "dataset " + s.name + ": " + e);
+    e = e.empty() ? e : "dataset " + s.name + ": " + with_disk_reason(e, tmp);
+    err = agree_error(comm, e, tmp);
   }
   dxpl.close();
   lcpl.close();
   std::string e;
-  if (!file.close()) e = "closing " + tmp + ": " + h5_error();
-  e = agree_error(comm, e);
+  if (!file.close()) e = with_disk_reason("closing " + tmp + ": " + h5_error(), tmp);
+  e = agree_error(comm, e, tmp);
   return err.empty() ? e : err;
 }
 
@@ -496,12 +453,15 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
         throw std::logic_error("write_checkpoint " + final_path + ": metadata name '" + k +
                                "' used twice or empty");
   }
+  // Refuse early, on every rank alike, a file that cannot fit.
+  const std::string no_room = agree_error(comm, rank == 0 ? check_room(slabs, final_path) : "");
+  if (!no_room.empty()) throw UserError("cannot write checkpoint " + final_path + ": " + no_room);
   std::string tmp;
   if (rank == 0) tmp = final_path + ".tmp-" + random_suffix(::getpid());
   bcast_string(comm, tmp, 0);
 
   std::string err = write_file(comm, tmp, slabs, meta);
-  if (err.empty()) err = agree_error(comm, fsync_file(tmp, false));
+  if (err.empty()) err = agree_error(comm, fsync_file(tmp, false), tmp);
   if (err.empty()) {
     std::string e;
     if (rank == 0) {
@@ -546,9 +506,11 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
 
   // Check every dataset before reading any (the same checks on every rank).
+  const double bytes = file_size(path);
   std::vector<H5Id> dsets(slabs.size());
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
-    const std::string e = open_checked(file.get(), slabs[i].name, slabs[i].global_shape, dsets[i]);
+    const std::string e =
+        open_checked(file.get(), slabs[i].name, slabs[i].global_shape, bytes, dsets[i]);
     if (!e.empty()) err = "dataset " + slabs[i].name + ": " + e;
   }
   err = agree_error(comm, err);
@@ -587,7 +549,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
   double dt = now_seconds() - t0, slowest = dt;
   MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return {file_size(path), slowest};
+  return {bytes, slowest};
 }
 
 CkptMeta read_checkpoint_meta(const std::string& path) {

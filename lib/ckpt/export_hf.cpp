@@ -32,7 +32,7 @@ are refused (exit 2).
 std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamInfo& p) {
   const std::string name = "model/" + p.name;
   H5Id dset;
-  std::string err = open_checked(file, name, p.shape, dset);
+  std::string err = open_checked(file, name, p.shape, file_size(path), dset);
   std::vector<float> data(size_t(p.global_numel()));
   if (err.empty() && !data.empty() &&
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)

@@ -102,6 +102,7 @@ std::string write_attributes(hid_t loc, const CkptMeta& m) {
 struct AttrCtx {
   CkptMeta* meta;
   std::string err;
+  size_t file_bytes;  // an attribute's value lies inside the file: a bound on its size
 };
 
 herr_t read_attribute(hid_t loc, const char* name, const H5A_info_t*, void* data) {
@@ -123,7 +124,7 @@ herr_t read_attribute(hid_t loc, const char* name, const H5A_info_t*, void* data
         break;
       } else {
         const size_t n = H5Tget_size(type.get());
-        if (n == 0 || n > (size_t(1) << 30)) {
+        if (n == 0 || n > ctx->file_bytes) {
           err = "bad string size";
           break;
         }
@@ -167,9 +168,12 @@ herr_t read_attribute(hid_t loc, const char* name, const H5A_info_t*, void* data
 /// "" or what went wrong.
 std::string read_attributes(hid_t file, CkptMeta& meta) {
   meta = CkptMeta{};
-  AttrCtx ctx{&meta, {}};
+  hsize_t file_bytes = 0;
+  if (H5Fget_filesize(file, &file_bytes) < 0) return "file size: " + h5_error();
+  AttrCtx ctx{&meta, {}, static_cast<size_t>(file_bytes)};
   hsize_t idx = 0;
-  if (H5Aiterate2(file, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attribute, &ctx) < 0 &&
+  // Native order: no table of the attributes is built first (see inspect.cpp); meta is sorted.
+  if (H5Aiterate2(file, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, read_attribute, &ctx) < 0 &&
       ctx.err.empty())
     ctx.err = "attributes: " + h5_error();
   return ctx.err;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "core/timer.hpp"
 
 namespace trellis {
@@ -126,6 +127,13 @@ Comm::Comm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)
   MPI_Comm_size(comm_, &size_);
 }
 
+void Comm::begin_op() {
+  ++stats_.calls;
+  // The robustness tests kill a rank here (TRELLIS_FAULT_KILL=dp:STEP, …): its peers are then
+  // inside, or about to enter, the same collective.
+  fault_point(name_);
+}
+
 void Comm::blocking_done(double started) {
   double dt = now_seconds() - started;
   stats_.seconds_blocked += dt;
@@ -156,7 +164,7 @@ void Comm::all_reduce_max(float* data, int64_t n) { all_reduce_op(data, n, MPI_M
 
 void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += 2.0 * static_cast<double>(n);
   for_chunks(n, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, op, comm_), "MPI_Allreduce");
@@ -166,7 +174,7 @@ void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
 
 Request Comm::iall_reduce(float* data, int64_t n) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += 2.0 * static_cast<double>(n);
   Request r;
   for_chunks(n, [&](int64_t off, int cnt) {
@@ -184,7 +192,7 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
   const std::vector<int64_t> displ = displacements(counts);
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += static_cast<double>(total);
   if (total == 0) return;
   const bool in_place = out == in + displ[rank_];
@@ -253,7 +261,7 @@ void Comm::start_all_gather(Request& r, const float* in, float* out,
   const std::vector<int64_t> displ = displacements(counts);
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += static_cast<double>(total);
   if (total == 0) return;
   const bool in_place = in == out + displ[rank_];
@@ -316,7 +324,7 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
   TRELLIS_CHECK(root >= 0 && root < size_, "broadcast on '%s': root %d of %d", name_.c_str(), root,
                 size_);
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += static_cast<double>(bytes) / 4.0;
   char* p = static_cast<char*>(data);
   for_chunks(bytes, [&](int64_t off, int cnt) {
@@ -327,7 +335,7 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
 
 void Comm::send(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += static_cast<double>(n);
   for_chunks(n, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Send(data + off, cnt, MPI_FLOAT, peer, tag, comm_), "MPI_Send");
@@ -337,7 +345,7 @@ void Comm::send(const float* data, int64_t n, int peer, int tag) {
 
 void Comm::recv(float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Status status;
     mpi_ok(MPI_Recv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &status), "MPI_Recv");
@@ -351,7 +359,7 @@ void Comm::recv(float* data, int64_t n, int peer, int tag) {
 
 Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += static_cast<double>(n);
   Request r;
   for_chunks(n, [&](int64_t off, int cnt) {
@@ -364,7 +372,7 @@ Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
 
 Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
-  ++stats_.calls;
+  begin_op();
   Request r;
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
@@ -376,7 +384,7 @@ Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
 
 double Comm::all_reduce_sum(double value) {
   double t0 = now_seconds(), out = 0;
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += 2;
   mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
   blocking_done(t0);
@@ -385,7 +393,7 @@ double Comm::all_reduce_sum(double value) {
 
 double Comm::all_reduce_max(double value) {
   double t0 = now_seconds(), out = 0;
-  ++stats_.calls;
+  begin_op();
   stats_.payload_values += 2;
   mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
   blocking_done(t0);

@@ -119,6 +119,9 @@ class Comm {
   void start_all_gather(Request& r, const float* in, float* out,
                         const std::vector<int64_t>& counts, bool blocking);
   void check_counts(const std::vector<int64_t>& counts, const char* op) const;
+  /// Every operation starts here: counts the call and passes the fault-injection point named
+  /// after this group (core/fault.hpp).
+  void begin_op();
   void blocking_done(double started);
   Request in_flight(Request r, double started);
   void all_reduce_op(float* data, int64_t n, MPI_Op op);

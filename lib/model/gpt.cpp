@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/fault.hpp"
 
 namespace trellis {
 
@@ -161,6 +162,7 @@ void GPT::block_forward(BlockActivations& a, int l, const float* x, const float*
 }
 
 float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss, int chunk) {
+  fault_point("forward");  // robustness tests: TRELLIS_FAULT_KILL=forward:STEP
   Slot& s = at(slot, chunk);
   // The embeddings come before the rank's first chunk, the head after its last.
   const bool first = table_.stage.first && chunk == 0;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "comm/world.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -75,15 +76,28 @@ void Checkpointer::save(int64_t step) {
   const std::string dir = cfg_.checkpoint.dir;
   int rank = 0;
   MPI_Comm_rank(world_, &rank);
-  if (rank == 0) fs::create_directories(dir);
-  MPI_Barrier(world_);
+  // Rank 0 alone touches the directory and `latest`. Its failures (a full disk, a directory
+  // removed under the run) are agreed, so that every rank throws the same UserError and none is
+  // left waiting for it in a collective.
+  auto on_rank0 = [&](auto&& work) {
+    std::string err;
+    if (rank == 0) {
+      try {
+        work();
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    err = agree_on_error(world_, err);
+    if (!err.empty()) throw UserError(err);
+  };
+  on_rank0([&] { fs::create_directories(dir); });
   const std::string name = checkpoint_file_name(step);
   CkptIO io = write_checkpoint(world_, (fs::path(dir) / name).string(), all, meta);
-  if (rank == 0) {
+  on_rank0([&] {
     publish_latest(dir, name);
     apply_retention(dir, cfg_.checkpoint.keep);
-  }
-  MPI_Barrier(world_);
+  });
   log(strfmt("checkpoint: %s/%s, %s in %.2f s (%.1f MB/s)", dir.c_str(), name.c_str(),
              format_bytes(io.bytes).c_str(), io.seconds, io.bytes / 1e6 / std::max(io.seconds, 1e-9)));
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "plan/flops.hpp"
@@ -92,6 +93,7 @@ StepResult Trainer::train_step(int64_t step) {
   const double start = now_seconds();
   const double dp0 = blocked_seconds("dp"), tp0 = blocked_seconds("tp"), pp0 = blocked_seconds("pp");
   const double bubble0 = timers_.get("pipeline wait");
+  set_fault_step(step + 1);  // fault points name steps as the log counts them
   const int B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   const int micro_batches = cfg_.micro_batches_per_step();
   // This dp rank's sequences of the global batch: a contiguous slice, the same for every step
@@ -359,6 +361,7 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   std::unique_ptr<Trainer> trainer;
   std::string error;
   try {
+    set_fault_rank(world.rank(), world.size());  // tests only: TRELLIS_FAULT_KILL
     cfg = load_config(deck, overrides, world.size());
     check_writable_dir(cfg.run.dir, "run.dir");
     check_writable_dir(cfg.checkpoint.dir, "checkpoint.dir");

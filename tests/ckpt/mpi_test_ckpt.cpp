@@ -437,5 +437,68 @@ TEST_F(CkptTest, TruncatedForeignAndMismatchedFiles) {
   }
 }
 
+// Files are untrusted: datasets whose storage the reader must refuse before reading any data.
+TEST_F(CkptTest, UntrustedStorageIsRefusedBeforeAnyRead) {
+  const int r = world_rank();
+  const std::string external = dir_ + "/external.h5", unwritten = dir_ + "/unwritten.h5",
+                    huge = dir_ + "/huge.h5", plugin = dir_ + "/plugin.h5";
+  // One float32 dataset "x" of `n` values with the given creation properties, never written.
+  auto make_file = [](const std::string& path, hsize_t n, hid_t dcpl) {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t sp = H5Screate_simple(1, &n, nullptr);
+    hid_t ds = H5Dcreate2(f, "x", H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const bool ok = f >= 0 && sp >= 0 && ds >= 0;
+    H5Dclose(ds);
+    H5Sclose(sp);
+    H5Fclose(f);
+    return ok;
+  };
+  int made = 1;
+  if (r == 0) {
+    // Raw data in another file (it could be any file on the machine).
+    std::ofstream(dir_ + "/secret.bin") << std::string(92, 'x');
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, (dir_ + "/secret.bin").c_str(), 0, 92);
+    made &= make_file(external, 23, dcpl);
+    H5Pclose(dcpl);
+    // Chunked, no chunk ever written: would read back as zeros.
+    dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t chunk = 8;
+    H5Pset_chunk(dcpl, 1, &chunk);
+    made &= make_file(unwritten, 23, dcpl);
+    // 2^40 values claimed by a file of a few KiB: inspect must not try to read 4 TiB.
+    made &= make_file(huge, hsize_t(1) << 40, dcpl);
+    // A filter that is not HDF5's own (bzip2's registered id): a plugin the file names.
+    H5Pset_filter(dcpl, 307, H5Z_FLAG_OPTIONAL, 0, nullptr);
+    made &= make_file(plugin, 23, dcpl);
+    H5Pclose(dcpl);
+  }
+  MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(made);
+
+  std::vector<float> x(23);
+  CkptSlab xs;
+  xs.name = "x";
+  xs.global_shape = {23};
+  xs.rows = {{0, 23}};
+  xs.data = x.data();
+  std::string msg = read_error(external, {xs});
+  EXPECT_NE(msg.find("external file"), std::string::npos) << msg;
+  msg = read_error(unwritten, {xs});
+  EXPECT_NE(msg.find("of 92 bytes of data stored"), std::string::npos) << msg;
+  msg = read_error(plugin, {xs});
+  EXPECT_NE(msg.find("filter 307"), std::string::npos) << msg;
+  xs.global_shape = {int64_t(1) << 40};
+  msg = read_error(huge, {xs});
+  EXPECT_NE(msg.find("bytes of data stored"), std::string::npos) << msg;
+
+  if (r == 0) {
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    for (const std::string& f : {external, unwritten, huge, plugin})
+      EXPECT_EQ(inspect_checkpoint(f, devnull), 1) << f;
+    std::fclose(devnull);
+  }
+}
+
 }  // namespace
 }  // namespace trellis

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# A rank killed with SIGKILL in the middle of writing a checkpoint: the job ends non-zero within
-# a bounded time (no hang), the previous checkpoint is intact and still `latest`, and the run
-# resumes from it. Usage: test_killed_rank.sh BUILD_DIR. Ends with "killed: N passed, M failed".
+# One rank killed with SIGKILL (no cleanup, no message: as the OOM killer or a dead node) at chosen
+# points of a step — a forward pass, inside the data-parallel gradient reduction, inside a
+# tensor-parallel all-reduce, inside a pipeline exchange, halfway through a checkpoint write —
+# under mpirun at 2 and 4 ranks. Each time: the job ends non-zero within a bounded time (measured;
+# never a hang), the checkpoint published before the kill is still `latest` and verifies
+# (trellis inspect), and the resubmitted job resumes from it and finishes.
+# The kills come from the fault-injection points of lib/core/fault.hpp (TRELLIS_FAULT_KILL).
+# Why nothing hangs: when a process of the job dies, mpirun (Open MPI's default error manager)
+# kills every other process and exits non-zero, whatever the survivors are waiting for; under
+# Slurm, slurm/train.sbatch's `srun --kill-on-bad-exit=1` does the same.
+# Usage: test_killed_rank.sh BUILD_DIR. Ends with "killed: N passed, M failed".
 set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-kill-XXXXXX)
 trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
+limit=60   # seconds a killed job may take to end (it takes a few; a hang would take forever)
 cat > "$work/kill.deck" <<'DECK'
 [model]
 layers = 2
@@ -27,17 +36,55 @@ every = 3
 synthetic_tokens = 8192
 DECK
 
-start=$(date +%s)
-timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL_DURING_CHECKPOINT=step_00000006 -np 2 \
-  "$build/trellis" train "$work/kill.deck" --run.dir="$work/run" > "$work/killed.log" 2>&1
+# kill_case NAME NP FAULT EXPECTED_LATEST [overrides...]: one job with TRELLIS_FAULT_KILL=FAULT,
+# then the checks, then the resubmitted job (without the fault) from the same run directory.
+kill_case() {
+  local name=$1 np=$2 fault=$3 expected=$4; shift 4
+  local run="$work/run-$name" log="$work/$name.log"
+  check_log=$log
+  local start rc elapsed
+  start=$(date +%s.%N)
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL="$fault" -np "$np" \
+    "$build/trellis" train "$work/kill.deck" --run.dir="$run" "$@" > "$log" 2>&1
+  rc=$?
+  elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$start")
+  echo "     $name: TRELLIS_FAULT_KILL=$fault at np $np: exit $rc after ${elapsed}s"
+  check "$name: the job ends non-zero (exit $rc) within ${limit}s (${elapsed}s)" \
+    "[ $rc -ne 0 ] && [ $rc -ne 124 ] && python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < $limit)' $elapsed"
+  check "$name: mpirun reports the killed rank" 'grep -q "exited on signal 9" "$log"'
+  check "$name: latest still names $expected" '[ "$(cat "$run/ckpt/latest")" = "$expected" ]'
+  check "$name: the newest step file is still $expected" \
+    '[ "$(ls "$run/ckpt" | grep -E "^step_[0-9]+\.h5$" | sort | tail -1)" = "$expected" ]'
+  check "$name: $expected verifies (trellis inspect)" '"$build/trellis" inspect "$run/ckpt/$expected" > "$work/$name.inspect" 2>&1'
+  check_log="$work/$name.resume.log"
+  timeout 300 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/kill.deck" --run.dir="$run" "$@" \
+    > "$check_log" 2>&1
+  rc=$?
+  local step=$((10#$(echo "$expected" | sed -E "s/step_([0-9]+)\.h5/\1/")))
+  check "$name: the resubmitted job resumes at step $step and finishes" \
+    "[ $rc -eq 0 ] && grep -q 'at step $step ' '$check_log' && grep -q 'done: final loss' '$check_log'"
+  [ -n "$(ls "$run/ckpt" | grep tmp)" ] && echo "     note: $name: a stale temporary file is left: $(ls "$run/ckpt" | grep tmp)"
+  check_log=""
+}
+
+# Two ranks, data parallel (ZeRO 2): the last rank dies in forward, in the gradient reduce-scatter
+# the other rank is already waiting in, and halfway through writing the step-6 checkpoint.
+kill_case forward 2 forward:5 step_00000003.h5
+kill_case dp 2 dp:5 step_00000003.h5
+kill_case checkpoint 2 checkpoint:6 step_00000003.h5
+# Four ranks: inside a tensor-parallel all-reduce (dp 2 × tp 2), inside a pipeline exchange
+# (tp 2 × pp 2, 1F1B), and rank 0 — the one that writes `latest` — in the gradient all-reduce.
+kill_case tp 4 tp:5 step_00000003.h5 --parallel.tp=2
+kill_case pp 4 pp:8 step_00000006.h5 --parallel.dp=1 --parallel.tp=2 --parallel.pp=2 --parallel.schedule=1f1b
+kill_case rank0 4 dp:5:0 step_00000003.h5 --parallel.dp=4 --parallel.zero=1
+
+# A malformed fault specification is bad input like any other: exit 2 before any work.
+check_log="$work/badspec.log"
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL=forward -np 2 "$build/trellis" train \
+  "$work/kill.deck" --run.dir="$work/run-badspec" > "$check_log" 2>&1
 rc=$?
-elapsed=$(( $(date +%s) - start ))
-check "the job ends non-zero (exit $rc) and does not hang (${elapsed}s)" '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -lt 100 ]'
-check "latest still names the step-3 checkpoint" '[ "$(cat "$work/run/ckpt/latest")" = step_00000003.h5 ]'
-check "no step-6 file in place" '[ ! -e "$work/run/ckpt/step_00000006.h5" ]'
-check "the step-3 checkpoint verifies" '"$build/trellis" inspect "$work/run/ckpt/step_00000003.h5" > /dev/null'
-timeout 120 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/kill.deck" --run.dir="$work/run" > "$work/resume.log" 2>&1
-check "the resubmitted job resumes from step 3 and finishes" '[ $? -eq 0 ] && grep -q "at step 3" "$work/resume.log"'
-ls "$work/run/ckpt" | grep -q tmp && echo "note: a stale temporary file from the killed write is left (removed by retention)"
+check "TRELLIS_FAULT_KILL=forward (no step): exit 2 with one message naming the variable" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "error: TRELLIS_FAULT_KILL=.forward.: expected POINT:STEP" "$check_log")" -eq 1 ] && [ ! -e "$work/run-badspec" ]'
+
 echo "killed: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -61,14 +61,32 @@ double file_size(const std::string& path);
 /// "" when path is an existing regular file, else why not.
 std::string check_regular(const std::string& path);
 int comm_rank(MPI_Comm comm);
+int comm_size(MPI_Comm comm);
+/// Collective: "" when `err` is empty on every rank, else the message of the lowest failing rank
+/// (the same string on every rank). With `writing` (the temporary file of a checkpoint being
+/// written) a failing rank that the others do not join soon aborts the job (agree.cpp).
+std::string agree_error(MPI_Comm comm, const std::string& err, const std::string& writing = {});
 /// Rank `root`'s string on every rank of comm.
 void bcast_string(MPI_Comm comm, std::string& s, int root);
 /// Rank 0's metadata on every rank of comm.
 CkptMeta bcast_meta(MPI_Comm comm, const CkptMeta& m);
-/// Checks that dataset `name` of an open file exists, is float32 and has `shape`; opens it into
-/// `out`. "" or what is wrong (without the dataset's name).
+/// Checks the dataset `name` of an open file of `file_bytes` bytes (check_dataset, then the
+/// expected shape); opens it into `out`. "" or what is wrong (without the dataset's name).
 std::string open_checked(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
-                         H5Id& out);
+                         double file_bytes, H5Id& out);
+/// Bytes available to this user on the filesystem of dir (-1 if unknown: no check then).
+double free_bytes(const std::string& dir);
+/// "" when the filesystem of `path` has room for the slabs' data (a lower bound on the file: HDF5
+/// adds metadata and checksums), else why not.
+std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path);
+/// err (a failed write of `file`) with the system's reason appended, found by a small test write
+/// next to the file, e.g. "…: No space left on device (12 KiB free in DIR)". "" stays "".
+std::string with_disk_reason(const std::string& err, const std::string& file);
+/// Checks an open dataset of an untrusted file before any read of its data (untrusted.cpp):
+/// float32, 1-D or 2-D, stored inside this file (no external or virtual storage, HDF5's own
+/// filters only), its stored size within file_bytes and (uncompressed) complete. Fills `shape`.
+/// Returns "" or what is wrong.
+std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_bytes);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.

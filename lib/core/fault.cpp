@@ -1,0 +1,75 @@
+#include "core/fault.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace trellis {
+
+namespace {
+
+struct FaultSpec {
+  bool armed = false;
+  std::string point;
+  int64_t step = 0;
+  int rank = -1;  // -1: the last rank
+};
+
+int g_rank = -1, g_size = 0;
+int64_t g_step = 0;
+
+/// "POINT:STEP[:RANK]" → spec; anything else is a UserError naming the variable.
+FaultSpec parse(const std::string& text) {
+  const auto bad = [&] {
+    return UserError("TRELLIS_FAULT_KILL='" + text + "': expected POINT:STEP[:RANK], e.g. dp:5:1");
+  };
+  FaultSpec s;
+  const size_t a = text.find(':');
+  if (a == std::string::npos || a == 0) throw bad();
+  s.point = text.substr(0, a);
+  if (s.point != "forward" && s.point != "dp" && s.point != "tp" && s.point != "pp" &&
+      s.point != "checkpoint")
+    throw UserError("TRELLIS_FAULT_KILL='" + text + "': unknown point '" + s.point +
+                    "' (forward, dp, tp, pp, checkpoint)");
+  const size_t b = text.find(':', a + 1);
+  const std::string step = text.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  char* end = nullptr;
+  s.step = std::strtoll(step.c_str(), &end, 10);
+  if (step.empty() || *end || s.step < 1) throw bad();
+  if (b != std::string::npos) {
+    const std::string rank = text.substr(b + 1);
+    s.rank = static_cast<int>(std::strtol(rank.c_str(), &end, 10));
+    if (rank.empty() || *end || s.rank < 0) throw bad();
+  }
+  s.armed = true;
+  return s;
+}
+
+const FaultSpec& spec() {
+  static const FaultSpec s = [] {
+    const char* v = std::getenv("TRELLIS_FAULT_KILL");
+    return v && *v ? parse(v) : FaultSpec{};
+  }();
+  return s;
+}
+
+}  // namespace
+
+void set_fault_rank(int world_rank, int world_size) {
+  g_rank = world_rank;
+  g_size = world_size;
+  (void)spec();  // a malformed value is reported at start-up, not mid-run
+}
+
+void set_fault_step(int64_t step) { g_step = step; }
+
+void fault_point(std::string_view point) {
+  const FaultSpec& s = spec();
+  if (!s.armed || g_rank < 0) return;
+  const int victim = s.rank >= 0 ? s.rank : g_size - 1;
+  if (g_rank == victim && g_step == s.step && point == s.point) std::raise(SIGKILL);
+}
+
+}  // namespace trellis

@@ -1,0 +1,31 @@
+// Fault injection for the robustness tests (tests/cli/test_killed_rank.sh; README, "When things go
+// wrong"). One environment variable names one fault:
+//
+//   TRELLIS_FAULT_KILL=POINT:STEP[:RANK]
+//
+// makes world rank RANK (default: the last rank) kill itself with SIGKILL — no cleanup, no
+// message, as the kernel's OOM killer or a failing node would — the first time it reaches the fault
+// point POINT while step STEP (1-based, as the log counts) runs. Points:
+//   forward      the start of a micro-batch's forward pass
+//   dp, tp, pp   entering any operation on the communicator of that name (lib/comm/comm.hpp):
+//                dp = the data-parallel gradient all-reduce / reduce-scatter (with ZeRO 3
+//                first the parameter gathers of forward), tp = the tensor-parallel
+//                all-reduces of forward and backward, pp = pipeline messages; the other
+//                ranks of the group are then waiting inside the collective
+//   checkpoint   halfway through writing the checkpoint of step STEP (its datasets)
+// Unset — every real run — each fault point costs one predictable branch.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace trellis {
+
+/// Which rank this process is (set once at start-up; without it no fault fires).
+void set_fault_rank(int world_rank, int world_size);
+/// The step now running, 1-based.
+void set_fault_step(int64_t step);
+/// Kills this process with SIGKILL if TRELLIS_FAULT_KILL names this point, the current step and
+/// this rank. A bad TRELLIS_FAULT_KILL value throws UserError.
+void fault_point(std::string_view point);
+
+}  // namespace trellis

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# A full disk during a checkpoint: checkpoint.dir on a small tmpfs that holds one checkpoint file
+# but not two, so the second write (step 6) runs out of space — once with less room than the
+# data (refused before writing), once with room for the data but not the whole file (the disk
+# fills in the middle of the parallel HDF5 write). Expect: exit 2 within a bounded time, one
+# message naming the file and the system's reason ("No space left on device"); the step-3
+# checkpoint intact, still `latest`, verified by trellis inspect; no temporary file left behind.
+# Then the recovery the README gives: make room (here: the tmpfs grown) and resubmit — the job
+# resumes from step 3 and finishes.
+# Needs root to mount the tmpfs (CI runs as root); where it cannot mount one it says so and
+# counts nothing. Usage: test_full_disk.sh BUILD_DIR. Ends with "fulldisk: N passed, M failed".
+set -u
+build=${1:-build}
+work=$(mktemp -d /tmp/trellis-full-XXXXXX)
+small="$work/small"
+cleanup() {
+  pkill -9 -f "$work" 2>/dev/null
+  mountpoint -q "$small" && umount "$small"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+source "$(dirname "$0")/lib/common.sh"
+limit=60
+cat > "$work/full.deck" <<'DECK'
+[model]
+layers = 2
+d_model = 32
+heads = 2
+seq_len = 8
+vocab = 29
+[parallel]
+dp = 2
+zero = 1
+[train]
+steps = 10
+global_batch = 4
+micro_batch = 1
+[checkpoint]
+every = 3
+[data]
+synthetic_tokens = 8192
+DECK
+
+mkdir -p "$small"
+if [ "$(id -u)" -ne 0 ] || ! mount -t tmpfs -o size=64k tmpfs "$small" 2> "$work/mount.err"; then
+  echo "fulldisk: SKIPPED: cannot mount a tmpfs here (needs root): $(cat "$work/mount.err" 2>/dev/null)"
+  echo "fulldisk: 0 passed, 0 failed"
+  exit 0
+fi
+umount "$small"
+
+# The size of one checkpoint of this deck and of its data alone, from a short run on the ordinary disk.
+timeout 120 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" --train.steps=3 \
+  --run.dir="$work/probe" > "$work/probe.log" 2>&1
+one=$(stat -c %s "$work/probe/ckpt/step_00000003.h5" 2>/dev/null || echo 0)
+data=$(( $("$build/trellis" inspect "$work/probe/ckpt/step_00000003.h5" | sed -nE 's/.* datasets, ([0-9]+) elements.*/\1/p') * 4 ))
+check_log="$work/probe.log"
+check "a checkpoint of this deck is written (${one} bytes, ${data} bytes of data)" '[ "$one" -gt 0 ] && [ "$data" -gt 0 ]'
+
+# full_case NAME ROOM_BYTES: checkpoint.dir on a tmpfs with room for the first file and ROOM_BYTES
+# more; the step-6 checkpoint does not fit.
+full_case() {
+  local name=$1 room=$2
+  local kib=$(( (one + room) / 1024 ))
+  mount -t tmpfs -o size=${kib}k tmpfs "$small"
+  echo "     $name: checkpoint.dir on a tmpfs of ${kib} KiB"
+  check_log="$work/$name.log"
+  local start rc elapsed
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -i "error" "$check_log" | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  check "$name: one message naming the step-6 file and 'No space left on device'" \
+    '[ "$(grep -c "error:.*step_00000006.h5.*No space left on device" "$check_log")" -eq 1 ]'
+  check "$name: latest still names step_00000003.h5" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
+  check "$name: no step-6 file and no temporary file left" '[ "$(ls -A "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
+  check "$name: step_00000003.h5 verifies (trellis inspect)" '"$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
+
+  # Recovery: room made (here the filesystem grown), the same job resubmitted.
+  mount -o remount,size=$(( kib * 4 ))k "$small"
+  check_log="$work/$name.resume.log"
+  timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  check "$name: with room again the job resumes at step 3 and finishes (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "at step 3 " "$check_log" && [ "$(cat "$small/ckpt/latest")" = step_00000010.h5 ]'
+  umount "$small"
+}
+
+# Less room than the data: refused before HDF5 opens the file, by every rank alike.
+full_case no-room $(( data / 2 ))
+# Room for the data but not for the whole file: the disk fills in the middle of the HDF5 write.
+full_case fills-up $(( data + 64 * 1024 ))
+
+echo "fulldisk: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
