@@ -56,8 +56,8 @@ class CpuBackend : public Backend {
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
                          int hd) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                          int B, int T, int H, int KV, int hd) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* att, int B, int T, int H, int KV, int hd) override;
 
   void gelu_forward(float* out, const float* inp, int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
