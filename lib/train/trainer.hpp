@@ -49,6 +49,7 @@ class Trainer {
   StepResult train_step(int64_t step);
 
   GPT& model() { return *model_; }
+  Backend& backend() { return *backend_; }
   ShardedParams& params() { return *store_; }
   const Grid& grid() const { return *grid_; }
   Comm& tp_comm() { return *tp_comm_; }
