@@ -36,6 +36,11 @@ void* DeviceAllocator::allocate(size_t bytes) {
 
 void DeviceAllocator::release(void* p) { cudaFree(p); }
 
+Allocator* CudaBackend::allocator() {
+  static DeviceAllocator device;
+  return &device;
+}
+
 CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

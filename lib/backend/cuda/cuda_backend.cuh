@@ -23,7 +23,8 @@
 
 namespace trellis {
 
-/// cudaMalloc'd memory, zero-filled (cudaMemset) as host Buffers are.
+/// cudaMalloc'd memory, zero-filled (cudaMemset) as host Buffers are. One for the process (a
+/// process uses one device), so that a Buffer may outlive the backend that made it.
 class DeviceAllocator : public Allocator {
  public:
   void* allocate(size_t bytes) override;
@@ -38,7 +39,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   void set_threads(int) override {}
 
-  Allocator* allocator() override { return &allocator_; }
+  Allocator* allocator() override;
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
@@ -129,7 +130,6 @@ class CudaBackend : public Backend {
   GemmPlan& plan(const GemmKey& key);
 
   int device_;
-  DeviceAllocator allocator_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
