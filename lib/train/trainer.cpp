@@ -23,10 +23,11 @@ static int node_local_rank(MPI_Comm comm) {
   return local;
 }
 
-Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
+Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend)
+    : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  backend_ = make_backend(cfg_.system.backend, node_local_rank(comm_));
+  backend_ = backend ? std::move(backend) : make_backend(cfg_.system.backend, node_local_rank(comm_));
   backend_->set_threads(cfg_.system.threads);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
