@@ -1,10 +1,9 @@
 // The trainer never touches the backend's memory from the host, checked without a GPU: a backend
 // that runs the CPU kernels but hands out "device" pointers the host cannot dereference (host
-// memory shifted into the non-canonical half of the address space: any host read or write
-// through one faults). Every kernel call shifts its pointers back. Training, recomputation and a
-// checkpoint round trip on it must give bitwise the CPU backend's losses — so the model, the
-// ZeRO store, AdamW and the checkpoints reach device memory only through the Backend's copies,
-// as the CUDA backend needs.
+// memory shifted far above any mapping: any host read or write through one faults). Every
+// kernel call shifts its pointers back. Training, recomputation and a checkpoint round trip on it
+// must give bitwise the CPU backend's losses — so the model, the ZeRO store, AdamW and the
+// checkpoints reach device memory only through the Backend's copies, as the CUDA backend needs.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -20,9 +19,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// 2^62 added to a user-space address gives a non-canonical one on x86-64 (and an unmapped one
-// elsewhere): dereferencing it faults.
-constexpr uintptr_t kShift = uintptr_t(1) << 62;
+// 2^55 added to a user-space address gives a non-canonical one on x86-64 with 48-bit addresses,
+// and an unmapped one with 57-bit addresses or on arm64 (outside the top byte, which arm64 may
+// ignore): dereferencing it faults.
+constexpr uintptr_t kShift = uintptr_t(1) << 55;
 
 template <class T>
 T* real(T* p) {

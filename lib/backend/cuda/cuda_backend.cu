@@ -24,7 +24,7 @@ void lt_check(cublasStatus_t s, const char* what, const char* file, int line) {
 void* DeviceAllocator::allocate(size_t bytes) {
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error state for the next call
+    cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
     throw std::bad_alloc();
   }
   TRELLIS_CUDA(cudaMemset(p, 0, bytes));
