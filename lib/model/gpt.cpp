@@ -258,7 +258,7 @@ void GPT::block_backward(BlockActivations& a, int l, const float* x, const float
   dout = gather_rows(dres, partial_);
   be_.matmul_backward(dbtc_, grad(o.attproj_w), bias_grad ? grad(o.attproj_b) : nullptr, dout,
                       a.atty, at(o.attproj_w), N_, Hl_ * hd_, C_);
-  if (recompute_ == "selective")  // the probabilities again; the output goes to dqkv_, unused
+  if (recompute_ == "selective")  // the saved attention state again; the output goes to dqkv_, unused
     be_.attention_forward(dqkv_, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
   be_.attention_backward(dqkv_, dbtc_, a.qkv, a.atty, a.att, B_, T_, Hl_, KVl_, hd_);
   in = gather_rows(a.ln1, full_);
