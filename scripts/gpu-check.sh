@@ -21,7 +21,7 @@ B0=${GPU_CHECK_B:-64}
 STEPS=${GPU_CHECK_STEPS:-10}
 
 # ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
-if [[ -d $BIN/../lib ]]; then
+if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
   BUNDLE=$(cd "$BIN/.." && pwd)
   export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export OPAL_PKGLIBDIR=$BUNDLE/openmpi/lib OPAL_PKGDATADIR=$BUNDLE/openmpi/share OPAL_SYSCONFDIR=$BUNDLE/openmpi/etc
