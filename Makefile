@@ -48,9 +48,21 @@ NCCL_HOME ?= $(CUDA_HOME)
 HAVE_CUDA := $(if $(NVCC),1,)
 HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so),1,)
 
+# Where nvcc exists the CUDA backend (lib/**/*.cu) is always built, so that every build proves it
+# compiles; the binaries then need libcudart and libcublasLt at run time, but no GPU unless a deck
+# asks for system.backend = cuda. sm_80 (A100) and sm_90 (H100/H200) code, no PTX JIT at start.
+CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS ?= -std=c++20 -O3 -g $(CUDA_ARCH_FLAGS) -Xcompiler -Wall,-Wextra -Ilib
+ifneq ($(HAVE_CUDA),)
+  CU_SRC   := $(shell find lib -name '*.cu' | sort)
+  CPPFLAGS += -DTRELLIS_HAVE_CUDA=1
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart
+endif
+
 # ---- sources ----------------------------------------------------------------------------------
 LIB_SRC  := $(shell find lib -name '*.cpp' | sort)
 LIB_OBJ  := $(LIB_SRC:%.cpp=$(BUILD)/obj/%.o)
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 APP_OBJ  := $(BUILD)/obj/app/trellis.o
 # tests/**/test_*.cpp → unit_tests (one rank); tests/**/mpi_test_*.cpp → mpi_tests (run at np 2 and 4).
 # Both link tests/main.cpp and tests/mpi_util.cpp.
@@ -61,7 +73,7 @@ MPI_TEST_SRC := $(shell find tests -name 'mpi_test_*.cpp' | sort)
 MPI_TEST_OBJ := $(MPI_TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(TEST_MAIN_OBJ)
 LIBTRELLIS := $(BUILD)/libtrellis.a
 
-.PHONY: all deps run test tests bench features fuzz fuzz-build asan-build test-asan clean
+.PHONY: all deps run test tests bench features fuzz fuzz-build asan-build test-asan clean gpu-bundle
 all: features $(BUILD)/trellis
 
 features:
@@ -75,7 +87,12 @@ $(BUILD)/obj/%.o: %.cpp Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
-$(LIBTRELLIS): $(LIB_OBJ)
+# CUDA sources; their dependency files sit next to the objects.
+$(BUILD)/obj/%.cu.o: %.cu Makefile
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(LIBTRELLIS): $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -114,6 +131,11 @@ bench:
 	@$(MAKE) deps
 	@$(MAKE) all
 	@bash scripts/bench.sh $(BUILD)
+
+# The binaries with every library they need but glibc, libstdc++ and cuBLASLt, for a GPU machine
+# without MPI, HDF5, Boost or Kokkos (scripts/gpu-check.sh runs there).
+gpu-bundle: $(BUILD)/trellis $(BUILD)/unit_tests
+	@bash scripts/gpu-bundle.sh $(BUILD)
 
 # ---- fuzzing (libFuzzer, clang): the deck parser and the checkpoint reader -----------------------
 # Each target runs FUZZ_SECONDS (scripts/fuzz.sh); new inputs go to $(BUILD)/fuzz/corpus-*, seeds
@@ -163,4 +185,4 @@ test-asan:
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)

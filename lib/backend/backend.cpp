@@ -1,17 +1,46 @@
-// make_backend: the deck's system.backend name → a Backend.
+// make_backend: the deck's system.backend name → a Backend. The host-memory defaults of the
+// Backend's memory functions.
 #include "backend/backend.hpp"
+
+#include <cstring>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 
+#ifdef TRELLIS_HAVE_CUDA
+#include "backend/cuda/cuda_factory.hpp"
+#endif
+
 namespace trellis {
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+void Backend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
+  if (bytes) std::memcpy(dst, host_src, bytes);
+}
+void Backend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(host_dst, src, bytes);
+}
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+void Backend::zero(void* dst, size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
+  (void)local_rank;
   if (name == "cpu") return std::make_unique<CpuBackend>();
-  if (name == "cuda")
-    throw UserError("system.backend: 'cuda' is not available: this build has no CUDA backend yet "
-                    "(expected cpu)");
-  throw UserError("system.backend: unknown backend '" + name + "' (expected cpu)");
+  if (name == "cuda") {
+#ifdef TRELLIS_HAVE_CUDA
+    std::string why;
+    if (auto be = make_cuda_backend(local_rank, &why)) return be;
+    throw UserError("system.backend: 'cuda' is not available here: " + why +
+                    " (use system.backend = cpu)");
+#else
+    throw UserError("system.backend: 'cuda' is not available: this build has no CUDA backend "
+                    "(nvcc was not found when it was built; use system.backend = cpu)");
+#endif
+  }
+  throw UserError("system.backend: unknown backend '" + name + "' (expected cpu or cuda)");
 }
 
 }  // namespace trellis

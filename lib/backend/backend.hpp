@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "core/memory.hpp"
+
 namespace trellis {
 
 class Backend {
@@ -17,6 +19,22 @@ class Backend {
   virtual std::string name() const = 0;
   /// Threads the backend may use for its GEMMs (0: all of this rank's cores).
   virtual void set_threads(int threads) = 0;
+
+  // ---- memory. Every pointer a kernel takes points into memory from allocator(): host memory
+  //      for the CPU; device memory for cuda, which the host must never dereference — values
+  //      cross with the copies below (plain memcpy/memset on the CPU). The copies are
+  //      synchronous: when one returns, dst holds the values and src may be reused. ----
+  virtual Allocator* allocator() { return &host_allocator(); }
+  bool on_device() { return allocator()->device(); }
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes);
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes);
+  virtual void copy(void* dst, const void* src, size_t bytes);  // within the backend's memory
+  virtual void zero(void* dst, size_t bytes);
+  /// Waits until every kernel launched so far has finished (timers; no-op on the CPU).
+  virtual void synchronize() {}
+  /// A table of device time per kernel class where the backend measures it (cuda with
+  /// TRELLIS_CUDA_PROFILE=1); empty otherwise.
+  virtual std::string profile_report() { return ""; }
 
   // ---- embeddings, vocab-parallel (tensor parallelism: a rank holds vocab rows
   //      [vocab_begin, vocab_begin + vocab_count) of wte; with tp = 1 that is the whole table).
@@ -55,13 +73,20 @@ class Backend {
 
   // ---- causal self-attention with grouped key/value heads ----
   /// qkv (B,T,(H+2·KV)·hd) holds, per position, H query heads then KV key heads then KV value
-  /// heads; query head h reads key/value head h / (H/KV). out (B,T,H·hd); att (B,H,T,T) keeps the
-  /// softmax probabilities for backward (entries above the diagonal are zero).
+  /// heads; query head h reads key/value head h / (H/KV). out (B,T,H·hd); att keeps what
+  /// backward needs: attention_state_elems(B,T,H) floats.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H,
                                  int KV, int hd) = 0;
-  /// dqkv (B,T,(H+2·KV)·hd) from dout (B,T,H·hd) (overwrites).
+  /// dqkv (B,T,(H+2·KV)·hd) from dout (B,T,H·hd) (overwrites); out (B,T,H·hd) and att are what
+  /// forward wrote.
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int H, int KV, int hd) = 0;
+                                  const float* out, const float* att, int B, int T, int H, int KV,
+                                  int hd) = 0;
+  /// The size of attention's saved state. Default: the softmax probabilities (B,H,T,T) (entries
+  /// above the diagonal zero); a fused kernel keeps only each row's logsumexp (B,H,T).
+  virtual int64_t attention_state_elems(int B, int T, int H) const {
+    return int64_t(B) * H * T * T;
+  }
 
   /// Generation with a key/value cache (lib/infer/), one sequence: M new positions
   /// [p0, p0 + M). qkv (M,(H+2·KV)·hd) is laid out as in attention_forward; its key and value
@@ -110,7 +135,9 @@ class Backend {
                      float grad_scale) = 0;
 };
 
-/// The backend a deck asks for ("cpu", later "cuda"). Throws UserError for an unknown name.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+/// The backend a deck asks for ("cpu", or "cuda" where this build has it and a device is present).
+/// Throws UserError naming system.backend otherwise.
+/// `local_rank`: this rank's index among the ranks on its node (cuda: one device per rank).
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank = 0);
 
 }  // namespace trellis

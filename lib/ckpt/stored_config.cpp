@@ -14,10 +14,12 @@ Config stored_config(const std::string& path) {
       !meta.text.count("deck"))
     throw UserError("checkpoint " + path + ": not a Trellis checkpoint of format version " +
                     std::to_string(kCheckpointFormat) + " (no format_version or deck attribute)");
+  // The model as one CPU rank holds it: the shape is what the stored deck tells; the layout,
+  // backend and precision that trained it do not matter (checkpoints are fp32 and layout-free).
   const std::vector<std::string> one_rank = {
       "parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.stage_layers=",
       "parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.sequence_parallel=false",
-      "parallel.zero=0"};
+      "parallel.zero=0", "system.backend=cpu", "system.precision=fp32"};
   return load_config_text(meta.text["deck"], path + " (its stored deck)", one_rank, 1);
 }
 

@@ -324,8 +324,22 @@ void check_supported_layout(const Config& cfg) {
 }
 
 void check_supported_backend(const Config& cfg) {
-  if (cfg.system.backend == "cuda")
-    fail(cfg.deck_path, "system.backend=cuda: this build has no CUDA backend yet");
+  if (cfg.system.backend != "cuda") return;
+#ifndef TRELLIS_HAVE_CUDA
+  fail(cfg.deck_path, "system.backend=cuda: this build has no CUDA backend (nvcc was not found "
+                      "when it was built)");
+#else
+  // Device memory travels only inside one rank until the NCCL communicator exists (lib/comm/).
+  const auto& p = cfg.parallel;
+  if (p.dp * p.tp * p.pp != 1)
+    fail(cfg.deck_path, "system.backend=cuda runs on one rank for now: parallel.dp = parallel.tp = "
+                        "parallel.pp = 1 (no NCCL communicator yet)");
+  if (p.zero != 0)
+    fail(cfg.deck_path, "system.backend=cuda needs parallel.zero = 0 for now (one rank)");
+  if (cfg.system.precision != "fp32")
+    fail(cfg.deck_path, "system.precision = " + cfg.system.precision +
+                            ": the cuda backend runs fp32 only so far");
+#endif
 }
 
 StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage) {

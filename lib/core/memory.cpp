@@ -42,12 +42,30 @@ static void count(MemKind kind, int64_t delta) {
 
 constexpr size_t kAlign = 64;
 
-Buffer::Buffer(MemKind kind, size_t bytes) : bytes_(bytes), kind_(kind) {
+namespace {
+class HostAllocator : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  bool device() const override { return false; }
+};
+}  // namespace
+
+Allocator& host_allocator() {
+  static HostAllocator host;
+  return host;
+}
+
+Buffer::Buffer(MemKind kind, size_t bytes, Allocator* where)
+    : bytes_(bytes), kind_(kind), where_(where ? where : &host_allocator()) {
   if (bytes == 0) return;
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  data_ = std::aligned_alloc(kAlign, rounded);
-  if (!data_) throw std::bad_alloc();
-  std::memset(data_, 0, rounded);
+  data_ = where_->allocate(bytes);
   count(kind_, static_cast<int64_t>(bytes_));
 }
 
@@ -55,14 +73,15 @@ Buffer::~Buffer() { reset(); }
 
 void Buffer::reset() {
   if (data_) {
-    std::free(data_);
+    where_->release(data_);
     count(kind_, -static_cast<int64_t>(bytes_));
   }
   data_ = nullptr;
   bytes_ = 0;
 }
 
-Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), kind_(o.kind_) {
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), kind_(o.kind_), where_(o.where_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
@@ -73,6 +92,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     kind_ = o.kind_;
+    where_ = o.where_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }

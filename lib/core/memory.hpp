@@ -22,11 +22,26 @@ MemoryStats& memory_stats();
 /// Starts a new measurement: every peak becomes the current value.
 void reset_memory_peaks();
 
-/// One 64-byte aligned, zero-filled allocation of `bytes`, counted under `kind` until freed.
+/// Where a Buffer's memory comes from: host memory (the default), or an accelerator's memory,
+/// which only that backend's kernels and copy functions may touch. allocate() returns zero-filled
+/// memory; it throws on failure.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  /// True when the host cannot dereference the memory.
+  virtual bool device() const = 0;
+};
+/// 64-byte aligned host memory (aligned_alloc + memset).
+Allocator& host_allocator();
+
+/// One 64-byte aligned, zero-filled allocation of `bytes` from `where` (host memory by default),
+/// counted under `kind` until freed.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(MemKind kind, size_t bytes);
+  Buffer(MemKind kind, size_t bytes, Allocator* where = nullptr);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -42,6 +57,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemKind kind_ = MemKind::Scratch;
+  Allocator* where_ = nullptr;
 };
 
 /// Hands out aligned slices of one Buffer: sized up front (a measuring pass adds up the requests,
@@ -51,7 +67,7 @@ class Arena {
   Arena() = default;
   /// A measuring arena: take() returns nullptr and only adds up sizes.
   static Arena measuring() { return Arena(); }
-  Arena(MemKind kind, size_t bytes) : buf_(kind, bytes) {}
+  Arena(MemKind kind, size_t bytes, Allocator* where = nullptr) : buf_(kind, bytes, where) {}
 
   float* take_f32(int64_t count) { return static_cast<float*>(take(count * sizeof(float))); }
   int32_t* take_i32(int64_t count) { return static_cast<int32_t*>(take(count * sizeof(int32_t))); }

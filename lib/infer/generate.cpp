@@ -266,7 +266,9 @@ int generate_main(const std::vector<std::string>& args, World& world) {
         std::ofstream probe(opt.logits_out, std::ios::binary);
         if (!probe) throw UserError("--logits-out " + opt.logits_out + ": cannot write this file");
       }
-      backend = make_backend(cfg.system.backend);
+      // The decoder keeps its cache and activations in host memory: it decodes on the CPU
+      // backend whatever backend trained the model (checkpoints are backend-free).
+      backend = make_backend("cpu");
       backend->set_threads(opt.threads >= 0 ? opt.threads : cfg.system.threads);
     }
   } catch (const UserError& e) {

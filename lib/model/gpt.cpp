@@ -41,7 +41,7 @@ GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Bac
   // one allocation.
   Arena measure = Arena::measuring();
   allocate_activations(measure);
-  act_arena_ = Arena(MemKind::Activations, measure.used());
+  act_arena_ = Arena(MemKind::Activations, measure.used(), be_.allocator());
   allocate_activations(act_arena_);
 }
 
@@ -55,7 +55,7 @@ void GPT::allocate_activations(Arena& a) {
     b.ln1_rstd = a.take_f32(R);
     b.qkv = a.take_f32(N * QKVl_);
     b.atty = a.take_f32(N * Hl_ * hd_);
-    b.att = with_att ? a.take_f32(int64_t(B_) * Hl_ * T_ * T_) : nullptr;
+    b.att = with_att ? a.take_f32(be_.attention_state_elems(B_, T_, Hl_)) : nullptr;
     b.res2 = a.take_f32(R * C_);
     b.ln2 = a.take_f32(R * C_);
     b.ln2_mean = a.take_f32(R);
@@ -67,7 +67,7 @@ void GPT::allocate_activations(Arena& a) {
   // What recomputation does not keep per micro-batch lives once, in shared_.
   shared_ = BlockActivations{};
   if (full) take_block(shared_, true, false);
-  if (selective) shared_.att = a.take_f32(int64_t(B_) * Hl_ * T_ * T_);
+  if (selective) shared_.att = a.take_f32(be_.attention_state_elems(B_, T_, Hl_));
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     const bool head = last && int(i) / slots_per_chunk_ == chunks_ - 1;
@@ -168,8 +168,8 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
   const bool first = table_.stage.first && chunk == 0;
   const bool last = table_.stage.last && chunk == chunks_ - 1;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
-  std::memcpy(s.inputs, inputs, sizeof(int32_t) * N_);
-  std::memcpy(s.targets, targets, sizeof(int32_t) * N_);
+  be_.copy_from_host(s.inputs, inputs, sizeof(int32_t) * N_);
+  be_.copy_from_host(s.targets, targets, sizeof(int32_t) * N_);
 
   if (first) {
     // Vocab-parallel embedding: each rank fills the rows of the tokens it holds; their sum over
@@ -180,7 +180,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
     float* looked_up = sp_ ? partial_ : s.x;
     be_.embedding_forward(looked_up, s.inputs, pe + wte, N_, C_, vocab_begin_, Vl_);
     float* sum = reduce_rows(looked_up, s.x);
-    if (sum != s.x) std::memcpy(s.x, sum, sizeof(float) * R_ * C_);
+    if (sum != s.x) be_.copy(s.x, sum, sizeof(float) * R_ * C_);
     be_.position_forward(s.x, pe + wpe, R_, T_, C_, row0_);
     store_.release_params(emb);
   }
@@ -210,8 +210,10 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
   if (first) store_.release_params(emb);
   loss(s, dloss);
 
+  host_losses_.resize(N_);
+  be_.copy_to_host(host_losses_.data(), s.losses, sizeof(float) * N_);
   double total = 0;
-  for (int i = 0; i < N_; ++i) total += s.losses[i];
+  for (int i = 0; i < N_; ++i) total += host_losses_[i];
   return static_cast<float>(total / N_);
 }
 
@@ -258,9 +260,9 @@ void GPT::block_backward(BlockActivations& a, int l, const float* x, const float
   dout = gather_rows(dres, partial_);
   be_.matmul_backward(dbtc_, grad(o.attproj_w), bias_grad ? grad(o.attproj_b) : nullptr, dout,
                       a.atty, at(o.attproj_w), N_, Hl_ * hd_, C_);
-  if (recompute_ == "selective")  // the probabilities again; the output goes to dqkv_, unused
+  if (recompute_ == "selective")  // the saved attention state again; the output goes to dqkv_, unused
     be_.attention_forward(dqkv_, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
-  be_.attention_backward(dqkv_, dbtc_, a.qkv, a.att, B_, T_, Hl_, KVl_, hd_);
+  be_.attention_backward(dqkv_, dbtc_, a.qkv, a.atty, a.att, B_, T_, Hl_, KVl_, hd_);
   in = gather_rows(a.ln1, full_);
   be_.matmul_backward(dbtc_, grad(o.qkv_w), grad(o.qkv_b), dqkv_, in, at(o.qkv_w), N_, C_, QKVl_);
   dln = reduce_rows(dbtc_, dchunk_);
@@ -295,7 +297,7 @@ void GPT::backward(int slot, int chunk) {
     const float* pf = store_.acquire_params(fin);
     float* gf = store_.acquire_grads(fin);
     if (nblocks > 0) store_.prefetch_params(table_.block_unit(l0 + nblocks - 1));
-    std::memset(dres_, 0, sizeof(float) * R_ * C_);
+    be_.zero(dres_, sizeof(float) * R_ * C_);
     be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last_x, pf + lnf_w, s.lnf_mean,
                            s.lnf_rstd, R_, C_);
     store_.release_params(fin);
@@ -312,6 +314,8 @@ void GPT::backward(int slot, int chunk) {
     store_.release_params(unit);
     store_.release_grads(unit);
   }
+  // A device backend runs asynchronously: wait, so that the phase timers measure its work.
+  be_.synchronize();
   if (!first) return;  // dres_ = ∂L/∂input, for the previous stage
 
   // The embeddings' backward needs no parameters, only the token ids.

@@ -32,7 +32,8 @@ struct BlockActivations {
   float* ln1_rstd;  // (R)
   float* qkv;       // (N, (Hl+2KVl)·hd)
   float* atty;      // (N, Hl·hd) attention output before the projection
-  float* att;       // (B, Hl, T, T) softmax probabilities
+  float* att;       // attention_state_elems(B, T, Hl): CPU the softmax probabilities
+                    // (B, Hl, T, T); CUDA each row's logsumexp (B, Hl, T)
   float* res2;      // (R, C)   residual after attention
   float* ln2;       // (R, C)
   float* ln2_mean;  // (R)
@@ -42,7 +43,7 @@ struct BlockActivations {
   float* res3;      // (R, C)   residual after the MLP: the block's output
 };
 
-/// One micro-batch's activations on this stage. A pipeline keeps several in flight (slots).
+/// One micro-batch's activations on this stage, in the backend's memory (device memory for cuda). A pipeline keeps several in flight (slots).
 struct Slot {
   int32_t* inputs;    // (B, T) token ids (first stage)
   int32_t* targets;   // (B, T) next-token ids (last stage)
@@ -92,8 +93,10 @@ class GPT {
   void set_before_embedding_release(std::function<void(float*)> f) { before_release_ = std::move(f); }
 
   const ParamTable& table() const { return table_; }
-  const float* losses(int slot = 0) const { return slots_[slot].losses; }  // (B, T), last chunk
-  /// (B·T, Vl) this rank's vocabulary columns, after a forward with dloss = 0 (last stage).
+  /// (B, T), last chunk; in the backend's memory (device memory for cuda).
+  const float* losses(int slot = 0) const { return slots_[slot].losses; }
+  /// (B·T, Vl) this rank's vocabulary columns, after a forward with dloss = 0 (last stage); in the
+  /// backend's memory.
   const float* logits(int slot = 0) const { return slots_[slot].logits; }
   /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
@@ -142,6 +145,7 @@ class GPT {
   float* dqkv_;       // (N, (Hl+2KVl)·hd)
   float* dfch_gelu_;  // (N, Fl)
   float* dfch_;       // (N, Fl)
+  std::vector<float> host_losses_;  // (N) the losses copied out of the backend's memory
 };
 
 }  // namespace trellis

@@ -21,14 +21,15 @@ double clip_factor(double grad_norm, double grad_clip) {
   return grad_clip / (grad_norm + 1e-6);
 }
 
-AdamW::AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64_t end)
+AdamW::AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64_t end,
+             Allocator* where)
     : cfg_(t), begin_(begin), end_(end) {
   for (const ParamInfo& p : table.params()) {
     int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
     if (b < e) segments_.push_back({b, e, p.decay});
   }
-  m_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float));
-  v_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float));
+  m_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);
+  v_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);
 }
 
 void AdamW::step(Backend& be, float* params, const float* grads, double lr, double grad_scale) {

@@ -23,7 +23,9 @@ double clip_factor(double grad_norm, double grad_clip);
 class AdamW {
  public:
   /// Optimizer state for parameters [begin, end) of the flat buffer laid out by `table`.
-  AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64_t end);
+  /// m and v come from `where` (the backend's memory; null: host memory).
+  AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64_t end,
+        Allocator* where = nullptr);
 
   /// One step. params and grads point at element `begin` of the flat buffer and hold
   /// (end − begin) values; gradients are multiplied by grad_scale first.
@@ -31,7 +33,7 @@ class AdamW {
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  float* m() { return m_.f32(); }  // (end - begin)
+  float* m() { return m_.f32(); }  // (end - begin), in the backend's memory
   float* v() { return v_.f32(); }  // (end - begin)
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }

@@ -12,10 +12,10 @@ ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& para
                              const TrainConfig& train, Comm& dp, Backend& backend)
     : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), total_(table.total()) {
   shard_ = shard_range(total_, dp_.size(), dp_.rank());
-  params_ = Buffer(MemKind::Params, sizeof(float) * (stage_ == 3 ? shard_.size() : total_));
-  grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_));
-  if (stage_ == 0) optimizer_ = std::make_unique<AdamW>(train, table_, 0, total_);
-  else optimizer_ = std::make_unique<AdamW>(train, table_, shard_.begin, shard_.end);
+  params_ = Buffer(MemKind::Params, sizeof(float) * (stage_ == 3 ? shard_.size() : total_), mem());
+  grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_), mem());
+  if (stage_ == 0) optimizer_ = std::make_unique<AdamW>(train, table_, 0, total_, mem());
+  else optimizer_ = std::make_unique<AdamW>(train, table_, shard_.begin, shard_.end, mem());
   gathered_.resize(table_.units.size());
   build_buckets(parallel.bucket_mb);
 }
@@ -70,14 +70,20 @@ float* ShardedParams::shard_grads() {
 // parameters
 
 void ShardedParams::init_parameters(uint64_t seed) {
-  if (stage_ == 3) trellis::init_parameters(table_, seed, params_.f32(), shard_.begin, shard_.end);
-  else trellis::init_parameters(table_, seed, params_.f32());
+  const int64_t begin = stage_ == 3 ? shard_.begin : 0, end = stage_ == 3 ? shard_.end : total_;
+  if (!be_.on_device()) {
+    trellis::init_parameters(table_, seed, params_.f32(), begin, end);
+    return;
+  }
+  std::vector<float> host(end - begin);  // initialised on the host, then copied over
+  trellis::init_parameters(table_, seed, host.data(), begin, end);
+  be_.copy_from_host(params_.data(), host.data(), sizeof(float) * host.size());
 }
 
 void ShardedParams::start_gather(int unit) {
   Gathered& g = gathered_[unit];
   const Unit& u = table_.units[unit];
-  g.params = Buffer(MemKind::Params, sizeof(float) * (u.end - u.begin));
+  g.params = Buffer(MemKind::Params, sizeof(float) * (u.end - u.begin), mem());
   std::vector<int64_t> counts = overlap_counts(u.begin, u.end);
   const float* mine = params_.f32() + std::max<int64_t>(0, std::max(u.begin, shard_.begin) - shard_.begin);
   if (counts[dp_.rank()] == 0) mine = params_.f32();
@@ -110,14 +116,14 @@ void ShardedParams::release_params(int unit) {
 std::vector<float> ShardedParams::gather_parameters(Comm* via) {
   Comm& dp = via ? *via : dp_;
   std::vector<float> all(total_);
-  if (stage_ < 3) std::memcpy(all.data(), params_.data(), sizeof(float) * total_);
+  if (stage_ < 3) be_.copy_to_host(all.data(), params_.data(), sizeof(float) * total_);
   else dp.all_gather(params_.f32(), all.data(), shard_counts(total_, dp.size()));
   return all;
 }
 
 std::vector<float> ShardedParams::gather_gradients() {
   std::vector<float> all(total_);
-  if (stage_ == 0) std::memcpy(all.data(), grads_.data(), sizeof(float) * total_);
+  if (stage_ == 0) be_.copy_to_host(all.data(), grads_.data(), sizeof(float) * total_);
   else dp_.all_gather(shard_grads(), all.data(), shard_counts(total_, dp_.size()));
   return all;
 }
@@ -127,8 +133,8 @@ void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<fl
   m.assign(total_, 0.f);
   v.assign(total_, 0.f);
   if (stage_ == 0) {
-    std::memcpy(m.data(), optimizer_->m(), sizeof(float) * total_);
-    std::memcpy(v.data(), optimizer_->v(), sizeof(float) * total_);
+    be_.copy_to_host(m.data(), optimizer_->m(), sizeof(float) * total_);
+    be_.copy_to_host(v.data(), optimizer_->v(), sizeof(float) * total_);
     return;
   }
   const std::vector<int64_t> counts = shard_counts(total_, dp.size());
@@ -138,11 +144,12 @@ void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<fl
 
 void ShardedParams::load_state(const float* params, const float* m, const float* v,
                                int64_t steps_taken) {
-  if (stage_ == 3) std::memcpy(params_.data(), params + shard_.begin, sizeof(float) * shard_.size());
-  else std::memcpy(params_.data(), params, sizeof(float) * total_);
+  if (stage_ == 3)
+    be_.copy_from_host(params_.data(), params + shard_.begin, sizeof(float) * shard_.size());
+  else be_.copy_from_host(params_.data(), params, sizeof(float) * total_);
   const int64_t begin = stage_ == 0 ? 0 : shard_.begin, n = stage_ == 0 ? total_ : shard_.size();
-  std::memcpy(optimizer_->m(), m + begin, sizeof(float) * n);
-  std::memcpy(optimizer_->v(), v + begin, sizeof(float) * n);
+  be_.copy_from_host(optimizer_->m(), m + begin, sizeof(float) * n);
+  be_.copy_from_host(optimizer_->v(), v + begin, sizeof(float) * n);
   optimizer_->set_steps_taken(steps_taken);
 }
 
@@ -150,7 +157,7 @@ void ShardedParams::load_state(const float* params, const float* m, const float*
 // gradients
 
 void ShardedParams::begin_step() {
-  std::memset(grads_.data(), 0, grads_.bytes());
+  be_.zero(grads_.data(), grads_.bytes());
   for (auto& b : buckets_) b.unreleased = b.last_unit - b.first_unit + 1;
 }
 
@@ -169,7 +176,7 @@ float* ShardedParams::acquire_grads(int unit) {
       oldest.request.wait();
       complete_reduction(oldest);
     }
-    b.grads = Buffer(MemKind::Grads, sizeof(float) * (b.end - b.begin));
+    b.grads = Buffer(MemKind::Grads, sizeof(float) * (b.end - b.begin), mem());
   }
   return b.grads.f32() + (table_.units[unit].begin - b.begin);
 }
@@ -195,7 +202,7 @@ void ShardedParams::launch_reduction(Bucket& b) {
     }
     return;
   }
-  b.received = Buffer(MemKind::Comm, sizeof(float) * b.mine.size());
+  b.received = Buffer(MemKind::Comm, sizeof(float) * b.mine.size(), mem());
   const float* in = stage_ == 1 ? grads_.f32() + b.begin : b.grads.f32();
   b.request = dp_.ireduce_scatter(in, b.received.f32(), b.counts);
   b.in_flight = true;
@@ -208,7 +215,7 @@ void ShardedParams::complete_reduction(Bucket& b) {
   if (stage_ == 0) return;
   float* dst = shard_grads() + (b.mine.begin - shard_.begin);
   if (stage_ == 1) {
-    std::memcpy(dst, b.received.data(), sizeof(float) * b.mine.size());
+    be_.copy(dst, b.received.data(), sizeof(float) * b.mine.size());
   } else {
     be_.add(dst, dst, b.received.f32(), b.mine.size());  // accumulate over micro-batches
     b.grads.reset();  // the rest of the bucket belongs to other ranks' shards: free it now

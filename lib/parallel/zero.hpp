@@ -12,6 +12,9 @@
 //            LayerNorm) all-gathered just before use and freed after; the next one
 //            prefetched                                                          16Ψ/N (+ units in flight)
 //
+// Every buffer lives in the backend's memory (device memory for cuda); the host sees values only
+// through the gather_* / load_state copies.
+//
 // A shard is a contiguous range of the flat buffer (comm/comm.hpp: shard_range), padded so that
 // sizes need not divide by N. Buckets are runs of whole units in backward order of at least
 // parallel.bucket_mb; each bucket's reduction starts as soon as its last unit's gradient is
@@ -110,6 +113,8 @@ class ShardedParams : public ParamStore {
   void start_gather(int unit);
   std::vector<int64_t> overlap_counts(int64_t begin, int64_t end) const;
   float* shard_grads();  // (shard size) this rank's reduced gradients
+  /// Where every buffer of parameters, gradients and optimizer state lives: the backend's memory.
+  Allocator* mem() { return be_.allocator(); }
 
   const ParamTable& table_;
   Comm& dp_;

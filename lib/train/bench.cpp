@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
@@ -13,17 +14,24 @@
 
 namespace trellis {
 
-/// GFLOP/s of out (M,N) = A (M,K)·B (N,K)ᵀ through the backend: the best of `reps` timed calls.
+/// GFLOP/s of out (M,N) = A (M,K)·B (N,K)ᵀ through the backend (in its memory): the best of
+/// `reps` timed calls.
 static double gemm_gflops(Backend& be, int M, int N, int K, int reps) {
-  Buffer a(MemKind::Scratch, sizeof(float) * M * K), b(MemKind::Scratch, sizeof(float) * N * K),
-      c(MemKind::Scratch, sizeof(float) * M * N);
-  for (int64_t i = 0; i < int64_t(M) * K; ++i) a.f32()[i] = float((i * 7919) % 1000) * 1e-3f;
-  for (int64_t i = 0; i < int64_t(N) * K; ++i) b.f32()[i] = float((i * 104729) % 1000) * 1e-3f;
+  Buffer a(MemKind::Scratch, sizeof(float) * M * K, be.allocator()),
+      b(MemKind::Scratch, sizeof(float) * N * K, be.allocator()),
+      c(MemKind::Scratch, sizeof(float) * M * N, be.allocator());
+  std::vector<float> host(std::max(int64_t(M), int64_t(N)) * K);
+  for (int64_t i = 0; i < int64_t(M) * K; ++i) host[i] = float((i * 7919) % 1000) * 1e-3f;
+  be.copy_from_host(a.data(), host.data(), a.bytes());
+  for (int64_t i = 0; i < int64_t(N) * K; ++i) host[i] = float((i * 104729) % 1000) * 1e-3f;
+  be.copy_from_host(b.data(), host.data(), b.bytes());
   be.matmul_forward(c.f32(), a.f32(), b.f32(), nullptr, M, K, N);  // warm-up
+  be.synchronize();
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     double t0 = now_seconds();
     be.matmul_forward(c.f32(), a.f32(), b.f32(), nullptr, M, K, N);
+    be.synchronize();  // a device backend returns before the GEMM is done
     best = std::min(best, now_seconds() - t0);
   }
   return 2.0 * M * N * K / best / 1e9;
@@ -47,13 +55,12 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   }
   if (failed_together(world.comm(), error, "trellis bench")) return kExitBadInput;
 
-  auto backend = make_backend(cfg.system.backend);
-  backend->set_threads(cfg.system.threads);
+  Backend& backend = trainer->backend();  // the sgemm runs where the model runs
   // A shared machine's speed drifts: measure side by side. Each round times the sgemm (best of a
   // few calls) and then a few training steps, and gives one ratio; the report is the median
   // round. train.steps is the total number of timed steps.
   const int N = cfg.train.micro_batch * cfg.model.seq_len;
-  const double sgemm_model = gemm_gflops(*backend, N, cfg.model.d_ff, cfg.model.d_model, 10);
+  const double sgemm_model = gemm_gflops(backend, N, cfg.model.d_ff, cfg.model.d_model, 10);
   const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   const double step_flops = train_flops_per_token(cfg.model) * tokens;
   trainer->set_quiet(true);
@@ -66,7 +73,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   int64_t step = 2;
   for (int r = 0; r < rounds; ++r) {
     Round round;
-    round.sgemm = gemm_gflops(*backend, 2048, 2048, 2048, 3);
+    round.sgemm = gemm_gflops(backend, 2048, 2048, 2048, 3);
     std::vector<double> ms;
     for (int i = 0; i < per_round; ++i) ms.push_back(trainer->train_step(step++).seconds * 1e3);
     std::sort(ms.begin(), ms.end());
@@ -91,10 +98,16 @@ int bench_main(const std::vector<std::string>& args, World& world) {
       {"step / sgemm 2048³ (median round)", strfmt("%.1f %%", 100 * mid.ratio)},
       {"ratio range over rounds", strfmt("%.1f – %.1f %%", 100 * results.front().ratio, 100 * results.back().ratio)},
   };
+  const double peak_gflops = cfg.system.peak_gflops * world.size();
+  const double peak_bytes = double(memory_stats().total_peak);
+  rows.push_back({"peak memory (measured allocations)", format_bytes(peak_bytes)});
+  if (peak_gflops > 0) rows.push_back({"MFU (system.peak_gflops)", strfmt("%.1f %%", 100 * gflops / peak_gflops)});
   log(format_table("trellis bench: " + deck, {"what", "measured"}, rows));
+  if (const std::string kernels = backend.profile_report(); !kernels.empty()) log(kernels);
   log(strfmt("bench: step_ms=%.3f tokens_per_s=%.1f gflops=%.2f sgemm_gflops=%.2f ratio=%.4f "
-             "ratio_min=%.4f ratio_max=%.4f", step_ms, tokens / (step_ms * 1e-3), gflops, sgemm_square,
-             mid.ratio, results.front().ratio, results.back().ratio));
+             "ratio_min=%.4f ratio_max=%.4f peak_bytes=%.0f mfu=%.4f", step_ms,
+             tokens / (step_ms * 1e-3), gflops, sgemm_square, mid.ratio, results.front().ratio,
+             results.back().ratio, peak_bytes, peak_gflops > 0 ? gflops / peak_gflops : 0.0));
   return kExitOk;
 }
 

@@ -14,10 +14,21 @@
 
 namespace trellis {
 
-Trainer::Trainer(const Config& cfg, MPI_Comm comm) : cfg_(cfg), comm_(comm) {
+// This rank's index among the ranks of comm on its node: a GPU per rank, chosen by it.
+static int node_local_rank(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return local;
+}
+
+Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend)
+    : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  backend_ = make_backend(cfg_.system.backend);
+  backend_ = backend ? std::move(backend) : make_backend(cfg_.system.backend, node_local_rank(comm_));
   backend_->set_threads(cfg_.system.threads);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
@@ -287,6 +298,7 @@ double Trainer::run() {
 
 void Trainer::finish() {
   log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "checkpoint", "logging"}));
+  if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
   if (grid_->pp_size() > 1) {
     const double total = timers_.get("total");
     MinAvgMax wait = min_avg_max(comm_, total > 0 ? timers_.get("pipeline wait") / total : 0.0);

@@ -43,7 +43,8 @@ class Trainer {
   /// caller can agree on errors before any work — but writes nothing yet.
   /// `comm` holds the ranks of this run (MPI_COMM_WORLD for a job; tests also use
   /// MPI_COMM_SELF); its size must be dp·tp·pp.
-  Trainer(const Config& cfg, MPI_Comm comm);
+  /// `backend`: the one to run on instead of system.backend's (tests).
+  Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend = nullptr);
   ~Trainer();
 
   /// Runs the steps, logging as it goes; writes the run directory. Returns the final loss.
@@ -53,6 +54,7 @@ class Trainer {
   StepResult train_step(int64_t step);
 
   GPT& model() { return *model_; }
+  Backend& backend() { return *backend_; }
   ShardedParams& params() { return *store_; }
   const Grid& grid() const { return *grid_; }
   Comm& tp_comm() { return *tp_comm_; }

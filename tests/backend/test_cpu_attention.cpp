@@ -85,11 +85,13 @@ TEST_P(CpuAttention, BackwardMatchesFiniteDifferences) {
   auto fd = finite_diff(qkv, loss, 1e-2);
   loss();
   std::vector<float> dqkv(qkv.size(), 3.0f);  // overwritten
-  be->attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), s.B, s.T, s.H, s.KV, s.hd);
+  be->attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.H,
+                         s.KV, s.hd);
   expect_close(dqkv, fd, 2e-3, "attention dqkv");
   // Overwrites: a second call gives the same result, not twice it.
   auto d1 = dqkv;
-  be->attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), s.B, s.T, s.H, s.KV, s.hd);
+  be->attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.H,
+                         s.KV, s.hd);
   EXPECT_EQ(0, std::memcmp(dqkv.data(), d1.data(), dqkv.size() * sizeof(float)));
 }
 
@@ -116,7 +118,7 @@ TEST(CpuAttentionDeterminism, ForwardAndBackwardBitwiseRepeatable) {
     att[r].assign(att_size(s), float(r));
     dqkv[r].assign(qkv_size(s), float(r));
     be->attention_forward(out[r].data(), att[r].data(), qkv.data(), s.B, s.T, s.H, s.KV, s.hd);
-    be->attention_backward(dqkv[r].data(), dout.data(), qkv.data(), att[r].data(), s.B, s.T, s.H,
+    be->attention_backward(dqkv[r].data(), dout.data(), qkv.data(), out[r].data(), att[r].data(), s.B, s.T, s.H,
                            s.KV, s.hd);
   }
   EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)));

@@ -74,7 +74,8 @@ std::vector<float> run_all(int threads) {
   append(mdb);
   std::vector<float> ao(size_t(N) * H * hd), att(size_t(B) * H * T * T), dqkv(qkv.size(), 7.0f);
   be->attention_forward(ao.data(), att.data(), qkv.data(), B, T, H, KV, hd);
-  be->attention_backward(dqkv.data(), datt.data(), qkv.data(), att.data(), B, T, H, KV, hd);
+  be->attention_backward(dqkv.data(), datt.data(), qkv.data(), ao.data(), att.data(), B, T, H, KV,
+                         hd);
   append(ao), append(att), append(dqkv);
   std::vector<float> g(big.size()), dg(big.size()), s(big.size());
   be->gelu_forward(g.data(), big.data(), int64_t(big.size()));

@@ -378,7 +378,12 @@ const std::vector<BadCase> kBadCases = {
      {"parallel.stage_layers", "model.layers"}},
     {"d_ff not divisible by tp", "", {"--parallel.tp=2", "--model.d_ff=33"}, 2,
      {"model.d_ff", "parallel.tp"}},
+#ifdef TRELLIS_HAVE_CUDA
+    {"cuda", "", {"--system.backend=cuda", "--parallel.zero=1"}, 1,
+     {"system.backend=cuda", "parallel.zero"}},
+#else
     {"cuda", "", {"--system.backend=cuda"}, 1, {"system.backend=cuda: this build has no CUDA"}},
+#endif
 };
 
 TEST_F(ConfigTest, BadDecksAndOverrides) {

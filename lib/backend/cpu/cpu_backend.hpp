@@ -56,8 +56,8 @@ class CpuBackend : public Backend {
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
                          int hd) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                          int B, int T, int H, int KV, int hd) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* att, int B, int T, int H, int KV, int hd) override;
 
   void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M,
                         int p0, int H, int KV, int hd) override;

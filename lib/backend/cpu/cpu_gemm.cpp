@@ -201,6 +201,7 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
 }
 
 void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                    const float* /*out: the probabilities suffice*/,
                                     const float* att, int B, int T, int H, int KV, int hd) {
   // dqkv (B,T,(H+2·KV)·hd) overwritten, dout (B,T,H·hd), qkv (B,T,(H+2·KV)·hd), att (B,H,T,T)
   const int R = (H + 2 * KV) * hd;

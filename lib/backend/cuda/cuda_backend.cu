@@ -1,0 +1,290 @@
+// CUDA backend: the device, memory and copies, cuBLASLt GEMMs, and the factory.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cuda/cuda_backend.cuh"
+#include "backend/cuda/cuda_factory.hpp"
+#include "core/log.hpp"
+
+namespace trellis {
+
+namespace {
+void lt_check(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt error ") + std::to_string(int(s)) + " in " +
+                             what + " (" + file + ":" + std::to_string(line) + ")");
+}
+#define TRELLIS_LT(call) lt_check((call), #call, __FILE__, __LINE__)
+}  // namespace
+
+// ---- device and memory ----
+
+void* DeviceAllocator::allocate(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
+    throw std::bad_alloc();
+  }
+  TRELLIS_CUDA(cudaMemset(p, 0, bytes));
+  // The memset runs on the legacy default stream, which does not order itself with the
+  // backend's non-blocking stream: finish it before any kernel can touch the memory.
+  TRELLIS_CUDA(cudaDeviceSynchronize());
+  return p;
+}
+
+void DeviceAllocator::release(void* p) { cudaFree(p); }
+
+Allocator* CudaBackend::allocator() {
+  static DeviceAllocator device;
+  return &device;
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  TRELLIS_CUDA(cudaSetDevice(device_));
+  TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TRELLIS_LT(cublasLtCreate(&lt_));
+  TRELLIS_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+  const char* tf32 = std::getenv("TRELLIS_TF32");
+  tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
+  const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
+  profiling_ = profile && std::strcmp(profile, "0") != 0;
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  for (auto& p : pending_) free_events_.push_back(p.start), free_events_.push_back(p.stop);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  cudaFree(scratch_);
+  cudaFree(workspace_);
+  cublasLtDestroy(lt_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
+  Profiled prof(*this, kCopy);
+  if (!bytes) return;
+  TRELLIS_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  TRELLIS_CUDA(cudaStreamSynchronize(stream_));  // the caller may reuse host_src at once
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  Profiled prof(*this, kCopy);
+  if (!bytes) return;
+  TRELLIS_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TRELLIS_CUDA(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
+  Profiled prof(*this, kCopy);
+  if (bytes) TRELLIS_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::zero(void* dst, size_t bytes) {
+  Profiled prof(*this, kCopy);
+  if (bytes) TRELLIS_CUDA(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaBackend::synchronize() { TRELLIS_CUDA(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    TRELLIS_CUDA(cudaStreamSynchronize(stream_));  // a kernel may still use the old one
+    cudaFree(scratch_);
+    scratch_ = nullptr;
+    TRELLIS_CUDA(cudaMalloc(&scratch_, bytes));
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+// ---- profile: events around each call, added up per class ----
+
+cudaEvent_t CudaBackend::take_event() {
+  if (free_events_.empty()) {
+    cudaEvent_t e;
+    TRELLIS_CUDA(cudaEventCreate(&e));
+    return e;
+  }
+  cudaEvent_t e = free_events_.back();
+  free_events_.pop_back();
+  return e;
+}
+
+void CudaBackend::resolve_profile() {
+  for (const PendingTime& p : pending_) {
+    TRELLIS_CUDA(cudaEventSynchronize(p.stop));
+    float ms = 0;
+    TRELLIS_CUDA(cudaEventElapsedTime(&ms, p.start, p.stop));
+    class_ms_[p.cls] += ms;
+    ++class_calls_[p.cls];
+    free_events_.push_back(p.start);
+    free_events_.push_back(p.stop);
+  }
+  pending_.clear();
+}
+
+CudaBackend::Profiled::Profiled(CudaBackend& be, KernelClass cls) : be_(be), cls_(cls) {
+  if (!be_.profiling_) return;
+  start_ = be_.take_event();
+  TRELLIS_CUDA(cudaEventRecord(start_, be_.stream_));
+}
+
+CudaBackend::Profiled::~Profiled() {
+  if (!start_) return;
+  cudaEvent_t stop = be_.take_event();
+  cudaEventRecord(stop, be_.stream_);
+  be_.pending_.push_back({cls_, start_, stop});
+  if (be_.pending_.size() > 4096) be_.resolve_profile();  // bounded: waits on old events only
+}
+
+std::string CudaBackend::profile_report() {
+  if (!profiling_) return "";
+  resolve_profile();
+  static const char* names[kClasses] = {"GEMM (cuBLASLt)", "attention", "layer norm", "GELU",
+                                        "add/scale", "embeddings", "cross-entropy",
+                                        "AdamW + norms", "copies/zero"};
+  double total = 0;
+  for (double ms : class_ms_) total += ms;
+  std::vector<std::vector<std::string>> rows;
+  char buf[3][64];
+  for (int c = 0; c < kClasses; ++c) {
+    if (class_calls_[c] == 0) continue;
+    std::snprintf(buf[0], sizeof buf[0], "%.1f", class_ms_[c]);
+    std::snprintf(buf[1], sizeof buf[1], "%.1f%%", total > 0 ? 100 * class_ms_[c] / total : 0.0);
+    std::snprintf(buf[2], sizeof buf[2], "%lld", (long long)class_calls_[c]);
+    rows.push_back({names[c], buf[0], buf[1], buf[2]});
+  }
+  std::snprintf(buf[0], sizeof buf[0], "%.1f", total);
+  rows.push_back({"total", buf[0], "100%", ""});
+  return format_table("CUDA device time per kernel class (TRELLIS_CUDA_PROFILE=1)",
+                      {"kernel class", "ms", "share", "calls"}, rows);
+}
+
+// out (N,OC) += bias (OC) per row: for a bias the cuBLASLt epilogue cannot read (unaligned).
+__global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * OC;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] += bias[i % OC];
+}
+
+// ---- GEMMs (cuBLASLt, column-major as BLAS; row-major tensors are their transposes) ----
+
+// The largest power of two (at most 256) that divides the address.
+static int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 4 && a % align != 0) align /= 2;
+  return align;
+}
+
+CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, with_bias, align_a, align_b, align_d] = key;
+  GemmPlan p;
+  TRELLIS_LT(cublasLtMatmulDescCreate(
+      &p.desc, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  if (with_bias) {  // the bias epilogue: D += bias broadcast along the columns (fused, no pass)
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  }
+  // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? k : m, ta ? m : k, lda));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
+  cublasLtMatmulPreference_t pref;
+  TRELLIS_LT(cublasLtMatmulPreferenceCreate(&pref));
+  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &workspace_bytes_, sizeof(workspace_bytes_)));
+  // cuBLASLt assumes 256-byte aligned pointers unless told otherwise; a tensor inside the flat
+  // parameter buffer may sit at any float offset.
+  const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+  const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+  for (int i = 0; i < 3; ++i)
+    TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
+  // C is D here (in place, beta = 1 accumulates).
+  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  TRELLIS_LT(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
+                             std::to_string(n) + "x" + std::to_string(k) + " GEMM");
+  p.algo = result.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
+                       const float* B, int ldb, float* D, int ldd, float beta, const float* bias) {
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, alignment(A),
+                      alignment(B), alignment(D)});
+  if (bias)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
+  const float alpha = 1.0f;
+  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                            workspace_, workspace_bytes_, stream_));
+}
+
+void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight,
+                                 const float* bias, int N, int C, int OC) {
+  Profiled prof(*this, kGemm);
+  // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
+  // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
+  const bool fused = bias && alignment(bias) >= 16;
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, fused ? bias : nullptr);
+  if (bias && !fused) {
+    add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(out, bias, N, OC);
+    TRELLIS_CUDA_LAUNCHED();
+  }
+}
+
+void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N, int C, int OC) {
+  Profiled prof(*this, kGemm);
+  // dout (N,OC), inp (N,C), weight (OC,C)
+  // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N).
+  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+  // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
+  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  if (dbias) column_sums_add(dbias, dout, N, OC);
+}
+
+// ---- factory ----
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = e != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(e) + ")"
+                            : std::string("no CUDA device");
+    cudaGetLastError();
+    return nullptr;
+  }
+  return std::make_unique<CudaBackend>(local_rank % n);
+}
+
+}  // namespace trellis

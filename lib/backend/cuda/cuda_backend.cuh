@@ -1,0 +1,158 @@
+// The CUDA backend: the Backend interface on device memory, fp32 storage. GEMMs through cuBLASLt
+// (fp32 compute; TF32 tensor cores when TRELLIS_TF32=1), the rest hand-written kernels; every
+// kernel and copy runs on one stream of this backend, in order.
+//
+// Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
+// the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
+//
+// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs, the factory), cuda_kernels.cu
+// (embeddings, layernorm, GELU, cross-entropy, norms, AdamW), cuda_attention.cu (fused causal
+// attention: no (T,T) matrix in global memory; forward keeps each row's logsumexp).
+// Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/cuda_util.cuh"
+
+namespace trellis {
+
+/// cudaMalloc'd memory, zero-filled (cudaMemset) as host Buffers are. One for the process (a
+/// process uses one device), so that a Buffer may outlive the backend that made it.
+class DeviceAllocator : public Allocator {
+ public:
+  void* allocate(size_t bytes) override;
+  void release(void* p) override;
+  bool device() const override { return true; }
+};
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  void set_threads(int) override {}
+
+  Allocator* allocator() override;
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void zero(void* dst, size_t bytes) override;
+  void synchronize() override;
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
+                         int vocab_begin, int vocab_count) override;
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
+                          int vocab_begin, int vocab_count) override;
+  void position_forward(float* out, const float* wpe, int rows, int T, int C, int first_row) override;
+  void position_backward(float* dwpe, const float* dout, int rows, int T, int C,
+                         int first_row) override;
+  void crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) override;
+  void crossentropy_sums(const float* logits, const int32_t* targets, const float* row_max,
+                         float* sumexp, float* target_logit, int N, int V, int valid,
+                         int vocab_begin) override;
+  void crossentropy_finish(float* logits, float* losses, const int32_t* targets,
+                           const float* row_max, const float* sumexp, const float* target_logit,
+                           int N, int V, int valid, int vocab_begin, float dloss) override;
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override;
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int C, int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int N, int C, int OC) override;
+
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
+                         int hd) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* att, int B, int T, int H, int KV, int hd) override;
+  /// The logsumexp of each attention row, (B,H,T).
+  int64_t attention_state_elems(int B, int T, int H) const override { return int64_t(B) * H * T; }
+  void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,
+                        int H, int KV, int hd) override;
+
+  void gelu_forward(float* out, const float* inp, int64_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void add(float* out, const float* a, const float* b, int64_t n) override;
+  void scale(float* x, float s, int64_t n) override;
+
+  double sum_squares(const float* x, int64_t n) override;
+  void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bc1, float bc2,
+             float grad_scale) override;
+
+  cudaStream_t stream() const { return stream_; }
+
+  /// With TRELLIS_CUDA_PROFILE=1: device time per kernel class, measured with events around every
+  /// call (which costs a little); empty otherwise.
+  std::string profile_report() override;
+
+  // Kernel classes for the profile.
+  enum KernelClass { kGemm, kAttention, kLayerNorm, kGelu, kElementwise, kEmbedding, kLoss,
+                     kOptimizer, kCopy, kClasses };
+  /// Records device time from construction to destruction under a class (when profiling).
+  class Profiled {
+   public:
+    Profiled(CudaBackend& be, KernelClass cls);
+    ~Profiled();
+   private:
+    CudaBackend& be_;
+    KernelClass cls_;
+    cudaEvent_t start_ = nullptr;
+  };
+
+ private:
+  /// Column-major D (m,n) = op(A)·op(B) + beta·D (+ bias (m) per column) through cuBLASLt, as
+  /// BLAS names it; A is (m,k) after op, B (k,n) after op. The bias must be 16-byte aligned (the
+  /// epilogue's requirement); matmul_forward adds an unaligned one with a kernel of its own.
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
+            const float* B, int ldb, float* D, int ldd, float beta, const float* bias);
+  /// dst (C) += Σ over rows of src (N,C), deterministic (fixed row chunks, then their sum).
+  void column_sums_add(float* dst, const float* src, int N, int C);
+  /// Device scratch of at least `bytes`, reused by every kernel (one stream: no overlap).
+  void* scratch(size_t bytes);
+
+  struct GemmPlan {  // cuBLASLt descriptors and the algorithm its heuristic chose, per shape
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, with bias, alignment of A, B, D in bytes)
+  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, int, int, int>;
+  GemmPlan& plan(const GemmKey& key);
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  bool tf32_ = false;
+  void* workspace_ = nullptr;  // cuBLASLt's
+  size_t workspace_bytes_ = 32u << 20;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  std::map<GemmKey, GemmPlan> plans_;
+
+  // ---- profile ----
+  cudaEvent_t take_event();
+  void resolve_profile();  // adds up the finished event pairs
+  struct PendingTime {
+    KernelClass cls;
+    cudaEvent_t start, stop;
+  };
+  bool profiling_ = false;
+  std::vector<PendingTime> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  double class_ms_[kClasses] = {};
+  int64_t class_calls_[kClasses] = {};
+};
+
+}  // namespace trellis

@@ -1,0 +1,19 @@
+// The one door from C++ code into the CUDA backend: no CUDA header here, so that make_backend and
+// the tests can ask for the backend without including the toolkit's headers. Compiled only where
+// the build found nvcc (TRELLIS_HAVE_CUDA).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+
+namespace trellis {
+
+/// The number of CUDA devices this process sees (0 when there is no driver or no device).
+int cuda_device_count();
+
+/// A CudaBackend on device `local_rank` mod the device count (one GPU per rank on a node), or
+/// null with the reason in *why (no device, no driver).
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why);
+
+}  // namespace trellis

@@ -1,0 +1,66 @@
+// Helpers shared by the CUDA backend's .cu files: error checks, launch sizes, warp and block
+// reductions.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace trellis::cuda {
+
+/// A failed CUDA call is an internal failure (exit 1 on every rank), never bad input.
+inline void check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA error: ") + cudaGetErrorString(e) + " in " + what +
+                             " (" + file + ":" + std::to_string(line) + ")");
+}
+#define TRELLIS_CUDA(call) ::trellis::cuda::check((call), #call, __FILE__, __LINE__)
+/// After a kernel launch: a bad launch configuration shows up here, not later.
+#define TRELLIS_CUDA_LAUNCHED() ::trellis::cuda::check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+constexpr int kThreads = 256;
+/// Blocks for a grid-stride loop over n items (capped: the loop covers the rest).
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b > 65535LL * 16) b = 65535LL * 16;
+  return unsigned(b < 1 ? 1 : b);
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+/// `shared` holds 32 values. A fixed reduction tree: deterministic.
+template <typename T>
+__device__ inline T block_sum(T v, T* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? shared[lane] : T(0);
+  return warp_sum(v);
+}
+
+__device__ inline float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace trellis::cuda

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh [BIN_DIR] — every GPU check in one command, on a machine with an NVIDIA
+# GPU and the built binaries (BIN_DIR: build/, or gpu-bundle/build from `make gpu-bundle`, which
+# also runs where MPI, HDF5, Boost and Kokkos are not installed):
+#   1. the GPU tests (unit_tests --gtest_filter='Cuda*': each kernel against the CPU backend, a
+#      20-step GPU-vs-CPU run, checkpoints crossing between the backends);
+#   2. `trellis bench` on inputs/gpt2-124m.deck and inputs/gpt2-350m.deck on the GPU, B·T =
+#      64 × 1024 (halving B until it fits), synthetic tokens: tokens/s, MFU against the device's
+#      bf16 peak, peak memory, device time per kernel class;
+#   3. a short table of all that, last.
+# Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
+# PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
+# GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check).
+set -u -o pipefail
+BIN=$(cd "${1:-build}" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUTDIR=${GPU_CHECK_OUT:-$BIN/gpu-check}
+mkdir -p "$OUTDIR"
+B0=${GPU_CHECK_B:-64}
+STEPS=${GPU_CHECK_STEPS:-10}
+
+# ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
+if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
+  BUNDLE=$(cd "$BIN/.." && pwd)
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PKGLIBDIR=$BUNDLE/openmpi/lib OPAL_PKGDATADIR=$BUNDLE/openmpi/share OPAL_SYSCONFDIR=$BUNDLE/openmpi/etc
+  export OMPI_MCA_mca_base_component_path=$BUNDLE/openmpi/lib PMIX_MCA_mca_base_component_path=$BUNDLE/pmix/lib
+  export PMIX_INSTALL_PREFIX=$BUNDLE/pmix
+  export OMPI_MCA_mca_base_component_show_load_errors=0
+fi
+# One process, no launcher: shared memory and self only.
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# cuBLASLt: from the CUDA toolkit, else from a pip nvidia-cublas package.
+if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
+  lt=$(find / -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
+fi
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+
+# ---- the device and its dense bf16 peak (TFLOP/s) ----
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$GPU" in
+  *H200*|*H100*SXM*|*H100\ 80GB\ HBM3*) PEAK=989 ;;
+  *H100*NVL*) PEAK=835 ;;
+  *H100*) PEAK=756 ;;
+  *A100*) PEAK=312 ;;
+  *L40S*) PEAK=362 ;;
+  *) PEAK=${PEAK_TFLOPS:-0} ;;
+esac
+PEAK=${PEAK_TFLOPS:-$PEAK}
+echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; binaries $BIN"
+
+# ---- 1. GPU tests ----
+"$BIN/unit_tests" --gtest_filter='Cuda*' 2>&1 | tee "$OUTDIR/tests.log"
+test_status=${PIPESTATUS[0]}
+tests_line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests.log" | tr -s ' \n' ' ')
+no_device=0
+grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
+(( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
+
+# ---- 2. benchmarks ----
+# fp32 storage with TF32 tensor-core GEMMs: bf16 (system.precision) is not implemented yet, so
+# MFU against the bf16 peak understates what bf16 would reach.
+rows=()
+bench_failed=0
+for deck in inputs/gpt2-124m.deck inputs/gpt2-350m.deck; do
+  name=$(basename "$deck" .deck)
+  B=$B0
+  while (( B >= 1 )); do
+    log="$OUTDIR/bench-$name-B$B.log"
+    echo "gpu-check: $name, B·T = $B × 1024 ..."
+    TRELLIS_TF32=1 TRELLIS_CUDA_PROFILE=1 timeout 900 "$BIN/trellis" bench "$deck" \
+      --system.backend=cuda --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
+      --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
+      --system.peak_gflops=$((PEAK * 1000)) > "$log" 2>&1
+    status=$?
+    cat "$log"
+    if (( status == 0 )); then break; fi
+    if grep -qiE 'out of memory|bad_alloc|cudaErrorMemoryAllocation' "$log"; then
+      B=$((B / 2))
+      continue
+    fi
+    B=0
+  done
+  line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
+  if (( B >= 1 )) && [[ -n $line ]]; then
+    get() { sed -n "s/.*$1=\([0-9.e+-]*\).*/\1/p" <<< "$line"; }
+    rows+=("$(printf '%-10s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "${B}x1024" "$(get tokens_per_s)" \
+      "$(awk -v m="$(get mfu)" 'BEGIN {print 100 * m}')" "$(get step_ms)" \
+      "$(awk -v b="$(get peak_bytes)" 'BEGIN {print b / 2^30}')")")
+  else
+    rows+=("$(printf '%-10s %5s %s' "$name" "-" "FAILED: see $log")")
+    bench_failed=1
+  fi
+done
+
+# ---- 3. the table ----
+echo
+echo "gpu-check summary — ${GPU:-?}, bf16 peak $PEAK TFLOP/s; precision fp32 + TF32 GEMMs (bf16 not implemented)"
+echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
+printf '%-10s %8s %9s %9s %10s %9s\n' model "B×T" "tokens/s" MFU "step ms" "peak GiB"
+for r in "${rows[@]}"; do echo "$r"; done
+echo "(time per kernel class: the 'CUDA device time per kernel class' tables above; logs in $OUTDIR)"
+# Success means: a device was there, every GPU test passed and both benchmarks ran.
+[[ $test_status -eq 0 && $no_device -eq 0 && $bench_failed -eq 0 ]]

@@ -1,0 +1,246 @@
+// Every CUDA kernel against the CPU backend on fresh random inputs. Built where nvcc exists; each
+// test skips when no CUDA device is present (cudaGetDeviceCount reports none).
+//
+// Relative error bounds (|gpu − cpu| ≤ rtol·max(|cpu|, 1% of the tensor's largest |value|)),
+// fp32 storage and arithmetic on both sides, so only the order of summation differs:
+//   GEMMs (cuBLASLt, fp32 compute)       1e-4;  with TRELLIS_TF32=1 (10-bit mantissa)  2e-2
+//   attention out / dqkv                 1e-4 / 1e-3 (online softmax vs two-pass)
+//   layer norm, GELU, element-wise       1e-5
+//   cross-entropy losses / dlogits       1e-5
+//   sum of squares (double accumulate)   1e-10
+//   AdamW                                1e-5
+// bf16 GEMM inputs are not implemented yet (system.precision = fp32 only).
+#ifdef TRELLIS_HAVE_CUDA
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_factory.hpp"
+#include "backend_test_util.hpp"
+
+using namespace trellis;
+using trellis::test::expect_close;
+using trellis::test::random_vec;
+
+namespace {
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    gpu = make_backend("cuda");
+    cpu = make_backend("cpu");
+  }
+  /// A device copy of v (kept alive by the fixture).
+  template <class T>
+  T* up(const std::vector<T>& v) {
+    buffers.emplace_back(MemKind::Scratch, sizeof(T) * v.size(), gpu->allocator());
+    gpu->copy_from_host(buffers.back().data(), v.data(), sizeof(T) * v.size());
+    return static_cast<T*>(buffers.back().data());
+  }
+  std::vector<float> down(const float* d, size_t n) {
+    std::vector<float> h(n);
+    gpu->copy_to_host(h.data(), d, sizeof(float) * n);
+    return h;
+  }
+  static double gemm_rtol() {
+    const char* tf32 = std::getenv("TRELLIS_TF32");
+    return tf32 && std::strcmp(tf32, "0") != 0 ? 2e-2 : 1e-4;
+  }
+  std::unique_ptr<Backend> gpu, cpu;
+  std::vector<Buffer> buffers;
+};
+
+TEST_F(CudaKernels, MatmulForwardAndBackward) {
+  // Odd sizes: no dimension a multiple of the GEMM tiles.
+  for (auto [N, C, OC] : {std::tuple{37, 29, 53}, std::tuple{256, 64, 192}}) {
+    SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC);
+    auto inp = random_vec(size_t(N) * C, 1), w = random_vec(size_t(OC) * C, 2),
+         b = random_vec(OC, 3), dout = random_vec(size_t(N) * OC, 4);
+    auto dw0 = random_vec(size_t(OC) * C, 5), db0 = random_vec(OC, 6);  // accumulated into
+    std::vector<float> out(size_t(N) * OC), dinp(size_t(N) * C), dw = dw0, db = db0;
+    cpu->matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    cpu->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                         C, OC);
+    float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_dout = up(dout);
+    float *d_out = up(std::vector<float>(out.size(), 9.f)), *d_dinp = up(std::vector<float>(dinp.size(), 9.f));
+    float *d_dw = up(dw0), *d_db = up(db0);
+    gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    expect_close(down(d_out, out.size()), out, gemm_rtol(), "out");
+    expect_close(down(d_dinp, dinp.size()), dinp, gemm_rtol(), "dinp");
+    expect_close(down(d_dw, dw.size()), dw, gemm_rtol(), "dweight");
+    expect_close(down(d_db, db.size()), db, 1e-5, "dbias");
+    // Without a bias, and dinp skipped.
+    cpu->matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, nullptr, N, C, OC);
+    expect_close(down(d_out, out.size()), out, gemm_rtol(), "out without bias");
+  }
+}
+
+// Tensors inside the flat parameter buffer sit at any float offset: cuBLASLt must be told, and
+// an unaligned bias cannot go through its epilogue.
+TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
+  const int N = 40, C = 24, OC = 36;
+  auto inp = random_vec(size_t(N) * C + 1, 70), w = random_vec(size_t(OC) * C + 3, 71),
+       b = random_vec(OC + 1, 72);
+  std::vector<float> out(size_t(N) * OC + 1);
+  cpu->matmul_forward(out.data() + 1, inp.data() + 1, w.data() + 3, b.data() + 1, N, C, OC);
+  float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_out = up(std::vector<float>(out.size()));
+  gpu->matmul_forward(d_out + 1, d_inp + 1, d_w + 3, d_b + 1, N, C, OC);
+  auto got = down(d_out, out.size());
+  expect_close(std::vector<float>(got.begin() + 1, got.end()),
+               std::vector<float>(out.begin() + 1, out.end()), gemm_rtol(), "out");
+}
+
+TEST_F(CudaKernels, LayerNorm) {
+  const int N = 67, C = 96;
+  auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11), b = random_vec(C, 12);
+  auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
+  auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+  std::vector<float> out(x.size()), mean(N), rstd(N), dinp = dinp0, dw = dw0, db = db0;
+  cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  float *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
+        *d_mean = up(mean), *d_rstd = up(rstd), *d_dinp = up(dinp0), *d_dw = up(dw0),
+        *d_db = up(db0);
+  gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+  gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+  expect_close(down(d_out, out.size()), out, 1e-5, "out");
+  expect_close(down(d_mean, N), mean, 1e-5, "mean");
+  expect_close(down(d_rstd, N), rstd, 1e-5, "rstd");
+  expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
+  expect_close(down(d_dw, C), dw, 1e-5, "dweight");
+  expect_close(down(d_db, C), db, 1e-5, "dbias");
+}
+
+TEST_F(CudaKernels, Attention) {
+  struct Shape { int B, T, H, KV, hd; };
+  // Grouped heads, T not a multiple of the 32-row tiles, head sizes for each kernel variant.
+  for (Shape s : {Shape{2, 70, 4, 2, 16}, Shape{1, 33, 2, 1, 64}, Shape{1, 40, 2, 2, 100},
+                  Shape{2, 64, 4, 4, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " KV" << s.KV
+                                      << " hd" << s.hd);
+    const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KV) * s.hd, nout = size_t(s.B) * s.T * s.H * s.hd;
+    auto qkv = random_vec(nqkv, 20, -2.f, 2.f), dout = random_vec(nout, 21);
+    std::vector<float> out(nout), att(cpu->attention_state_elems(s.B, s.T, s.H)), dqkv(nqkv);
+    cpu->attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.H, s.KV, s.hd);
+    cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T,
+                            s.H, s.KV, s.hd);
+    float* d_qkv = up(qkv);
+    float* d_dout = up(dout);
+    float* d_out = up(std::vector<float>(nout, 9.f));
+    float* d_att = up(std::vector<float>(gpu->attention_state_elems(s.B, s.T, s.H)));
+    float* d_dqkv = up(std::vector<float>(nqkv, 9.f));  // overwritten
+    gpu->attention_forward(d_out, d_att, d_qkv, s.B, s.T, s.H, s.KV, s.hd);
+    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_att, s.B, s.T, s.H, s.KV, s.hd);
+    expect_close(down(d_out, nout), out, 1e-4, "attention out");
+    expect_close(down(d_dqkv, nqkv), dqkv, 1e-3, "attention dqkv");
+  }
+}
+
+TEST_F(CudaKernels, ElementWise) {
+  const int64_t n = 100003;
+  auto x = random_vec(n, 30, -6.f, 6.f), y = random_vec(n, 31), d = random_vec(n, 32);
+  std::vector<float> g(n), dg(n), sum(n), sc = x;
+  cpu->gelu_forward(g.data(), x.data(), n);
+  cpu->gelu_backward(dg.data(), x.data(), d.data(), n);
+  cpu->add(sum.data(), x.data(), y.data(), n);
+  cpu->scale(sc.data(), 0.37f, n);
+  float *d_x = up(x), *d_y = up(y), *d_d = up(d), *d_g = up(g), *d_dg = up(dg), *d_sum = up(sum),
+        *d_sc = up(x);
+  gpu->gelu_forward(d_g, d_x, n);
+  gpu->gelu_backward(d_dg, d_x, d_d, n);
+  gpu->add(d_sum, d_x, d_y, n);
+  gpu->scale(d_sc, 0.37f, n);
+  expect_close(down(d_g, n), g, 1e-5, "gelu");
+  expect_close(down(d_dg, n), dg, 1e-5, "gelu backward");
+  expect_close(down(d_sum, n), sum, 1e-6, "add");
+  expect_close(down(d_sc, n), sc, 1e-6, "scale");
+}
+
+TEST_F(CudaKernels, Embeddings) {
+  const int N = 50, C = 24, T = 10, vocab_begin = 5, vocab_count = 12, first_row = 3;
+  std::vector<int32_t> tokens(N);
+  for (int i = 0; i < N; ++i) tokens[i] = (i * 7 + 3) % 20;  // some outside this rank's rows
+  auto wte = random_vec(size_t(vocab_count) * C, 40), wpe = random_vec(size_t(T) * C, 41);
+  auto dout = random_vec(size_t(N) * C, 42), dwte0 = random_vec(wte.size(), 43),
+       dwpe0 = random_vec(wpe.size(), 44);
+  std::vector<float> out(size_t(N) * C), dwte = dwte0, dwpe = dwpe0;
+  cpu->embedding_forward(out.data(), tokens.data(), wte.data(), N, C, vocab_begin, vocab_count);
+  cpu->position_forward(out.data(), wpe.data(), N, T, C, first_row);
+  cpu->embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, vocab_begin, vocab_count);
+  cpu->position_backward(dwpe.data(), dout.data(), N, T, C, first_row);
+  int32_t* d_tok = up(tokens);
+  float *d_wte = up(wte), *d_wpe = up(wpe), *d_dout = up(dout), *d_out = up(out),
+        *d_dwte = up(dwte0), *d_dwpe = up(dwpe0);
+  gpu->embedding_forward(d_out, d_tok, d_wte, N, C, vocab_begin, vocab_count);
+  gpu->position_forward(d_out, d_wpe, N, T, C, first_row);
+  gpu->embedding_backward(d_dwte, d_dout, d_tok, N, C, vocab_begin, vocab_count);
+  gpu->position_backward(d_dwpe, d_dout, N, T, C, first_row);
+  expect_close(down(d_out, out.size()), out, 1e-6, "embedding + position");
+  expect_close(down(d_dwte, dwte.size()), dwte, 1e-5, "dwte");
+  expect_close(down(d_dwpe, dwpe.size()), dwpe, 1e-5, "dwpe");
+}
+
+TEST_F(CudaKernels, CrossEntropyVocabParallel) {
+  // A rank's slice: 40 columns from global column 20, the last 7 padding; targets inside, outside
+  // the slice and ignored (−1).
+  const int N = 31, V = 40, valid = 33, vocab_begin = 20;
+  auto logits = random_vec(size_t(N) * V, 50, -8.f, 8.f);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = i % 9 == 0 ? -1 : (i * 5) % 60;
+  std::vector<float> row_max(N), sums(2 * N), losses(N), work = logits;
+  const float dloss = 1.0f / N;
+  cpu->crossentropy_max(work.data(), row_max.data(), N, V, valid);
+  cpu->crossentropy_sums(work.data(), targets.data(), row_max.data(), sums.data(), sums.data() + N,
+                         N, V, valid, vocab_begin);
+  cpu->crossentropy_finish(work.data(), losses.data(), targets.data(), row_max.data(), sums.data(),
+                           sums.data() + N, N, V, valid, vocab_begin, dloss);
+  float* d_logits = up(logits);
+  int32_t* d_t = up(targets);
+  float *d_max = up(row_max), *d_sums = up(sums), *d_losses = up(losses);
+  gpu->crossentropy_max(d_logits, d_max, N, V, valid);
+  gpu->crossentropy_sums(d_logits, d_t, d_max, d_sums, d_sums + N, N, V, valid, vocab_begin);
+  expect_close(down(d_max, N), row_max, 1e-6, "row max");
+  expect_close(down(d_sums, 2 * N), sums, 1e-5, "sumexp, target logit");
+  gpu->crossentropy_finish(d_logits, d_losses, d_t, d_max, d_sums, d_sums + N, N, V, valid,
+                           vocab_begin, dloss);
+  expect_close(down(d_losses, N), losses, 1e-5, "losses");
+  expect_close(down(d_logits, work.size()), work, 1e-5, "dlogits");
+}
+
+TEST_F(CudaKernels, SumSquaresAndAdamW) {
+  const int64_t n = 1234567;
+  auto x = random_vec(n, 60), g = random_vec(n, 61), m = random_vec(n, 62, -0.1f, 0.1f),
+       v = random_vec(n, 63, 0.f, 0.01f);
+  const double want = cpu->sum_squares(x.data(), n);
+  float *d_x = up(x), *d_g = up(g), *d_m = up(m), *d_v = up(v);
+  const double got = gpu->sum_squares(d_x, n);
+  EXPECT_NEAR(got, want, 1e-10 * want);
+  EXPECT_EQ(got, gpu->sum_squares(d_x, n)) << "the same bits every time";
+  cpu->adamw(x.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
+             0.0975f, 0.5f);
+  gpu->adamw(d_x, d_g, d_m, d_v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
+  expect_close(down(d_x, n), x, 1e-5, "param");
+  expect_close(down(d_m, n), m, 1e-5, "m");
+  expect_close(down(d_v, n), v, 1e-5, "v");
+}
+
+TEST_F(CudaKernels, MemoryIsOnTheDeviceAndCounted) {
+  EXPECT_TRUE(gpu->on_device());
+  const int64_t before = memory_stats().current[int(MemKind::Scratch)];
+  {
+    Buffer b(MemKind::Scratch, 1 << 20, gpu->allocator());
+    EXPECT_EQ(memory_stats().current[int(MemKind::Scratch)], before + (1 << 20));
+    std::vector<float> zeros(1 << 18, 1.f);
+    gpu->copy_to_host(zeros.data(), b.data(), b.bytes());
+    for (float z : zeros) ASSERT_EQ(z, 0.f);  // zero-filled, as host Buffers
+  }
+  EXPECT_EQ(memory_stats().current[int(MemKind::Scratch)], before);
+}
+
+}  // namespace
+#endif  // TRELLIS_HAVE_CUDA
