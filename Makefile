@@ -142,15 +142,18 @@ gpu-bundle: $(BUILD)/trellis $(BUILD)/unit_tests
 # in tests/fuzz/corpus, earlier findings (replayed first) in tests/fuzz/findings.
 CLANGXX      ?= clang++
 FUZZ_SECONDS ?= 60
+# The checkpoint reader and writer, without what turns a checkpoint into a model (export, the
+# stored deck as a Config: they need lib/model and lib/config).
+CKPT_IO_SRC  := $(filter-out lib/ckpt/export_hf.cpp lib/ckpt/stored_config.cpp,$(wildcard lib/ckpt/*.cpp))
 FUZZ_FLAGS   := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -DOMPI_SKIP_MPICXX=1 -Ilib \
                 -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi -isystem $(HDF5_INC)
 $(BUILD)/fuzz/fuzz_deck: tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) Makefile
 	@mkdir -p $(@D)
 	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) -o $@ \
 	  -lboost_program_options
-$(BUILD)/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.cpp $(wildcard lib/ckpt/*.cpp lib/core/*.cpp) Makefile
+$(BUILD)/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.cpp $(CKPT_IO_SRC) $(wildcard lib/core/*.cpp) Makefile
 	@mkdir -p $(@D)
-	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_ckpt.cpp $(wildcard lib/ckpt/*.cpp lib/core/*.cpp) -o $@ \
+	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_ckpt.cpp $(CKPT_IO_SRC) $(wildcard lib/core/*.cpp) -o $@ \
 	  -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi
 
 fuzz-build: $(BUILD)/fuzz/fuzz_deck $(BUILD)/fuzz/fuzz_ckpt
@@ -167,7 +170,7 @@ fuzz:
 # for the life of the process by design, which LeakSanitizer would report at every exit.
 ASAN_BUILD ?= build-asan
 ASAN_OPT_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-ASAN_SRC := $(sort $(wildcard lib/ckpt/*.cpp lib/config/*.cpp lib/core/*.cpp)) tests/main.cpp \
+ASAN_SRC := $(sort $(CKPT_IO_SRC) $(wildcard lib/config/*.cpp lib/core/*.cpp)) tests/main.cpp \
             tests/mpi_util.cpp tests/ckpt/test_ckpt_dir.cpp tests/ckpt/mpi_test_ckpt.cpp \
             tests/config/test_config.cpp
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
