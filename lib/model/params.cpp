@@ -61,6 +61,24 @@ int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape,
   return p.offset;
 }
 
+StageSpec stage_spec(const Config& cfg, int stage) {
+  const int pp = cfg.parallel.pp;
+  StageSpec spec{0, 0, stage == 0, stage == pp - 1};
+  const int chunks = cfg.parallel.schedule == "interleaved" ? cfg.parallel.virtual_stages : 1;
+  if (chunks > 1) {
+    const int per_chunk = cfg.model.layers / (pp * chunks);
+    spec.first_layer = stage * per_chunk;
+    spec.end_layer = (stage + 1) * per_chunk;
+    spec.chunks = chunks;
+    spec.chunk_stride = pp * per_chunk;
+  } else {
+    const StageLayers layers = stage_layers(cfg.model, cfg.parallel, stage);
+    spec.first_layer = layers.first;
+    spec.end_layer = layers.end;
+  }
+  return spec;
+}
+
 ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank, StageSpec stage_spec)
     : stage(stage_spec) {
   if (stage.end_layer < 0) stage.end_layer = m.layers;

@@ -80,6 +80,11 @@ struct StageSpec {
   int chunks = 1, chunk_stride = 0;
 };
 
+/// The layers pipeline stage `stage` holds under cfg's layout: parallel.stage_layers or an even
+/// split; with the interleaved schedule, chunk k of the stage is the (k·pp + stage)-th of pp·v
+/// equal slices.
+StageSpec stage_spec(const Config& cfg, int stage);
+
 class ParamTable {
  public:
   /// The table for tensor-parallel rank tp_rank of tp (tp = 1: the whole model), on one

@@ -117,25 +117,6 @@ int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
 
 namespace {
 
-/// What the trainer builds for pipeline stage `stage` (lib/train/trainer.cpp).
-StageSpec stage_spec(const Config& cfg, int stage) {
-  const int pp = cfg.parallel.pp;
-  StageSpec spec{0, 0, stage == 0, stage == pp - 1};
-  const int chunks = cfg.parallel.schedule == "interleaved" ? cfg.parallel.virtual_stages : 1;
-  if (chunks > 1) {
-    const int per_chunk = cfg.model.layers / (pp * chunks);
-    spec.first_layer = stage * per_chunk;
-    spec.end_layer = (stage + 1) * per_chunk;
-    spec.chunks = chunks;
-    spec.chunk_stride = pp * per_chunk;
-  } else {
-    const StageLayers layers = stage_layers(cfg.model, cfg.parallel, stage);
-    spec.first_layer = layers.first;
-    spec.end_layer = layers.end;
-  }
-  return spec;
-}
-
 /// ZeRO's gradient buckets (lib/parallel/zero.cpp, build_buckets): runs of whole units in backward
 /// order holding at least bucket_mb, never mixing two model chunks. Returns their sizes
 /// (elements), the embeddings' bucket (the one holding unit 0) first.

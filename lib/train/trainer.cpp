@@ -38,19 +38,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   pp_comm_ = std::make_unique<Comm>(grid_->pp_comm(), "pp");
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
   const int pp = grid_->pp_size(), stage = grid_->pp_rank();
-  StageSpec spec{0, 0, stage == 0, stage == pp - 1};
-  const int chunks = cfg_.parallel.schedule == "interleaved" ? cfg_.parallel.virtual_stages : 1;
-  if (chunks > 1) {  // chunk k of this rank: the (k·pp + stage)-th of pp·v equal slices
-    const int per_chunk = cfg_.model.layers / (pp * chunks);
-    spec.first_layer = stage * per_chunk;
-    spec.end_layer = (stage + 1) * per_chunk;
-    spec.chunks = chunks;
-    spec.chunk_stride = pp * per_chunk;
-  } else {
-    const StageLayers layers = stage_layers(cfg_.model, cfg_.parallel, stage);
-    spec.first_layer = layers.first;
-    spec.end_layer = layers.end;
-  }
+  const StageSpec spec = stage_spec(cfg_, stage);
   full_table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
   table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank, spec);
   store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
@@ -60,7 +48,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
                                                     *store_, pp_comm_.get());
   const int micro_batches = cfg_.micro_batches_per_step();
-  const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, chunks);
+  const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, spec.chunks);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,
                                  tp_comm_.get(), cfg_.parallel.sequence_parallel, slots,
                                  cfg_.train.recompute);
