@@ -252,6 +252,10 @@ TEST_F(ConfigTest, SupportedLayoutCheckIsSeparate) {
   c.parallel.schedule = "interleaved";
   EXPECT_NO_THROW(trellis::check_supported_layout(c));  // every schedule runs
   c.system.backend = "cuda";
+#ifdef TRELLIS_HAVE_CUDA
+  EXPECT_NO_THROW(trellis::check_supported_backend(c));  // any layout on cuda (device links)
+  c.system.precision = "bf16";
+#endif
   EXPECT_THROW(trellis::check_supported_backend(c), UserError);
 }
 

@@ -1,7 +1,9 @@
 // The NCCL device link on GPUs (built where nvcc and NCCL exist; skips cleanly without enough
-// devices: one per rank). At np 1 every operation runs through NCCL on a communicator of one
-// rank; with as many GPUs as ranks (np 2, 4) also between ranks, point-to-point included. The
-// checks are the staged link's (device_comm_checks.hpp), on the CUDA backend's memory.
+// devices: one per rank). In unit_tests, so that scripts/gpu-check.sh runs it from the GPU
+// bundle: alone (np 1) every operation runs through NCCL on a communicator of one rank; under
+// `mpirun -np N unit_tests --gtest_filter='NcclLink*'` with N GPUs, also between ranks,
+// point-to-point included (gpu-check.sh does so where it finds two GPUs or more). The checks are
+// the staged link's (device_comm_checks.hpp), on the CUDA backend's memory.
 #ifdef TRELLIS_HAVE_NCCL
 #include <gtest/gtest.h>
 #include <mpi.h>
