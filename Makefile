@@ -57,6 +57,15 @@ ifneq ($(HAVE_CUDA),)
   CU_SRC   := $(shell find lib -name '*.cu' | sort)
   CPPFLAGS += -DTRELLIS_HAVE_CUDA=1
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart
+  # The NCCL device link (lib/comm/nccl_link.cu) where NCCL exists; it includes mpi.h too.
+  ifneq ($(HAVE_NCCL),)
+    CPPFLAGS  += -DTRELLIS_HAVE_NCCL=1
+    NVCCFLAGS += -DOMPI_SKIP_MPICXX=1 -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
+                 -isystem $(NCCL_HOME)/include
+    LDLIBS    += -L$(NCCL_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl
+  else
+    CU_SRC := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
+  endif
 endif
 
 # ---- sources ----------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 # scripts/gpu-check.sh [BIN_DIR] — every GPU check in one command, on a machine with an NVIDIA
 # GPU and the built binaries (BIN_DIR: build/, or gpu-bundle/build from `make gpu-bundle`, which
 # also runs where MPI, HDF5, Boost and Kokkos are not installed):
-#   1. the GPU tests (unit_tests --gtest_filter='Cuda*': each kernel against the CPU backend, a
-#      20-step GPU-vs-CPU run, checkpoints crossing between the backends);
+#   1. the GPU tests (unit_tests --gtest_filter='Cuda*:NcclLink*': each kernel against the CPU
+#      backend, a 20-step GPU-vs-CPU run, checkpoints crossing between the backends, every NCCL
+#      link operation on one rank; with two GPUs or more also at 2 ranks, one GPU each);
 #   2. `trellis bench` on inputs/gpt2-124m.deck and inputs/gpt2-350m.deck on the GPU, B·T =
 #      64 × 1024 (halving B until it fits), synthetic tokens: tokens/s, MFU against the device's
 #      bf16 peak, peak memory, device time per kernel class;
@@ -37,6 +38,12 @@ if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/c
   lt=$(find / -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
   [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 fi
+# NCCL (a build that found it links libnccl.so.2; the bundle does not carry its 200+ MB): from
+# the CUDA installation, else from a pip nvidia-nccl package.
+if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
+  nccl=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"
+fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 
 # ---- the device and its dense bf16 peak (TFLOP/s) ----
@@ -53,8 +60,18 @@ PEAK=${PEAK_TFLOPS:-$PEAK}
 echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; binaries $BIN"
 
 # ---- 1. GPU tests ----
-"$BIN/unit_tests" --gtest_filter='Cuda*' 2>&1 | tee "$OUTDIR/tests.log"
+"$BIN/unit_tests" --gtest_filter='Cuda*:NcclLink*' 2>&1 | tee "$OUTDIR/tests.log"
 test_status=${PIPESTATUS[0]}
+# The NCCL link between two ranks, one GPU each (needs a launcher: the bundle has none).
+if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
+  if command -v mpirun >/dev/null; then
+    mpirun --oversubscribe -np 2 "$BIN/unit_tests" --gtest_filter='NcclLink*' 2>&1 |
+      tee "$OUTDIR/tests-np2.log"
+    (( PIPESTATUS[0] == 0 )) || test_status=1
+  else
+    echo "gpu-check: no mpirun here: the NCCL link between two ranks is not tested"
+  fi
+fi
 tests_line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests.log" | tr -s ' \n' ' ')
 no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1

@@ -2,7 +2,9 @@
 // Backend's memory functions.
 #include "backend/backend.hpp"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
@@ -26,11 +28,20 @@ void Backend::zero(void* dst, size_t bytes) {
   if (bytes) std::memset(dst, 0, bytes);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, int local_ranks) {
   (void)local_rank;
+  (void)local_ranks;
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda") {
 #ifdef TRELLIS_HAVE_CUDA
+    const int devices = cuda_device_count();
+    const char* share = std::getenv("TRELLIS_SHARE_GPUS");
+    const bool may_share = share && std::string(share) == "1";
+    if (devices > 0 && local_ranks > devices && !may_share)
+      throw UserError(strfmt("system.backend = cuda: %d ranks on this node but %d GPU(s): one GPU "
+                             "per rank (start at most %d ranks per node, or set "
+                             "TRELLIS_SHARE_GPUS=1 to let ranks share GPUs, for tests)",
+                             local_ranks, devices, devices));
     std::string why;
     if (auto be = make_cuda_backend(local_rank, &why)) return be;
     throw UserError("system.backend: 'cuda' is not available here: " + why +

@@ -32,6 +32,18 @@ class Backend {
   virtual void zero(void* dst, size_t bytes);
   /// Waits until every kernel launched so far has finished (timers; no-op on the CPU).
   virtual void synchronize() {}
+  /// True when `p` points into device memory (from allocator(), when on_device()); false for
+  /// host memory. Communicators ask, to route each buffer (comm/device_link.hpp).
+  virtual bool is_device_pointer(const void* p) const {
+    (void)p;
+    return false;
+  }
+  /// The stream the kernels run on, as an opaque pointer (cuda: the cudaStream_t), so that a
+  /// communicator can order its own stream after them without model code seeing CUDA types;
+  /// null on the CPU.
+  virtual void* native_stream() { return nullptr; }
+  /// The device this backend runs on (cuda: the CUDA device ordinal); -1 on the CPU.
+  virtual int device_index() const { return -1; }
   /// A table of device time per kernel class where the backend measures it (cuda with
   /// TRELLIS_CUDA_PROFILE=1); empty otherwise.
   virtual std::string profile_report() { return ""; }
@@ -137,7 +149,10 @@ class Backend {
 
 /// The backend a deck asks for ("cpu", or "cuda" where this build has it and a device is present).
 /// Throws UserError naming system.backend otherwise.
-/// `local_rank`: this rank's index among the ranks on its node (cuda: one device per rank).
-std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank = 0);
+/// `local_rank`: this rank's index among the `local_ranks` ranks on its node (cuda: one device
+/// per rank; more ranks than devices on a node is a UserError naming both numbers, unless
+/// TRELLIS_SHARE_GPUS=1 lets ranks share devices — tests).
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank = 0,
+                                      int local_ranks = 1);
 
 }  // namespace trellis

@@ -20,6 +20,12 @@ void mpi_ok(int rc, const char* what) {
   TRELLIS_CHECK(rc == MPI_SUCCESS, "%s failed (MPI error %d)", what, rc);
 }
 
+int64_t sum_of(const std::vector<int64_t>& counts) {
+  int64_t s = 0;
+  for (int64_t c : counts) s += c;
+  return s;
+}
+
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   if (a_bytes <= 0 || b_bytes <= 0) return false;
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
@@ -50,6 +56,8 @@ void Request::reset_from(Request& o) noexcept {
   counts_ = std::move(o.counts_);
   displs_ = std::move(o.displs_);
   finish_ = std::move(o.finish_);
+  completion_ = std::move(o.completion_);
+  expect_tag_ = o.expect_tag_;
   stats_ = o.stats_;
   started_ = o.started_;
   done_ = o.done_;
@@ -91,6 +99,7 @@ void Request::complete(double when) {
   reqs_.clear();
   counts_.clear();
   displs_.clear();
+  completion_.reset();
   if (finish_) {
     auto f = std::move(finish_);
     finish_ = nullptr;
@@ -98,22 +107,37 @@ void Request::complete(double when) {
   }
 }
 
+bool Request::test_mpi(bool wait) {
+  if (reqs_.empty()) return true;
+  const int n = static_cast<int>(reqs_.size());
+  std::vector<MPI_Status> statuses(expect_tag_ >= 0 ? n : 0);
+  MPI_Status* st = expect_tag_ >= 0 ? statuses.data() : MPI_STATUSES_IGNORE;
+  int flag = 1;
+  if (wait) mpi_ok(MPI_Waitall(n, reqs_.data(), st), "MPI_Waitall");
+  else mpi_ok(MPI_Testall(n, reqs_.data(), &flag, st), "MPI_Testall");
+  if (!flag) return false;
+  reqs_.clear();  // all complete: a second call must not read the statuses of null requests
+  for (const MPI_Status& s : statuses)
+    TRELLIS_CHECK(s.MPI_TAG == expect_tag_,
+                  "a message arrived out of order: tag %d where tag %d was expected (receives "
+                  "match in send order, as NCCL's do)",
+                  s.MPI_TAG, expect_tag_);
+  return true;
+}
+
 bool Request::test() {
   if (done_) return true;
-  int flag = 1;
-  if (!reqs_.empty())
-    mpi_ok(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
-           "MPI_Testall");
+  bool flag = test_mpi(false);
+  if (flag && completion_) flag = completion_->test();
   if (flag) complete(now_seconds());
-  return flag != 0;
+  return flag;
 }
 
 void Request::wait() {
   if (done_) return;
   double t0 = now_seconds();
-  if (!reqs_.empty())
-    mpi_ok(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-           "MPI_Waitall");
+  test_mpi(true);
+  if (completion_) completion_->wait();
   double t1 = now_seconds();
   if (stats_) stats_->seconds_blocked += t1 - t0;
   complete(t1);
@@ -150,6 +174,29 @@ Request Comm::in_flight(Request r, double started) {
   return r;
 }
 
+bool Comm::on_device(std::initializer_list<const void*> buffers, const char* op) const {
+  if (!link_) return false;
+  int device = 0, host = 0;
+  for (const void* p : buffers)
+    if (p) ++(link_->is_device(p) ? device : host);
+  TRELLIS_CHECK(device == 0 || host == 0,
+                "%s on '%s': host and device buffers in one operation (copy them to one side "
+                "first)",
+                op, name_.c_str());
+  return device > 0;
+}
+
+void Comm::link_blocking(std::unique_ptr<Completion> c, double started) {
+  if (c) c->wait();
+  blocking_done(started);
+}
+
+Request Comm::link_in_flight(std::unique_ptr<Completion> c, double started) {
+  Request r;
+  r.completion_ = std::move(c);
+  return in_flight(std::move(r), started);
+}
+
 void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) const {
   TRELLIS_CHECK(static_cast<int>(counts.size()) == size_, "%s on '%s': %zu counts for %d ranks",
                 op, name_.c_str(), counts.size(), size_);
@@ -166,6 +213,9 @@ void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
   double t0 = now_seconds();
   begin_op();
   stats_.payload_values += 2.0 * static_cast<double>(n);
+  if (n > 0 && on_device({data}, "all_reduce"))
+    return link_blocking(
+        link_->all_reduce(data, n, op == MPI_MAX ? ReduceOp::max : ReduceOp::sum, true), t0);
   for_chunks(n, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, op, comm_), "MPI_Allreduce");
   });
@@ -176,6 +226,8 @@ Request Comm::iall_reduce(float* data, int64_t n) {
   double t0 = now_seconds();
   begin_op();
   stats_.payload_values += 2.0 * static_cast<double>(n);
+  if (n > 0 && on_device({data}, "iall_reduce"))
+    return link_in_flight(link_->all_reduce(data, n, ReduceOp::sum, false), t0);
   Request r;
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
@@ -242,6 +294,12 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
 
 void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
   double t0 = now_seconds();
+  if (on_device({in, out}, "reduce_scatter")) {
+    check_counts(counts, "reduce_scatter");
+    begin_op();
+    stats_.payload_values += static_cast<double>(sum_of(counts));
+    return link_blocking(link_->reduce_scatter(in, out, counts, true), t0);
+  }
   Request r;
   start_reduce_scatter(r, in, out, counts, true);
   r.counts_.clear();
@@ -250,6 +308,12 @@ void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t
 
 Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
   double t0 = now_seconds();
+  if (on_device({in, out}, "ireduce_scatter")) {
+    check_counts(counts, "ireduce_scatter");
+    begin_op();
+    stats_.payload_values += static_cast<double>(sum_of(counts));
+    return link_in_flight(link_->reduce_scatter(in, out, counts, false), t0);
+  }
   Request r;
   start_reduce_scatter(r, in, out, counts, false);
   return in_flight(std::move(r), t0);
@@ -306,6 +370,12 @@ void Comm::start_all_gather(Request& r, const float* in, float* out,
 
 void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
   double t0 = now_seconds();
+  if (on_device({in, out}, "all_gather")) {
+    check_counts(counts, "all_gather");
+    begin_op();
+    stats_.payload_values += static_cast<double>(sum_of(counts));
+    return link_blocking(link_->all_gather(in, out, counts, true), t0);
+  }
   Request r;
   start_all_gather(r, in, out, counts, true);
   r.counts_.clear();
@@ -315,6 +385,12 @@ void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& c
 
 Request Comm::iall_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
   double t0 = now_seconds();
+  if (on_device({in, out}, "iall_gather")) {
+    check_counts(counts, "iall_gather");
+    begin_op();
+    stats_.payload_values += static_cast<double>(sum_of(counts));
+    return link_in_flight(link_->all_gather(in, out, counts, false), t0);
+  }
   Request r;
   start_all_gather(r, in, out, counts, false);
   return in_flight(std::move(r), t0);
@@ -326,6 +402,8 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
   double t0 = now_seconds();
   begin_op();
   stats_.payload_values += static_cast<double>(bytes) / 4.0;
+  if (bytes > 0 && on_device({data}, "broadcast"))
+    return link_blocking(link_->broadcast(data, bytes, root), t0);
   char* p = static_cast<char*>(data);
   for_chunks(bytes, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Bcast(p + off, cnt, MPI_BYTE, root, comm_), "MPI_Bcast");
@@ -337,6 +415,8 @@ void Comm::send(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
   stats_.payload_values += static_cast<double>(n);
+  if (n > 0 && on_device({data}, "send"))
+    return link_blocking(link_->send(data, n, peer, tag, true), t0);
   for_chunks(n, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Send(data + off, cnt, MPI_FLOAT, peer, tag, comm_), "MPI_Send");
   });
@@ -346,13 +426,19 @@ void Comm::send(const float* data, int64_t n, int peer, int tag) {
 void Comm::recv(float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
+  if (n > 0 && on_device({data}, "recv"))
+    return link_blocking(link_->recv(data, n, peer, tag, true), t0);
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Status status;
-    mpi_ok(MPI_Recv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &status), "MPI_Recv");
+    mpi_ok(MPI_Recv(data + off, cnt, MPI_FLOAT, peer, recv_tag(tag), comm_, &status), "MPI_Recv");
     int got = 0;
     MPI_Get_count(&status, MPI_FLOAT, &got);
     TRELLIS_CHECK(got == cnt, "recv on '%s' from %d (tag %d): got %d values, expected %d",
                   name_.c_str(), peer, tag, got, cnt);
+    TRELLIS_CHECK(status.MPI_TAG == tag,
+                  "recv on '%s' from %d: a message arrived out of order: tag %d where tag %d was "
+                  "expected (receives match in send order, as NCCL's do)",
+                  name_.c_str(), peer, status.MPI_TAG, tag);
   });
   blocking_done(t0);
 }
@@ -361,6 +447,8 @@ Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
   stats_.payload_values += static_cast<double>(n);
+  if (n > 0 && on_device({data}, "isend"))
+    return link_in_flight(link_->send(data, n, peer, tag, false), t0);
   Request r;
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
@@ -373,10 +461,13 @@ Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
 Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
+  if (n > 0 && on_device({data}, "irecv"))
+    return link_in_flight(link_->recv(data, n, peer, tag, false), t0);
   Request r;
+  if (fifo_receives_) r.expect_tag_ = tag;
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
-    mpi_ok(MPI_Irecv(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Irecv");
+    mpi_ok(MPI_Irecv(data + off, cnt, MPI_FLOAT, peer, recv_tag(tag), comm_, &q), "MPI_Irecv");
     r.reqs_.push_back(q);
   });
   return in_flight(std::move(r), t0);

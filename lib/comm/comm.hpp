@@ -1,5 +1,12 @@
 // Collectives and point-to-point messages within one group of ranks (dp, tp, pp or world), on
-// fp32 buffers in host memory, with counters per group.
+// fp32 buffers, with counters per group.
+//
+// Memory: host buffers go through MPI. With a DeviceLink attached (device_link.hpp; the trainer
+// attaches one on a device backend) the float operations — all_reduce, all_reduce_max (float),
+// reduce_scatter, all_gather, broadcast, send/recv and their non-blocking forms — whose buffers
+// are device memory go through the link. The buffers of one operation are all host memory or all
+// device memory: a mix is a programming error (std::logic_error). Scalars (all_reduce_sum/max of
+// a double) and barrier always use MPI. Without a link every buffer is taken for host memory.
 //
 // Counts are int64_t. MPI takes int counts: an operation whose count (or, for the variable-count
 // collectives, whose total or any displacement) exceeds the chunk limit (INT_MAX) is split into
@@ -27,8 +34,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/device_link.hpp"
 
 namespace trellis {
 
@@ -40,8 +51,9 @@ struct CommStats {
 };
 
 /// A started non-blocking operation. Movable, not copyable. Keeps what MPI needs until completion
-/// (count and displacement arrays). The Comm that started it must outlive it. Destroying a
-/// Request that has not completed waits for it (MPI still owns the buffers until then).
+/// (count and displacement arrays), or the Completion of a device link's operation. The Comm that
+/// started it must outlive it. Destroying a Request that has not completed waits for it (MPI or
+/// the link still owns the buffers until then).
 class Request {
  public:
   Request() = default;
@@ -62,9 +74,14 @@ class Request {
   void complete(double when);
   void reset_from(Request& other) noexcept;
 
+  /// MPI_Testall / MPI_Waitall on reqs_; with expect_tag_ ≥ 0 also checks the tags received.
+  bool test_mpi(bool wait);
+
   std::vector<MPI_Request> reqs_;
   std::vector<int> counts_, displs_;  // kept alive for MPI until completion
   std::function<void()> finish_;      // run once on completion (e.g. move an in-place result)
+  std::unique_ptr<Completion> completion_;  // a device link's operation (with or without reqs_)
+  int expect_tag_ = -1;               // receives in FIFO order (Comm::set_fifo_receives)
   CommStats* stats_ = nullptr;
   double started_ = 0;
   bool done_ = true;
@@ -81,6 +98,16 @@ class Comm {
   const std::string& name() const { return name_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  /// Operations on device buffers go through `link` from now on (null: host memory only). Owned;
+  /// destroyed before this Comm (so before the MPI communicator it wraps is freed).
+  void set_device_link(std::unique_ptr<DeviceLink> link) { link_ = std::move(link); }
+  DeviceLink* device_link() const { return link_.get(); }
+  /// Receives match messages from a peer in the order they were sent, whatever their tag, and
+  /// check that the tag is the expected one (a mismatch throws std::logic_error). This is how NCCL
+  /// matches (it has no tags): the staged link receives this way so that the CPU tests prove
+  /// the pipeline's messages arrive in an order NCCL can deliver.
+  void set_fifo_receives(bool on) { fifo_receives_ = on; }
 
   // ---- blocking ------------------------------------------------------------------------------
   /// Sum over the group, in place.
@@ -125,11 +152,20 @@ class Comm {
   void blocking_done(double started);
   Request in_flight(Request r, double started);
   void all_reduce_op(float* data, int64_t n, MPI_Op op);
+  /// True when the buffers (null ones skipped) are device memory: all of them; false when all are
+  /// host memory; a mix throws. Always false without a link.
+  bool on_device(std::initializer_list<const void*> buffers, const char* op) const;
+  /// A device link's operation: blocking (waited for here) or in flight.
+  void link_blocking(std::unique_ptr<Completion> c, double started);
+  Request link_in_flight(std::unique_ptr<Completion> c, double started);
+  int recv_tag(int tag) const { return fifo_receives_ ? MPI_ANY_TAG : tag; }
 
   MPI_Comm comm_;
   std::string name_;
   int rank_ = 0, size_ = 1;
   CommStats stats_;
+  std::unique_ptr<DeviceLink> link_;
+  bool fifo_receives_ = false;
 };
 
 /// n split into `parts` counts as evenly as possible: the first n % parts parts get one more.

@@ -329,13 +329,12 @@ void check_supported_backend(const Config& cfg) {
   fail(cfg.deck_path, "system.backend=cuda: this build has no CUDA backend (nvcc was not found "
                       "when it was built)");
 #else
-  // Device memory travels only inside one rank until the NCCL communicator exists (lib/comm/).
-  const auto& p = cfg.parallel;
-  if (p.dp * p.tp * p.pp != 1)
-    fail(cfg.deck_path, "system.backend=cuda runs on one rank for now: parallel.dp = parallel.tp = "
-                        "parallel.pp = 1 (no NCCL communicator yet)");
-  if (p.zero != 0)
-    fail(cfg.deck_path, "system.backend=cuda needs parallel.zero = 0 for now (one rank)");
+  // Any layout: device buffers cross ranks through NCCL or staged through MPI (lib/comm/).
+#ifndef TRELLIS_HAVE_NCCL
+  if (cfg.system.device_comm == "nccl")
+    fail(cfg.deck_path, "system.device_comm = nccl: this build has no NCCL (it was not found when "
+                        "it was built; use auto or staged)");
+#endif
   if (cfg.system.precision != "fp32")
     fail(cfg.deck_path, "system.precision = " + cfg.system.precision +
                             ": the cuda backend runs fp32 only so far");

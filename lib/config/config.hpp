@@ -84,6 +84,7 @@ struct SystemConfig {
   double peak_gflops = 0;          // for MFU; 0 = unknown (MFU shown as "-")
   std::string stop_signal = "USR1";  // USR1 | TERM
   double max_hours = 0;            // 0 = no wall-time budget
+  std::string device_comm = "auto";  // auto | nccl | staged: how device buffers cross ranks
 };
 
 struct Config {

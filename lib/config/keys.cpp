@@ -139,6 +139,10 @@ const std::vector<KeyEntry>& key_table() {
        .bound = at_least(0), .help = "stop with a checkpoint before this much wall time (0: no limit)"},
       {.section = "system", .key = "peak_gflops", .field = FIELD(system.peak_gflops),
        .bound = at_least(0), .help = "peak GFLOP/s per rank for MFU; 0 = unknown"},
+      {.section = "system", .key = "device_comm", .field = FIELD(system.device_comm),
+       .check = Check::Choice, .choices = "auto|nccl|staged",
+       .help = "device buffers between ranks (cuda): NCCL, or staged through host memory and "
+               "MPI; auto = nccl where built"},
   };
   return table;
 }

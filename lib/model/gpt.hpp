@@ -83,6 +83,8 @@ class GPT {
   float* input(int slot, int chunk = 0) { return at(slot, chunk).x; }
   const float* output(int slot, int chunk = 0) const;
   float* output_grad() { return dres_; }
+  /// The backend the model runs on: whatever shares its memory (the pipeline's buffers) uses it.
+  Backend& backend() { return be_; }
   const float* input_grad() const { return dres_; }  // after backward: ∂L/∂input
 
   /// A last stage that is not the first keeps its own copy of the tied LM head (Vl, C) and

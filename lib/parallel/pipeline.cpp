@@ -1,7 +1,7 @@
 #include "parallel/pipeline.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -22,24 +22,29 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
   act_sends_.resize(slots * chunks_);
   grad_sends_.resize(slots * chunks_);
   rows_count_ = gpt_.activation_elems();
+  // Every buffer here lives in the backend's memory (device memory for cuda): the host touches
+  // it only through the backend's copies and kernels.
+  Backend& be = gpt_.backend();
   // The tied LM head: a last stage that is not the first keeps its own copy of wte.
   if (last_ && !first_) {
     const ParamInfo& wte = full_table.find("wte");
     head_count_ = wte.numel();
-    head_wte_ = Buffer(MemKind::Params, sizeof(float) * head_count_);
-    head_dwte_ = Buffer(MemKind::Grads, sizeof(float) * head_count_);
-    init_parameters(full_table, model.seed, head_wte_.f32(), wte.offset, wte.offset + wte.numel());
+    head_wte_ = Buffer(MemKind::Params, sizeof(float) * head_count_, be.allocator());
+    head_dwte_ = Buffer(MemKind::Grads, sizeof(float) * head_count_, be.allocator());
+    std::vector<float> init(head_count_);  // (Vl, C) initialised on the host, then copied over
+    init_parameters(full_table, model.seed, init.data(), wte.offset, wte.offset + wte.numel());
+    be.copy_from_host(head_wte_.data(), init.data(), sizeof(float) * head_count_);
     gpt_.set_head_copy(head_wte_.f32(), head_dwte_.f32());
   }
   if (first_ && !last_) {
     head_count_ = full_table.find("wte").numel();
-    tied_in_ = Buffer(MemKind::Comm, sizeof(float) * head_count_);
+    tied_in_ = Buffer(MemKind::Comm, sizeof(float) * head_count_, be.allocator());
     // On the step's last micro-batch, before the embeddings' gradient goes to the dp reduction,
     // add the last stage's LM-head gradient of the same tied weight.
     gpt_.set_before_embedding_release([this](float* dwte) {
       if (!last_micro_batch_) return;
       pp_.recv(tied_in_.f32(), head_count_, pp_.size() - 1, /*tag=*/1 << 24);
-      for (int64_t i = 0; i < head_count_; ++i) dwte[i] += tied_in_.f32()[i];
+      gpt_.backend().add(dwte, dwte, tied_in_.f32(), head_count_);  // dwte (Vl, C) += LM head's
     });
   }
 }
@@ -57,7 +62,8 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
   const int slots = gpt_.num_slots();
   inputs_.resize(tokens_per_micro_batch);
   targets_.resize(tokens_per_micro_batch);
-  if (head_dwte_.data()) std::memset(head_dwte_.data(), 0, head_dwte_.bytes());
+  Backend& be = gpt_.backend();
+  if (head_dwte_.data()) be.zero(head_dwte_.data(), head_dwte_.bytes());
 
   // Where a chunk's activations come from and go to: the neighbouring rank, and round the ring
   // (last rank → first) from one chunk to the next.
@@ -98,8 +104,9 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
       --live;
       if (!has_embedding) {
         grad_sends_[buf].wait();
-        if (!grad_out_[buf].data()) grad_out_[buf] = Buffer(MemKind::Comm, sizeof(float) * rows_count_);
-        std::memcpy(grad_out_[buf].data(), gpt_.input_grad(), sizeof(float) * rows_count_);
+        if (!grad_out_[buf].data())
+          grad_out_[buf] = Buffer(MemKind::Comm, sizeof(float) * rows_count_, be.allocator());
+        be.copy(grad_out_[buf].data(), gpt_.input_grad(), sizeof(float) * rows_count_);
         grad_sends_[buf] = pp_.isend(grad_out_[buf].f32(), rows_count_, from, tag(mb, from_chunk, true));
       }
     }

@@ -113,33 +113,39 @@ void ShardedParams::release_params(int unit) {
   g.present = false;
 }
 
-std::vector<float> ShardedParams::gather_parameters(Comm* via) {
-  Comm& dp = via ? *via : dp_;
+std::vector<float> ShardedParams::gather_to_host(const float* shard, Comm& dp) {
+  // One side of memory per collective (comm.hpp): this rank's shard comes to the host first, into
+  // its place in the result, then the host vector is gathered in place.
   std::vector<float> all(total_);
-  if (stage_ < 3) be_.copy_to_host(all.data(), params_.data(), sizeof(float) * total_);
-  else dp.all_gather(params_.f32(), all.data(), shard_counts(total_, dp.size()));
+  be_.copy_to_host(all.data() + shard_.begin, shard, sizeof(float) * shard_.size());
+  dp.all_gather(all.data() + shard_.begin, all.data(), shard_counts(total_, dp.size()));
+  return all;
+}
+
+std::vector<float> ShardedParams::gather_parameters(Comm* via) {
+  if (stage_ == 3) return gather_to_host(params_.f32(), via ? *via : dp_);
+  std::vector<float> all(total_);
+  be_.copy_to_host(all.data(), params_.data(), sizeof(float) * total_);
   return all;
 }
 
 std::vector<float> ShardedParams::gather_gradients() {
+  if (stage_ > 0) return gather_to_host(shard_grads(), dp_);
   std::vector<float> all(total_);
-  if (stage_ == 0) be_.copy_to_host(all.data(), grads_.data(), sizeof(float) * total_);
-  else dp_.all_gather(shard_grads(), all.data(), shard_counts(total_, dp_.size()));
+  be_.copy_to_host(all.data(), grads_.data(), sizeof(float) * total_);
   return all;
 }
 
 void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v, Comm* via) {
-  Comm& dp = via ? *via : dp_;
-  m.assign(total_, 0.f);
-  v.assign(total_, 0.f);
-  if (stage_ == 0) {
-    be_.copy_to_host(m.data(), optimizer_->m(), sizeof(float) * total_);
-    be_.copy_to_host(v.data(), optimizer_->v(), sizeof(float) * total_);
+  if (stage_ > 0) {
+    m = gather_to_host(optimizer_->m(), via ? *via : dp_);
+    v = gather_to_host(optimizer_->v(), via ? *via : dp_);
     return;
   }
-  const std::vector<int64_t> counts = shard_counts(total_, dp.size());
-  dp.all_gather(optimizer_->m(), m.data(), counts);
-  dp.all_gather(optimizer_->v(), v.data(), counts);
+  m.assign(total_, 0.f);
+  v.assign(total_, 0.f);
+  be_.copy_to_host(m.data(), optimizer_->m(), sizeof(float) * total_);
+  be_.copy_to_host(v.data(), optimizer_->v(), sizeof(float) * total_);
 }
 
 void ShardedParams::load_state(const float* params, const float* m, const float* v,

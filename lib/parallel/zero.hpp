@@ -113,6 +113,8 @@ class ShardedParams : public ParamStore {
   void start_gather(int unit);
   std::vector<int64_t> overlap_counts(int64_t begin, int64_t end) const;
   float* shard_grads();  // (shard size) this rank's reduced gradients
+  /// (P) on the host: every dp rank's `shard` (in the backend's memory) gathered (collective).
+  std::vector<float> gather_to_host(const float* shard, Comm& dp);
   /// Where every buffer of parameters, gradients and optimizer state lives: the backend's memory.
   Allocator* mem() { return be_.allocator(); }
 

@@ -5,30 +5,69 @@
 #include <csignal>
 #include <cstdlib>
 
+#include "comm/staged_link.hpp"
 #include "core/error.hpp"
 #include "core/fault.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
+#ifdef TRELLIS_HAVE_NCCL
+#include "comm/nccl_link.hpp"
+#endif
 #include "plan/flops.hpp"
 #include "train/report.hpp"
 
 namespace trellis {
 
-// This rank's index among the ranks of comm on its node: a GPU per rank, chosen by it.
-static int node_local_rank(MPI_Comm comm) {
+// This rank's index among the ranks of comm on its node, and their number: a GPU per rank,
+// chosen by the index.
+struct NodeRanks {
+  int rank = 0, size = 1;
+};
+static NodeRanks node_ranks(MPI_Comm comm) {
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 0;
-  MPI_Comm_rank(node, &local);
+  NodeRanks r;
+  MPI_Comm_rank(node, &r.rank);
+  MPI_Comm_size(node, &r.size);
   MPI_Comm_free(&node);
-  return local;
+  return r;
+}
+
+// On a device backend, every communicator that may carry device buffers gets a device link:
+// NCCL where this build has it and the backend is CUDA (system.device_comm = auto or nccl), else
+// the staged link through host memory. `point_to_point`: the pipeline's group sends and receives.
+static void attach_device_link(Comm& comm, Backend& be, const std::string& how,
+                               bool point_to_point) {
+  if (!be.on_device()) return;
+#ifdef TRELLIS_HAVE_NCCL
+  if (how != "staged" && be.native_stream()) {
+    comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
+                                        be.native_stream(), point_to_point));
+    return;
+  }
+#else
+  (void)point_to_point;
+#endif
+  if (how == "nccl")
+    throw UserError("system.device_comm = nccl: the backend '" + be.name() +
+                    "' has no CUDA stream for NCCL (use auto or staged)");
+  DeviceCopies copies{
+      [&be](void* host, const void* dev, size_t bytes) { be.copy_to_host(host, dev, bytes); },
+      [&be](void* dev, const void* host, size_t bytes) { be.copy_from_host(dev, host, bytes); },
+      [&be](const void* p) { return be.is_device_pointer(p); }};
+  comm.set_device_link(std::make_unique<StagedLink>(comm.comm(), comm.name(), std::move(copies)));
 }
 
 Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend)
     : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  backend_ = backend ? std::move(backend) : make_backend(cfg_.system.backend, node_local_rank(comm_));
+  if (backend) {
+    backend_ = std::move(backend);
+  } else {
+    const NodeRanks node = node_ranks(comm_);
+    backend_ = make_backend(cfg_.system.backend, node.rank, node.size);
+  }
   backend_->set_threads(cfg_.system.threads);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
@@ -36,6 +75,10 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
   pp_comm_ = std::make_unique<Comm>(grid_->pp_comm(), "pp");
+  const std::string& how = cfg_.system.device_comm;
+  attach_device_link(*dp_comm_, *backend_, how, false);
+  attach_device_link(*tp_comm_, *backend_, how, false);
+  attach_device_link(*pp_comm_, *backend_, how, true);
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
   const int pp = grid_->pp_size(), stage = grid_->pp_rank();
   const StageSpec spec = stage_spec(cfg_, stage);
@@ -47,6 +90,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
                                                     *store_, pp_comm_.get());
+  if (Comm* kv = tp_grads_->kv_group()) attach_device_link(*kv, *backend_, how, false);
   const int micro_batches = cfg_.micro_batches_per_step();
   const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, spec.chunks);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,

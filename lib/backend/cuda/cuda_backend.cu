@@ -94,6 +94,15 @@ void CudaBackend::zero(void* dst, size_t bytes) {
 
 void CudaBackend::synchronize() { TRELLIS_CUDA(cudaStreamSynchronize(stream_)); }
 
+bool CudaBackend::is_device_pointer(const void* p) const {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // plain host memory on old drivers: not an error to keep
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     TRELLIS_CUDA(cudaStreamSynchronize(stream_));  // a kernel may still use the old one

@@ -45,6 +45,9 @@ class CudaBackend : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override;
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
+  bool is_device_pointer(const void* p) const override;
+  void* native_stream() override { return stream_; }
+  int device_index() const override { return device_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
                          int vocab_begin, int vocab_count) override;

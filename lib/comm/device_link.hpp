@@ -1,0 +1,62 @@
+// Collectives on device memory. A Comm moves host buffers with MPI; given a DeviceLink it hands
+// every operation whose buffers are device memory to the link instead (comm.hpp says which).
+// The link knows nothing of the backend: what it needs from it (copies, the compute stream) it is
+// given as plain functions and pointers when the trainer builds it.
+//
+// Two links:
+//   StagedLink (staged_link.hpp)  device → host staging buffer → the MPI code → device. Works for
+//                                 any device backend; the fallback where NCCL is missing, and how
+//                                 the CPU tests prove the plumbing (tests/fake_device.hpp).
+//   NCCL link (nccl_link.hpp)     ncclComm_t per group on its own streams (builds with NCCL only).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trellis {
+
+/// A started operation that something other than MPI completes (a CUDA event, a staged copy
+/// back to the device). Request (comm.hpp) owns one.
+class Completion {
+ public:
+  virtual ~Completion() = default;
+  /// True when complete: the results are in the destination buffers. Never blocks.
+  virtual bool test() = 0;
+  /// Blocks until complete.
+  virtual void wait() = 0;
+};
+
+enum class ReduceOp { sum, max };
+
+/// Operations on device buffers, with Comm's arguments and semantics (comm.hpp). Each starts the
+/// operation and returns what completes it (null: already complete). `blocking` says the caller
+/// will wait at once (a link may then take a blocking path; the staged link does, so that its
+/// reductions run MPI's blocking algorithms exactly as the host path does).
+/// Comm validates arguments and keeps the statistics; a link only moves data.
+class DeviceLink {
+ public:
+  virtual ~DeviceLink() = default;
+  /// "staged" or "nccl", for messages and reports.
+  virtual std::string kind() const = 0;
+  /// True when `p` points into the device memory this link moves.
+  virtual bool is_device(const void* p) const = 0;
+
+  virtual std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
+                                                 bool blocking) = 0;
+  virtual std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
+                                                     const std::vector<int64_t>& counts,
+                                                     bool blocking) = 0;
+  virtual std::unique_ptr<Completion> all_gather(const float* in, float* out,
+                                                 const std::vector<int64_t>& counts,
+                                                 bool blocking) = 0;
+  virtual std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) = 0;
+  /// Point-to-point. NCCL has no tags: messages between two ranks in one direction are matched
+  /// in the order they were started (FIFO), and a link may only check the tag, not match on it.
+  virtual std::unique_ptr<Completion> send(const float* data, int64_t n, int peer, int tag,
+                                           bool blocking) = 0;
+  virtual std::unique_ptr<Completion> recv(float* data, int64_t n, int peer, int tag,
+                                           bool blocking) = 0;
+};
+
+}  // namespace trellis

@@ -1,0 +1,278 @@
+// The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL
+// exist; never run on a GPU so far (README, GPUs).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "comm/nccl_link.hpp"
+#include "core/error.hpp"
+
+namespace trellis {
+
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  TRELLIS_CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+}
+void nccl_ok(ncclResult_t r, const char* what) {
+  TRELLIS_CHECK(r == ncclSuccess, "%s: %s", what, ncclGetErrorString(r));
+}
+#define CUDA_OK(call) cuda_ok((call), #call)
+#define NCCL_OK(call) nccl_ok((call), #call)
+
+/// The largest of the counts, and whether they are all equal to it (NCCL's own layout).
+struct Blocks {
+  int64_t size;
+  bool equal;
+};
+Blocks blocks_of(const std::vector<int64_t>& counts) {
+  const int64_t size = *std::max_element(counts.begin(), counts.end());
+  return {size, std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == size; })};
+}
+
+/// Complete when an event recorded on the link's stream after the operation has passed.
+class EventCompletion : public Completion {
+ public:
+  explicit EventCompletion(cudaEvent_t event) : event_(event) {}
+  ~EventCompletion() override {
+    if (!done_) cudaEventSynchronize(event_);  // the buffers are NCCL's until then
+    cudaEventDestroy(event_);
+  }
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    CUDA_OK(e);
+    return done_ = true;
+  }
+  void wait() override {
+    if (done_) return;
+    CUDA_OK(cudaEventSynchronize(event_));
+    done_ = true;
+  }
+
+ private:
+  cudaEvent_t event_;
+  bool done_ = false;
+};
+
+class NcclLink : public DeviceLink {
+ public:
+  NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStream_t compute,
+           bool point_to_point);
+  ~NcclLink() override;
+
+  std::string kind() const override { return "nccl"; }
+  bool is_device(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
+  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
+                                         bool blocking) override {
+    after_compute(stream_);
+    NCCL_OK(ncclAllReduce(data, data, size_t(n), ncclFloat, op == ReduceOp::max ? ncclMax : ncclSum,
+                          comm_, stream_));
+    return done_on(stream_, blocking);
+  }
+
+  std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
+                                             const std::vector<int64_t>& counts,
+                                             bool blocking) override {
+    const std::vector<int64_t> displ = displacements(counts);
+    const auto [block, equal] = blocks_of(counts);
+    if (block == 0) return nullptr;
+    after_compute(stream_);
+    if (equal) {
+      // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
+      NCCL_OK(ncclReduceScatter(in, out, size_t(block), ncclFloat, ncclSum, comm_, stream_));
+      return done_on(stream_, blocking);
+    }
+    // Unequal blocks: each into a padded slot of `block` values, reduce, take this rank's part.
+    float* tmp = padded(block);
+    for (int j = 0; j < size_; ++j)
+      copy(tmp + j * block, in + displ[j], counts[j]);
+    NCCL_OK(ncclReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclFloat, ncclSum, comm_,
+                              stream_));
+    copy(out, tmp + rank_ * block, counts[rank_]);
+    CUDA_OK(cudaFreeAsync(tmp, stream_));
+    return done_on(stream_, blocking);
+  }
+
+  std::unique_ptr<Completion> all_gather(const float* in, float* out,
+                                         const std::vector<int64_t>& counts,
+                                         bool blocking) override {
+    const std::vector<int64_t> displ = displacements(counts);
+    const auto [block, equal] = blocks_of(counts);
+    if (block == 0) return nullptr;
+    after_compute(stream_);
+    if (equal) {
+      NCCL_OK(ncclAllGather(in, out, size_t(block), ncclFloat, comm_, stream_));
+      return done_on(stream_, blocking);
+    }
+    float* tmp = padded(block);
+    copy(tmp + rank_ * block, in, counts[rank_]);
+    NCCL_OK(ncclAllGather(tmp + rank_ * block, tmp, size_t(block), ncclFloat, comm_, stream_));
+    for (int j = 0; j < size_; ++j)
+      copy(out + displ[j], tmp + j * block, counts[j]);
+    CUDA_OK(cudaFreeAsync(tmp, stream_));
+    return done_on(stream_, blocking);
+  }
+
+  std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) override {
+    after_compute(stream_);
+    NCCL_OK(ncclBroadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
+    return done_on(stream_, true);
+  }
+
+  std::unique_ptr<Completion> send(const float* data, int64_t n, int peer, int /*tag*/,
+                                   bool blocking) override {
+    Channel& ch = channel(peer, /*sending=*/true);
+    after_compute(ch.stream);
+    NCCL_OK(ncclSend(data, size_t(n), ncclFloat, /*peer=*/1, ch.comm, ch.stream));
+    return done_on(ch.stream, blocking);
+  }
+
+  std::unique_ptr<Completion> recv(float* data, int64_t n, int peer, int /*tag*/,
+                                   bool blocking) override {
+    // The receive overwrites `data`: it too waits for the kernels still reading it.
+    Channel& ch = channel(peer, /*sending=*/false);
+    after_compute(ch.stream);
+    NCCL_OK(ncclRecv(data, size_t(n), ncclFloat, /*peer=*/0, ch.comm, ch.stream));
+    return done_on(ch.stream, blocking);
+  }
+
+ private:
+  /// Messages in one direction between two ranks: a communicator of the two (sender rank 0,
+  /// receiver rank 1) and this rank's stream for it.
+  struct Channel {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  void build_channels(MPI_Comm comm);
+  Channel& channel(int peer, bool sending) {
+    auto it = channels_.find({peer, sending});
+    TRELLIS_CHECK(it != channels_.end(),
+                  "NCCL link on '%s': no channel %s rank %d (point-to-point goes to ring "
+                  "neighbours only, on a link built with point_to_point)",
+                  name_.c_str(), sending ? "to" : "from", peer);
+    return it->second;
+  }
+  /// `s` waits for everything launched so far on the backend's compute stream.
+  void after_compute(cudaStream_t s) {
+    CUDA_OK(cudaEventRecord(ready_, compute_));
+    CUDA_OK(cudaStreamWaitEvent(s, ready_, 0));
+  }
+  std::unique_ptr<Completion> done_on(cudaStream_t s, bool blocking) {
+    if (blocking) {
+      CUDA_OK(cudaStreamSynchronize(s));
+      return nullptr;
+    }
+    cudaEvent_t e;
+    CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(e, s));
+    return std::make_unique<EventCompletion>(e);
+  }
+  /// size·block floats on the link's stream (stream-ordered: no device-wide synchronisation).
+  float* padded(int64_t block) {
+    void* p = nullptr;
+    const size_t bytes = sizeof(float) * size_t(block) * size_;
+    CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
+    CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));  // the padding: defined values
+    return static_cast<float*>(p);
+  }
+  void copy(float* dst, const float* src, int64_t n) {
+    if (n > 0)
+      CUDA_OK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t compute_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;                       // recorded on compute_ before each operation
+  std::map<std::pair<int, bool>, Channel> channels_;  // (peer, sending)
+};
+
+NcclLink::NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStream_t compute,
+                   bool point_to_point)
+    : name_(name), compute_(compute) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+  CUDA_OK(cudaSetDevice(device));
+  ncclUniqueId id;
+  if (rank_ == 0) NCCL_OK(ncclGetUniqueId(&id));
+  TRELLIS_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) == MPI_SUCCESS,
+                "NCCL link on '%s': MPI_Bcast of the unique id", name_.c_str());
+  NCCL_OK(ncclCommInitRank(&comm_, size_, id, rank_));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  if (point_to_point && size_ > 1) build_channels(comm);
+}
+
+void NcclLink::build_channels(MPI_Comm comm) {
+  // The channels this rank is in: to and from each ring neighbour (one neighbour when size 2).
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  std::vector<int> peers = {next};
+  if (prev != next) peers.push_back(prev);
+  // The sender of each channel draws its id and sends it to the receiver (one message per
+  // ordered pair of ranks: a fixed tag will do).
+  std::map<std::pair<int, bool>, ncclUniqueId> ids;
+  std::vector<MPI_Request> reqs;
+  for (int peer : peers) {
+    NCCL_OK(ncclGetUniqueId(&ids[{peer, true}]));
+    ids[{peer, false}] = ncclUniqueId{};
+  }
+  const int tag = 7405;
+  for (int peer : peers) {
+    reqs.emplace_back();
+    MPI_Isend(&ids[{peer, true}], sizeof(ncclUniqueId), MPI_BYTE, peer, tag, comm, &reqs.back());
+    reqs.emplace_back();
+    MPI_Irecv(&ids[{peer, false}], sizeof(ncclUniqueId), MPI_BYTE, peer, tag, comm, &reqs.back());
+  }
+  TRELLIS_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
+                "NCCL link on '%s': exchanging channel ids", name_.c_str());
+  // Every channel's communicator at once: each init waits for its other rank.
+  NCCL_OK(ncclGroupStart());
+  for (auto& [key, id] : ids) {
+    Channel& ch = channels_[key];
+    NCCL_OK(ncclCommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
+  }
+  NCCL_OK(ncclGroupEnd());
+  for (auto& [key, ch] : channels_)
+    CUDA_OK(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
+}
+
+NcclLink::~NcclLink() {
+  // Nothing may be in flight: Requests wait in their destructors, before the Comm goes.
+  for (auto& [key, ch] : channels_) {
+    cudaStreamSynchronize(ch.stream);
+    ncclCommDestroy(ch.comm);
+    cudaStreamDestroy(ch.stream);
+  }
+  cudaStreamSynchronize(stream_);
+  ncclCommDestroy(comm_);
+  cudaStreamDestroy(stream_);
+  cudaEventDestroy(ready_);
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
+                                           void* compute_stream, bool point_to_point) {
+  return std::make_unique<NcclLink>(comm, name, device, static_cast<cudaStream_t>(compute_stream),
+                                    point_to_point);
+}
+
+}  // namespace trellis

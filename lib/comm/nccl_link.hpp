@@ -1,0 +1,34 @@
+// The NCCL device link: collectives and point-to-point messages on device memory through NCCL,
+// on streams of its own. The door from C++ code into it: no CUDA or NCCL header here. Built only
+// where nvcc and NCCL were found (TRELLIS_HAVE_NCCL; Makefile).
+//
+//   - one ncclComm_t for the group's collectives, created from a unique id that the group's rank
+//     0 draws and broadcasts over the group's MPI communicator; its own stream;
+//   - with point_to_point, one ncclComm_t of two ranks per direction to each ring neighbour
+//     (rank ± 1 mod size: every message of the pipeline goes there), each with its own stream, so
+//     that the pipeline's simultaneous sends and receives in both directions never queue behind
+//     one another. NCCL has no tags: messages in one direction are matched in the order they were
+//     started (FIFO); the tag is ignored. The staged link's receives match the same way, so the
+//     CPU tests prove the pipeline's order suits NCCL;
+//   - before each operation the link's stream waits for an event recorded on the backend's
+//     compute stream (so it sees every kernel's output launched before the call);
+//   - a non-blocking operation completes with an event recorded after it (test: cudaEventQuery,
+//     wait: cudaEventSynchronize); a blocking one synchronizes its stream before returning;
+//   - NCCL's reduce-scatter and all-gather take equal counts: unequal ones (ZeRO's last shards
+//     may be short) go through a padded temporary buffer, allocated on the link's stream.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/device_link.hpp"
+
+namespace trellis {
+
+/// Collective over `comm`. `device`: the CUDA device of this rank's backend; `compute_stream`:
+/// its cudaStream_t (Backend::native_stream()).
+std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
+                                           void* compute_stream, bool point_to_point);
+
+}  // namespace trellis

@@ -1,0 +1,141 @@
+#include "comm/staged_link.hpp"
+
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace trellis {
+
+namespace {
+
+/// A staged operation in flight: the host buffer MPI works on, MPI's request, and the copy back
+/// to the device that completes it.
+class Staged : public Completion {
+ public:
+  explicit Staged(size_t floats) : host(floats) {}
+  bool test() override {
+    if (!done_ && request.test()) finish();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    request.wait();
+    finish();
+  }
+  /// For a blocking operation: MPI is done, copy back now; nothing is left to complete.
+  std::unique_ptr<Completion> finished() {
+    finish();
+    return nullptr;
+  }
+
+  std::vector<float> host;
+  Request request;
+  std::function<void()> back;  // host → device; empty for sends and broadcasts' roots
+
+ private:
+  void finish() {
+    done_ = true;
+    if (back) back();
+  }
+  bool done_ = false;
+};
+
+}  // namespace
+
+StagedLink::StagedLink(MPI_Comm comm, const std::string& name, DeviceCopies copies)
+    : mpi_(comm, name + " staged"), copies_(std::move(copies)) {
+  mpi_.set_fifo_receives(true);
+}
+
+std::unique_ptr<Completion> StagedLink::all_reduce(float* data, int64_t n, ReduceOp op,
+                                                   bool blocking) {
+  auto s = std::make_unique<Staged>(n);
+  float* h = s->host.data();
+  copies_.to_host(h, data, sizeof(float) * n);
+  s->back = [this, data, h, n] { copies_.from_host(data, h, sizeof(float) * n); };
+  if (blocking) {
+    if (op == ReduceOp::max) mpi_.all_reduce_max(h, n);
+    else mpi_.all_reduce(h, n);
+    return s->finished();
+  }
+  TRELLIS_CHECK(op == ReduceOp::sum, "non-blocking all_reduce_max on '%s' (Comm has none)",
+                mpi_.name().c_str());
+  s->request = mpi_.iall_reduce(h, n);
+  return s;
+}
+
+std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* out,
+                                                       const std::vector<int64_t>& counts,
+                                                       bool blocking) {
+  const std::vector<int64_t> displ = displacements(counts);
+  const int me = mpi_.rank();
+  const int64_t total = displ.back() + counts.back(), mine = counts[me];
+  // The same aliasing on the host as on the device, so that MPI runs the same algorithm as it
+  // would on host buffers (in place or not): the sums then have the same bits.
+  const bool in_place = out == in + displ[me];
+  auto s = std::make_unique<Staged>(total + (in_place ? 0 : mine));
+  float* h = s->host.data();
+  float* h_out = in_place ? h + displ[me] : h + total;
+  copies_.to_host(h, in, sizeof(float) * total);
+  s->back = [this, out, h_out, mine] { copies_.from_host(out, h_out, sizeof(float) * mine); };
+  if (blocking) {
+    mpi_.reduce_scatter(h, h_out, counts);
+    return s->finished();
+  }
+  s->request = mpi_.ireduce_scatter(h, h_out, counts);
+  return s;
+}
+
+std::unique_ptr<Completion> StagedLink::all_gather(const float* in, float* out,
+                                                   const std::vector<int64_t>& counts,
+                                                   bool blocking) {
+  const std::vector<int64_t> displ = displacements(counts);
+  const int me = mpi_.rank();
+  const int64_t total = displ.back() + counts.back();
+  auto s = std::make_unique<Staged>(total);
+  float* h = s->host.data();
+  copies_.to_host(h + displ[me], in, sizeof(float) * counts[me]);
+  s->back = [this, out, h, total] { copies_.from_host(out, h, sizeof(float) * total); };
+  if (blocking) {
+    mpi_.all_gather(h + displ[me], h, counts);  // in place: no arithmetic, the bits are the same
+    return s->finished();
+  }
+  s->request = mpi_.iall_gather(h + displ[me], h, counts);
+  return s;
+}
+
+std::unique_ptr<Completion> StagedLink::broadcast(void* data, int64_t bytes, int root) {
+  auto s = std::make_unique<Staged>((bytes + 3) / 4);
+  void* h = s->host.data();
+  if (mpi_.rank() == root) copies_.to_host(h, data, bytes);
+  else s->back = [this, data, h, bytes] { copies_.from_host(data, h, bytes); };
+  mpi_.broadcast(h, bytes, root);
+  return s->finished();
+}
+
+std::unique_ptr<Completion> StagedLink::send(const float* data, int64_t n, int peer, int tag,
+                                             bool blocking) {
+  auto s = std::make_unique<Staged>(n);
+  copies_.to_host(s->host.data(), data, sizeof(float) * n);
+  if (blocking) {
+    mpi_.send(s->host.data(), n, peer, tag);
+    return s->finished();
+  }
+  s->request = mpi_.isend(s->host.data(), n, peer, tag);
+  return s;
+}
+
+std::unique_ptr<Completion> StagedLink::recv(float* data, int64_t n, int peer, int tag,
+                                             bool blocking) {
+  auto s = std::make_unique<Staged>(n);
+  float* h = s->host.data();
+  s->back = [this, data, h, n] { copies_.from_host(data, h, sizeof(float) * n); };
+  if (blocking) {
+    mpi_.recv(h, n, peer, tag);
+    return s->finished();
+  }
+  s->request = mpi_.irecv(h, n, peer, tag);
+  return s;
+}
+
+}  // namespace trellis

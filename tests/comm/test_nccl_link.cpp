@@ -1,0 +1,51 @@
+// The NCCL device link on GPUs (built where nvcc and NCCL exist; skips cleanly without enough
+// devices: one per rank). In unit_tests, so that scripts/gpu-check.sh runs it from the GPU
+// bundle: alone (np 1) every operation runs through NCCL on a communicator of one rank; under
+// `mpirun -np N unit_tests --gtest_filter='NcclLink*'` with N GPUs, also between ranks,
+// point-to-point included (gpu-check.sh does so where it finds two GPUs or more). The checks are
+// the staged link's (device_comm_checks.hpp), on the CUDA backend's memory.
+#ifdef TRELLIS_HAVE_NCCL
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "backend/cuda/cuda_factory.hpp"
+#include "comm/comm.hpp"
+#include "comm/nccl_link.hpp"
+#include "device_comm_checks.hpp"
+#include "mpi_util.hpp"
+
+namespace trellis {
+namespace {
+
+using namespace trellis::testing;
+
+class NcclLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Every rank decides alike: skip unless each rank has a GPU of its own.
+    if (!all_ranks_ok(cuda_device_count() >= world_size()))
+      GTEST_SKIP() << "needs one CUDA device per rank";
+    be = make_backend("cuda", world_rank(), world_size());
+    comm = std::make_unique<Comm>(MPI_COMM_WORLD, "world");
+    comm->set_device_link(make_nccl_link(MPI_COMM_WORLD, "world", be->device_index(),
+                                         be->native_stream(), /*point_to_point=*/true));
+  }
+  void TearDown() override {
+    comm.reset();  // the link's communicators go before the backend
+    be.reset();
+  }
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Comm> comm;
+};
+
+TEST_F(NcclLinkTest, AllReduceSumAndMax) { check_device_all_reduce(*comm, *be); }
+TEST_F(NcclLinkTest, ReduceScatterEqualAndUnequalCounts) { check_device_reduce_scatter(*comm, *be); }
+TEST_F(NcclLinkTest, AllGatherEqualAndUnequalCounts) { check_device_all_gather(*comm, *be); }
+TEST_F(NcclLinkTest, Broadcast) { check_device_broadcast(*comm, *be); }
+TEST_F(NcclLinkTest, SendAndReceiveBothWays) { check_device_send_recv(*comm, *be); }
+TEST_F(NcclLinkTest, StatisticsCountDeviceOperations) { check_device_stats(*comm, *be); }
+TEST_F(NcclLinkTest, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(*comm, *be); }
+
+}  // namespace
+}  // namespace trellis
+#endif
