@@ -5,9 +5,11 @@
 #   1. the GPU tests (unit_tests --gtest_filter='Cuda*:NcclLink*': each kernel against the CPU
 #      backend, a 20-step GPU-vs-CPU run, checkpoints crossing between the backends, every NCCL
 #      link operation on one rank; with two GPUs or more also at 2 ranks, one GPU each);
-#   2. `trellis bench` on inputs/gpt2-124m.deck and inputs/gpt2-350m.deck on the GPU, B·T =
-#      64 × 1024 (halving B until it fits), synthetic tokens: tokens/s, MFU against the device's
-#      bf16 peak, peak memory, device time per kernel class;
+#   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
+#      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16 GEMM
+#      operands, fp32 accumulation), and gpt2-124m in fp32 with TF32 GEMMs for comparison;
+#      tokens/s, MFU against the device's dense bf16 peak (for every row, TF32's too), peak
+#      memory, device time per kernel class;
 #   3. a short table of all that, last.
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
@@ -78,18 +80,22 @@ grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
 
 # ---- 2. benchmarks ----
-# fp32 storage with TF32 tensor-core GEMMs: bf16 (system.precision) is not implemented yet, so
-# MFU against the bf16 peak understates what bf16 would reach.
+# Each run: a deck and a precision. bf16 rounds the GEMM operands only (activations, weights and
+# the other kernels stay fp32; README "GPUs"), so MFU is against the bf16 peak for every row.
 rows=()
 bench_failed=0
-for deck in inputs/gpt2-124m.deck inputs/gpt2-350m.deck; do
-  name=$(basename "$deck" .deck)
+for run in "gpt2-124m bf16" "gpt2-350m bf16" "gpt2-124m fp32"; do
+  read -r name precision <<< "$run"
+  deck=inputs/$name.deck
+  tf32=0
+  [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
   B=$B0
   while (( B >= 1 )); do
-    log="$OUTDIR/bench-$name-B$B.log"
-    echo "gpu-check: $name, B·T = $B × 1024 ..."
-    TRELLIS_TF32=1 TRELLIS_CUDA_PROFILE=1 timeout 900 "$BIN/trellis" bench "$deck" \
-      --system.backend=cuda --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
+    log="$OUTDIR/bench-$name-$precision-B$B.log"
+    echo "gpu-check: $name, $precision, B·T = $B × 1024 ..."
+    TRELLIS_TF32=$tf32 TRELLIS_CUDA_PROFILE=1 timeout 900 "$BIN/trellis" bench "$deck" \
+      --system.backend=cuda --system.precision=$precision \
+      --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
       --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
       --system.peak_gflops=$((PEAK * 1000)) > "$log" 2>&1
     status=$?
@@ -101,24 +107,27 @@ for deck in inputs/gpt2-124m.deck inputs/gpt2-350m.deck; do
     fi
     B=0
   done
+  label=$precision
+  [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
   if (( B >= 1 )) && [[ -n $line ]]; then
     get() { sed -n "s/.*$1=\([0-9.e+-]*\).*/\1/p" <<< "$line"; }
-    rows+=("$(printf '%-10s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "${B}x1024" "$(get tokens_per_s)" \
-      "$(awk -v m="$(get mfu)" 'BEGIN {print 100 * m}')" "$(get step_ms)" \
+    rows+=("$(printf '%-10s %-9s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
+      "$(get tokens_per_s)" "$(awk -v m="$(get mfu)" 'BEGIN {print 100 * m}')" "$(get step_ms)" \
       "$(awk -v b="$(get peak_bytes)" 'BEGIN {print b / 2^30}')")")
   else
-    rows+=("$(printf '%-10s %5s %s' "$name" "-" "FAILED: see $log")")
+    rows+=("$(printf '%-10s %-9s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
     bench_failed=1
   fi
 done
 
 # ---- 3. the table ----
 echo
-echo "gpu-check summary — ${GPU:-?}, bf16 peak $PEAK TFLOP/s; precision fp32 + TF32 GEMMs (bf16 not implemented)"
+echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 GEMM operands only"
+(( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
-printf '%-10s %8s %9s %9s %10s %9s\n' model "B×T" "tokens/s" MFU "step ms" "peak GiB"
+printf '%-10s %-9s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
 echo "(time per kernel class: the 'CUDA device time per kernel class' tables above; logs in $OUTDIR)"
-# Success means: a device was there, every GPU test passed and both benchmarks ran.
+# Success means: a device was there, every GPU test passed and every benchmark ran.
 [[ $test_status -eq 0 && $no_device -eq 0 && $bench_failed -eq 0 ]]

@@ -1,5 +1,5 @@
 // make_backend: the deck's system.backend name → a Backend. The host-memory defaults of the
-// Backend's memory functions.
+// Backend's memory functions; fp32, the default precision.
 #include "backend/backend.hpp"
 
 #include <cstdlib>
@@ -26,6 +26,12 @@ void Backend::copy(void* dst, const void* src, size_t bytes) {
 }
 void Backend::zero(void* dst, size_t bytes) {
   if (bytes) std::memset(dst, 0, bytes);
+}
+
+void Backend::set_precision(const std::string& precision) {
+  if (precision != "fp32")
+    throw UserError("system.precision = " + precision + ": the " + name() +
+                    " backend computes in fp32 only (bf16 needs system.backend = cuda)");
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, int local_ranks) {

@@ -19,6 +19,12 @@ class Backend {
   virtual std::string name() const = 0;
   /// Threads the backend may use for its GEMMs (0: all of this rank's cores).
   virtual void set_threads(int threads) = 0;
+  /// The deck's system.precision: "fp32", or "bf16" where the backend has it (cuda: GEMM operands
+  /// rounded to bf16, fp32 accumulation; cuda_backend.cuh says what runs in which precision). The
+  /// default computes in fp32 only and throws UserError naming system.precision for anything else.
+  virtual void set_precision(const std::string& precision);
+  /// What set_precision chose ("fp32" until it is called).
+  virtual std::string precision() const { return "fp32"; }
 
   // ---- memory. Every pointer a kernel takes points into memory from allocator(): host memory
   //      for the CPU; device memory for cuda, which the host must never dereference — values

@@ -19,7 +19,8 @@ Config stored_config(const std::string& path) {
   const std::vector<std::string> one_rank = {
       "parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.stage_layers=",
       "parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.sequence_parallel=false",
-      "parallel.zero=0", "system.backend=cpu", "system.precision=fp32"};
+      "parallel.zero=0", "system.backend=cpu", "system.precision=fp32",
+      "system.grad_reduce=fp32"};
   return load_config_text(meta.text["deck"], path + " (its stored deck)", one_rank, 1);
 }
 

@@ -80,6 +80,7 @@ struct LogConfig {
 struct SystemConfig {
   std::string backend = "cpu";     // cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16
+  std::string grad_reduce = "fp32";  // fp32 | bf16: dtype of the data-parallel gradient reduction
   int threads = 0;                 // BLAS threads; 0 = all cores of this rank
   double peak_gflops = 0;          // for MFU; 0 = unknown (MFU shown as "-")
   std::string stop_signal = "USR1";  // USR1 | TERM

@@ -69,6 +69,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     backend_ = make_backend(cfg_.system.backend, node.rank, node.size);
   }
   backend_->set_threads(cfg_.system.threads);
+  backend_->set_precision(cfg_.system.precision);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
@@ -209,6 +210,12 @@ void Trainer::print_start() const {
   if (table_->vocab_padded != m.vocab)
     log(strfmt("model: vocabulary padded from %d to %d rows (a multiple of tp = %d); the padding is "
                "masked out of the loss", m.vocab, table_->vocab_padded, grid_->tp_size()));
+  log(strfmt("compute: %s backend, precision %s%s", backend_->name().c_str(),
+             backend_->precision().c_str(),
+             backend_->precision() == "bf16"
+                 ? " (GEMM operands in bf16 with fp32 accumulation; fp32 master weights, "
+                   "activations, gradients and loss)"
+                 : ""));
   log("data: " + source_->describe());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
@@ -389,6 +396,8 @@ void Trainer::finish() {
       .obj("peak_bytes_by_kind", mem_json)
       .obj("communication", comm_json)
       .obj("layout", layout)
+      .str("backend", backend_->name())
+      .str("precision", backend_->precision())
       .integer("world_size", size_)
       .num("seconds", total);
   run_dir_->write_file("summary.json", s.dump() + "\n");

@@ -68,6 +68,20 @@ void expect_close(const std::vector<A>& got, const std::vector<B>& want, double 
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " entries off";
 }
 
+/// ‖got − want‖₂ / ‖want‖₂ in double: a bound on the error as a whole, for results (bf16 GEMMs)
+/// whose per-entry error is large next to entries that came out of cancellation.
+template <class A, class B>
+double relative_l2(const std::vector<A>& got, const std::vector<B>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    err += d * d;
+    norm += double(want[i]) * double(want[i]);
+  }
+  return std::sqrt(err / std::max(norm, 1e-300));
+}
+
 /// b − a elementwise, in double.
 inline std::vector<double> diff(const std::vector<float>& after, const std::vector<float>& before) {
   std::vector<double> d(after.size());

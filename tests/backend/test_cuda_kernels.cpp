@@ -9,19 +9,31 @@
 //   cross-entropy losses / dlogits       1e-5
 //   sum of squares (double accumulate)   1e-10
 //   AdamW                                1e-5
-// bf16 GEMM inputs are not implemented yet (system.precision = fp32 only).
+// system.precision = bf16 (GEMM operands rounded to bf16 on the device, fp32 accumulation):
+//   against the CPU's sgemm on the same operands rounded by the host helper (backend/bf16.hpp)
+//     5e-4 per entry: a product of two bf16 values is exact in fp32 and both sides accumulate in
+//     fp32, so only the order of summation and the tensor cores' accumulator rounding differ —
+//     an order of magnitude below what rounding the operands costs;
+//   against full fp32 on the unrounded inputs   ‖gpu − cpu‖₂ / ‖cpu‖₂ ≤ 1e-2 (the rounding of the
+//     operands, 2⁻⁹ relative each, is ≈ 2e-3 of the result), and > 1e-4 (it really is bf16);
+//   rounding itself: a GEMM with an identity weight returns each input rounded, bit for bit as
+//     the host helper rounds it (ties to even, carries; subnormals, Inf and NaN only on the host:
+//     a GEMM turns 0·Inf into NaN and the tensor cores' handling of subnormals is not ours).
 #ifdef TRELLIS_HAVE_CUDA
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/bf16.hpp"
 #include "backend/cuda/cuda_factory.hpp"
 #include "backend_test_util.hpp"
+#include "core/error.hpp"
 
 using namespace trellis;
 using trellis::test::expect_close;
 using trellis::test::random_vec;
+using trellis::test::relative_l2;
 
 namespace {
 
@@ -80,18 +92,133 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
 }
 
 // Tensors inside the flat parameter buffer sit at any float offset: cuBLASLt must be told, and
-// an unaligned bias cannot go through its epilogue.
+// an unaligned bias cannot go through its epilogue. With bf16 the operands are cast into aligned
+// copies, but the output and the bias stay where they are.
 TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
   const int N = 40, C = 24, OC = 36;
-  auto inp = random_vec(size_t(N) * C + 1, 70), w = random_vec(size_t(OC) * C + 3, 71),
-       b = random_vec(OC + 1, 72);
-  std::vector<float> out(size_t(N) * OC + 1);
-  cpu->matmul_forward(out.data() + 1, inp.data() + 1, w.data() + 3, b.data() + 1, N, C, OC);
-  float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_out = up(std::vector<float>(out.size()));
-  gpu->matmul_forward(d_out + 1, d_inp + 1, d_w + 3, d_b + 1, N, C, OC);
-  auto got = down(d_out, out.size());
-  expect_close(std::vector<float>(got.begin() + 1, got.end()),
-               std::vector<float>(out.begin() + 1, out.end()), gemm_rtol(), "out");
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    gpu->set_precision(precision);
+    auto inp = random_vec(size_t(N) * C + 1, 70), w = random_vec(size_t(OC) * C + 3, 71),
+         b = random_vec(OC + 1, 72);
+    const auto inp_ref = bf16 ? round_to_bf16(inp) : inp, w_ref = bf16 ? round_to_bf16(w) : w;
+    std::vector<float> out(size_t(N) * OC + 1);
+    cpu->matmul_forward(out.data() + 1, inp_ref.data() + 1, w_ref.data() + 3, b.data() + 1, N, C, OC);
+    float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_out = up(std::vector<float>(out.size()));
+    gpu->matmul_forward(d_out + 1, d_inp + 1, d_w + 3, d_b + 1, N, C, OC);
+    auto got = down(d_out, out.size());
+    expect_close(std::vector<float>(got.begin() + 1, got.end()),
+                 std::vector<float>(out.begin() + 1, out.end()), bf16 ? 5e-4 : gemm_rtol(), "out");
+  }
+}
+
+TEST_F(CudaKernels, PrecisionSetting) {
+  EXPECT_EQ(gpu->precision(), "fp32");
+  gpu->set_precision("bf16");
+  EXPECT_EQ(gpu->precision(), "bf16");
+  EXPECT_THROW(gpu->set_precision("fp16"), UserError);
+  gpu->set_precision("fp32");
+  EXPECT_EQ(gpu->precision(), "fp32");
+}
+
+// bf16 GEMMs (forward, dinp, dweight +=) against the CPU's sgemm on operands rounded to bf16 by
+// the host helper: 5e-4 (see the top of the file). The bias, dbias (column sums of the fp32
+// dout) and the dweight accumulated into are fp32 on both sides.
+TEST_F(CudaKernels, Bf16MatmulMatchesTheCpuOnRoundedOperands) {
+  gpu->set_precision("bf16");
+  for (auto [N, C, OC] : {std::tuple{37, 29, 53}, std::tuple{256, 64, 192}, std::tuple{96, 768, 80}}) {
+    SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC);
+    auto inp = random_vec(size_t(N) * C, 1), w = random_vec(size_t(OC) * C, 2),
+         b = random_vec(OC, 3), dout = random_vec(size_t(N) * OC, 4);
+    auto dw0 = random_vec(size_t(OC) * C, 5), db0 = random_vec(OC, 6);  // accumulated into
+    const auto inp16 = round_to_bf16(inp), w16 = round_to_bf16(w), dout16 = round_to_bf16(dout);
+    std::vector<float> out(size_t(N) * OC), dinp(size_t(N) * C), dw = dw0, db = db0, dw_unused = dw0;
+    cpu->matmul_forward(out.data(), inp16.data(), w16.data(), b.data(), N, C, OC);
+    cpu->matmul_backward(dinp.data(), dw.data(), nullptr, dout16.data(), inp16.data(), w16.data(),
+                         N, C, OC);
+    cpu->matmul_backward(nullptr, dw_unused.data(), db.data(), dout.data(), inp.data(), w.data(),
+                         N, C, OC);  // dbias from the fp32 dout
+    float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_dout = up(dout);
+    float *d_out = up(std::vector<float>(out.size(), 9.f)), *d_dinp = up(std::vector<float>(dinp.size(), 9.f));
+    float *d_dw = up(dw0), *d_db = up(db0);
+    gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    expect_close(down(d_out, out.size()), out, 5e-4, "out");
+    expect_close(down(d_dinp, dinp.size()), dinp, 5e-4, "dinp");
+    expect_close(down(d_dw, dw.size()), dw, 5e-4, "dweight");
+    expect_close(down(d_db, db.size()), db, 1e-5, "dbias");
+    // Without a bias (no epilogue), and with dinp skipped.
+    cpu->matmul_forward(out.data(), inp16.data(), w16.data(), nullptr, N, C, OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, nullptr, N, C, OC);
+    expect_close(down(d_out, out.size()), out, 5e-4, "out without bias");
+    dw = dw0;
+    cpu->matmul_backward(nullptr, dw.data(), nullptr, dout16.data(), inp16.data(), w16.data(), N, C, OC);
+    gpu->copy_from_host(d_dw, dw0.data(), dw0.size() * sizeof(float));
+    gpu->matmul_backward(nullptr, d_dw, nullptr, d_dout, d_inp, d_w, N, C, OC);
+    expect_close(down(d_dw, dw.size()), dw, 5e-4, "dweight without dinp");
+  }
+}
+
+// bf16 GEMMs against full fp32 on the unrounded inputs: the whole error of the operands' rounding,
+// ‖·‖₂-relative ≤ 1e-2; and above 1e-4, which fp32 GEMMs (≈ 1e-7) never reach.
+TEST_F(CudaKernels, Bf16MatmulTracksFp32) {
+  gpu->set_precision("bf16");
+  const int N = 256, C = 256, OC = 384;
+  auto inp = random_vec(size_t(N) * C, 80), w = random_vec(size_t(OC) * C, 81),
+       b = random_vec(OC, 82), dout = random_vec(size_t(N) * OC, 83);
+  std::vector<float> out(size_t(N) * OC), dinp(size_t(N) * C), dw(size_t(OC) * C, 0.f);
+  cpu->matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  cpu->matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
+        *d_dinp = up(dinp), *d_dw = up(std::vector<float>(dw.size(), 0.f));
+  gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+  gpu->matmul_backward(d_dinp, d_dw, nullptr, d_dout, d_inp, d_w, N, C, OC);
+  for (auto [what, got, want] : {std::tuple{"out", down(d_out, out.size()), out},
+                                 std::tuple{"dinp", down(d_dinp, dinp.size()), dinp},
+                                 std::tuple{"dweight", down(d_dw, dw.size()), dw}}) {
+    const double err = relative_l2(got, want);
+    EXPECT_LE(err, 1e-2) << what;
+    EXPECT_GT(err, 1e-4) << what << ": as close as fp32 — were the operands rounded at all?";
+  }
+}
+
+// The device's rounding, bit for bit: out = inp · Iᵀ with an identity weight (exact in bf16) is
+// each input rounded to bf16 — every product but one is an exact 0, and the one is exact in fp32.
+TEST_F(CudaKernels, Bf16RoundsToNearestEvenOnTheDevice) {
+  gpu->set_precision("bf16");
+  auto from_bits = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  const int C = 8;
+  // Ties (to even, both ways), just off a tie, a carry into the exponent, negative values, large
+  // and small normal magnitudes; then random values.
+  std::vector<float> inp;
+  for (uint32_t u : {0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u, 0x3FFF8000u, 0xBF818000u,
+                     0xBF808001u, 0x7E7F8000u, 0x7E7E8000u, 0x00808000u, 0x00818000u, 0x0F123456u,
+                     0xC0490FDBu, 0x3EAAAAABu, 0x42F6E979u, 0x3DCCCCCDu})
+    inp.push_back(from_bits(u));
+  for (float x : random_vec(32 * C - inp.size(), 90, -100.f, 100.f)) inp.push_back(x);
+  const int N = int(inp.size()) / C;
+  std::vector<float> eye(size_t(C) * C, 0.f);
+  for (int c = 0; c < C; ++c) eye[size_t(c) * C + c] = 1.f;
+  float *d_inp = up(inp), *d_eye = up(eye), *d_out = up(std::vector<float>(inp.size()));
+  gpu->matmul_forward(d_out, d_inp, d_eye, nullptr, N, C, C);
+  const auto got = down(d_out, inp.size());
+  int bad = 0;
+  for (size_t i = 0; i < inp.size(); ++i) {
+    uint32_t g, w, x;
+    const float want = round_to_bf16(inp[i]);
+    std::memcpy(&g, &got[i], 4);
+    std::memcpy(&w, &want, 4);
+    std::memcpy(&x, &inp[i], 4);
+    if (g != w && ++bad <= 5)
+      ADD_FAILURE() << "input " << inp[i] << " (bits 0x" << std::hex << x << "): device "
+                    << got[i] << ", host " << want;
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST_F(CudaKernels, LayerNorm) {

@@ -91,6 +91,8 @@ expect "more stages than layers"      2 2 "parallel.pp"                  -- trai
 expect "interleaved, chunks uneven"   2 2 "parallel.virtual_stages"      -- train "$ok" --parallel.pp=2 --parallel.dp=1 --parallel.schedule=interleaved --parallel.virtual_stages=3
 expect "world size not dp*tp*pp"      4 2 "parallel.dp"                  -- train "$ok" --parallel.dp=3
 expect "bf16 on the CPU"              1 2 "system.precision"             -- train "$ok" --system.precision=bf16
+expect "bf16 grad reduction, fp32 run" 2 2 "system.grad_reduce = bf16 needs system.precision = bf16" -- train "$ok" --system.grad_reduce=bf16
+expect "bf16 grad reduction, not yet"  2 2 "system.grad_reduce = bf16 is not yet supported" -- train "$ok" --system.backend=cuda --system.precision=bf16 --system.grad_reduce=bf16
 expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
 # The CUDA backend: absent from a build without nvcc, or no device, or fewer GPUs than ranks.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
@@ -98,6 +100,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
 fi
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect "cuda without a device"      1 2 "system.backend"               -- train "$ok" --system.backend=cuda
+  expect "cuda bf16 without a device" 1 2 "system.backend"               -- train "$ok" --system.backend=cuda --system.precision=bf16
 fi
 
 echo "cli: $passed passed, $failed failed"

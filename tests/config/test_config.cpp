@@ -255,8 +255,28 @@ TEST_F(ConfigTest, SupportedLayoutCheckIsSeparate) {
 #ifdef TRELLIS_HAVE_CUDA
   EXPECT_NO_THROW(trellis::check_supported_backend(c));  // any layout on cuda (device links)
   c.system.precision = "bf16";
+  EXPECT_NO_THROW(trellis::check_supported_backend(c));  // bf16 GEMMs on cuda
+#ifndef TRELLIS_HAVE_NCCL
+  c.system.device_comm = "nccl";
+  EXPECT_THROW(trellis::check_supported_backend(c), UserError);  // nccl asked, not built
 #endif
-  EXPECT_THROW(trellis::check_supported_backend(c), UserError);
+#else
+  EXPECT_THROW(trellis::check_supported_backend(c), UserError);  // no CUDA in this build
+#endif
+}
+
+// system.precision = bf16 passes validation with system.backend = cuda, and the CUDA build's
+// backend check no longer refuses it; gradients are reduced in fp32 unless a deck says otherwise.
+TEST_F(ConfigTest, Bf16OnCudaIsAccepted) {
+  const std::string deck = write(kBase);
+  const std::vector<std::string> bf16 = {"--system.backend=cuda", "--system.precision=bf16"};
+  const Config c = load_config(deck, bf16, 1, /*require_built_backend=*/false);
+  EXPECT_EQ(c.system.precision, "bf16");
+  EXPECT_EQ(c.system.grad_reduce, "fp32");
+#ifdef TRELLIS_HAVE_CUDA
+  EXPECT_NO_THROW(trellis::check_supported_backend(c));
+  EXPECT_EQ(load_config(deck, bf16, 1).system.precision, "bf16");
+#endif
 }
 
 // One bad deck or command line per row: what is added to the base deck, the overrides, the world
@@ -371,6 +391,13 @@ const std::vector<BadCase> kBadCases = {
      {"data.synthetic_branching", "model.vocab"}},
     {"min_lr > lr", "", {"--train.min_lr=0.01"}, 1, {"train.min_lr", "train.lr"}},
     {"bf16 on cpu", "", {"--system.precision=bf16"}, 1, {"system.precision", "system.backend"}},
+    {"choice grad_reduce", "", {"--system.grad_reduce=fp16"}, 1, {"system.grad_reduce", "fp32"}},
+    {"bf16 grad_reduce in an fp32 run", "", {"--system.grad_reduce=bf16"}, 1,
+     {"system.grad_reduce = bf16 needs system.precision = bf16"}},
+    // (validation, before any backend check: the same message with or without CUDA)
+    {"bf16 grad_reduce not yet", "", {"--system.backend=cuda", "--system.precision=bf16",
+                                      "--system.grad_reduce=bf16"}, 1,
+     {"system.grad_reduce = bf16 is not yet supported", "system.grad_reduce = fp32"}},
     {"huge d_ff", "", {"--model.d_model=1000000000", "--model.heads=1"}, 1, {"model.d_ff"}},
     // Valid, but not in this build yet.
     {"interleaved, too few micro-batches", "", {"--parallel.pp=2", "--train.micro_batch=4",
@@ -383,9 +410,11 @@ const std::vector<BadCase> kBadCases = {
     {"d_ff not divisible by tp", "", {"--parallel.tp=2", "--model.d_ff=33"}, 2,
      {"model.d_ff", "parallel.tp"}},
 #ifdef TRELLIS_HAVE_CUDA
-    // Any layout runs on cuda (device links, lib/comm/); bf16 does not yet.
-    {"cuda", "", {"--system.backend=cuda", "--parallel.zero=1", "--system.precision=bf16"}, 1,
-     {"system.precision = bf16", "cuda"}},
+#ifndef TRELLIS_HAVE_NCCL
+    // Any layout and precision run on cuda; NCCL only where the build found it.
+    {"cuda", "", {"--system.backend=cuda", "--system.device_comm=nccl"}, 1,
+     {"system.device_comm = nccl", "NCCL"}},
+#endif
 #else
     {"cuda", "", {"--system.backend=cuda"}, 1, {"system.backend=cuda: this build has no CUDA"}},
 #endif

@@ -1,6 +1,8 @@
 // The trainer on the CUDA backend against the CPU backend (skipped without a CUDA device):
 // 20 steps of a tiny GPT give the same losses within fp32 rounding, and checkpoints are
-// interchangeable — a GPU run's checkpoint continues on the CPU and the other way round.
+// interchangeable — a GPU run's checkpoint continues on the CPU and the other way round. With
+// system.precision = bf16 (GEMM operands in bf16): the losses track the fp32 run's, and its
+// checkpoints (fp32, as every checkpoint) continue on the CPU.
 #ifdef TRELLIS_HAVE_CUDA
 #include <gtest/gtest.h>
 
@@ -105,6 +107,32 @@ TEST_F(CudaTrain, CheckpointsCrossBetweenBackends) {
     std::vector<StepResult> tail(cpu_all.begin() + 10, cpu_all.end());
     expect_same_run(resumed, tail, 1e-3);
   }
+}
+
+// bf16 GEMM operands against fp32 on the same device, 20 steps. Rounding the operands (2⁻⁹
+// relative each) moves a step's loss by about 1e-3 of itself on this deck; the bound is 2e-2 per
+// step for the loss and 2e-1 for the gradient norm (expect_same_run's 10×), loose enough for 20
+// steps of drift and tight enough to catch a GEMM that is wrong rather than rounded.
+TEST_F(CudaTrain, Bf16TracksFp32) {
+  const auto fp32 = train({"--system.backend=cuda"});
+  const auto bf16 = train({"--system.backend=cuda", "--system.precision=bf16"});
+  expect_same_run(bf16, fp32, 2e-2);
+  EXPECT_LT(bf16.back().loss, bf16.front().loss - 0.5) << "it learns";
+}
+
+// A bf16 run's checkpoint holds the fp32 master weights and AdamW state like any other: the CPU
+// (fp32) continues it from step 10, and its steps 11-20 track the bf16 run's within the bf16
+// bound above.
+TEST_F(CudaTrain, Bf16CheckpointResumesOnTheCpu) {
+  const fs::path ckpt = scratch_dir() / "bf16-ckpt";
+  const std::string dir = "--checkpoint.dir=" + ckpt.string();
+  const auto bf16 = train({"--system.backend=cuda", "--system.precision=bf16", dir,
+                           "--checkpoint.every=10", "--checkpoint.keep=2"}, true);
+  const std::string step10 = "--checkpoint.resume=" + (ckpt / "step_00000010.h5").string();
+  const auto resumed = train({"--system.backend=cpu", "--system.precision=fp32", dir, step10,
+                              "--checkpoint.every=0"}, true);
+  ASSERT_EQ(resumed.size(), 10u);
+  expect_same_run(resumed, std::vector<StepResult>(bf16.begin() + 10, bf16.end()), 2e-2);
 }
 
 }  // namespace

@@ -1,4 +1,7 @@
-// CUDA backend: the device, memory and copies, cuBLASLt GEMMs, and the factory.
+// CUDA backend: the device, memory and copies, cuBLASLt GEMMs (fp32, and bf16 operands with fp32
+// accumulation), and the factory.
+#include <cuda_bf16.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -6,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace trellis {
@@ -157,9 +161,10 @@ CudaBackend::Profiled::~Profiled() {
 std::string CudaBackend::profile_report() {
   if (!profiling_) return "";
   resolve_profile();
-  static const char* names[kClasses] = {"GEMM (cuBLASLt)", "attention", "layer norm", "GELU",
-                                        "add/scale", "embeddings", "cross-entropy",
-                                        "AdamW + norms", "copies/zero"};
+  static const char* names[kClasses] = {"GEMM (cuBLASLt)", "bf16 casts (GEMM operands)",
+                                        "attention", "layer norm", "GELU", "add/scale",
+                                        "embeddings", "cross-entropy", "AdamW + norms",
+                                        "copies/zero"};
   double total = 0;
   for (double ms : class_ms_) total += ms;
   std::vector<std::vector<std::string>> rows;
@@ -197,20 +202,27 @@ static int alignment(const void* p) {
 CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldd, with_bias, align_a, align_b, align_d] = key;
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, with_bias, align_a, align_b, align_d, bf16_in] = key;
   GemmPlan p;
-  TRELLIS_LT(cublasLtMatmulDescCreate(
-      &p.desc, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // bf16 inputs: A/B CUDA_R_16BF, C/D CUDA_R_32F, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F is
+  // one of cublasLtMatmul's supported combinations (fp32 accumulation, fp32 output). TF32 only
+  // means something for fp32 inputs.
+  const cublasComputeType_t compute =
+      !bf16_in && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  TRELLIS_LT(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  if (with_bias) {  // the bias epilogue: D += bias broadcast along the columns (fused, no pass)
+  // The bias epilogue: D += bias broadcast along the columns (fused, no pass). The bias's type
+  // defaults to D's (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h): fp32 with bf16 inputs too.
+  if (with_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   }
   // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? k : m, ta ? m : k, lda));
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb));
+  const cudaDataType_t in_type = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, in_type, ta ? k : m, ta ? m : k, lda));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, in_type, tb ? n : k, tb ? k : n, ldb));
   TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
   cublasLtMatmulPreference_t pref;
   TRELLIS_LT(cublasLtMatmulPreferenceCreate(&pref));
@@ -232,15 +244,17 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
   cublasLtMatmulPreferenceDestroy(pref);
   if (found == 0)
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
-                             std::to_string(n) + "x" + std::to_string(k) + " GEMM");
+                             std::to_string(n) + "x" + std::to_string(k) +
+                             (bf16_in ? " bf16" : " fp32") + " GEMM");
   p.algo = result.algo;
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
-                       const float* B, int ldb, float* D, int ldd, float beta, const float* bias) {
+void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
+                       const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
+                       bool bf16_inputs) {
   GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, alignment(A),
-                      alignment(B), alignment(D)});
+                      alignment(B), alignment(D), bf16_inputs});
   if (bias)
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                               sizeof(bias)));
@@ -249,13 +263,62 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
                             workspace_, workspace_bytes_, stream_));
 }
 
+// ---- bf16 operands ----
+
+void CudaBackend::set_precision(const std::string& precision) {
+  if (precision != "fp32" && precision != "bf16")
+    throw UserError("system.precision = " + precision + ": the cuda backend runs fp32 or bf16");
+  bf16_ = precision == "bf16";
+}
+
+// dst (n) = src (n) rounded to bf16, nearest even. cvt.rn.bf16.f32: a NaN stays a NaN, ±Inf stay,
+// subnormals are kept (no flush to zero without -ftz). The host reference is backend/bf16.hpp.
+__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+std::vector<size_t> CudaBackend::bf16_offsets(std::initializer_list<int64_t> sizes) {
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (int64_t n : sizes) {
+    offsets.push_back(total);
+    total += (size_t(n) * sizeof(__nv_bfloat16) + 255) / 256 * 256;  // cuBLASLt likes 256 bytes
+  }
+  if (total > bf16_workspace_.bytes()) {
+    // A GEMM launched earlier may still read the old copies: let it finish before freeing them.
+    TRELLIS_CUDA(cudaStreamSynchronize(stream_));
+    bf16_workspace_.reset();
+    bf16_workspace_ = Buffer(MemKind::Scratch, total, allocator());
+  }
+  return offsets;
+}
+
+const void* CudaBackend::to_bf16(const float* src, int64_t n, size_t offset) {
+  auto* dst = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(bf16_workspace_.data()) + offset);
+  to_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, src, n);
+  TRELLIS_CUDA_LAUNCHED();
+  return dst;
+}
+
+// ---- the linear layer ----
+
 void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight,
                                  const float* bias, int N, int C, int OC) {
+  // With bf16 the operands are first rounded into bf16 copies: weight (OC,C), inp (N,C).
+  const void *weight_in = weight, *inp_in = inp;
+  if (bf16_) {
+    Profiled prof(*this, kCast);
+    const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
+    weight_in = to_bf16(weight, int64_t(OC) * C, at[0]);
+    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
+  }
   Profiled prof(*this, kGemm);
   // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
   // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
   const bool fused = bias && alignment(bias) >= 16;
-  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, fused ? bias : nullptr);
+  gemm(true, false, OC, N, C, weight_in, C, inp_in, C, out, OC, 0.0f, fused ? bias : nullptr, bf16_);
   if (bias && !fused) {
     add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(out, bias, N, OC);
     TRELLIS_CUDA_LAUNCHED();
@@ -264,12 +327,22 @@ void CudaBackend::matmul_forward(float* out, const float* inp, const float* weig
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, int N, int C, int OC) {
+  // dout (N,OC), inp (N,C), weight (OC,C); with bf16 each is first rounded into a bf16 copy (dout
+  // once, for both GEMMs; weight only when dinp is wanted). dinp and dweight stay fp32.
+  const void *dout_in = dout, *inp_in = inp, *weight_in = weight;
+  if (bf16_) {
+    Profiled prof(*this, kCast);
+    const auto at = bf16_offsets({int64_t(N) * OC, int64_t(N) * C, dinp ? int64_t(OC) * C : 0});
+    dout_in = to_bf16(dout, int64_t(N) * OC, at[0]);
+    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
+    if (dinp) weight_in = to_bf16(weight, int64_t(OC) * C, at[2]);
+  }
   Profiled prof(*this, kGemm);
-  // dout (N,OC), inp (N,C), weight (OC,C)
   // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N).
-  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+  if (dinp) gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
   // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
-  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  gemm(false, true, C, OC, N, inp_in, C, dout_in, OC, dweight, C, 1.0f, nullptr, bf16_);
+  // The bias gradient sums the fp32 dout, not its bf16 copy.
   if (dbias) column_sums_add(dbias, dout, N, OC);
 }
 

@@ -1,18 +1,33 @@
-// The CUDA backend: the Backend interface on device memory, fp32 storage. GEMMs through cuBLASLt
-// (fp32 compute; TF32 tensor cores when TRELLIS_TF32=1), the rest hand-written kernels; every
-// kernel and copy runs on one stream of this backend, in order.
+// The CUDA backend: the Backend interface on device memory, fp32 storage. GEMMs through cuBLASLt,
+// the rest hand-written kernels; every kernel and copy runs on one stream of this backend, in order.
+//
+// Precision (system.precision, set_precision):
+//   fp32  every kernel in fp32; GEMMs with CUBLAS_COMPUTE_32F (TF32 tensor cores when
+//         TRELLIS_TF32=1).
+//   bf16  a first step: only the GEMMs change. matmul_forward and both GEMMs of matmul_backward
+//         (dinp = dout·W and dweight += doutᵀ·inp) round their two operands to bf16 on the device
+//         (round to nearest even, into a workspace this backend owns) and run on cuBLASLt with
+//         bf16 A/B, fp32 accumulation (CUBLAS_COMPUTE_32F) and an fp32 output: out and dinp are
+//         written in fp32, dweight accumulates in fp32 (beta = 1). The bias stays fp32 and fused
+//         as the epilogue (its type is the output's, fp32). The operands are cast on every call —
+//         no per-weight cache: the weights change after every optimizer step and ZeRO-3 reuses
+//         its gather buffers for other layers, and nothing here could tell a stale copy.
+//         Everything else stays fp32: parameters, gradients and AdamW state (the fp32 master
+//         copy is the only copy), activations in memory, attention (Q·Kᵀ and P·V in the fused
+//         fp32 kernel), layer norm, GELU, the loss and its softmax.
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
 //
-// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs, the factory), cuda_kernels.cu
-// (embeddings, layernorm, GELU, cross-entropy, norms, AdamW), cuda_attention.cu (fused causal
-// attention: no (T,T) matrix in global memory; forward keeps each row's logsumexp).
+// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs in fp32 and bf16, the factory),
+// cuda_kernels.cu (embeddings, layernorm, GELU, cross-entropy, norms, AdamW), cuda_attention.cu
+// (fused causal attention: no (T,T) matrix in global memory; forward keeps each row's logsumexp).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -38,6 +53,8 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   void set_threads(int) override {}
+  void set_precision(const std::string& precision) override;
+  std::string precision() const override { return bf16_ ? "bf16" : "fp32"; }
 
   Allocator* allocator() override;
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
@@ -101,7 +118,7 @@ class CudaBackend : public Backend {
   std::string profile_report() override;
 
   // Kernel classes for the profile.
-  enum KernelClass { kGemm, kAttention, kLayerNorm, kGelu, kElementwise, kEmbedding, kLoss,
+  enum KernelClass { kGemm, kCast, kAttention, kLayerNorm, kGelu, kElementwise, kEmbedding, kLoss,
                      kOptimizer, kCopy, kClasses };
   /// Records device time from construction to destruction under a class (when profiling).
   class Profiled {
@@ -116,10 +133,17 @@ class CudaBackend : public Backend {
 
  private:
   /// Column-major D (m,n) = op(A)·op(B) + beta·D (+ bias (m) per column) through cuBLASLt, as
-  /// BLAS names it; A is (m,k) after op, B (k,n) after op. The bias must be 16-byte aligned (the
+  /// BLAS names it; A is (m,k) after op, B (k,n) after op. A and B are fp32, or bf16 when
+  /// `bf16_inputs`; D and the bias are fp32 either way. The bias must be 16-byte aligned (the
   /// epilogue's requirement); matmul_forward adds an unaligned one with a kernel of its own.
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
-            const float* B, int ldb, float* D, int ldd, float beta, const float* bias);
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
+            const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
+            bool bf16_inputs);
+  /// bf16 copies of GEMM operands: to_bf16 rounds src (n) to nearest even into the bf16
+  /// workspace at byte `offset` (bf16_offsets gives 256-byte aligned offsets for a list of
+  /// sizes and grows the workspace to hold them all) and returns the copy.
+  std::vector<size_t> bf16_offsets(std::initializer_list<int64_t> sizes);
+  const void* to_bf16(const float* src, int64_t n, size_t offset);
   /// dst (C) += Σ over rows of src (N,C), deterministic (fixed row chunks, then their sum).
   void column_sums_add(float* dst, const float* src, int N, int C);
   /// Device scratch of at least `bytes`, reused by every kernel (one stream: no overlap).
@@ -130,14 +154,17 @@ class CudaBackend : public Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, with bias, alignment of A, B, D in bytes)
-  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, int, int, int>;
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, with bias, alignment of A, B, D in bytes,
+  //  bf16 inputs)
+  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, int, int, int, bool>;
   GemmPlan& plan(const GemmKey& key);
 
   int device_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
+  bool bf16_ = false;  // system.precision = bf16: GEMM operands rounded to bf16
+  Buffer bf16_workspace_;  // the bf16 operand copies (counted as MemKind::Scratch)
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;
   void* scratch_ = nullptr;
