@@ -46,7 +46,8 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      := $(shell command -v $(CUDA_HOME)/bin/nvcc 2>/dev/null || command -v nvcc 2>/dev/null)
 NCCL_HOME ?= $(CUDA_HOME)
 HAVE_CUDA := $(if $(NVCC),1,)
-HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so),1,)
+# NCCL: its header is enough to build the link; libnccl.so.2 is opened at run time (nccl_link.cu).
+HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,)
 
 # Where nvcc exists the CUDA backend (lib/**/*.cu) is always built, so that every build proves it
 # compiles; the binaries then need libcudart and libcublasLt at run time, but no GPU unless a deck
@@ -62,7 +63,7 @@ ifneq ($(HAVE_CUDA),)
     CPPFLAGS  += -DTRELLIS_HAVE_NCCL=1
     NVCCFLAGS += -DOMPI_SKIP_MPICXX=1 -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
                  -isystem $(NCCL_HOME)/include
-    LDLIBS    += -L$(NCCL_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl
+    LDLIBS    += -Wl,-rpath,$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -ldl
   else
     CU_SRC := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
   endif

@@ -40,8 +40,8 @@ if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/c
   lt=$(find / -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
   [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 fi
-# NCCL (a build that found it links libnccl.so.2; the bundle does not carry its 200+ MB): from
-# the CUDA installation, else from a pip nvidia-nccl package.
+# NCCL (opened at run time by the NCCL link; the bundle does not carry its 200+ MB): from the
+# CUDA installation, else from a pip nvidia-nccl package. Without it the NCCL tests skip.
 if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
   nccl=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"

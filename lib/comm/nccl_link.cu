@@ -1,11 +1,19 @@
-// The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL
-// exist; never run on a GPU so far (README, GPUs).
+// The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL's
+// header exist; never run on a GPU so far (README, GPUs).
+//
+// libnccl.so.2 is opened at run time (dlopen), not linked: the binaries start — and train on one
+// GPU, or on several with the staged link — on a machine without NCCL (the GPU bundle does not
+// carry its 200+ MB), and any NCCL 2.x found there serves (its C ABI is stable).
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17,11 +25,69 @@ namespace trellis {
 
 namespace {
 
+/// The NCCL functions this link calls, from libnccl.so.2 (or TRELLIS_NCCL_LIBRARY).
+struct NcclApi {
+  const char* (*GetErrorString)(ncclResult_t);
+  ncclResult_t (*GetUniqueId)(ncclUniqueId*);
+  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
+  ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                ncclComm_t, cudaStream_t);
+  ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*GroupStart)();
+  ncclResult_t (*GroupEnd)();
+  std::string error;  // why it could not be loaded; empty when every function is there
+};
+
+/// Every function from `file`, or the reason it cannot be used in .error.
+NcclApi load_nccl(const std::string& file) {
+  NcclApi a{};
+  void* lib = dlopen(file.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    const char* why = dlerror();
+    a.error = "cannot load " + file + " (" + (why ? why : "dlopen failed") + ")";
+    return a;
+  }
+  auto get = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn && a.error.empty()) a.error = file + " has no " + name + " (not an NCCL library?)";
+  };
+  get(a.GetErrorString, "ncclGetErrorString");
+  get(a.GetUniqueId, "ncclGetUniqueId");
+  get(a.CommInitRank, "ncclCommInitRank");
+  get(a.CommDestroy, "ncclCommDestroy");
+  get(a.AllReduce, "ncclAllReduce");
+  get(a.ReduceScatter, "ncclReduceScatter");
+  get(a.AllGather, "ncclAllGather");
+  get(a.Broadcast, "ncclBroadcast");
+  get(a.Send, "ncclSend");
+  get(a.Recv, "ncclRecv");
+  get(a.GroupStart, "ncclGroupStart");
+  get(a.GroupEnd, "ncclGroupEnd");
+  if (!a.error.empty()) dlclose(lib);
+  return a;  // a usable library stays open for the life of the process
+}
+
+/// libnccl.so.2 (or TRELLIS_NCCL_LIBRARY), loaded once per process.
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    const char* env = std::getenv("TRELLIS_NCCL_LIBRARY");
+    return load_nccl(env && *env ? env : "libnccl.so.2");
+  }();
+  return api;
+}
+
 void cuda_ok(cudaError_t e, const char* what) {
   TRELLIS_CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
 }
 void nccl_ok(ncclResult_t r, const char* what) {
-  TRELLIS_CHECK(r == ncclSuccess, "%s: %s", what, ncclGetErrorString(r));
+  TRELLIS_CHECK(r == ncclSuccess, "%s: %s", what, nccl().GetErrorString(r));
 }
 #define CUDA_OK(call) cuda_ok((call), #call)
 #define NCCL_OK(call) nccl_ok((call), #call)
@@ -81,8 +147,8 @@ class NcclLink : public DeviceLink {
   std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
                                          bool blocking) override {
     after_compute(stream_);
-    NCCL_OK(ncclAllReduce(data, data, size_t(n), ncclFloat, op == ReduceOp::max ? ncclMax : ncclSum,
-                          comm_, stream_));
+    NCCL_OK(nccl().AllReduce(data, data, size_t(n), ncclFloat,
+                             op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
     return done_on(stream_, blocking);
   }
 
@@ -95,15 +161,15 @@ class NcclLink : public DeviceLink {
     after_compute(stream_);
     if (equal) {
       // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
-      NCCL_OK(ncclReduceScatter(in, out, size_t(block), ncclFloat, ncclSum, comm_, stream_));
+      NCCL_OK(nccl().ReduceScatter(in, out, size_t(block), ncclFloat, ncclSum, comm_, stream_));
       return done_on(stream_, blocking);
     }
     // Unequal blocks: each into a padded slot of `block` values, reduce, take this rank's part.
     float* tmp = padded(block);
     for (int j = 0; j < size_; ++j)
       copy(tmp + j * block, in + displ[j], counts[j]);
-    NCCL_OK(ncclReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclFloat, ncclSum, comm_,
-                              stream_));
+    NCCL_OK(nccl().ReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclFloat, ncclSum,
+                                 comm_, stream_));
     copy(out, tmp + rank_ * block, counts[rank_]);
     CUDA_OK(cudaFreeAsync(tmp, stream_));
     return done_on(stream_, blocking);
@@ -117,12 +183,12 @@ class NcclLink : public DeviceLink {
     if (block == 0) return nullptr;
     after_compute(stream_);
     if (equal) {
-      NCCL_OK(ncclAllGather(in, out, size_t(block), ncclFloat, comm_, stream_));
+      NCCL_OK(nccl().AllGather(in, out, size_t(block), ncclFloat, comm_, stream_));
       return done_on(stream_, blocking);
     }
     float* tmp = padded(block);
     copy(tmp + rank_ * block, in, counts[rank_]);
-    NCCL_OK(ncclAllGather(tmp + rank_ * block, tmp, size_t(block), ncclFloat, comm_, stream_));
+    NCCL_OK(nccl().AllGather(tmp + rank_ * block, tmp, size_t(block), ncclFloat, comm_, stream_));
     for (int j = 0; j < size_; ++j)
       copy(out + displ[j], tmp + j * block, counts[j]);
     CUDA_OK(cudaFreeAsync(tmp, stream_));
@@ -131,7 +197,7 @@ class NcclLink : public DeviceLink {
 
   std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) override {
     after_compute(stream_);
-    NCCL_OK(ncclBroadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
+    NCCL_OK(nccl().Broadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
     return done_on(stream_, true);
   }
 
@@ -139,7 +205,7 @@ class NcclLink : public DeviceLink {
                                    bool blocking) override {
     Channel& ch = channel(peer, /*sending=*/true);
     after_compute(ch.stream);
-    NCCL_OK(ncclSend(data, size_t(n), ncclFloat, /*peer=*/1, ch.comm, ch.stream));
+    NCCL_OK(nccl().Send(data, size_t(n), ncclFloat, /*peer=*/1, ch.comm, ch.stream));
     return done_on(ch.stream, blocking);
   }
 
@@ -148,7 +214,7 @@ class NcclLink : public DeviceLink {
     // The receive overwrites `data`: it too waits for the kernels still reading it.
     Channel& ch = channel(peer, /*sending=*/false);
     after_compute(ch.stream);
-    NCCL_OK(ncclRecv(data, size_t(n), ncclFloat, /*peer=*/0, ch.comm, ch.stream));
+    NCCL_OK(nccl().Recv(data, size_t(n), ncclFloat, /*peer=*/0, ch.comm, ch.stream));
     return done_on(ch.stream, blocking);
   }
 
@@ -212,10 +278,10 @@ NcclLink::NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStrea
   MPI_Comm_size(comm, &size_);
   CUDA_OK(cudaSetDevice(device));
   ncclUniqueId id;
-  if (rank_ == 0) NCCL_OK(ncclGetUniqueId(&id));
+  if (rank_ == 0) NCCL_OK(nccl().GetUniqueId(&id));
   TRELLIS_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) == MPI_SUCCESS,
                 "NCCL link on '%s': MPI_Bcast of the unique id", name_.c_str());
-  NCCL_OK(ncclCommInitRank(&comm_, size_, id, rank_));
+  NCCL_OK(nccl().CommInitRank(&comm_, size_, id, rank_));
   CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   if (point_to_point && size_ > 1) build_channels(comm);
@@ -231,7 +297,7 @@ void NcclLink::build_channels(MPI_Comm comm) {
   std::map<std::pair<int, bool>, ncclUniqueId> ids;
   std::vector<MPI_Request> reqs;
   for (int peer : peers) {
-    NCCL_OK(ncclGetUniqueId(&ids[{peer, true}]));
+    NCCL_OK(nccl().GetUniqueId(&ids[{peer, true}]));
     ids[{peer, false}] = ncclUniqueId{};
   }
   const int tag = 7405;
@@ -244,12 +310,12 @@ void NcclLink::build_channels(MPI_Comm comm) {
   TRELLIS_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
                 "NCCL link on '%s': exchanging channel ids", name_.c_str());
   // Every channel's communicator at once: each init waits for its other rank.
-  NCCL_OK(ncclGroupStart());
+  NCCL_OK(nccl().GroupStart());
   for (auto& [key, id] : ids) {
     Channel& ch = channels_[key];
-    NCCL_OK(ncclCommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
+    NCCL_OK(nccl().CommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
   }
-  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(nccl().GroupEnd());
   for (auto& [key, ch] : channels_)
     CUDA_OK(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
 }
@@ -258,19 +324,33 @@ NcclLink::~NcclLink() {
   // Nothing may be in flight: Requests wait in their destructors, before the Comm goes.
   for (auto& [key, ch] : channels_) {
     cudaStreamSynchronize(ch.stream);
-    ncclCommDestroy(ch.comm);
+    nccl().CommDestroy(ch.comm);
     cudaStreamDestroy(ch.stream);
   }
   cudaStreamSynchronize(stream_);
-  ncclCommDestroy(comm_);
+  nccl().CommDestroy(comm_);
   cudaStreamDestroy(stream_);
   cudaEventDestroy(ready_);
 }
 
 }  // namespace
 
+bool nccl_library_usable(const std::string& file, std::string* why) {
+  const NcclApi api = load_nccl(file);
+  if (why) *why = api.error;
+  return api.error.empty();
+}
+
+bool nccl_available(std::string* why) {
+  const NcclApi& api = nccl();
+  if (why) *why = api.error;
+  return api.error.empty();
+}
+
 std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
                                            void* compute_stream, bool point_to_point) {
+  std::string why;
+  if (!nccl_available(&why)) throw UserError("NCCL link on '" + name + "': " + why);
   return std::make_unique<NcclLink>(comm, name, device, static_cast<cudaStream_t>(compute_stream),
                                     point_to_point);
 }

@@ -1,6 +1,7 @@
 // The NCCL device link: collectives and point-to-point messages on device memory through NCCL,
 // on streams of its own. The door from C++ code into it: no CUDA or NCCL header here. Built only
-// where nvcc and NCCL were found (TRELLIS_HAVE_NCCL; Makefile).
+// where nvcc and NCCL's header were found (TRELLIS_HAVE_NCCL; Makefile); the library itself
+// is opened at run time (nccl_link.cu), so binaries run where it is missing.
 //
 //   - one ncclComm_t for the group's collectives, created from a unique id that the group's rank
 //     0 draws and broadcasts over the group's MPI communicator; its own stream;
@@ -26,7 +27,13 @@
 
 namespace trellis {
 
-/// Collective over `comm`. `device`: the CUDA device of this rank's backend; `compute_stream`:
+/// True when libnccl.so.2 (or the file TRELLIS_NCCL_LIBRARY names) loads and has every function
+/// the link calls; otherwise false, with the reason in *why. Loaded once per process.
+bool nccl_available(std::string* why = nullptr);
+/// Whether the library `file` loads and has those functions (not cached; for tests).
+bool nccl_library_usable(const std::string& file, std::string* why);
+
+/// Collective over `comm` (throws UserError when NCCL is not available). `device`: the CUDA device of this rank's backend; `compute_stream`:
 /// its cudaStream_t (Backend::native_stream()).
 std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
                                            void* compute_stream, bool point_to_point);

@@ -40,10 +40,14 @@ static void attach_device_link(Comm& comm, Backend& be, const std::string& how,
                                bool point_to_point) {
   if (!be.on_device()) return;
 #ifdef TRELLIS_HAVE_NCCL
+  std::string no_nccl;
   if (how != "staged" && be.native_stream()) {
-    comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
-                                        be.native_stream(), point_to_point));
-    return;
+    if (nccl_available(&no_nccl)) {
+      comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
+                                          be.native_stream(), point_to_point));
+      return;
+    }
+    if (how == "nccl") throw UserError("system.device_comm = nccl: " + no_nccl);
   }
 #else
   (void)point_to_point;
@@ -216,6 +220,9 @@ void Trainer::print_start() const {
                  ? " (GEMM operands in bf16 with fp32 accumulation; fp32 master weights, "
                    "activations, gradients and loss)"
                  : ""));
+  if (const DeviceLink* link = dp_comm_->device_link())
+    log("communication: device buffers through the " + link->kind() + " link" +
+        (link->kind() == "staged" ? " (device -> host -> MPI -> device)" : " (NCCL)"));
   log("data: " + source_->describe());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));

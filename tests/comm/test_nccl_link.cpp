@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
+#include <string>
+
 #include "backend/cuda/cuda_factory.hpp"
 #include "comm/comm.hpp"
 #include "comm/nccl_link.hpp"
@@ -25,6 +28,8 @@ class NcclLinkTest : public ::testing::Test {
     // Every rank decides alike: skip unless each rank has a GPU of its own.
     if (!all_ranks_ok(cuda_device_count() >= world_size()))
       GTEST_SKIP() << "needs one CUDA device per rank";
+    std::string why;
+    if (!all_ranks_ok(nccl_available(&why))) GTEST_SKIP() << "no usable NCCL: " << why;
     be = make_backend("cuda", world_rank(), world_size());
     comm = std::make_unique<Comm>(MPI_COMM_WORLD, "world");
     comm->set_device_link(make_nccl_link(MPI_COMM_WORLD, "world", be->device_index(),
@@ -45,6 +50,24 @@ TEST_F(NcclLinkTest, Broadcast) { check_device_broadcast(*comm, *be); }
 TEST_F(NcclLinkTest, SendAndReceiveBothWays) { check_device_send_recv(*comm, *be); }
 TEST_F(NcclLinkTest, StatisticsCountDeviceOperations) { check_device_stats(*comm, *be); }
 TEST_F(NcclLinkTest, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(*comm, *be); }
+
+// The library is opened at run time: what a missing or wrong one says (no GPU needed).
+TEST(NcclLibrary, MissingOrWrongLibraryIsNamed) {
+  std::string why;
+  EXPECT_FALSE(nccl_library_usable("/nonexistent/libnccl.so.2", &why));
+  EXPECT_NE(why.find("cannot load /nonexistent/libnccl.so.2"), std::string::npos) << why;
+  EXPECT_FALSE(nccl_library_usable("libc.so.6", &why));  // loads, but is not NCCL
+  EXPECT_NE(why.find("libc.so.6 has no ncclGetErrorString"), std::string::npos) << why;
+}
+
+TEST(NcclLibrary, ToolkitCopyIsUsable) {
+  const std::string file = "/usr/local/cuda/lib64/libnccl.so.2";
+  if (FILE* f = std::fopen(file.c_str(), "rb")) std::fclose(f);
+  else GTEST_SKIP() << file << " is not installed";
+  std::string why;
+  EXPECT_TRUE(nccl_library_usable(file, &why)) << why;
+  EXPECT_TRUE(why.empty());
+}
 
 }  // namespace
 }  // namespace trellis
