@@ -27,27 +27,58 @@ void lt_check(cublasStatus_t s, const char* what, const char* file, int line) {
 
 void* DeviceAllocator::allocate(size_t bytes) {
   void* p = nullptr;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
-    throw std::bad_alloc();
+  if (!stream_) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
+      throw std::bad_alloc();
+    }
+    TRELLIS_CUDA(cudaMemset(p, 0, bytes));
+    // The memset runs on the legacy default stream, which does not order itself with the
+    // backend's non-blocking stream: finish it before any kernel can touch the memory.
+    TRELLIS_CUDA(cudaDeviceSynchronize());
+    return p;
   }
-  TRELLIS_CUDA(cudaMemset(p, 0, bytes));
-  // The memset runs on the legacy default stream, which does not order itself with the
-  // backend's non-blocking stream: finish it before any kernel can touch the memory.
-  TRELLIS_CUDA(cudaDeviceSynchronize());
+  if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
+    cudaGetLastError();
+    // The pool may hold freed memory that cudaMalloc elsewhere (cuBLASLt workspace, scratch)
+    // or this request could use: give it back to the device and try once more.
+    cudaMemPool_t pool;
+    int device = 0;
+    TRELLIS_CUDA(cudaGetDevice(&device));
+    TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    TRELLIS_CUDA(cudaStreamSynchronize(stream_));
+    TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
+    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+  }
+  TRELLIS_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   return p;
 }
 
-void DeviceAllocator::release(void* p) { cudaFree(p); }
-
-Allocator* CudaBackend::allocator() {
-  static DeviceAllocator device;
-  return &device;
+void DeviceAllocator::release(void* p) {
+  if (stream_) cudaFreeAsync(p, stream_);
+  else cudaFree(p);
 }
+
+static DeviceAllocator& device_allocator() {
+  static DeviceAllocator device;
+  return device;
+}
+
+Allocator* CudaBackend::allocator() { return &device_allocator(); }
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The pool keeps what is freed for the next allocation instead of returning it to the device
+  // at every synchronisation (its default threshold is 0).
+  cudaMemPool_t pool;
+  TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
+  uint64_t keep = UINT64_MAX;
+  TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  device_allocator().set_stream(stream_);
   TRELLIS_LT(cublasLtCreate(&lt_));
   TRELLIS_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
   const char* tf32 = std::getenv("TRELLIS_TF32");
@@ -58,6 +89,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  device_allocator().set_stream(nullptr);  // Buffers that outlive the backend: cudaFree
   for (auto& p : pending_) free_events_.push_back(p.start), free_events_.push_back(p.stop);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) {

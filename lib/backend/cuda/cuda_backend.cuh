@@ -38,13 +38,27 @@
 
 namespace trellis {
 
-/// cudaMalloc'd memory, zero-filled (cudaMemset) as host Buffers are. One for the process (a
-/// process uses one device), so that a Buffer may outlive the backend that made it.
+/// Device memory, zero-filled as host Buffers are. One for the process (a process uses one
+/// device), so that a Buffer may outlive the backend that made it.
+///
+/// While a backend is alive (set_stream), allocations are stream-ordered on its compute stream
+/// (cudaMallocAsync / cudaMemsetAsync / cudaFreeAsync from the device's memory pool, which keeps
+/// freed memory for reuse): no call synchronises the device. That matters for ZeRO 2 and 3, which
+/// allocate and free bucket and gathered-unit buffers every micro-batch while NCCL reduces
+/// earlier buckets on its own stream — cudaMalloc/cudaFree would wait for those. Freeing on the
+/// compute stream is safe because a buffer is released only after the host launched the last
+/// kernel that reads it (ordered before the free on that stream) and after waiting for any
+/// communication on it (Request::wait). Without a stream: cudaMalloc, cudaMemset, cudaFree.
 class DeviceAllocator : public Allocator {
  public:
   void* allocate(size_t bytes) override;
   void release(void* p) override;
   bool device() const override { return true; }
+  /// The stream allocations are ordered on (null: synchronous cudaMalloc/cudaFree).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
 };
 
 class CudaBackend : public Backend {
