@@ -78,15 +78,15 @@ TEST_F(NcclLinkTest, Bf16ConversionKernelsRoundToNearestEven) {
                 bf16_sum_bound(std::vector<float>(p, x[i])))
           << i;
   }
-  // reduce_scatter of equal blocks: each rank's slot of the same x.
-  DeviceVec in(*be, [&] {
-    std::vector<float> v;
-    for (int r = 0; r < p; ++r) v.insert(v.end(), x.begin(), x.end());
-    return v;
-  }()), out(*be, std::vector<float>(n, 0.f));
+  // reduce_scatter of equal blocks, every block x: this rank's block is the same sum.
+  std::vector<float> blocks;
+  for (int r = 0; r < p; ++r) blocks.insert(blocks.end(), x.begin(), x.end());
+  DeviceVec in(*be, blocks), out(*be, std::vector<float>(n, 0.f));
   comm->device_link()->reduce_scatter(in.data(), out.data(), std::vector<int64_t>(p, n), true,
                                       Wire::bf16);
-  if (p <= 2) EXPECT_EQ(out.host(), want);
+  if (p <= 2) {
+    EXPECT_EQ(out.host(), want);
+  }
 }
 TEST_F(NcclLinkTest, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(*comm, *be); }
 
