@@ -156,7 +156,7 @@ TEST(DeviceLayouts, GradReduceBf16EveryZeroStageNearFp32AndDeviceLikeCpu) {
     bf16.push_back("--system.grad_reduce=bf16");
     const std::vector<double> ref = losses(false, fp32), cpu = losses(false, bf16),
                               device = losses(true, bf16);
-    ASSERT_EQ(cpu.size(), 10u);
+    EXPECT_EQ(cpu.size(), 10u);  // (EXPECT: every rank goes on to the next stage's collectives)
     EXPECT_EQ(device, cpu);
     const double diff = max_relative_difference(cpu, ref);
     EXPECT_LE(diff, kLossBound);
