@@ -9,16 +9,16 @@
 #include "core/error.hpp"
 #include "core/fault.hpp"
 #include "core/timer.hpp"
+#include "comm/mpi_chunks.hpp"
 
 namespace trellis {
+
+using detail::for_chunks;
+using detail::mpi_ok;
 
 namespace {
 
 int64_t g_max_mpi_count = INT_MAX;
-
-void mpi_ok(int rc, const char* what) {
-  TRELLIS_CHECK(rc == MPI_SUCCESS, "%s failed (MPI error %d)", what, rc);
-}
 
 int64_t sum_of(const std::vector<int64_t>& counts) {
   int64_t s = 0;
@@ -30,13 +30,6 @@ bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   if (a_bytes <= 0 || b_bytes <= 0) return false;
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
   return pa < pb + static_cast<uintptr_t>(b_bytes) && pb < pa + static_cast<uintptr_t>(a_bytes);
-}
-
-/// Calls f(offset, count) for consecutive chunks of [0, n) of at most the MPI count limit.
-template <class F>
-void for_chunks(int64_t n, F&& f) {
-  const int64_t limit = g_max_mpi_count;
-  for (int64_t off = 0; off < n; off += limit) f(off, static_cast<int>(std::min(limit, n - off)));
 }
 
 }  // namespace
@@ -205,30 +198,46 @@ void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) cons
                   static_cast<long long>(c));
 }
 
-void Comm::all_reduce(float* data, int64_t n) { all_reduce_op(data, n, MPI_SUM); }
+void Comm::all_reduce(float* data, int64_t n, Wire wire) {
+  if (wire == Wire::fp32 || size_ == 1) return all_reduce_op(data, n, MPI_SUM);
+  double t0 = now_seconds();
+  begin_op();
+  count_payload(2.0 * static_cast<double>(n), 2);
+  if (n > 0 && on_device({data}, "all_reduce"))
+    return link_blocking(link_->all_reduce(data, n, ReduceOp::sum, true, wire), t0);
+  Request r;
+  start_all_reduce_bf16(r, data, n, true);
+  blocking_done(t0);
+}
 
 void Comm::all_reduce_max(float* data, int64_t n) { all_reduce_op(data, n, MPI_MAX); }
 
 void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
   double t0 = now_seconds();
   begin_op();
-  stats_.payload_values += 2.0 * static_cast<double>(n);
+  count_payload(2.0 * static_cast<double>(n));
   if (n > 0 && on_device({data}, "all_reduce"))
-    return link_blocking(
-        link_->all_reduce(data, n, op == MPI_MAX ? ReduceOp::max : ReduceOp::sum, true), t0);
+    return link_blocking(link_->all_reduce(data, n, op == MPI_MAX ? ReduceOp::max : ReduceOp::sum,
+                                           true, Wire::fp32),
+                         t0);
   for_chunks(n, [&](int64_t off, int cnt) {
     mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, op, comm_), "MPI_Allreduce");
   });
   blocking_done(t0);
 }
 
-Request Comm::iall_reduce(float* data, int64_t n) {
+Request Comm::iall_reduce(float* data, int64_t n, Wire wire) {
+  if (size_ == 1) wire = Wire::fp32;  // nothing travels: nothing is rounded
   double t0 = now_seconds();
   begin_op();
-  stats_.payload_values += 2.0 * static_cast<double>(n);
+  count_payload(2.0 * static_cast<double>(n), wire == Wire::bf16 ? 2 : 4);
   if (n > 0 && on_device({data}, "iall_reduce"))
-    return link_in_flight(link_->all_reduce(data, n, ReduceOp::sum, false), t0);
+    return link_in_flight(link_->all_reduce(data, n, ReduceOp::sum, false, wire), t0);
   Request r;
+  if (wire == Wire::bf16) {
+    start_all_reduce_bf16(r, data, n, false);
+    return in_flight(std::move(r), t0);
+  }
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
     mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, comm_, &q),
@@ -245,7 +254,7 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
   begin_op();
-  stats_.payload_values += static_cast<double>(total);
+  count_payload(static_cast<double>(total));
   if (total == 0) return;
   const bool in_place = out == in + displ[rank_];
   TRELLIS_CHECK(in_place || !overlaps(in, total * 4, out, mine * 4),
@@ -292,31 +301,38 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
   }
 }
 
-void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
-  double t0 = now_seconds();
-  if (on_device({in, out}, "reduce_scatter")) {
-    check_counts(counts, "reduce_scatter");
-    begin_op();
-    stats_.payload_values += static_cast<double>(sum_of(counts));
-    return link_blocking(link_->reduce_scatter(in, out, counts, true), t0);
-  }
-  Request r;
-  start_reduce_scatter(r, in, out, counts, true);
+void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
+                          Wire wire) {
+  Request r = start_reduce_scatter_any(in, out, counts, true, wire);
   r.counts_.clear();
-  blocking_done(t0);
 }
 
-Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts) {
+Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
+                              Wire wire) {
+  return start_reduce_scatter_any(in, out, counts, false, wire);
+}
+
+Request Comm::start_reduce_scatter_any(const float* in, float* out,
+                                       const std::vector<int64_t>& counts, bool blocking,
+                                       Wire wire) {
+  if (size_ == 1) wire = Wire::fp32;  // nothing travels: nothing is rounded
+  const char* op = blocking ? "reduce_scatter" : "ireduce_scatter";
   double t0 = now_seconds();
-  if (on_device({in, out}, "ireduce_scatter")) {
-    check_counts(counts, "ireduce_scatter");
-    begin_op();
-    stats_.payload_values += static_cast<double>(sum_of(counts));
-    return link_in_flight(link_->reduce_scatter(in, out, counts, false), t0);
-  }
   Request r;
-  start_reduce_scatter(r, in, out, counts, false);
-  return in_flight(std::move(r), t0);
+  if (on_device({in, out}, op)) {
+    check_counts(counts, op);
+    begin_op();
+    count_payload(static_cast<double>(sum_of(counts)), wire == Wire::bf16 ? 2 : 4);
+    auto c = link_->reduce_scatter(in, out, counts, blocking, wire);
+    if (!blocking) return link_in_flight(std::move(c), t0);
+    link_blocking(std::move(c), t0);
+    return r;
+  }
+  if (wire == Wire::bf16) start_reduce_scatter_bf16(r, in, out, counts, blocking);
+  else start_reduce_scatter(r, in, out, counts, blocking);
+  if (!blocking) return in_flight(std::move(r), t0);
+  blocking_done(t0);
+  return r;
 }
 
 void Comm::start_all_gather(Request& r, const float* in, float* out,
@@ -326,7 +342,7 @@ void Comm::start_all_gather(Request& r, const float* in, float* out,
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
   begin_op();
-  stats_.payload_values += static_cast<double>(total);
+  count_payload(static_cast<double>(total));
   if (total == 0) return;
   const bool in_place = in == out + displ[rank_];
   TRELLIS_CHECK(in_place || !overlaps(in, mine * 4, out, total * 4),
@@ -373,7 +389,7 @@ void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& c
   if (on_device({in, out}, "all_gather")) {
     check_counts(counts, "all_gather");
     begin_op();
-    stats_.payload_values += static_cast<double>(sum_of(counts));
+    count_payload(static_cast<double>(sum_of(counts)));
     return link_blocking(link_->all_gather(in, out, counts, true), t0);
   }
   Request r;
@@ -388,7 +404,7 @@ Request Comm::iall_gather(const float* in, float* out, const std::vector<int64_t
   if (on_device({in, out}, "iall_gather")) {
     check_counts(counts, "iall_gather");
     begin_op();
-    stats_.payload_values += static_cast<double>(sum_of(counts));
+    count_payload(static_cast<double>(sum_of(counts)));
     return link_in_flight(link_->all_gather(in, out, counts, false), t0);
   }
   Request r;
@@ -401,7 +417,7 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
                 size_);
   double t0 = now_seconds();
   begin_op();
-  stats_.payload_values += static_cast<double>(bytes) / 4.0;
+  count_payload(static_cast<double>(bytes) / 4.0);
   if (bytes > 0 && on_device({data}, "broadcast"))
     return link_blocking(link_->broadcast(data, bytes, root), t0);
   char* p = static_cast<char*>(data);
@@ -414,7 +430,7 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
 void Comm::send(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  stats_.payload_values += static_cast<double>(n);
+  count_payload(static_cast<double>(n));
   if (n > 0 && on_device({data}, "send"))
     return link_blocking(link_->send(data, n, peer, tag, true), t0);
   for_chunks(n, [&](int64_t off, int cnt) {
@@ -446,7 +462,7 @@ void Comm::recv(float* data, int64_t n, int peer, int tag) {
 Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  stats_.payload_values += static_cast<double>(n);
+  count_payload(static_cast<double>(n));
   if (n > 0 && on_device({data}, "isend"))
     return link_in_flight(link_->send(data, n, peer, tag, false), t0);
   Request r;
@@ -476,7 +492,7 @@ Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
 double Comm::all_reduce_sum(double value) {
   double t0 = now_seconds(), out = 0;
   begin_op();
-  stats_.payload_values += 2;
+  count_payload(2, 8);
   mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
   blocking_done(t0);
   return out;
@@ -485,7 +501,7 @@ double Comm::all_reduce_sum(double value) {
 double Comm::all_reduce_max(double value) {
   double t0 = now_seconds(), out = 0;
   begin_op();
-  stats_.payload_values += 2;
+  count_payload(2, 8);
   mpi_ok(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
   blocking_done(t0);
   return out;

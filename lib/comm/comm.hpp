@@ -23,12 +23,33 @@
 //                        send/isend of n               n    (recv/irecv count 0: the sender counts)
 //                        broadcast of b bytes          b / 4
 //                        all_reduce_sum/max (scalar)   2    (an all_reduce of one value)
+//   payload_bytes      the same volume in bytes as the wire carries it: 4 per value, 2 per value of
+//                      a bf16-wire reduction (below), so a bf16 gradient reduction shows as half.
 //   seconds_in_flight  from start to completion: for a blocking op its duration; for a
 //                      non-blocking op from the i... call to the first time test() or wait()
 //                      saw it complete (so it is at most as precise as the polling).
 //   seconds_blocked    time this rank sat waiting: for a blocking op its duration; for a
 //                      non-blocking op the time spent inside Request::wait() (and the start call).
 //   in flight − blocked is the communication hidden behind computation.
+//
+// The bf16 wire (Wire::bf16, system.grad_reduce = bf16; only the data-parallel gradient reduction
+// asks for it: all_reduce / iall_reduce / reduce_scatter / ireduce_scatter, sums only). The
+// buffers stay fp32; what travels is bf16, half the bytes, as with NCCL's ncclBfloat16 all-reduce
+// in Megatron-LM and DeepSpeed:
+//   - each rank's fp32 input is rounded to bf16 (round to nearest, ties to even: backend/bf16.hpp);
+//   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and the
+//     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements, commutative;
+//     NCCL does the same for ncclBfloat16);
+//   - the reduced bf16 result is widened back to fp32 into the output buffer.
+// So a result differs from the exact sum by the rounding of the p inputs and of the p − 1 partial
+// sums, each at most u = 2^-8 relative (8 significant bits):
+//     |got − Σ x_r| ≤ p · u · (1 + u)^p · Σ |x_r|      (the tests check this bound)
+// and values whose partial sums are all representable in bf16 (small integers) reduce exactly.
+// The order of the additions is MPI's (or NCCL's) choice; at p = 2 the one addition commutes, so
+// every rank gets the same bits. A group of one rank sends nothing and rounds nothing (the result
+// is the input). Host buffers: converted into a bf16 staging buffer that the Request owns, chunked
+// like any call; a non-blocking operation widens when it completes (comm_bf16.cpp). Device
+// buffers: the link does the same (device_link.hpp).
 #pragma once
 #include <mpi.h>
 
@@ -46,6 +67,7 @@ namespace trellis {
 struct CommStats {
   int64_t calls = 0;
   double payload_values = 0;
+  double payload_bytes = 0;
   double seconds_blocked = 0;
   double seconds_in_flight = 0;
 };
@@ -110,8 +132,8 @@ class Comm {
   void set_fifo_receives(bool on) { fifo_receives_ = on; }
 
   // ---- blocking ------------------------------------------------------------------------------
-  /// Sum over the group, in place.
-  void all_reduce(float* data, int64_t n);
+  /// Sum over the group, in place. `wire`: what travels (the bf16 wire above).
+  void all_reduce(float* data, int64_t n, Wire wire = Wire::fp32);
   /// Element-wise maximum over the group, in place.
   void all_reduce_max(float* data, int64_t n);
   /// `in` holds Σcounts values, block r (counts[r] values, blocks laid out rank by rank) for rank
@@ -119,7 +141,8 @@ class Comm {
   /// counts.size() must equal size(); counts may differ and be 0. `out` may be `in +
   /// displacement of this rank` (in place; the rest of `in` is then clobbered); otherwise the two
   /// must not overlap.
-  void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts);
+  void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
+                      Wire wire = Wire::fp32);
   /// Rank r contributes counts[r] values from `in`; `out` (Σcounts values) is the concatenation
   /// in rank order. `in` may be `out + displacement of this rank` (in place).
   void all_gather(const float* in, float* out, const std::vector<int64_t>& counts);
@@ -131,8 +154,9 @@ class Comm {
   void barrier();
 
   // ---- non-blocking (same arguments; buffers must stay untouched until the Request completes) --
-  Request iall_reduce(float* data, int64_t n);
-  Request ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts);
+  Request iall_reduce(float* data, int64_t n, Wire wire = Wire::fp32);
+  Request ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
+                          Wire wire = Wire::fp32);
   Request iall_gather(const float* in, float* out, const std::vector<int64_t>& counts);
   Request isend(const float* data, int64_t n, int peer, int tag = 0);
   Request irecv(float* data, int64_t n, int peer, int tag = 0);
@@ -141,8 +165,21 @@ class Comm {
   void reset_stats() { stats_ = CommStats{}; }
 
  private:
+  /// reduce_scatter and ireduce_scatter: the device link, the fp32 or the bf16 host path.
+  Request start_reduce_scatter_any(const float* in, float* out, const std::vector<int64_t>& counts,
+                                   bool blocking, Wire wire);
   void start_reduce_scatter(Request& r, const float* in, float* out,
                             const std::vector<int64_t>& counts, bool blocking);
+  // The bf16 wire on host buffers (comm_bf16.cpp).
+  void start_all_reduce_bf16(Request& r, float* data, int64_t n, bool blocking);
+  void start_reduce_scatter_bf16(Request& r, const float* in, float* out,
+                                 const std::vector<int64_t>& counts, bool blocking);
+  /// Adds an operation's volume to the statistics: `values` as payload_values counts them, each
+  /// `bytes_per_value` bytes on the wire.
+  void count_payload(double values, double bytes_per_value = 4) {
+    stats_.payload_values += values;
+    stats_.payload_bytes += values * bytes_per_value;
+  }
   void start_all_gather(Request& r, const float* in, float* out,
                         const std::vector<int64_t>& counts, bool blocking);
   void check_counts(const std::vector<int64_t>& counts, const char* op) const;

@@ -29,6 +29,10 @@ class Completion {
 
 enum class ReduceOp { sum, max };
 
+/// What a sum reduction sends: fp32 values, or bf16 ones with fp32 buffers on both ends (comm.hpp,
+/// "The bf16 wire", says how they are rounded and added).
+enum class Wire { fp32, bf16 };
+
 /// Operations on device buffers, with Comm's arguments and semantics (comm.hpp). Each starts the
 /// operation and returns what completes it (null: already complete). `blocking` says the caller
 /// will wait at once (a link may then take a blocking path; the staged link does, so that its
@@ -42,11 +46,12 @@ class DeviceLink {
   /// True when `p` points into the device memory this link moves.
   virtual bool is_device(const void* p) const = 0;
 
+  /// `wire` is Wire::bf16 only with ReduceOp::sum, and only on groups of 2 ranks or more.
   virtual std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
-                                                 bool blocking) = 0;
+                                                 bool blocking, Wire wire) = 0;
   virtual std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
                                                      const std::vector<int64_t>& counts,
-                                                     bool blocking) = 0;
+                                                     bool blocking, Wire wire) = 0;
   virtual std::unique_ptr<Completion> all_gather(const float* in, float* out,
                                                  const std::vector<int64_t>& counts,
                                                  bool blocking) = 0;

@@ -1,9 +1,11 @@
 // The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL's
-// header exist; never run on a GPU so far (README, GPUs).
+// header exist; never run on a GPU so far (README, GPUs), nor its bf16 wire (ncclBfloat16, NCCL
+// 2.10 or later).
 //
 // libnccl.so.2 is opened at run time (dlopen), not linked: the binaries start — and train on one
 // GPU, or on several with the staged link — on a machine without NCCL (the GPU bundle does not
 // carry its 200+ MB), and any NCCL 2.x found there serves (its C ABI is stable).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -102,6 +104,22 @@ Blocks blocks_of(const std::vector<int64_t>& counts) {
   return {size, std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == size; })};
 }
 
+// The bf16 wire (comm.hpp): fp32 → bf16 before NCCL, bf16 → fp32 after. comm/ includes no
+// backend header, so the link has its own two conversion kernels (round to nearest even, as the
+// host's float_to_bf16_bits; NaN and Inf as __float2bfloat16_rn keeps them).
+__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
+}
+/// Launch shape of a grid-stride loop over n values: 256 threads a block, at most 4096 blocks.
+unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 4096)); }
+
 /// Complete when an event recorded on the link's stream after the operation has passed.
 class EventCompletion : public Completion {
  public:
@@ -144,21 +162,43 @@ class NcclLink : public DeviceLink {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
-  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
-                                         bool blocking) override {
+  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op, bool blocking,
+                                         Wire wire) override {
     after_compute(stream_);
+    if (wire == Wire::bf16) {
+      // (n) bf16 on the link's stream: round, sum in bf16 (NCCL adds in fp32 per hop), widen.
+      __nv_bfloat16* tmp = bf16_temp(n);
+      to_bf16(tmp, data, n);
+      NCCL_OK(nccl().AllReduce(tmp, tmp, size_t(n), ncclBfloat16, ncclSum, comm_, stream_));
+      from_bf16(data, tmp, n);
+      CUDA_OK(cudaFreeAsync(tmp, stream_));
+      return done_on(stream_, blocking);
+    }
     NCCL_OK(nccl().AllReduce(data, data, size_t(n), ncclFloat,
                              op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
     return done_on(stream_, blocking);
   }
 
   std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
-                                             const std::vector<int64_t>& counts,
-                                             bool blocking) override {
+                                             const std::vector<int64_t>& counts, bool blocking,
+                                             Wire wire) override {
     const std::vector<int64_t> displ = displacements(counts);
     const auto [block, equal] = blocks_of(counts);
     if (block == 0) return nullptr;
     after_compute(stream_);
+    if (wire == Wire::bf16) {
+      // (size · block) bf16, each rank's block rounded into a padded slot (zeros past its count),
+      // reduced in place, this rank's slot widened into `out` (which may alias `in`: every slot
+      // was read before).
+      __nv_bfloat16* tmp = bf16_temp(block * size_);
+      CUDA_OK(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(block) * size_, stream_));
+      for (int j = 0; j < size_; ++j) to_bf16(tmp + j * block, in + displ[j], counts[j]);
+      NCCL_OK(nccl().ReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclBfloat16, ncclSum,
+                                   comm_, stream_));
+      from_bf16(out, tmp + rank_ * block, counts[rank_]);
+      CUDA_OK(cudaFreeAsync(tmp, stream_));
+      return done_on(stream_, blocking);
+    }
     if (equal) {
       // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
       NCCL_OK(nccl().ReduceScatter(in, out, size_t(block), ncclFloat, ncclSum, comm_, stream_));
@@ -256,6 +296,22 @@ class NcclLink : public DeviceLink {
     CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
     CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));  // the padding: defined values
     return static_cast<float*>(p);
+  }
+  /// n bf16 values on the link's stream (stream-ordered, freed with cudaFreeAsync).
+  __nv_bfloat16* bf16_temp(int64_t n) {
+    void* p = nullptr;
+    CUDA_OK(cudaMallocAsync(&p, sizeof(__nv_bfloat16) * size_t(std::max<int64_t>(n, 1)), stream_));
+    return static_cast<__nv_bfloat16*>(p);
+  }
+  void to_bf16(__nv_bfloat16* dst, const float* src, int64_t n) {
+    if (n == 0) return;
+    to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
+    CUDA_OK(cudaGetLastError());
+  }
+  void from_bf16(float* dst, const __nv_bfloat16* src, int64_t n) {
+    if (n == 0) return;
+    from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
+    CUDA_OK(cudaGetLastError());
   }
   void copy(float* dst, const float* src, int64_t n) {
     if (n > 0)

@@ -48,25 +48,25 @@ StagedLink::StagedLink(MPI_Comm comm, const std::string& name, DeviceCopies copi
 }
 
 std::unique_ptr<Completion> StagedLink::all_reduce(float* data, int64_t n, ReduceOp op,
-                                                   bool blocking) {
+                                                   bool blocking, Wire wire) {
   auto s = std::make_unique<Staged>(n);
   float* h = s->host.data();
   copies_.to_host(h, data, sizeof(float) * n);
   s->back = [this, data, h, n] { copies_.from_host(data, h, sizeof(float) * n); };
   if (blocking) {
     if (op == ReduceOp::max) mpi_.all_reduce_max(h, n);
-    else mpi_.all_reduce(h, n);
+    else mpi_.all_reduce(h, n, wire);
     return s->finished();
   }
   TRELLIS_CHECK(op == ReduceOp::sum, "non-blocking all_reduce_max on '%s' (Comm has none)",
                 mpi_.name().c_str());
-  s->request = mpi_.iall_reduce(h, n);
+  s->request = mpi_.iall_reduce(h, n, wire);
   return s;
 }
 
 std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* out,
                                                        const std::vector<int64_t>& counts,
-                                                       bool blocking) {
+                                                       bool blocking, Wire wire) {
   const std::vector<int64_t> displ = displacements(counts);
   const int me = mpi_.rank();
   const int64_t total = displ.back() + counts.back(), mine = counts[me];
@@ -79,10 +79,10 @@ std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* o
   copies_.to_host(h, in, sizeof(float) * total);
   s->back = [this, out, h_out, mine] { copies_.from_host(out, h_out, sizeof(float) * mine); };
   if (blocking) {
-    mpi_.reduce_scatter(h, h_out, counts);
+    mpi_.reduce_scatter(h, h_out, counts, wire);
     return s->finished();
   }
-  s->request = mpi_.ireduce_scatter(h, h_out, counts);
+  s->request = mpi_.ireduce_scatter(h, h_out, counts, wire);
   return s;
 }
 

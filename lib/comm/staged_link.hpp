@@ -7,7 +7,8 @@
 //
 // Copies are synchronous (the Backend's contract): a send's data is on the host when isend
 // returns; a receive's result reaches the device when its Request completes (test() or wait()).
-// Receives match messages in send order (Comm::set_fifo_receives), as NCCL's do.
+// Receives match messages in send order (Comm::set_fifo_receives), as NCCL's do. The bf16 wire
+// is the host path's (comm_bf16.cpp) on the staged copy: the same bits as on host buffers.
 #pragma once
 #include <mpi.h>
 
@@ -36,11 +37,11 @@ class StagedLink : public DeviceLink {
 
   std::string kind() const override { return "staged"; }
   bool is_device(const void* p) const override { return copies_.is_device(p); }
-  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
-                                         bool blocking) override;
+  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op, bool blocking,
+                                         Wire wire) override;
   std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
-                                             const std::vector<int64_t>& counts,
-                                             bool blocking) override;
+                                             const std::vector<int64_t>& counts, bool blocking,
+                                             Wire wire) override;
   std::unique_ptr<Completion> all_gather(const float* in, float* out,
                                          const std::vector<int64_t>& counts,
                                          bool blocking) override;

@@ -309,16 +309,8 @@ class Validator {
     if (c_.system.precision == "bf16" && c_.system.backend != "cuda")
       fail(where({"system.precision", "system.backend"}),
            "system.precision = bf16 needs system.backend = cuda (the cpu backend runs fp32)");
-    if (c_.system.grad_reduce == "bf16" && c_.system.precision != "bf16")
-      fail(where({"system.grad_reduce", "system.precision"}),
-           "system.grad_reduce = bf16 needs system.precision = bf16 (an fp32 run reduces its "
-           "gradients in fp32)");
-    // The gradients are fp32 buffers and the data-parallel reduction (lib/parallel/, lib/comm/)
-    // sends them as they are; a bf16 reduction needs a cast there.
-    if (c_.system.grad_reduce == "bf16")
-      fail(where({"system.grad_reduce"}),
-           "system.grad_reduce = bf16 is not yet supported: gradients are reduced in fp32 "
-           "(use system.grad_reduce = fp32)");
+    // system.grad_reduce = bf16 is a communication choice (comm.hpp, "The bf16 wire"): any
+    // backend, any precision.
   }
 
   Config& c_;

@@ -132,7 +132,7 @@ const std::vector<KeyEntry>& key_table() {
        .help = "bf16 (cuda only): GEMM operands in bf16, fp32 accumulation; weights stay fp32"},
       {.section = "system", .key = "grad_reduce", .field = FIELD(system.grad_reduce),
        .check = Check::Choice, .choices = "fp32|bf16",
-       .help = "dtype of the data-parallel gradient reduction (bf16: not yet supported)"},
+       .help = "dp gradient reduction on the wire; bf16: half the bytes (fp32 sums, any backend)"},
       {.section = "system", .key = "threads", .field = FIELD(system.threads),
        .bound = at_least(0), .help = "BLAS threads per rank; 0 = all cores of the rank"},
       {.section = "system", .key = "stop_signal", .field = FIELD(system.stop_signal),

@@ -9,8 +9,9 @@
 namespace trellis {
 
 ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& parallel,
-                             const TrainConfig& train, Comm& dp, Backend& backend)
-    : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), total_(table.total()) {
+                             const TrainConfig& train, Comm& dp, Backend& backend, Wire grad_wire)
+    : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), grad_wire_(grad_wire),
+      total_(table.total()) {
   shard_ = shard_range(total_, dp_.size(), dp_.rank());
   params_ = Buffer(MemKind::Params, sizeof(float) * (stage_ == 3 ? shard_.size() : total_), mem());
   grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_), mem());
@@ -202,7 +203,7 @@ void ShardedParams::launch_reduction(Bucket& b) {
   const int64_t n = b.end - b.begin;
   if (stage_ == 0) {
     if (dp_.size() > 1) {
-      b.request = dp_.iall_reduce(grads_.f32() + b.begin, n);
+      b.request = dp_.iall_reduce(grads_.f32() + b.begin, n, grad_wire_);
       b.in_flight = true;
       in_flight_.push_back(int(&b - buckets_.data()));
     }
@@ -210,7 +211,7 @@ void ShardedParams::launch_reduction(Bucket& b) {
   }
   b.received = Buffer(MemKind::Comm, sizeof(float) * b.mine.size(), mem());
   const float* in = stage_ == 1 ? grads_.f32() + b.begin : b.grads.f32();
-  b.request = dp_.ireduce_scatter(in, b.received.f32(), b.counts);
+  b.request = dp_.ireduce_scatter(in, b.received.f32(), b.counts, grad_wire_);
   b.in_flight = true;
   in_flight_.push_back(int(&b - buckets_.data()));
 }

@@ -36,8 +36,11 @@ namespace trellis {
 
 class ShardedParams : public ParamStore {
  public:
+  /// `grad_wire`: what the dp gradient reduction sends (system.grad_reduce; comm.hpp, "The bf16
+  /// wire"). Only that reduction: parameter all-gathers, the gradient sums over other groups and
+  /// the norm stay fp32, and so do the gradient buffers, clipping and AdamW.
   ShardedParams(const ParamTable& table, const ParallelConfig& parallel, const TrainConfig& train,
-                Comm& dp, Backend& backend);
+                Comm& dp, Backend& backend, Wire grad_wire = Wire::fp32);
   ~ShardedParams() override;
 
   // ---- ParamStore: what the model sees ----
@@ -122,6 +125,7 @@ class ShardedParams : public ParamStore {
   Comm& dp_;
   Backend& be_;
   int stage_;
+  Wire grad_wire_;
   int64_t total_;
   ShardRange shard_;
   bool last_micro_batch_ = true;

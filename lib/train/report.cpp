@@ -33,12 +33,13 @@ std::string comm_table(MPI_Comm comm, const std::vector<GroupStats>& groups, int
   const double per = steps > 0 ? 1.0 / double(steps) : 0.0;
   for (const auto& g : groups) {
     MinAvgMax payload = min_avg_max(comm, g.stats.payload_values * per);
+    MinAvgMax bytes = min_avg_max(comm, g.stats.payload_bytes * per);  // halved by a bf16 wire
     MinAvgMax flight = min_avg_max(comm, g.stats.seconds_in_flight);
     MinAvgMax blocked = min_avg_max(comm, g.stats.seconds_blocked);
     MinAvgMax calls = min_avg_max(comm, double(g.stats.calls) * per);
     const double hidden = flight.avg > 0 ? 100.0 * (flight.avg - blocked.avg) / flight.avg : 0.0;
     rows.push_back({g.name, strfmt("%.1f", calls.avg), strfmt("%.0f", payload.max),
-                    format_bytes(4 * payload.max), strfmt("%.3f", flight.avg),
+                    format_bytes(bytes.max), strfmt("%.3f", flight.avg),
                     strfmt("%.3f / %.3f / %.3f", blocked.min, blocked.avg, blocked.max),
                     strfmt("%.1f", hidden > 0 ? hidden : 0.0)});
   }

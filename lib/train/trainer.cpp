@@ -89,7 +89,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   const StageSpec spec = stage_spec(cfg_, stage);
   full_table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank);
   table_ = std::make_unique<ParamTable>(cfg_.model, tp, tp_rank, spec);
-  store_ = std::make_unique<ShardedParams>(*table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_);
+  store_ = std::make_unique<ShardedParams>(
+      *table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_,
+      cfg_.system.grad_reduce == "bf16" ? Wire::bf16 : Wire::fp32);
   store_->init_parameters(cfg_.model.seed);
 
   tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
@@ -220,6 +222,9 @@ void Trainer::print_start() const {
                  ? " (GEMM operands in bf16 with fp32 accumulation; fp32 master weights, "
                    "activations, gradients and loss)"
                  : ""));
+  if (cfg_.system.grad_reduce == "bf16" && grid_->dp_size() > 1)
+    log("communication: data-parallel gradients reduced over a bf16 wire (rounded to bf16, fp32 "
+        "additions, widened back to fp32: half the bytes)");
   if (const DeviceLink* link = dp_comm_->device_link())
     log("communication: device buffers through the " + link->kind() + " link" +
         (link->kind() == "staged" ? " (device -> host -> MPI -> device)" : " (NCCL)"));
@@ -374,6 +379,7 @@ void Trainer::finish() {
   const CommStats& dp = dp_comm_->stats();
   JsonObject comm_json;
   comm_json.num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
+      .num("dp_payload_bytes_per_step", dp.payload_bytes / std::max<size_t>(1, history_.size()))
       .num("dp_seconds_in_flight", dp.seconds_in_flight)
       .num("dp_seconds_blocked", dp.seconds_blocked)
       .num("tp_payload_values_per_step",

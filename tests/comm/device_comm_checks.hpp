@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "bf16_reference.hpp"
 #include "comm/comm.hpp"
 #include "core/memory.hpp"
 
@@ -199,6 +200,55 @@ inline void check_device_stats(Comm& c, Backend& be) {
   EXPECT_EQ(c.stats().payload_values, 400.0);
   EXPECT_GT(c.stats().seconds_in_flight, 0.0);
   EXPECT_GE(c.stats().seconds_in_flight, c.stats().seconds_blocked * 0.0);
+}
+
+/// The bf16 wire on device buffers (comm.hpp): all_reduce and reduce_scatter (every count set,
+/// in place and not, blocking and not) against the host reference (bf16_reference.hpp), with
+/// fractional inputs so that the rounding matters; the payload counted in bf16 bytes.
+inline void check_device_bf16(Comm& c, Backend& be) {
+  const int me = c.rank(), p = c.size();
+  auto x = [](uint64_t seed, int r, int64_t i) { return device_val(seed, r, i) / 3.0f + 0.01f * r; };
+  auto xs = [&](uint64_t seed, int r, int64_t n) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = x(seed, r, i);
+    return v;
+  };
+  for (DeviceMode m : kDeviceModes) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1003}}) {
+      DeviceVec d(be, xs(n, me, n));
+      if (m == DeviceMode::blocking) {
+        c.all_reduce(d.data(), n, Wire::bf16);
+      } else {
+        Request q = c.iall_reduce(d.data(), n, Wire::bf16);
+        finish_device(q, m);
+      }
+      expect_bf16_sums(d.host().data(), n, p, [&](int r, int64_t i) { return x(n, r, i); },
+                       "device bf16 all_reduce n=" + std::to_string(n));
+    }
+    for (bool in_place : {false, true})
+      for (const auto& counts : device_count_sets(p)) {
+        const std::vector<int64_t> displ = displacements(counts);
+        const int64_t total = displ.back() + counts.back(), mine = counts[me], off = displ[me];
+        DeviceVec in(be, xs(total, me, total)), out(be, std::vector<float>(mine, -99.f));
+        float* dst = in_place ? in.data() + off : out.data();
+        if (m == DeviceMode::blocking) {
+          c.reduce_scatter(in.data(), dst, counts, Wire::bf16);
+        } else {
+          Request q = c.ireduce_scatter(in.data(), dst, counts, Wire::bf16);
+          finish_device(q, m);
+        }
+        std::vector<float> got = in_place ? in.host() : out.host();
+        if (in_place) got = std::vector<float>(got.begin() + off, got.begin() + off + mine);
+        expect_bf16_sums(got.data(), mine, p, [&](int r, int64_t i) { return x(total, r, off + i); },
+                         "device bf16 reduce_scatter total=" + std::to_string(total) +
+                             " in_place " + std::to_string(in_place));
+      }
+  }
+  c.reset_stats();
+  DeviceVec d(be, std::vector<float>(100, 1.f));
+  c.all_reduce(d.data(), 100, Wire::bf16);
+  EXPECT_EQ(c.stats().payload_values, 200.0);
+  EXPECT_EQ(c.stats().payload_bytes, p > 1 ? 400.0 : 800.0);  // one rank: nothing is rounded
 }
 
 /// Host and device buffers in one operation: refused on every rank before any communication.

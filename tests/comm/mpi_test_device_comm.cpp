@@ -33,6 +33,7 @@ TEST_F(DeviceComm, AllGatherEveryCountSet) { check_device_all_gather(comm, be); 
 TEST_F(DeviceComm, Broadcast) { check_device_broadcast(comm, be); }
 TEST_F(DeviceComm, SendAndReceiveBothWays) { check_device_send_recv(comm, be); }
 TEST_F(DeviceComm, StatisticsCountDeviceOperations) { check_device_stats(comm, be); }
+TEST_F(DeviceComm, Bf16WireMatchesTheHostReference) { check_device_bf16(comm, be); }
 TEST_F(DeviceComm, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(comm, be); }
 
 TEST_F(DeviceComm, WithoutALinkEveryBufferIsHostMemory) {

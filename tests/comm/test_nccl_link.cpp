@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "backend/bf16.hpp"
 #include "backend/cuda/cuda_factory.hpp"
 #include "comm/comm.hpp"
 #include "comm/nccl_link.hpp"
@@ -49,6 +52,42 @@ TEST_F(NcclLinkTest, AllGatherEqualAndUnequalCounts) { check_device_all_gather(*
 TEST_F(NcclLinkTest, Broadcast) { check_device_broadcast(*comm, *be); }
 TEST_F(NcclLinkTest, SendAndReceiveBothWays) { check_device_send_recv(*comm, *be); }
 TEST_F(NcclLinkTest, StatisticsCountDeviceOperations) { check_device_stats(*comm, *be); }
+TEST_F(NcclLinkTest, Bf16WireMatchesTheHostReference) { check_device_bf16(*comm, *be); }
+// The link itself, whatever the number of ranks (Comm never hands it a bf16 reduction over one
+// rank, so at np 1 this is what runs the two conversion kernels): NCCL's bf16 sum over p ranks
+// of the same input x is p · bf16(x) rounded, and exactly bf16(x) at p = 1.
+TEST_F(NcclLinkTest, Bf16ConversionKernelsRoundToNearestEven) {
+  const int p = world_size();
+  std::vector<float> x = {1.0f, 1.00390625f, 1.01171875f, -3.1415926f, 1e-30f, 3e30f, 0.f, 65504.5f};
+  for (int i = 0; i < 1000; ++i) x.push_back(float(i) * 0.0123f - 5.f);
+  const int64_t n = int64_t(x.size());
+  DeviceVec d(*be, x);
+  comm->device_link()->all_reduce(d.data(), n, ReduceOp::sum, true, Wire::bf16);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = round_to_bf16(x[i]);
+    for (int r = 1; r < p; ++r) acc = round_to_bf16(acc + round_to_bf16(x[i]));
+    want[i] = acc;
+  }
+  const std::vector<float> got = d.host();
+  if (p <= 2) {
+    EXPECT_EQ(got, want);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_LE(std::fabs(double(got[i]) - double(p) * x[i]),
+                bf16_sum_bound(std::vector<float>(p, x[i])))
+          << i;
+  }
+  // reduce_scatter of equal blocks, every block x: this rank's block is the same sum.
+  std::vector<float> blocks;
+  for (int r = 0; r < p; ++r) blocks.insert(blocks.end(), x.begin(), x.end());
+  DeviceVec in(*be, blocks), out(*be, std::vector<float>(n, 0.f));
+  comm->device_link()->reduce_scatter(in.data(), out.data(), std::vector<int64_t>(p, n), true,
+                                      Wire::bf16);
+  if (p <= 2) {
+    EXPECT_EQ(out.host(), want);
+  }
+}
 TEST_F(NcclLinkTest, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(*comm, *be); }
 
 // The library is opened at run time: what a missing or wrong one says (no GPU needed).
