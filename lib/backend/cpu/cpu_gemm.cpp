@@ -17,6 +17,7 @@ namespace trellis {
 namespace {
 /// Attention works in blocks of this many query rows: row block [i0, i1) only needs keys
 /// [0, i1), so the causal half of S = Q·Kᵀ (and of the products with P) is mostly skipped.
+/// Backward's dK and dV go by blocks of as many keys: keys [j0, j1) need query rows [j0, T).
 constexpr int kRowBlock = 64;
 
 /// Sets OpenBLAS to one thread for its lifetime when `active` (the calls then come from several
@@ -210,12 +211,11 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
   const float sc = 1.0f / std::sqrt(float(hd));
   const int64_t BG = int64_t(B) * KV;
   const int parts = cpu::num_parts(*pool_, BG);
-  const int64_t block = int64_t(std::min(T, kRowBlock)) * T;  // one (kRowBlock, T) dP / dS block
-  float* scr = scratch(parts * block);
+  float* scr = scratch(parts * int64_t(T) * T);  // one (T,T) dP / dS per thread
   SingleThreadedBlas one(parts > 1);
   // one work item per (b, g): it writes dK, dV of key/value head g and dQ of its query heads
   cpu::parallel_parts(*pool_, "attention_backward", BG, [=](int part, int64_t lo, int64_t hi) {
-    float* D = scr + part * block;  // (m, i1), ld T: dP, then dS in place
+    float* D = scr + part * int64_t(T) * T;  // (T,T): dP, then dS in place (its causal blocks)
     for (int64_t bg = lo; bg < hi; ++bg) {
       const int64_t b = bg / KV;
       const int g = int(bg % KV);
@@ -224,32 +224,39 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
       const float* V = qkv + base + int64_t(H + KV + g) * hd;  // (T,hd), ld R
       float* dK = dqkv + base + int64_t(H + g) * hd;           // (T,hd), ld R
       float* dV = dqkv + base + int64_t(H + KV + g) * hd;      // (T,hd), ld R
-      const int last0 = ((T - 1) / kRowBlock) * kRowBlock;     // the last row block, i1 = T
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = qkv + base + int64_t(h) * hd;                // (T,hd), ld R
-        float* dQ = dqkv + base + int64_t(h) * hd;                    // (T,hd), ld R
-        const float* P = att + (b * H + h) * T * T;                   // (T,T)
-        const float* dO = dout + b * T * OS + int64_t(h) * hd;        // (T,hd), ld OS
-        // The last row block first: it covers dK, dV [0, T), so for the group's first head it
-        // initialises them (β = 0) and every later product accumulates.
-        for (int i0 = last0; i0 >= 0; i0 -= kRowBlock) {
+        const float* Q = qkv + base + int64_t(h) * hd;          // (T,hd), ld R
+        float* dQ = dqkv + base + int64_t(h) * hd;              // (T,hd), ld R
+        const float* P = att + (b * H + h) * T * T;             // (T,T)
+        const float* dO = dout + b * T * OS + int64_t(h) * hd;  // (T,hd), ld OS
+        // Row blocks: row block [i0, i1) of dP and dS needs columns [0, i1) only.
+        for (int i0 = 0; i0 < T; i0 += kRowBlock) {
           const int i1 = std::min(T, i0 + kRowBlock);
           const int m = i1 - i0;
-          const float beta = (h == g * group && i0 == last0) ? 0.0f : 1.0f;
-          const float* Pb = P + int64_t(i0) * T;  // (m, i1), ld T
+          float* Db = D + int64_t(i0) * T;  // (m, i1), ld T
           // dP[i0:i1, 0:i1] = dO[i0:i1]·V[0:i1]ᵀ, then dS in place (zero above the diagonal)
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hd, 1.0f,
-                      dO + int64_t(i0) * OS, OS, V, R, 0.0f, D, T);
-          softmax_backward_rows(D, T, Pb, T, i0, m, i1);
-          // dV[0:i1] += P[i0:i1, 0:i1]ᵀ·dO[i0:i1]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, 1.0f, Pb, T,
-                      dO + int64_t(i0) * OS, OS, beta, dV, R);
+                      dO + int64_t(i0) * OS, OS, V, R, 0.0f, Db, T);
+          softmax_backward_rows(Db, T, P + int64_t(i0) * T, T, i0, m, i1);
           // dQ[i0:i1] = dS[i0:i1, 0:i1]·K[0:i1]·scale
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, D, T, K, R, 0.0f,
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, Db, T, K, R, 0.0f,
                       dQ + int64_t(i0) * R, R);
-          // dK[0:i1] += dS[i0:i1, 0:i1]ᵀ·Q[i0:i1]·scale
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, sc, D, T,
-                      Q + int64_t(i0) * R, R, beta, dK, R);
+        }
+        // Column blocks: keys [j0, j1) are seen by rows [j0, T), whose dS and P entries in those
+        // columns the row blocks above wrote (zero above the diagonal). One product over all of
+        // those rows writes each dK, dV block once (the group's first head) or adds to it.
+        const float beta = h == g * group ? 0.0f : 1.0f;
+        for (int j0 = 0; j0 < T; j0 += kRowBlock) {
+          const int j1 = std::min(T, j0 + kRowBlock);
+          const int rows = T - j0;
+          // dV[j0:j1] (+)= P[j0:T, j0:j1]ᵀ·dO[j0:T]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hd, rows, 1.0f,
+                      P + int64_t(j0) * T + j0, T, dO + int64_t(j0) * OS, OS, beta,
+                      dV + int64_t(j0) * R, R);
+          // dK[j0:j1] (+)= dS[j0:T, j0:j1]ᵀ·Q[j0:T]·scale
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hd, rows, sc,
+                      D + int64_t(j0) * T + j0, T, Q + int64_t(j0) * R, R, beta,
+                      dK + int64_t(j0) * R, R);
         }
       }
     }
