@@ -18,14 +18,13 @@ void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const f
     const float* x = inp + n * C;  // (C)
     float* o = out + n * C;        // (C)
     const float m = cpu::lane_sum(x, C) / float(C);
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    cpu::f32x8 acc = {};
     int c = 0;
-    for (; c + 8 <= C; c += 8)
-      for (int l = 0; l < 8; ++l) {
-        const float d = x[c + l] - m;
-        acc[l] += d * d;
-      }
-    float var = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; c + 8 <= C; c += 8) {
+      const cpu::f32x8 d = cpu::load8(x + c) - m;
+      acc += d * d;
+    }
+    float var = cpu::lanes_total(acc);
     for (; c < C; ++c) var += (x[c] - m) * (x[c] - m);
     var /= float(C);
     const float s = 1.0f / std::sqrt(var + 1e-5f);
@@ -61,16 +60,15 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
       float* di = dinp + n * C;       // (C)
       const float m = mean[n], s = rstd[n];
       // dnorm = weight·dout; need mean(dnorm) and mean(dnorm·xhat)
-      float a1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      cpu::f32x8 a1 = {}, a2 = {};
       int c = 0;
-      for (; c + 8 <= C; c += 8)
-        for (int l = 0; l < 8; ++l) {
-          const float dn = weight[c + l] * d[c + l];
-          a1[l] += dn;
-          a2[l] += dn * ((x[c + l] - m) * s);
-        }
-      float dn_mean = ((a1[0] + a1[1]) + (a1[2] + a1[3])) + ((a1[4] + a1[5]) + (a1[6] + a1[7]));
-      float dnx_mean = ((a2[0] + a2[1]) + (a2[2] + a2[3])) + ((a2[4] + a2[5]) + (a2[6] + a2[7]));
+      for (; c + 8 <= C; c += 8) {
+        const cpu::f32x8 dn = cpu::load8(weight + c) * cpu::load8(d + c);
+        a1 += dn;
+        a2 += dn * ((cpu::load8(x + c) - m) * s);
+      }
+      float dn_mean = cpu::lanes_total(a1);
+      float dnx_mean = cpu::lanes_total(a2);
       for (; c < C; ++c) {
         const float dn = weight[c] * d[c];
         dn_mean += dn;
