@@ -310,7 +310,8 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     const double attention = 4.0 * parts * m.seq_len * m.seq_len;
     const double layernorm = 4.0 * ((R + 63) / 64) * 2 * C;
     r.workspace = {std::max(attention, layernorm),
-                   strfmt("attention / layer norm backward scratch, %lld thread(s)", (long long)parts)};
+                   strfmt("attention / layer norm backward scratch, %lld thread(s)",
+                          (long long)parts)};
   } else {
     r.workspace = {opt.workspace_bytes, "cuBLASLt workspace"};
   }

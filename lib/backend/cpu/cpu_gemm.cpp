@@ -142,7 +142,8 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
   const RowGemm g{CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC};
   if (cpu::num_parts(*pool_, g.tiles()) <= 1 || g.large()) {
     if (bias)
-      cpu::parallel_for(*pool_, "matmul_bias", N, [=](int64_t n) { fill_rows(out, bias, n, n + 1, OC); });
+      cpu::parallel_for(*pool_, "matmul_bias", N,
+                        [=](int64_t n) { fill_rows(out, bias, int(n), int(n) + 1, OC); });
     g.rows(0, N);
     return;
   }
@@ -177,8 +178,9 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
   // the same channels of dbias.
   SingleThreadedBlas one(true);
   cpu::parallel_parts(*pool_, "matmul_backward", parts, [=](int, int64_t k, int64_t) {
-    auto share = [&](const RowGemm& g) {
-      return std::pair<int, int>(g.row(g.tiles() * k / parts), g.row(g.tiles() * (k + 1) / parts));
+    auto share = [&](const RowGemm& g) {  // rows of part k's tiles
+      const int64_t t = g.tiles();
+      return std::pair<int, int>(g.row(t * k / parts), g.row(t * (k + 1) / parts));
     };
     if (dinp) {
       const auto [r0, r1] = share(gi);
