@@ -33,7 +33,8 @@ class Allocator {
   /// True when the host cannot dereference the memory.
   virtual bool device() const = 0;
 };
-/// 64-byte aligned host memory (aligned_alloc + memset).
+/// 64-byte aligned host memory (aligned_alloc + memset); allocations of 2 MiB and more are 2 MiB
+/// aligned and ask for transparent huge pages.
 Allocator& host_allocator();
 
 /// One 64-byte aligned, zero-filled allocation of `bytes` from `where` (host memory by default),

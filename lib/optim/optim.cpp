@@ -26,7 +26,12 @@ AdamW::AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64
     : cfg_(t), begin_(begin), end_(end) {
   for (const ParamInfo& p : table.params()) {
     int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
-    if (b < e) segments_.push_back({b, e, p.decay});
+    if (b >= e) continue;
+    // Neighbouring tensors with the same decay share a segment: one kernel call for them.
+    if (!segments_.empty() && segments_.back().end == b && segments_.back().decay == p.decay)
+      segments_.back().end = e;
+    else
+      segments_.push_back({b, e, p.decay});
   }
   m_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);
   v_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);

@@ -303,11 +303,15 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
 
   // ---- workspace ----
   if (!bf16) {
-    // The CPU attention backward: one (min(T, 64), T) block per thread (cpu_gemm.cpp).
+    // The CPU backend's scratch, grown to the larger of its two uses: the attention backward's
+    // (T, T) dP / dS per thread (cpu_gemm.cpp) and the layer norm backward's partial sums, 2·C
+    // per 64 rows (cpu_elementwise.cpp).
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(int64_t(cfg.train.micro_batch) * table.kv_heads_local, opt.threads));
-    const int64_t rows = std::min(m.seq_len, 64);
-    r.workspace = {4.0 * parts * rows * m.seq_len,
-                   strfmt("attention backward scratch, %lld thread(s)", (long long)parts)};
+    const double attention = 4.0 * parts * m.seq_len * m.seq_len;
+    const double layernorm = 4.0 * ((R + 63) / 64) * 2 * C;
+    r.workspace = {std::max(attention, layernorm),
+                   strfmt("attention / layer norm backward scratch, %lld thread(s)",
+                          (long long)parts)};
   } else {
     r.workspace = {opt.workspace_bytes, "cuBLASLt workspace"};
   }

@@ -6,7 +6,7 @@
 //         gradient buffers and their ZeRO shards, AdamW's m and v, the activation arena of
 //         lib/model/gpt.cpp (every slot a pipeline schedule keeps in flight, recomputation,
 //         sequence parallelism), ZeRO's gradient buckets and stage-3 gathers, the pipeline's
-//         message buffers and tied LM-head copy, the CPU backend's attention scratch. A whole-
+//         message buffers and tied LM-head copy, the CPU backend's backward scratch. A whole-
 //         program test (tests/cli/test_plan.sh) holds it to within 10 % of the measured peak.
 //   bf16  a GPU run as ZeRO and Megatron-LM count it: bf16 parameters and gradients, fp32 master
 //         weights and Adam moments (ZeRO's 2Ψ + 2Ψ + 12Ψ), activations by Megatron's per-layer

@@ -73,8 +73,8 @@ class CpuBackend : public Backend {
              float grad_scale) override;
 
  private:
-  /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread), grown on
-  /// demand.
+  /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread; layer norm
+  /// backward's partial sums), grown on demand.
   float* scratch(int64_t count);
   Buffer scratch_;
   std::unique_ptr<cpu::WorkerPool> pool_;

@@ -18,14 +18,13 @@ void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const f
     const float* x = inp + n * C;  // (C)
     float* o = out + n * C;        // (C)
     const float m = cpu::lane_sum(x, C) / float(C);
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    cpu::f32x8 acc = {};
     int c = 0;
-    for (; c + 8 <= C; c += 8)
-      for (int l = 0; l < 8; ++l) {
-        const float d = x[c + l] - m;
-        acc[l] += d * d;
-      }
-    float var = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; c + 8 <= C; c += 8) {
+      const cpu::f32x8 d = cpu::load8(x + c) - m;
+      acc += d * d;
+    }
+    float var = cpu::lanes_total(acc);
     for (; c < C; ++c) var += (x[c] - m) * (x[c] - m);
     var /= float(C);
     const float s = 1.0f / std::sqrt(var + 1e-5f);
@@ -35,52 +34,70 @@ void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const f
   });
 }
 
+namespace {
+/// Rows per work item of layernorm_backward. Each item adds its rows' shares of dweight and dbias
+/// into a partial row of its own while it has the rows in cache; the partials are then added in
+/// item order, a fixed order, so the sums do not depend on the number of threads.
+constexpr int kLnRows = 64;
+}  // namespace
+
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                     const float* inp, const float* weight, const float* mean,
                                     const float* rstd, int N, int C) {
   // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, dout (N,C), inp (N,C), weight (C), mean (N),
   // rstd (N)
-  // dinp: one work item per row.
-  cpu::parallel_for(*pool_, "layernorm_backward_inp", N, [=](int64_t n) {
-    const float* x = inp + n * C;   // (C)
-    const float* d = dout + n * C;  // (C)
-    float* di = dinp + n * C;       // (C)
-    const float m = mean[n], s = rstd[n];
-    // dnorm = weight·dout; need mean(dnorm) and mean(dnorm·xhat)
-    float a1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int c = 0;
-    for (; c + 8 <= C; c += 8)
-      for (int l = 0; l < 8; ++l) {
-        const float dn = weight[c + l] * d[c + l];
-        a1[l] += dn;
-        a2[l] += dn * ((x[c + l] - m) * s);
-      }
-    float dn_mean = ((a1[0] + a1[1]) + (a1[2] + a1[3])) + ((a1[4] + a1[5]) + (a1[6] + a1[7]));
-    float dnx_mean = ((a2[0] + a2[1]) + (a2[2] + a2[3])) + ((a2[4] + a2[5]) + (a2[6] + a2[7]));
-    for (; c < C; ++c) {
-      const float dn = weight[c] * d[c];
-      dn_mean += dn;
-      dnx_mean += dn * ((x[c] - m) * s);
-    }
-    dn_mean /= float(C);
-    dnx_mean /= float(C);
-    for (int j = 0; j < C; ++j) {
-      const float xhat = (x[j] - m) * s;
-      di[j] += s * (weight[j] * d[j] - dn_mean - xhat * dnx_mean);
-    }
-  });
-  // dweight, dbias: sums over rows; each work item owns a block of channels.
-  const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
-  cpu::parallel_for(*pool_, "layernorm_backward_w", nblk, [=](int64_t k) {
-    const int c0 = int(k) * cpu::kColBlock;
-    const int c1 = std::min(C, c0 + cpu::kColBlock);
-    for (int64_t n = 0; n < N; ++n) {
+  const int64_t items = (N + kLnRows - 1) / kLnRows;
+  float* partial = scratch(items * 2 * C);  // (items, 2, C): Σ xhat·dout, then Σ dout
+  // One pass over the rows: dinp, and each item's partial sums for dweight and dbias.
+  cpu::parallel_for(*pool_, "layernorm_backward", items, [=](int64_t k) {
+    float* pw = partial + k * 2 * C;  // (C)
+    float* pb = pw + C;               // (C)
+    for (int j = 0; j < C; ++j) pw[j] = pb[j] = 0.0f;
+    const int64_t n1 = std::min<int64_t>(N, (k + 1) * kLnRows);
+    for (int64_t n = k * kLnRows; n < n1; ++n) {
       const float* x = inp + n * C;   // (C)
       const float* d = dout + n * C;  // (C)
+      float* di = dinp + n * C;       // (C)
       const float m = mean[n], s = rstd[n];
+      // dnorm = weight·dout; need mean(dnorm) and mean(dnorm·xhat)
+      cpu::f32x8 a1 = {}, a2 = {};
+      int c = 0;
+      for (; c + 8 <= C; c += 8) {
+        const cpu::f32x8 dn = cpu::load8(weight + c) * cpu::load8(d + c);
+        a1 += dn;
+        a2 += dn * ((cpu::load8(x + c) - m) * s);
+      }
+      float dn_mean = cpu::lanes_total(a1);
+      float dnx_mean = cpu::lanes_total(a2);
+      for (; c < C; ++c) {
+        const float dn = weight[c] * d[c];
+        dn_mean += dn;
+        dnx_mean += dn * ((x[c] - m) * s);
+      }
+      dn_mean /= float(C);
+      dnx_mean /= float(C);
+      for (int j = 0; j < C; ++j) {
+        const float xhat = (x[j] - m) * s;
+        di[j] += s * (weight[j] * d[j] - dn_mean - xhat * dnx_mean);
+      }
+      // (a loop of its own: GCC does not vectorise one that also writes di)
+      for (int j = 0; j < C; ++j) {
+        pw[j] += ((x[j] - m) * s) * d[j];
+        pb[j] += d[j];
+      }
+    }
+  });
+  // dweight, dbias: the items' partials in item order; each work item owns a block of channels.
+  const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
+  cpu::parallel_for(*pool_, "layernorm_backward_w", nblk, [=](int64_t b) {
+    const int c0 = int(b) * cpu::kColBlock;
+    const int c1 = std::min(C, c0 + cpu::kColBlock);
+    for (int64_t k = 0; k < items; ++k) {
+      const float* pw = partial + k * 2 * C;  // (C)
+      const float* pb = pw + C;               // (C)
       for (int c = c0; c < c1; ++c) {
-        dbias[c] += d[c];
-        dweight[c] += ((x[c] - m) * s) * d[c];
+        dweight[c] += pw[c];
+        dbias[c] += pb[c];
       }
     }
   });
@@ -102,7 +119,9 @@ void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
     for (int64_t i = lo; i < hi; ++i) {
       const float x = inp[i];
       const float u = kGeluS * (x + kGeluK * x * x * x);
-      out[i] = x / (1.0f + cpu::fast_expf(-2.0f * u));
+      // x·(1/(1+e)), not x/(1+e): GCC then keeps one division per vector instead of one per
+      // branch of fast_expf's clamps (three)
+      out[i] = x * (1.0f / (1.0f + cpu::fast_expf(-2.0f * u)));
     }
   });
 }

@@ -17,6 +17,7 @@ namespace trellis {
 namespace {
 /// Attention works in blocks of this many query rows: row block [i0, i1) only needs keys
 /// [0, i1), so the causal half of S = Q·Kᵀ (and of the products with P) is mostly skipped.
+/// Backward's dK and dV go by blocks of as many keys: keys [j0, j1) need query rows [j0, T).
 constexpr int kRowBlock = 64;
 
 /// Sets OpenBLAS to one thread for its lifetime when `active` (the calls then come from several
@@ -39,29 +40,69 @@ class SingleThreadedBlas {
 /// Rows of C per part are a multiple of this (whole micro-kernel tiles in every part but the last).
 constexpr int kGemmRowAlign = 64;
 
-/// C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major. Below 2^30 multiply-adds it is split
-/// over row ranges of C that run on the host threads, each a single-threaded cblas_sgemm: no
-/// OpenBLAS worker threads are woken, so none is left spinning to compete with the pool's element-wise kernels afterwards. Each
-/// element of C is one dot product over K in OpenBLAS's order whichever part computes it.
-void sgemm_rows(cpu::WorkerPool& pool, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int Nc,
-                int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
-                float* C, int ldc) {
-  const int64_t tiles = (M + kGemmRowAlign - 1) / kGemmRowAlign;
-  const int parts = cpu::num_parts(pool, tiles);
-  // Large products (≥ 2^30 multiply-adds) gain more from OpenBLAS's own threading, which packs
-  // each panel of op(B) once for all threads.
-  if (parts <= 1 || double(M) * Nc * K >= double(1 << 30)) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  SingleThreadedBlas one(true);
-  cpu::parallel_parts(pool, "sgemm_rows", tiles, [=](int, int64_t lo, int64_t hi) {
-    const int r0 = int(lo) * kGemmRowAlign;
-    const int r1 = std::min<int64_t>(M, hi * kGemmRowAlign);
+/// A product C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major, that the host threads
+/// compute by ranges of rows of C, each range one single-threaded cblas_sgemm: no OpenBLAS worker
+/// threads are woken, so none is left spinning to compete with the pool's element-wise kernels
+/// afterwards. Each element of C is one dot product over K in OpenBLAS's order whichever range
+/// computes it.
+struct RowGemm {
+  CBLAS_TRANSPOSE ta, tb;
+  int M, Nc, K;
+  float alpha;
+  const float* A;
+  int lda;
+  const float* B;
+  int ldb;
+  float beta;
+  float* C;
+  int ldc;
+
+  /// Row ranges are made of whole tiles of kGemmRowAlign rows; tile t starts at row(t).
+  int64_t tiles() const { return (M + kGemmRowAlign - 1) / kGemmRowAlign; }
+  int row(int64_t tile) const { return int(std::min<int64_t>(M, tile * kGemmRowAlign)); }
+  /// Large products (≥ 2^30 multiply-adds) gain more from OpenBLAS's own threads, which pack each
+  /// panel of op(B) once for all of them.
+  bool large() const { return double(M) * Nc * K >= double(1 << 30); }
+  /// Rows [r0, r1) of C.
+  void rows(int r0, int r1) const {
+    if (r0 >= r1) return;
     const float* Ap = ta == CblasNoTrans ? A + int64_t(r0) * lda : A + r0;
     cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, Nc, K, alpha, Ap, lda, B, ldb, beta,
                 C + int64_t(r0) * ldc, ldc);
+  }
+};
+
+/// g by row ranges on the host threads, or as one call on OpenBLAS's threads when it is large.
+void sgemm_rows(cpu::WorkerPool& pool, const RowGemm& g) {
+  if (cpu::num_parts(pool, g.tiles()) <= 1 || g.large()) {
+    g.rows(0, g.M);
+    return;
+  }
+  SingleThreadedBlas one(true);
+  cpu::parallel_parts(pool, "sgemm_rows", g.tiles(), [=](int, int64_t lo, int64_t hi) {
+    g.rows(g.row(lo), g.row(hi));
   });
+}
+
+/// Rows [r0, r1) of out (·, OC) set to bias (OC).
+void fill_rows(float* out, const float* bias, int r0, int r1, int OC) {
+  for (int64_t n = r0; n < r1; ++n)
+    for (int j = 0; j < OC; ++j) out[n * OC + j] = bias[j];
+}
+
+/// dbias[j0, j1) += column sums of dout (N, OC), rows in order: the same sums however the columns
+/// are split.
+void column_sums(float* dbias, const float* dout, int j0, int j1, int N, int OC) {
+  for (int c0 = j0; c0 < j1; c0 += cpu::kColBlock) {
+    const int c1 = std::min(j1, c0 + cpu::kColBlock);
+    float acc[cpu::kColBlock];
+    for (int j = c0; j < c1; ++j) acc[j - c0] = 0.0f;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* d = dout + n * OC;  // (OC)
+      for (int j = c0; j < c1; ++j) acc[j - c0] += d[j];
+    }
+    for (int j = c0; j < c1; ++j) dbias[j] += acc[j - c0];
+  }
 }
 }  // namespace
 
@@ -90,45 +131,65 @@ float* CpuBackend::scratch(int64_t count) {
 void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight,
                                 const float* bias, int N, int C, int OC) {
   // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null
-  float beta = 0.0f;
-  if (bias) {  // start every row of out at the bias, then accumulate the product
-    cpu::parallel_for(*pool_, "matmul_bias_init", N, [=](int64_t n) {
-      float* o = out + n * OC;  // (OC)
-      for (int j = 0; j < OC; ++j) o[j] = bias[j];
-    });
-    beta = 1.0f;
-  }
+  // With a bias, every row of out starts at it and the product accumulates onto it (β = 1).
+  const float beta = bias ? 1.0f : 0.0f;
   if (N == 1) {  // one row (a generation step): sgemm would first pack all of the weight
+    if (bias) fill_rows(out, bias, 0, 1, OC);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, beta, out, 1);
     return;
   }
   // out = inp · weightᵀ
-  sgemm_rows(*pool_, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  const RowGemm g{CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC};
+  if (cpu::num_parts(*pool_, g.tiles()) <= 1 || g.large()) {
+    if (bias)
+      cpu::parallel_for(*pool_, "matmul_bias", N,
+                        [=](int64_t n) { fill_rows(out, bias, int(n), int(n) + 1, OC); });
+    g.rows(0, N);
+    return;
+  }
+  // Each thread sets its rows to the bias just before its product: one pass of the threads.
+  SingleThreadedBlas one(true);
+  cpu::parallel_parts(*pool_, "matmul_forward", g.tiles(), [=](int, int64_t lo, int64_t hi) {
+    if (bias) fill_rows(out, bias, g.row(lo), g.row(hi), OC);
+    g.rows(g.row(lo), g.row(hi));
+  });
 }
 
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int C, int OC) {
   // dinp (N,C) overwritten or null, dweight (OC,C) +=, dbias (OC) += or null, dout (N,OC),
   // inp (N,C), weight (OC,C)
-  if (dinp)  // dinp = dout · weight
-    sgemm_rows(*pool_, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
-               C);
-  // dweight += doutᵀ · inp
-  sgemm_rows(*pool_, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) {  // column sums of dout; each work item owns a block of channels
-    const int nblk = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
-    cpu::parallel_for(*pool_, "matmul_dbias", nblk, [=](int64_t k) {
-      const int j0 = int(k) * cpu::kColBlock;
-      const int j1 = std::min(OC, j0 + cpu::kColBlock);
-      float acc[cpu::kColBlock];
-      for (int j = j0; j < j1; ++j) acc[j - j0] = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        const float* d = dout + n * OC;  // (OC)
-        for (int j = j0; j < j1; ++j) acc[j - j0] += d[j];
-      }
-      for (int j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
-    });
+  const RowGemm gi{CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C};
+  const RowGemm gw{CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C};
+  const int parts = cpu::num_parts(*pool_, std::max(gi.tiles(), gw.tiles()));
+  if (parts <= 1 || gi.large() || gw.large()) {
+    if (dinp) sgemm_rows(*pool_, gi);  // dinp = dout · weight
+    sgemm_rows(*pool_, gw);            // dweight += doutᵀ · inp
+    if (dbias) {
+      const int nblk = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
+      cpu::parallel_for(*pool_, "matmul_dbias", nblk, [=](int64_t k) {
+        column_sums(dbias, dout, int(k) * cpu::kColBlock,
+                    std::min(OC, int(k + 1) * cpu::kColBlock), N, OC);
+      });
+    }
+    return;
   }
+  // One pass of the threads: part k takes its share of dinp's rows, then of dweight's rows and
+  // the same channels of dbias.
+  SingleThreadedBlas one(true);
+  cpu::parallel_parts(*pool_, "matmul_backward", parts, [=](int, int64_t k, int64_t) {
+    auto share = [&](const RowGemm& g) {  // rows of part k's tiles
+      const int64_t t = g.tiles();
+      return std::pair<int, int>(g.row(t * k / parts), g.row(t * (k + 1) / parts));
+    };
+    if (dinp) {
+      const auto [r0, r1] = share(gi);
+      gi.rows(r0, r1);
+    }
+    const auto [j0, j1] = share(gw);
+    gw.rows(j0, j1);
+    if (dbias) column_sums(dbias, dout, j0, j1, N, OC);
+  });
 }
 
 // ---- causal self-attention (GQA) ----
@@ -210,12 +271,11 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
   const float sc = 1.0f / std::sqrt(float(hd));
   const int64_t BG = int64_t(B) * KV;
   const int parts = cpu::num_parts(*pool_, BG);
-  const int64_t block = int64_t(std::min(T, kRowBlock)) * T;  // one (kRowBlock, T) dP / dS block
-  float* scr = scratch(parts * block);
+  float* scr = scratch(parts * int64_t(T) * T);  // one (T,T) dP / dS per thread
   SingleThreadedBlas one(parts > 1);
   // one work item per (b, g): it writes dK, dV of key/value head g and dQ of its query heads
   cpu::parallel_parts(*pool_, "attention_backward", BG, [=](int part, int64_t lo, int64_t hi) {
-    float* D = scr + part * block;  // (m, i1), ld T: dP, then dS in place
+    float* D = scr + part * int64_t(T) * T;  // (T,T): dP, then dS in place (its causal blocks)
     for (int64_t bg = lo; bg < hi; ++bg) {
       const int64_t b = bg / KV;
       const int g = int(bg % KV);
@@ -224,32 +284,39 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
       const float* V = qkv + base + int64_t(H + KV + g) * hd;  // (T,hd), ld R
       float* dK = dqkv + base + int64_t(H + g) * hd;           // (T,hd), ld R
       float* dV = dqkv + base + int64_t(H + KV + g) * hd;      // (T,hd), ld R
-      const int last0 = ((T - 1) / kRowBlock) * kRowBlock;     // the last row block, i1 = T
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = qkv + base + int64_t(h) * hd;                // (T,hd), ld R
-        float* dQ = dqkv + base + int64_t(h) * hd;                    // (T,hd), ld R
-        const float* P = att + (b * H + h) * T * T;                   // (T,T)
-        const float* dO = dout + b * T * OS + int64_t(h) * hd;        // (T,hd), ld OS
-        // The last row block first: it covers dK, dV [0, T), so for the group's first head it
-        // initialises them (β = 0) and every later product accumulates.
-        for (int i0 = last0; i0 >= 0; i0 -= kRowBlock) {
+        const float* Q = qkv + base + int64_t(h) * hd;          // (T,hd), ld R
+        float* dQ = dqkv + base + int64_t(h) * hd;              // (T,hd), ld R
+        const float* P = att + (b * H + h) * T * T;             // (T,T)
+        const float* dO = dout + b * T * OS + int64_t(h) * hd;  // (T,hd), ld OS
+        // Row blocks: row block [i0, i1) of dP and dS needs columns [0, i1) only.
+        for (int i0 = 0; i0 < T; i0 += kRowBlock) {
           const int i1 = std::min(T, i0 + kRowBlock);
           const int m = i1 - i0;
-          const float beta = (h == g * group && i0 == last0) ? 0.0f : 1.0f;
-          const float* Pb = P + int64_t(i0) * T;  // (m, i1), ld T
+          float* Db = D + int64_t(i0) * T;  // (m, i1), ld T
           // dP[i0:i1, 0:i1] = dO[i0:i1]·V[0:i1]ᵀ, then dS in place (zero above the diagonal)
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hd, 1.0f,
-                      dO + int64_t(i0) * OS, OS, V, R, 0.0f, D, T);
-          softmax_backward_rows(D, T, Pb, T, i0, m, i1);
-          // dV[0:i1] += P[i0:i1, 0:i1]ᵀ·dO[i0:i1]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, 1.0f, Pb, T,
-                      dO + int64_t(i0) * OS, OS, beta, dV, R);
+                      dO + int64_t(i0) * OS, OS, V, R, 0.0f, Db, T);
+          softmax_backward_rows(Db, T, P + int64_t(i0) * T, T, i0, m, i1);
           // dQ[i0:i1] = dS[i0:i1, 0:i1]·K[0:i1]·scale
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, D, T, K, R, 0.0f,
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, i1, sc, Db, T, K, R, 0.0f,
                       dQ + int64_t(i0) * R, R);
-          // dK[0:i1] += dS[i0:i1, 0:i1]ᵀ·Q[i0:i1]·scale
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hd, m, sc, D, T,
-                      Q + int64_t(i0) * R, R, beta, dK, R);
+        }
+        // Column blocks: keys [j0, j1) are seen by rows [j0, T), whose dS and P entries in those
+        // columns the row blocks above wrote (zero above the diagonal). One product over all of
+        // those rows writes each dK, dV block once (the group's first head) or adds to it.
+        const float beta = h == g * group ? 0.0f : 1.0f;
+        for (int j0 = 0; j0 < T; j0 += kRowBlock) {
+          const int j1 = std::min(T, j0 + kRowBlock);
+          const int rows = T - j0;
+          // dV[j0:j1] (+)= P[j0:T, j0:j1]ᵀ·dO[j0:T]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hd, rows, 1.0f,
+                      P + int64_t(j0) * T + j0, T, dO + int64_t(j0) * OS, OS, beta,
+                      dV + int64_t(j0) * R, R);
+          // dK[j0:j1] (+)= dS[j0:T, j0:j1]ᵀ·Q[j0:T]·scale
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hd, rows, sc,
+                      D + int64_t(j0) * T + j0, T, Q + int64_t(j0) * R, R, beta,
+                      dK + int64_t(j0) * R, R);
         }
       }
     }

@@ -17,6 +17,31 @@ inline bool local_row(int32_t tok, int vocab_begin, int vocab_count, int* v) {
   *v = tok - vocab_begin;
   return *v >= 0 && *v < vocab_count;
 }
+
+/// Σ exp(l[v] − m) over [0, n) in double: fp32 exponentials (cpu::fast_expf) added into 8 double
+/// lanes in a fixed order (lane k takes v ≡ k mod 8), then the remainder. The exponentials go
+/// through a small buffer first: GCC vectorises the two plain loops, not the fused one.
+double sum_exp(const float* l, int n, float m) {
+  constexpr int kBuf = 256;  // a multiple of 8
+  float e[kBuf];
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int n8 = n / 8 * 8;
+  for (int v0 = 0; v0 < n8; v0 += kBuf) {
+    const int len = std::min(kBuf, n8 - v0);
+    for (int j = 0; j < len; ++j) e[j] = cpu::fast_expf(l[v0 + j] - m);
+    for (int j = 0; j < len; j += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += double(e[j + k]);
+  }
+  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (int v = n8; v < n; ++v) s += double(cpu::fast_expf(l[v] - m));
+  return s;
+}
+
+/// l[v] = exp(l[v] − m)·inv·dloss over [0, n). A function of its own so that the loop sees plain
+/// values: inside the kernel's lambda GCC did not vectorise it.
+void scaled_exp(float* l, int n, float m, float inv, float dloss) {
+  for (int v = 0; v < n; ++v) l[v] = (cpu::fast_expf(l[v] - m) * inv) * dloss;
+}
 }  // namespace
 
 // ---- embeddings ----
@@ -89,9 +114,7 @@ void CpuBackend::crossentropy_max(const float* logits, float* row_max, int N, in
   // logits (N,V), row_max (N); padding columns [valid, V) are not logits and are skipped.
   cpu::parallel_for(*pool_, "crossentropy_max", N, [=](int64_t n) {
     const float* l = logits + n * V;  // (V)
-    float m = -INFINITY;
-    for (int v = 0; v < valid; ++v) m = l[v] > m ? l[v] : m;
-    row_max[n] = m;
+    row_max[n] = valid > 0 ? cpu::lane_max(l, valid) : -INFINITY;
   });
 }
 
@@ -102,15 +125,7 @@ void CpuBackend::crossentropy_sums(const float* logits, const int32_t* targets,
   // The sum is accumulated in double: with a large vocabulary many small terms are added to ≈1.
   cpu::parallel_for(*pool_, "crossentropy_sums", N, [=](int64_t n) {
     const float* l = logits + n * V;  // (V)
-    const float m = row_max[n];
-    // fp32 exponentials (cpu::fast_expf, vectorisable) added into 8 double lanes in a fixed order
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int v = 0;
-    for (; v + 8 <= valid; v += 8)
-      for (int k = 0; k < 8; ++k) acc[k] += double(cpu::fast_expf(l[v + k] - m));
-    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; v < valid; ++v) s += double(cpu::fast_expf(l[v] - m));
-    sumexp[n] = float(s);
+    sumexp[n] = float(sum_exp(l, valid, row_max[n]));
     int t;
     // 0 where another rank holds the target: the group's sum is then the target's logit.
     target_logit[n] = targets[n] >= 0 && local_row(targets[n], vocab_begin, valid, &t) ? l[t] : 0.f;
@@ -133,7 +148,7 @@ void CpuBackend::crossentropy_finish(float* logits, float* losses, const int32_t
     const int live = ignored ? 0 : valid;  // no gradient for ignored rows or padding columns
     const bool has_t = t >= 0 && t < live;
     const float lt = has_t ? l[t] : 0.f;
-    for (int v = 0; v < live; ++v) l[v] = (cpu::fast_expf(l[v] - m) * inv) * dloss;
+    scaled_exp(l, live, m, inv, dloss);
     for (int v = live; v < V; ++v) l[v] = 0.f;
     if (has_t) l[t] = (cpu::fast_expf(lt - m) * inv - 1.f) * dloss;
   });
