@@ -316,6 +316,17 @@ double Trainer::run() {
       run_dir_->open_metrics(kMetricsColumns, /*append=*/first_step > 0);
     }
   }
+  if (first_step >= cfg_.train.steps) {
+    // A finished run resubmitted (make run twice, a requeued job): say so, and keep the
+    // summary.json of the run that did the training instead of overwriting it with an empty one.
+    if (!quiet_)
+      log(strfmt("nothing to train: %s already holds step %lld of train.steps = %lld (raise "
+                 "--train.steps to go on; --checkpoint.resume=never or another run.dir starts "
+                 "over); %s/summary.json is the finished run's",
+                 cfg_.checkpoint.dir.c_str(), (long long)first_step,
+                 (long long)cfg_.train.steps, cfg_.run.dir.c_str()));
+    return NAN;
+  }
   double slowest = 0, checkpoint_seconds = 0;
   int64_t saved = first_step;
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
