@@ -15,6 +15,9 @@ namespace trellis {
 
 using detail::for_chunks;
 using detail::mpi_ok;
+using detail::all_reduce_in_place;
+using detail::reduce_scatter_blocks;
+using detail::reduce_to;
 
 namespace {
 
@@ -221,7 +224,7 @@ void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
                                            true, Wire::fp32),
                          t0);
   for_chunks(n, [&](int64_t off, int cnt) {
-    mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, op, comm_), "MPI_Allreduce");
+    all_reduce_in_place(data + off, cnt, MPI_FLOAT, op, comm_, nullptr);
   });
   blocking_done(t0);
 }
@@ -239,10 +242,7 @@ Request Comm::iall_reduce(float* data, int64_t n, Wire wire) {
     return in_flight(std::move(r), t0);
   }
   for_chunks(n, [&](int64_t off, int cnt) {
-    MPI_Request q;
-    mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, comm_, &q),
-           "MPI_Iallreduce");
-    r.reqs_.push_back(q);
+    all_reduce_in_place(data + off, cnt, MPI_FLOAT, MPI_SUM, comm_, &r.reqs_);
   });
   return in_flight(std::move(r), t0);
 }
@@ -262,20 +262,13 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
                 "may alias)",
                 name_.c_str());
   float* inout = const_cast<float*>(in);
+  std::vector<MPI_Request>* pending = blocking ? nullptr : &r.reqs_;
 
   if (total <= g_max_mpi_count) {  // one MPI_Reduce_scatter
     r.counts_.assign(counts.begin(), counts.end());
     const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in);
     void* recv = in_place ? static_cast<void*>(inout) : static_cast<void*>(out);
-    if (blocking) {
-      mpi_ok(MPI_Reduce_scatter(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_),
-             "MPI_Reduce_scatter");
-    } else {
-      MPI_Request q;
-      mpi_ok(MPI_Ireduce_scatter(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_, &q),
-             "MPI_Ireduce_scatter");
-      r.reqs_.push_back(q);
-    }
+    reduce_scatter_blocks(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_, pending);
     // In place, MPI leaves the result at the start of the buffer; move it to this rank's block.
     if (in_place && displ[rank_] != 0 && mine > 0) {
       auto move = [inout, out, mine] { std::memmove(out, inout, mine * sizeof(float)); };
@@ -290,13 +283,7 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
       const float* src = in + displ[j] + off;
       const void* send = (j == rank_ && in_place) ? MPI_IN_PLACE : static_cast<const void*>(src);
       void* recv = j == rank_ ? static_cast<void*>(out + off) : nullptr;
-      if (blocking) {
-        mpi_ok(MPI_Reduce(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_), "MPI_Reduce");
-      } else {
-        MPI_Request q;
-        mpi_ok(MPI_Ireduce(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_, &q), "MPI_Ireduce");
-        r.reqs_.push_back(q);
-      }
+      reduce_to(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_, pending);
     });
   }
 }

@@ -16,6 +16,9 @@ namespace trellis {
 
 using detail::for_chunks;
 using detail::mpi_ok;
+using detail::all_reduce_in_place;
+using detail::reduce_scatter_blocks;
+using detail::reduce_to;
 
 namespace {
 
@@ -56,16 +59,9 @@ void Comm::start_all_reduce_bf16(Request& r, float* data, int64_t n, bool blocki
   if (n == 0) return;
   auto wire = to_bf16(data, n);  // (n) bf16: reduced in place, in chunks
   uint16_t* w = wire->data();
+  std::vector<MPI_Request>* pending = blocking ? nullptr : &r.reqs_;
   for_chunks(n, [&](int64_t off, int cnt) {
-    if (blocking) {
-      mpi_ok(MPI_Allreduce(MPI_IN_PLACE, w + off, cnt, MPI_UINT16_T, bf16_sum_op(), comm_),
-             "MPI_Allreduce (bf16)");
-    } else {
-      MPI_Request q;
-      mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, w + off, cnt, MPI_UINT16_T, bf16_sum_op(), comm_, &q),
-             "MPI_Iallreduce (bf16)");
-      r.reqs_.push_back(q);
-    }
+    all_reduce_in_place(w + off, cnt, MPI_UINT16_T, bf16_sum_op(), comm_, pending);
   });
   // The staging buffer lives in the closure until the result is widened into `data`.
   auto back = [wire, data, n] { widen(data, wire->data(), n); };
@@ -86,20 +82,12 @@ void Comm::start_reduce_scatter_bf16(Request& r, const float* in, float* out,
   auto wire = to_bf16(in, total);  // (total) bf16, blocks rank by rank; reduced in place
   uint16_t* w = wire->data();
   int64_t result = 0;  // where this rank's reduced block lands in the staging buffer
+  std::vector<MPI_Request>* pending = blocking ? nullptr : &r.reqs_;
   if (total <= detail::max_mpi_count()) {
     // One MPI_Reduce_scatter in place: MPI leaves this rank's block at the start of the buffer.
     r.counts_.assign(counts.begin(), counts.end());
-    if (blocking) {
-      mpi_ok(MPI_Reduce_scatter(MPI_IN_PLACE, w, r.counts_.data(), MPI_UINT16_T, bf16_sum_op(),
-                                comm_),
-             "MPI_Reduce_scatter (bf16)");
-    } else {
-      MPI_Request q;
-      mpi_ok(MPI_Ireduce_scatter(MPI_IN_PLACE, w, r.counts_.data(), MPI_UINT16_T, bf16_sum_op(),
-                                 comm_, &q),
-             "MPI_Ireduce_scatter (bf16)");
-      r.reqs_.push_back(q);
-    }
+    reduce_scatter_blocks(MPI_IN_PLACE, w, r.counts_.data(), MPI_UINT16_T, bf16_sum_op(), comm_,
+                          pending);
   } else {
     // Beyond int counts: one reduction to each rank of its block, in chunks, in place at the root.
     result = displ[rank_];
@@ -108,15 +96,7 @@ void Comm::start_reduce_scatter_bf16(Request& r, const float* in, float* out,
         uint16_t* block = w + displ[j] + off;
         const void* send = j == rank_ ? MPI_IN_PLACE : static_cast<const void*>(block);
         void* recv = j == rank_ ? static_cast<void*>(block) : nullptr;
-        if (blocking) {
-          mpi_ok(MPI_Reduce(send, recv, cnt, MPI_UINT16_T, bf16_sum_op(), j, comm_),
-                 "MPI_Reduce (bf16)");
-        } else {
-          MPI_Request q;
-          mpi_ok(MPI_Ireduce(send, recv, cnt, MPI_UINT16_T, bf16_sum_op(), j, comm_, &q),
-                 "MPI_Ireduce (bf16)");
-          r.reqs_.push_back(q);
-        }
+        reduce_to(send, recv, cnt, MPI_UINT16_T, bf16_sum_op(), j, comm_, pending);
       });
   }
   auto back = [wire, out, result, mine] { widen(out, wire->data() + result, mine); };

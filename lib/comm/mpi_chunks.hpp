@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "comm/comm.hpp"
 #include "core/error.hpp"
@@ -20,6 +21,38 @@ template <class F>
 void for_chunks(int64_t n, F&& f) {
   const int64_t limit = max_mpi_count();
   for (int64_t off = 0; off < n; off += limit) f(off, static_cast<int>(std::min(limit, n - off)));
+}
+
+// One MPI reduction, blocking (pending null) or started with its request appended to *pending
+// (a Request's list): the choice every operation of comm.cpp and comm_bf16.cpp makes alike.
+
+/// In place over the group: MPI_Allreduce / MPI_Iallreduce.
+inline void all_reduce_in_place(void* data, int cnt, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                std::vector<MPI_Request>* pending) {
+  if (!pending) return mpi_ok(MPI_Allreduce(MPI_IN_PLACE, data, cnt, type, op, comm), "MPI_Allreduce");
+  MPI_Request q;
+  mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, data, cnt, type, op, comm, &q), "MPI_Iallreduce");
+  pending->push_back(q);
+}
+
+/// MPI_Reduce_scatter / MPI_Ireduce_scatter (`counts` must outlive a started operation).
+inline void reduce_scatter_blocks(const void* send, void* recv, const int* counts,
+                                  MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                  std::vector<MPI_Request>* pending) {
+  if (!pending)
+    return mpi_ok(MPI_Reduce_scatter(send, recv, counts, type, op, comm), "MPI_Reduce_scatter");
+  MPI_Request q;
+  mpi_ok(MPI_Ireduce_scatter(send, recv, counts, type, op, comm, &q), "MPI_Ireduce_scatter");
+  pending->push_back(q);
+}
+
+/// MPI_Reduce / MPI_Ireduce to `root`.
+inline void reduce_to(const void* send, void* recv, int cnt, MPI_Datatype type, MPI_Op op,
+                      int root, MPI_Comm comm, std::vector<MPI_Request>* pending) {
+  if (!pending) return mpi_ok(MPI_Reduce(send, recv, cnt, type, op, root, comm), "MPI_Reduce");
+  MPI_Request q;
+  mpi_ok(MPI_Ireduce(send, recv, cnt, type, op, root, comm, &q), "MPI_Ireduce");
+  pending->push_back(q);
 }
 
 }  // namespace trellis::detail
