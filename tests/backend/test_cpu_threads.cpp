@@ -1,10 +1,14 @@
-// CPU backend on several threads: the WorkerPool runs every index once (nested calls serially), and
-// every kernel gives bitwise the same results on 1, 2 and 3 threads (3 splits the work unevenly).
-// (OpenBLAS's own multi-threaded GEMMs may round differently with the thread count, so of the
-// linear layers only the bias gradient, which the backend sums itself, is compared bitwise.)
+// CPU backend on several threads: the WorkerPool runs every index once (nested calls serially), cuts
+// the work in proportion to the threads' measured speeds, and every kernel gives bitwise the same
+// results on 1, 2 and 3 threads, with equal or uneven shares. (Small GEMMs take OpenBLAS's
+// small-matrix path, which may round differently with the size of a call, so of the tiny linear
+// layers only the bias gradient is compared bitwise; products large enough to be split unevenly
+// are compared in full.)
 #include <atomic>
+#include <chrono>
 #include <cstring>
 
+#include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
 #include "backend_test_util.hpp"
 
@@ -32,10 +36,52 @@ TEST(CpuWorkerPool, RunsEachPartOnceAndNestsSerially) {
   }
 }
 
-/// Every kernel once on `threads` threads, all outputs concatenated.
-std::vector<float> run_all(int threads) {
+/// Busy for `us` microseconds (a sleep would free the core and measure nothing).
+void spin_for(double us) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(us);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+TEST(CpuWorkerPool, SharesFollowTheThreadsSpeeds) {
+  cpu::WorkerPool pool;
+  pool.resize(2);
+  EXPECT_EQ(pool.cut(0, 1000), 0);
+  EXPECT_EQ(pool.cut(1, 1000), 500);
+  EXPECT_EQ(pool.cut(2, 1000), 1000);
+  // Part 0's indices cost three times part 1's: the pool learns that thread 0 does a third as
+  // much per second and gives it less (at most the cap of 1.6× below an equal share).
+  for (int job = 0; job < 30; ++job)
+    cpu::parallel_parts(pool, "test", 200, [](int part, int64_t lo, int64_t hi) {
+      spin_for(double(hi - lo) * (part == 0 ? 15.0 : 5.0));
+    });
+  const int64_t first = pool.cut(1, 1000);
+  EXPECT_LT(first, 450);
+  EXPECT_GE(first, 1000 / (1 + 1.6 * 1.6) - 1);
+  // Aligned cuts, and every part keeps at least one block however skewed the speeds.
+  pool.fix_speeds({1.0, 1000.0});
+  EXPECT_EQ(pool.cut(1, 1000, 64), 64);
+  EXPECT_EQ(pool.cut(1, 3), 1);
+  pool.fix_speeds({1.0, 3.0});
+  EXPECT_EQ(pool.cut(1, 1024, 64), 256);
+  EXPECT_EQ(pool.cut(2, 1024, 64), 1024);
+  pool.reset_speeds();
+  EXPECT_EQ(pool.cut(1, 1000), 500);
+}
+
+/// The backend's pool on `threads` threads; `speeds` (one per thread) fixes uneven shares.
+std::unique_ptr<Backend> cpu_backend(int threads, const std::vector<double>& speeds = {}) {
   auto be = make_backend("cpu");
   be->set_threads(threads);
+  auto& pool = dynamic_cast<CpuBackend&>(*be).worker_pool();
+  if (!speeds.empty()) pool.fix_speeds(speeds);
+  else pool.fix_speeds(std::vector<double>(pool.size(), 1.0));
+  return be;
+}
+
+/// Every kernel once on `threads` threads, all outputs concatenated.
+std::vector<float> run_all(int threads, const std::vector<double>& speeds = {}) {
+  auto be = cpu_backend(threads, speeds);
   const int B = 3, T = 70, C = 40, V = 29, H = 4, KV = 2, hd = 10, OC = 130;
   const int N = B * T;
   const int CE = 200;  // embedding width: 4 channel blocks, so 2 and 3 threads both split them
@@ -101,16 +147,53 @@ std::vector<float> run_all(int threads) {
   return out;
 }
 
+/// Index of the first element where a and b differ bitwise (a.size() when none).
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+  return a.size();
+}
+
 TEST(CpuThreads, EveryKernelBitwiseIndependentOfThreadCount) {
   const auto one = run_all(1);
   for (int threads : {2, 3}) {
     const auto many = run_all(threads);
-    ASSERT_EQ(one.size(), many.size());
-    size_t first_diff = one.size();
-    for (size_t i = 0; i < one.size() && first_diff == one.size(); ++i)
-      if (std::memcmp(&one[i], &many[i], sizeof(float)) != 0) first_diff = i;
-    EXPECT_EQ(first_diff, one.size()) << threads << " threads: first difference at " << first_diff;
+    EXPECT_EQ(first_difference(one, many), one.size()) << threads << " threads";
   }
+  // Uneven shares (as on a machine where one core is slower) change nothing either.
+  EXPECT_EQ(first_difference(one, run_all(2, {1.0, 1.6})), one.size()) << "2 threads, uneven";
+  EXPECT_EQ(first_difference(one, run_all(3, {1.5, 1.0, 0.7})), one.size()) << "3 threads, uneven";
+}
+
+/// A linear layer's forward and backward, large enough for its GEMMs to be cut unevenly (the
+/// weight gradient has fewer rows than columns: split by columns), all outputs concatenated.
+std::vector<float> linear_layer(int threads, const std::vector<double>& speeds = {}) {
+  auto be = cpu_backend(threads, speeds);
+  const int N = 512, C = 512, OC = 256;
+  auto x = random_vec(size_t(N) * C, 21), W = random_vec(size_t(OC) * C, 22), b = random_vec(OC, 23);
+  auto dO = random_vec(size_t(N) * OC, 24);
+  std::vector<float> out(size_t(N) * OC), dx(size_t(N) * C), dW(W.size(), 0.5f), db(OC, 0.25f);
+  be->matmul_forward(out.data(), x.data(), W.data(), b.data(), N, C, OC);
+  be->matmul_backward(dx.data(), dW.data(), db.data(), dO.data(), x.data(), W.data(), N, C, OC);
+  // A forward product with fewer rows than columns, split by columns: y (N/2, C) = dO[:N/2]·W'ᵀ
+  // with W read as (C, OC).
+  std::vector<float> y(size_t(N / 2) * C);
+  be->matmul_forward(y.data(), dO.data(), W.data(), nullptr, N / 2, OC, C);
+  out.insert(out.end(), dx.begin(), dx.end());
+  out.insert(out.end(), y.begin(), y.end());
+  out.insert(out.end(), dW.begin(), dW.end());
+  out.insert(out.end(), db.begin(), db.end());
+  return out;
+}
+
+TEST(CpuThreads, LargeLinearLayerBitwiseIndependentOfShares) {
+  const auto one = linear_layer(1);
+  for (const auto& speeds : std::vector<std::vector<double>>{{1.0, 1.0}, {1.0, 1.6}, {1.6, 1.0}}) {
+    EXPECT_EQ(first_difference(one, linear_layer(2, speeds)), one.size())
+        << "speeds " << speeds[0] << " " << speeds[1];
+  }
+  EXPECT_EQ(first_difference(one, linear_layer(3, {1.0, 1.4, 0.8})), one.size()) << "3 threads";
 }
 
 }  // namespace

@@ -72,6 +72,9 @@ class CpuBackend : public Backend {
              float beta2, float eps, float weight_decay, float bc1, float bc2,
              float grad_scale) override;
 
+  /// The host threads of the element-wise kernels and the split GEMMs.
+  cpu::WorkerPool& worker_pool() { return *pool_; }
+
  private:
   /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread; layer norm
   /// backward's partial sums), grown on demand.

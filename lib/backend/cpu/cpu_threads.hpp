@@ -8,6 +8,12 @@
 // as for Kokkos::parallel_for, so it is race-free however the indices are spread over threads, and
 // its results do not depend on the number of threads (bitwise). When the host execution space is
 // itself parallel, the helpers hand the work to Kokkos and the pool stays idle.
+//
+// The threads' shares follow their measured speeds. On a shared machine (a VM's cores, a node with
+// other jobs) one core is often 10-35 % slower than the other for a second or more; equal shares
+// would leave the faster thread waiting at the end of every kernel. The pool times each thread's
+// part of every job and cuts the next job's indices in proportion to the recent speeds. As results
+// never depend on how the indices are spread, this changes only the time.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -36,8 +42,20 @@ class WorkerPool {
 
   /// Calls f(p) once for every p in [0, size()), p = 0 on the calling thread, the others on the
   /// workers, and returns when all have returned. A call from inside f (or while another thread
-  /// runs the pool) runs every f(p) on the calling thread, in order.
-  void run(const std::function<void(int)>& f);
+  /// runs the pool) runs every f(p) on the calling thread, in order; it then returns false.
+  bool run(const std::function<void(int)>& f);
+
+  /// Where [0, n) is cut for size() parts: cut(k, n) for k in [0, size()], in proportion to the
+  /// threads' recent speeds (equal shares until measured, or when `equal`), every part non-empty
+  /// when n ≥ size(), each cut a multiple of `align` (but the last, n).
+  int64_t cut(int k, int64_t n, int64_t align = 1, bool equal = false) const;
+  /// After a parallel run() whose part p did the fraction share[p] of the work: learn the threads'
+  /// speeds from how long each part took.
+  void learn(const double* share);
+  /// Forget the measured speeds (equal shares again) and learn them anew.
+  void reset_speeds();
+  /// Shares in proportion to `speeds` (one per thread, > 0) from now on, not learnt: for tests.
+  void fix_speeds(const std::vector<double>& speeds);
 
  private:
   void worker_loop(int p, uint64_t seen);
@@ -50,6 +68,9 @@ class WorkerPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> remaining_{0};
   std::atomic<bool> busy_{false};
+  std::vector<double> seconds_;               // seconds part p of the last parallel run() took
+  std::vector<std::atomic<double>> weight_;   // share of the work for thread p (sums to 1)
+  bool learning_ = true;
 };
 
 /// Whether the host execution space runs work items on several threads by itself.
@@ -62,10 +83,11 @@ inline int num_parts(const WorkerPool& pool, int64_t n) {
 }
 
 /// Runs f(part, lo, hi) for the `parts` contiguous parts [lo, hi) of [0, n), part k on one thread
-/// (parts = num_parts(pool, n)). f must only write what the indices in [lo, hi) own; `part` is
-/// for per-thread scratch only and must not change results.
+/// (parts = num_parts(pool, n)), the parts' sizes following the threads' speeds (equal when not
+/// `adaptive`). f must only write what the indices in [lo, hi) own; `part` is for per-thread
+/// scratch only and must not change results.
 template <class F>
-void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f) {
+void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f, bool adaptive = true) {
   if (n <= 0) return;
   const int parts = num_parts(pool, n);
   auto bounds = [=](int k) { return std::pair<int64_t, int64_t>(n * k / parts, n * (k + 1) / parts); };
@@ -77,13 +99,34 @@ void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f) {
                            const auto [lo, hi] = bounds(k);
                            f(k, lo, hi);
                          });
-  } else {
+  } else if (parts < pool.size()) {  // fewer indices than threads: one each
     pool.run([&](int k) {
       if (k >= parts) return;
       const auto [lo, hi] = bounds(k);
       f(k, lo, hi);
     });
+  } else {
+    std::vector<int64_t> cuts(parts + 1);
+    for (int k = 0; k <= parts; ++k) cuts[k] = pool.cut(k, n, 1, !adaptive);
+    if (pool.run([&](int k) { f(k, cuts[k], cuts[k + 1]); }) && adaptive) {
+      std::vector<double> share(parts);
+      for (int k = 0; k < parts; ++k) share[k] = double(cuts[k + 1] - cuts[k]) / double(n);
+      pool.learn(share.data());
+    }
   }
+}
+
+/// Runs f(part, parts) once on each of the pool's threads (parts = pool.size(), part 0 on the
+/// caller), where f cuts its own work with pool.cut(part, ...) and pool.cut(part + 1, ...); the
+/// threads' speeds are learnt from it. Only for a pool that is not the Kokkos host space's.
+template <class F>
+void parallel_cut(WorkerPool& pool, F f) {
+  const int parts = pool.size();
+  constexpr int64_t kFine = 1 << 20;  // the shares, to one part in a million
+  std::vector<double> share(parts);
+  for (int k = 0; k < parts; ++k)
+    share[k] = double(pool.cut(k + 1, kFine) - pool.cut(k, kFine)) / double(kFine);
+  if (pool.run([&](int k) { f(k, parts); })) pool.learn(share.data());
 }
 
 /// Runs f(i) for every i in [0, n) as independent work items (Kokkos::parallel_for semantics).
