@@ -65,7 +65,9 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   const double step_flops = train_flops_per_token(cfg.model) * tokens;
   trainer->set_quiet(true);
   for (int s = 0; s < 2; ++s) trainer->train_step(s);  // warm-up
-  const int rounds = 5, per_round = std::max<int>(1, int(cfg.train.steps) / rounds);
+  // Rounds of 3 steps: as many rounds as train.steps allows (at least one), so that a longer
+  // benchmark narrows the spread of the median round rather than lengthening each round.
+  const int per_round = 3, rounds = std::max<int>(1, int(cfg.train.steps) / per_round);
   struct Round {
     double sgemm, step_ms, ratio;
   };
