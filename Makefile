@@ -83,6 +83,13 @@ MPI_TEST_SRC := $(shell find tests -name 'mpi_test_*.cpp' | sort)
 MPI_TEST_OBJ := $(MPI_TEST_SRC:%.cpp=$(BUILD)/obj/%.o) $(TEST_MAIN_OBJ)
 LIBTRELLIS := $(BUILD)/libtrellis.a
 
+# The flags the objects were built with: when they change (say `make NVCC=` after a CUDA build,
+# or another ARCH_FLAGS), every object is rebuilt rather than linked stale.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+FLAGS_NOW   := $(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(CU_SRC)
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] || \
+        echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
+
 .PHONY: all deps run test tests bench features fuzz fuzz-build asan-build test-asan clean gpu-bundle
 all: features $(BUILD)/trellis
 
@@ -93,18 +100,18 @@ features:
 deps:
 	@bash scripts/install-deps.sh
 
-$(BUILD)/obj/%.o: %.cpp Makefile
+$(BUILD)/obj/%.o: %.cpp Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
 # CUDA sources; their dependency files sit next to the objects.
-$(BUILD)/obj/%.cu.o: %.cu Makefile
+$(BUILD)/obj/%.cu.o: %.cu Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-$(LIBTRELLIS): $(LIB_OBJ) $(CU_OBJ)
+$(LIBTRELLIS): $(LIB_OBJ) $(CU_OBJ) $(FLAGS_STAMP)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(filter %.o,$^)
 
 $(BUILD)/trellis: $(APP_OBJ) $(LIBTRELLIS)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
