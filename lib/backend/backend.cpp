@@ -15,6 +15,13 @@
 
 namespace trellis {
 
+void Backend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                         const float* a, const float* b, const float* weight,
+                                         const float* bias, int N, int C) {
+  add(res, a, b, int64_t(N) * C);
+  layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
+}
+
 void Backend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
   if (bytes) std::memcpy(dst, host_src, bytes);
 }

@@ -75,6 +75,12 @@ class Backend {
   /// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C).
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int N, int C) = 0;
+  /// res (N,C) = a + b (res may alias a or b), then out, mean, rstd = the layer norm of res, as
+  /// layernorm_forward: the residual add that ends a block's attention half fused with the layer
+  /// norm that starts its MLP (one pass over the rows instead of two). By default the two calls.
+  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                          const float* a, const float* b, const float* weight,
+                                          const float* bias, int N, int C);
   /// dinp (N,C) +=, dweight (C) +=, dbias (C) += from dout (N,C).
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,

@@ -147,10 +147,10 @@ void GPT::block_forward(BlockActivations& a, int l, const float* x, const float*
   be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : nullptr, N_,
                      Hl_ * hd_, C_);
   float* sum = reduce_rows(partial, a.res2);
-  be_.add(a.res2, sum, x, int64_t(R_) * C_);
 
-  // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, at(o.ln2_w), at(o.ln2_b), R_, C_);
+  // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2)))); res2's sum and ln2 in one pass
+  be_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, sum, x, at(o.ln2_w),
+                                 at(o.ln2_b), R_, C_);
   in = gather_rows(a.ln2, full_);
   be_.matmul_forward(a.fch, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
   be_.gelu_forward(a.fch_gelu, a.fch, int64_t(N_) * Fl_);

@@ -114,6 +114,10 @@ std::vector<float> run_all(int threads, const std::vector<double>& speeds = {}) 
   be->layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                          mean.data(), rstd.data(), N, C);
   append(ln), append(mean), append(rstd), append(dx), append(dw), append(db);
+  std::vector<float> rsum(size_t(N) * C), rln(size_t(N) * C), rmean(N), rrstd(N);
+  be->residual_layernorm_forward(rsum.data(), rln.data(), rmean.data(), rrstd.data(), x.data(),
+                                 dout.data(), w.data(), bias.data(), N, C);
+  append(rsum), append(rln), append(rmean), append(rrstd);
   std::vector<float> mo(size_t(N) * OC), mdx(size_t(N) * C), mdw(W.size(), 0.5f), mdb(OC, 0.5f);
   be->matmul_forward(mo.data(), x.data(), W.data(), bo.data(), N, C, OC);
   be->matmul_backward(mdx.data(), mdw.data(), mdb.data(), dO.data(), x.data(), W.data(), N, C, OC);

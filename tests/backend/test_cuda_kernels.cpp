@@ -241,6 +241,16 @@ TEST_F(CudaKernels, LayerNorm) {
   expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
   expect_close(down(d_dw, C), dw, 1e-5, "dweight");
   expect_close(down(d_db, C), db, 1e-5, "dbias");
+  // The fused residual add + layer norm, the sum written over its first operand.
+  std::vector<float> sum(x.size()), rout(x.size()), rmean(N), rrstd(N);
+  cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), x.data(),
+                                  dout.data(), w.data(), b.data(), N, C);
+  float* d_a = up(x);
+  gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+  expect_close(down(d_a, sum.size()), sum, 1e-6, "residual sum");
+  expect_close(down(d_out, rout.size()), rout, 1e-5, "residual layernorm out");
+  expect_close(down(d_mean, N), rmean, 1e-5, "residual layernorm mean");
+  expect_close(down(d_rstd, N), rrstd, 1e-5, "residual layernorm rstd");
 }
 
 TEST_F(CudaKernels, Attention) {

@@ -11,26 +11,43 @@ namespace trellis {
 
 // ---- layer norm ----
 
+namespace {
+/// One row of the layer norm: o (C), *mean, *rstd from x (C), weight (C), bias (C).
+inline void layernorm_row(float* o, float* mean, float* rstd, const float* x, const float* weight,
+                          const float* bias, int C) {
+  const float m = cpu::lane_sum(x, C) / float(C);
+  cpu::f32x8 acc = {};
+  int c = 0;
+  for (; c + 8 <= C; c += 8) {
+    const cpu::f32x8 d = cpu::load8(x + c) - m;
+    acc += d * d;
+  }
+  float var = cpu::lanes_total(acc);
+  for (; c < C; ++c) var += (x[c] - m) * (x[c] - m);
+  var /= float(C);
+  const float s = 1.0f / std::sqrt(var + 1e-5f);
+  for (int j = 0; j < C; ++j) o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
+  *mean = m;
+  *rstd = s;
+}
+}  // namespace
+
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                    const float* weight, const float* bias, int N, int C) {
   // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
   cpu::parallel_for(*pool_, "layernorm_forward", N, [=](int64_t n) {
-    const float* x = inp + n * C;  // (C)
-    float* o = out + n * C;        // (C)
-    const float m = cpu::lane_sum(x, C) / float(C);
-    cpu::f32x8 acc = {};
-    int c = 0;
-    for (; c + 8 <= C; c += 8) {
-      const cpu::f32x8 d = cpu::load8(x + c) - m;
-      acc += d * d;
-    }
-    float var = cpu::lanes_total(acc);
-    for (; c < C; ++c) var += (x[c] - m) * (x[c] - m);
-    var /= float(C);
-    const float s = 1.0f / std::sqrt(var + 1e-5f);
-    for (int j = 0; j < C; ++j) o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
-    mean[n] = m;
-    rstd[n] = s;
+    layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C);
+  });
+}
+
+void CpuBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                            const float* a, const float* b, const float* weight,
+                                            const float* bias, int N, int C) {
+  // res (N,C) = a + b (may alias a or b), out (N,C), mean (N), rstd (N), weight (C), bias (C)
+  cpu::parallel_for(*pool_, "residual_layernorm_forward", N, [=](int64_t n) {
+    float* r = res + n * C;  // (C): the sum, still in cache for the norm
+    for (int j = 0; j < C; ++j) r[j] = a[n * C + j] + b[n * C + j];
+    layernorm_row(out + n * C, mean + n, rstd + n, r, weight, bias, C);
   });
 }
 

@@ -65,6 +65,19 @@ __global__ void position_backward_kernel(float* dwpe, const float* dout, int row
 
 // ---- layer norm: one warp per row ----
 
+// The layer norm of one row x (C) by one warp, from each lane's partial sum of x: out (C) and the
+// row's mean and rstd.
+__device__ void layernorm_row_warp(float* o, float* mean, float* rstd, const float* x,
+                                   float lane_sum, const float* weight, const float* bias, int C,
+                                   int lane) {
+  const float m = cuda::warp_sum(lane_sum) / float(C);
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+  const float r = rsqrtf(cuda::warp_sum(v) / float(C) + 1e-5f);
+  for (int c = lane; c < C; c += 32) o[c] = (r * (x[c] - m)) * weight[c] + bias[c];
+  if (lane == 0) *mean = m, *rstd = r;
+}
+
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
                                          const float* weight, const float* bias, int N, int C) {
   const int lane = threadIdx.x & 31;
@@ -73,13 +86,26 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float* x = inp + row * C;  // (C)
   float s = 0.0f;
   for (int c = lane; c < C; c += 32) s += x[c];
-  const float m = cuda::warp_sum(s) / float(C);
-  float v = 0.0f;
-  for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  const float r = rsqrtf(cuda::warp_sum(v) / float(C) + 1e-5f);
-  float* o = out + row * C;  // (C)
-  for (int c = lane; c < C; c += 32) o[c] = (r * (x[c] - m)) * weight[c] + bias[c];
-  if (lane == 0) mean[row] = m, rstd[row] = r;
+  layernorm_row_warp(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+}
+
+// res = a + b (res may alias a or b), then the layer norm of res: one warp per row, the sums
+// written by each lane and read back by the same lane (no other thread touches them).
+__global__ void residual_layernorm_forward_kernel(float* res, float* out, float* mean, float* rstd,
+                                                  const float* a, const float* b,
+                                                  const float* weight, const float* bias, int N,
+                                                  int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  float* x = res + row * C;  // (C)
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float v = a[row * C + c] + b[row * C + c];
+    x[c] = v;
+    s += v;
+  }
+  layernorm_row_warp(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
 }
 
 __global__ void layernorm_backward_inp_kernel(float* dinp, const float* dout, const float* inp,
@@ -296,6 +322,16 @@ void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const 
   const int rows_per_block = kThreads / 32;
   layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_>>>(
       out, mean, rstd, inp, weight, bias, N, C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+void CudaBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                             const float* a, const float* b, const float* weight,
+                                             const float* bias, int N, int C) {
+  Profiled prof(*this, kLayerNorm);
+  const int rows_per_block = kThreads / 32;
+  residual_layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                                      stream_>>>(res, out, mean, rstd, a, b, weight, bias, N, C);
   TRELLIS_CUDA_LAUNCHED();
 }
 
