@@ -2,9 +2,13 @@
 // Backend's memory functions; fp32, the default precision.
 #include "backend/backend.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
@@ -41,10 +45,32 @@ void Backend::set_precision(const std::string& precision) {
                     " backend computes in fp32 only (bf16 needs system.backend = cuda)");
 }
 
+namespace {
+/// Host threads a CPU rank uses by default (system.threads = 0): the cores it may run on — all of
+/// them when it is bound to its own (srun --cpu-bind, mpirun's default binding), else its share
+/// of the node's cores among the `local_ranks` ranks there, so that ranks started unbound
+/// (mpirun --bind-to none) do not run ranks × cores threads on the node's cores. 0 (OpenBLAS's
+/// choice) when the environment sets a BLAS thread count.
+int default_cpu_threads(int local_ranks) {
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* v = std::getenv(var); v && *v) return 0;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return 0;
+  const int mine = CPU_COUNT(&mask);
+  const int node = int(std::thread::hardware_concurrency());
+  if (mine <= 0) return 0;
+  if (local_ranks > 1 && mine >= node) return std::max(1, mine / local_ranks);
+  return mine;
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, int local_ranks) {
-  (void)local_rank;
-  (void)local_ranks;
-  if (name == "cpu") return std::make_unique<CpuBackend>();
+  (void)local_rank;  // the GPU's index, where there is a CUDA backend
+  if (name == "cpu") {
+    auto be = std::make_unique<CpuBackend>();
+    be->set_threads(default_cpu_threads(local_ranks));  // set_threads(0) later keeps it
+    return be;
+  }
   if (name == "cuda") {
 #ifdef TRELLIS_HAVE_CUDA
     const int devices = cuda_device_count();

@@ -134,7 +134,7 @@ const std::vector<KeyEntry>& key_table() {
        .check = Check::Choice, .choices = "fp32|bf16",
        .help = "dp gradient reduction on the wire; bf16: half the bytes (fp32 sums, any backend)"},
       {.section = "system", .key = "threads", .field = FIELD(system.threads),
-       .bound = at_least(0), .help = "BLAS threads per rank; 0 = all cores of the rank"},
+       .bound = at_least(0), .help = "BLAS threads per rank; 0 = the rank's cores (its share of the node's when unbound)"},
       {.section = "system", .key = "stop_signal", .field = FIELD(system.stop_signal),
        .check = Check::Choice, .choices = "USR1|TERM",
        .help = "the signal that asks for a checkpoint and a stop (Slurm: --signal=B:USR1@lead)"},

@@ -4,9 +4,14 @@
 // small-matrix path, which may round differently with the size of a call, so of the tiny linear
 // layers only the bias gradient is compared bitwise; products large enough to be split unevenly
 // are compared in full.)
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
@@ -67,6 +72,27 @@ TEST(CpuWorkerPool, SharesFollowTheThreadsSpeeds) {
   EXPECT_EQ(pool.cut(2, 1024, 64), 1024);
   pool.reset_speeds();
   EXPECT_EQ(pool.cut(1, 1000), 500);
+}
+
+TEST(CpuThreads, DefaultThreadsShareTheNodeAmongUnboundRanks) {
+  // With no BLAS thread count in the environment, a rank uses the cores it may run on, or, when
+  // it may run on all of the node's (started unbound), its share of them.
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* v = std::getenv(var)) saved.emplace_back(var, v);
+    unsetenv(var);
+  }
+  cpu_set_t mask;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+  const int mine = CPU_COUNT(&mask), node = int(std::thread::hardware_concurrency());
+  for (int ranks : {1, 2, 4}) {
+    auto be = make_backend("cpu", 0, ranks);
+    const int want = ranks > 1 && mine >= node ? std::max(1, mine / ranks) : mine;
+    EXPECT_EQ(dynamic_cast<CpuBackend&>(*be).worker_pool().size(), want) << ranks << " ranks";
+    be->set_threads(0);  // the deck's default keeps it
+    EXPECT_EQ(dynamic_cast<CpuBackend&>(*be).worker_pool().size(), want) << ranks << " ranks";
+  }
+  for (const auto& [var, value] : saved) setenv(var.c_str(), value.c_str(), 1);
 }
 
 /// The backend's pool on `threads` threads; `speeds` (one per thread) fixes uneven shares.
