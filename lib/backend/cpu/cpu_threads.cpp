@@ -69,12 +69,14 @@ int64_t WorkerPool::cut(int k, int64_t n, int64_t align, bool equal) const {
   const int parts = size();
   if (k <= 0) return 0;
   if (k >= parts) return n;
-  double before = 0;  // the work of parts [0, k)
-  for (int p = 0; p < k; ++p) before += equal ? 1.0 / parts : weight_[p].load(std::memory_order_relaxed);
+  double before = 0;  // the share of parts [0, k)
+  for (int p = 0; p < k; ++p)
+    before += equal ? 1.0 / parts : weight_[p].load(std::memory_order_relaxed);
   int64_t at = std::llround(before * double(n) / double(align)) * align;
   // every part keeps at least one aligned block when there are enough
   const int64_t blocks = (n + align - 1) / align;
-  if (blocks >= parts) at = std::clamp<int64_t>(at, int64_t(k) * align, n - int64_t(parts - k) * align);
+  if (blocks >= parts)
+    at = std::clamp<int64_t>(at, int64_t(k) * align, n - int64_t(parts - k) * align);
   return std::clamp<int64_t>(at, 0, n);
 }
 
@@ -101,12 +103,12 @@ void WorkerPool::learn(const double* share) {
   for (int p = 0; p < parts; ++p) weight_[p].store(next[p] / total, std::memory_order_relaxed);
 }
 
-bool WorkerPool::run(const std::function<void(int)>& f) {
+void WorkerPool::run(const std::function<void(int)>& f, const double* share) {
   const int n = size();
   bool expected = false;
   if (n == 1 || !busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
     for (int p = 0; p < n; ++p) f(p);  // single thread, nested call, or pool in use elsewhere
-    return false;
+    return;
   }
   remaining_.store(n - 1, std::memory_order_relaxed);
   {
@@ -122,8 +124,8 @@ bool WorkerPool::run(const std::function<void(int)>& f) {
     if (spins < kSpinPolls) TRELLIS_CPU_RELAX();
     else std::this_thread::yield();
   }
+  if (share) learn(share);
   busy_.store(false, std::memory_order_release);
-  return true;
 }
 
 void WorkerPool::worker_loop(int p, uint64_t seen) {

@@ -42,16 +42,15 @@ class WorkerPool {
 
   /// Calls f(p) once for every p in [0, size()), p = 0 on the calling thread, the others on the
   /// workers, and returns when all have returned. A call from inside f (or while another thread
-  /// runs the pool) runs every f(p) on the calling thread, in order; it then returns false.
-  bool run(const std::function<void(int)>& f);
+  /// runs the pool) runs every f(p) on the calling thread, in order. With `share` (part p does
+  /// the fraction share[p] of the work), the threads' speeds are learnt from how long each part
+  /// took.
+  void run(const std::function<void(int)>& f, const double* share = nullptr);
 
   /// Where [0, n) is cut for size() parts: cut(k, n) for k in [0, size()], in proportion to the
   /// threads' recent speeds (equal shares until measured, or when `equal`), every part non-empty
   /// when n ≥ size(), each cut a multiple of `align` (but the last, n).
   int64_t cut(int k, int64_t n, int64_t align = 1, bool equal = false) const;
-  /// After a parallel run() whose part p did the fraction share[p] of the work: learn the threads'
-  /// speeds from how long each part took.
-  void learn(const double* share);
   /// Forget the measured speeds (equal shares again) and learn them anew.
   void reset_speeds();
   /// Shares in proportion to `speeds` (one per thread, > 0) from now on, not learnt: for tests.
@@ -59,6 +58,8 @@ class WorkerPool {
 
  private:
   void worker_loop(int p, uint64_t seen);
+  /// After a parallel run whose part p did the fraction share[p] of the work (pool still busy).
+  void learn(const double* share);
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;                 // guards job_, stop_ and the generation for the waits
@@ -108,11 +109,9 @@ void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f, bool ad
   } else {
     std::vector<int64_t> cuts(parts + 1);
     for (int k = 0; k <= parts; ++k) cuts[k] = pool.cut(k, n, 1, !adaptive);
-    if (pool.run([&](int k) { f(k, cuts[k], cuts[k + 1]); }) && adaptive) {
-      std::vector<double> share(parts);
-      for (int k = 0; k < parts; ++k) share[k] = double(cuts[k + 1] - cuts[k]) / double(n);
-      pool.learn(share.data());
-    }
+    std::vector<double> share(parts);
+    for (int k = 0; k < parts; ++k) share[k] = double(cuts[k + 1] - cuts[k]) / double(n);
+    pool.run([&](int k) { f(k, cuts[k], cuts[k + 1]); }, adaptive ? share.data() : nullptr);
   }
 }
 
@@ -126,7 +125,7 @@ void parallel_cut(WorkerPool& pool, F f) {
   std::vector<double> share(parts);
   for (int k = 0; k < parts; ++k)
     share[k] = double(pool.cut(k + 1, kFine) - pool.cut(k, kFine)) / double(kFine);
-  if (pool.run([&](int k) { f(k, parts); })) pool.learn(share.data());
+  pool.run([&](int k) { f(k, parts); }, share.data());
 }
 
 /// Runs f(i) for every i in [0, n) as independent work items (Kokkos::parallel_for semantics).
