@@ -121,7 +121,14 @@ void parse_deck_text(const std::string& path, const std::string& text, Sources& 
     // Unregistered keys are let through and reported here, with a suggestion Boost cannot make.
     parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
   } catch (const po::invalid_config_file_syntax& e) {
-    fail(path + line_of(text, e.tokens()), std::string("syntax error: ") + e.what());
+    // Not e.what(): Boost 1.74 builds it by replacing "%invalid_line%" with the line until none is
+    // left, which never ends when the line itself contains that text (found by fuzzing).
+    fail(path + line_of(text, e.tokens()),
+         "syntax error: the deck contains an invalid line '" + e.tokens() +
+             "' (expected `key = value`, a [section] or a # comment)");
+  } catch (const po::error_with_option_name& e) {
+    // the same substitution of the option's name and value: the name only
+    fail(path, "syntax error at key '" + e.get_option_name() + "'");
   } catch (const po::error& e) {
     fail(path, std::string("syntax error: ") + e.what());
   }

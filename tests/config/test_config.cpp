@@ -226,6 +226,15 @@ TEST_F(ConfigTest, SyntaxErrorNamesDeckAndLine) {
   EXPECT_NE(e.find(deck + ":3"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, SyntaxErrorQuotingBoostsPlaceholdersEnds) {
+  // Boost 1.74's own message would replace "%invalid_line%" by the line for ever (fuzzer finding
+  // tests/fuzz/findings/deck-boost-1.74-invalid-line-loop.ini).
+  const std::string deck = write("[train]\nsteps%invalid_line%3\n[model]\nlayers = 2 %value%\n");
+  const std::string e = error_of(deck);
+  EXPECT_NE(e.find(deck + ":2: syntax error"), std::string::npos) << e;
+  EXPECT_NE(e.find("'steps%invalid_line%3'"), std::string::npos) << e;
+}
+
 TEST_F(ConfigTest, ErrorsComeFromTheRightPlace) {
   const std::string deck = write(kBase);
   EXPECT_EQ(error_of(deck, {"--train.steps=0"}).rfind("command line: ", 0), 0u);
