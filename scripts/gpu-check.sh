@@ -2,18 +2,22 @@
 # scripts/gpu-check.sh [BIN_DIR] — every GPU check in one command, on a machine with an NVIDIA
 # GPU and the built binaries (BIN_DIR: build/, or gpu-bundle/build from `make gpu-bundle`, which
 # also runs where MPI, HDF5, Boost and Kokkos are not installed):
-#   1. the GPU tests (unit_tests --gtest_filter='Cuda*:NcclLink*': each kernel against the CPU
+#   1. the GPU tests (unit_tests --gtest_filter='Cuda*:NcclLink*', with TRELLIS_TC_ATTENTION=1 so
+#      that the bf16 training tests use the tensor-core attention: each kernel against the CPU
 #      backend, a 20-step GPU-vs-CPU run, checkpoints crossing between the backends, every NCCL
 #      link operation on one rank; with two GPUs or more also at 2 ranks, one GPU each);
 #   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
 #      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16 GEMM
-#      operands, fp32 accumulation), and gpt2-124m in fp32 with TF32 GEMMs for comparison;
+#      operands, fp32 accumulation) and attention on the tensor cores (TRELLIS_TC_ATTENTION=1,
+#      row "bf16+tc"); for comparison gpt2-124m in bf16 with the fp32 attention kernels, and in
+#      fp32 with TF32 GEMMs;
 #      tokens/s, MFU against the device's dense bf16 peak (for every row, TF32's too), peak
 #      memory, device time per kernel class;
 #   3. a short table of all that, last.
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
-# GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check).
+# GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
+# (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short).
 set -u -o pipefail
 BIN=$(cd "${1:-build}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +26,8 @@ OUTDIR=${GPU_CHECK_OUT:-$BIN/gpu-check}
 mkdir -p "$OUTDIR"
 B0=${GPU_CHECK_B:-64}
 STEPS=${GPU_CHECK_STEPS:-10}
+TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-600}
+BENCH_TIMEOUT=${GPU_CHECK_TIMEOUT:-900}
 
 # ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
 if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
@@ -62,7 +68,7 @@ PEAK=${PEAK_TFLOPS:-$PEAK}
 echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; binaries $BIN"
 
 # ---- 1. GPU tests ----
-"$BIN/unit_tests" --gtest_filter='Cuda*:NcclLink*' 2>&1 | tee "$OUTDIR/tests.log"
+TRELLIS_TC_ATTENTION=1 timeout "$TEST_TIMEOUT" "$BIN/unit_tests" --gtest_filter='Cuda*:NcclLink*' 2>&1 | tee "$OUTDIR/tests.log"
 test_status=${PIPESTATUS[0]}
 # The NCCL link between two ranks, one GPU each (needs a launcher: the bundle has none).
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
@@ -84,16 +90,16 @@ grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests
 # the other kernels stay fp32; README "GPUs"), so MFU is against the bf16 peak for every row.
 rows=()
 bench_failed=0
-for run in "gpt2-124m bf16" "gpt2-350m bf16" "gpt2-124m fp32"; do
-  read -r name precision <<< "$run"
+for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
+  read -r name precision tc <<< "$run"
   deck=inputs/$name.deck
   tf32=0
   [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
   B=$B0
   while (( B >= 1 )); do
-    log="$OUTDIR/bench-$name-$precision-B$B.log"
-    echo "gpu-check: $name, $precision, B·T = $B × 1024 ..."
-    TRELLIS_TF32=$tf32 TRELLIS_CUDA_PROFILE=1 timeout 900 "$BIN/trellis" bench "$deck" \
+    log="$OUTDIR/bench-$name-$precision-tc$tc-B$B.log"
+    echo "gpu-check: $name, $precision, tensor-core attention $tc, B·T = $B × 1024 ..."
+    TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_CUDA_PROFILE=1 timeout "$BENCH_TIMEOUT" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
       --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
       --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
@@ -108,6 +114,7 @@ for run in "gpt2-124m bf16" "gpt2-350m bf16" "gpt2-124m fp32"; do
     B=0
   done
   label=$precision
+  (( tc )) && label=bf16+tc
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
   if (( B >= 1 )) && [[ -n $line ]]; then
@@ -123,7 +130,7 @@ done
 
 # ---- 3. the table ----
 echo
-echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 GEMM operands only"
+echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 GEMM operands, +tc = attention on the tensor cores too"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
 printf '%-10s %-9s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"

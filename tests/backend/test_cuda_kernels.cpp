@@ -22,8 +22,11 @@
 #ifdef TRELLIS_HAVE_CUDA
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/bf16.hpp"
 #include "backend/cuda/cuda_factory.hpp"
@@ -55,6 +58,45 @@ class CudaKernels : public ::testing::Test {
     std::vector<float> h(n);
     gpu->copy_to_host(h.data(), d, sizeof(float) * n);
     return h;
+  }
+  struct AttentionShape {
+    int B, T, H, KV, hd;
+    std::string name() const {
+      return "B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) +
+             " KV" + std::to_string(KV) + " hd" + std::to_string(hd);
+    }
+  };
+  struct AttentionRun {
+    std::vector<float> qkv, dout;  // (B,T,(H+2KV)·hd), (B,T,H·hd): the inputs
+    std::vector<float> out, state, dqkv;  // (B,T,H·hd), attention_state_elems, like qkv
+  };
+  /// Attention forward and backward on `be`: on random inputs drawn from `seed`, or on `inputs`'
+  /// when given; outputs start as `poison` (9 by default: a value no attention produces here).
+  AttentionRun attention_on(Backend& be, const AttentionShape& s, uint32_t seed,
+                            const AttentionRun* inputs, float poison = 9.f) {
+    const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KV) * s.hd,
+                 nout = size_t(s.B) * s.T * s.H * s.hd,
+                 nstate = size_t(be.attention_state_elems(s.B, s.T, s.H));
+    AttentionRun r;
+    r.qkv = inputs ? inputs->qkv : random_vec(nqkv, seed, -2.f, 2.f);
+    r.dout = inputs ? inputs->dout : random_vec(nout, seed + 1);
+    r.out.assign(nout, poison);
+    r.state.assign(nstate, poison);
+    r.dqkv.assign(nqkv, poison);
+    if (&be == cpu.get()) {
+      be.attention_forward(r.out.data(), r.state.data(), r.qkv.data(), s.B, s.T, s.H, s.KV, s.hd);
+      be.attention_backward(r.dqkv.data(), r.dout.data(), r.qkv.data(), r.out.data(),
+                            r.state.data(), s.B, s.T, s.H, s.KV, s.hd);
+      return r;
+    }
+    float *d_qkv = up(r.qkv), *d_dout = up(r.dout), *d_out = up(r.out), *d_state = up(r.state),
+          *d_dqkv = up(r.dqkv);
+    be.attention_forward(d_out, d_state, d_qkv, s.B, s.T, s.H, s.KV, s.hd);
+    be.attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_state, s.B, s.T, s.H, s.KV, s.hd);
+    r.out = down(d_out, nout);
+    r.state = down(d_state, nstate);
+    r.dqkv = down(d_dqkv, nqkv);
+    return r;
   }
   static double gemm_rtol() {
     const char* tf32 = std::getenv("TRELLIS_TF32");
@@ -254,27 +296,72 @@ TEST_F(CudaKernels, LayerNorm) {
 }
 
 TEST_F(CudaKernels, Attention) {
-  struct Shape { int B, T, H, KV, hd; };
   // Grouped heads, T not a multiple of the 32-row tiles, head sizes for each kernel variant.
-  for (Shape s : {Shape{2, 70, 4, 2, 16}, Shape{1, 33, 2, 1, 64}, Shape{1, 40, 2, 2, 100},
-                  Shape{2, 64, 4, 4, 32}}) {
-    SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " KV" << s.KV
-                                      << " hd" << s.hd);
-    const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KV) * s.hd, nout = size_t(s.B) * s.T * s.H * s.hd;
-    auto qkv = random_vec(nqkv, 20, -2.f, 2.f), dout = random_vec(nout, 21);
-    std::vector<float> out(nout), att(cpu->attention_state_elems(s.B, s.T, s.H)), dqkv(nqkv);
-    cpu->attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.H, s.KV, s.hd);
-    cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T,
-                            s.H, s.KV, s.hd);
-    float* d_qkv = up(qkv);
-    float* d_dout = up(dout);
-    float* d_out = up(std::vector<float>(nout, 9.f));
-    float* d_att = up(std::vector<float>(gpu->attention_state_elems(s.B, s.T, s.H)));
-    float* d_dqkv = up(std::vector<float>(nqkv, 9.f));  // overwritten
-    gpu->attention_forward(d_out, d_att, d_qkv, s.B, s.T, s.H, s.KV, s.hd);
-    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_att, s.B, s.T, s.H, s.KV, s.hd);
-    expect_close(down(d_out, nout), out, 1e-4, "attention out");
-    expect_close(down(d_dqkv, nqkv), dqkv, 1e-3, "attention dqkv");
+  for (AttentionShape s : {AttentionShape{2, 70, 4, 2, 16}, AttentionShape{1, 33, 2, 1, 64},
+                           AttentionShape{1, 40, 2, 2, 100}, AttentionShape{2, 64, 4, 4, 32}}) {
+    SCOPED_TRACE(s.name());
+    const AttentionRun cpu_run = attention_on(*cpu, s, 20, nullptr);
+    const AttentionRun gpu_run = attention_on(*gpu, s, 20, &cpu_run);
+    expect_close(gpu_run.out, cpu_run.out, 1e-4, "attention out");
+    expect_close(gpu_run.dqkv, cpu_run.dqkv, 1e-3, "attention dqkv");
+  }
+}
+
+// system.precision = bf16 with TRELLIS_TC_ATTENTION=1: head sizes 32, 64 and 128 run on the
+// tensor cores (bf16 operands of Q·Kᵀ, P·V and the backward products, fp32 softmax and
+// accumulation); others keep the fp32 kernels. Against the CPU in fp32: ‖gpu − cpu‖₂/‖cpu‖₂ ≤
+// 1e-2 for out and the logsumexp, 2e-2 for dqkv (dS is rounded too), and above 1e-5 (the tensor
+// cores did run). T crosses the 64-row tiles; grouped heads; outputs poisoned with NaN first.
+TEST_F(CudaKernels, AttentionBf16OnTensorCores) {
+  const char* before = std::getenv("TRELLIS_TC_ATTENTION");
+  const std::string saved = before ? before : "";
+  setenv("TRELLIS_TC_ATTENTION", "1", 1);  // read when a backend is made
+  buffers.clear();
+  gpu = make_backend("cuda");
+  if (before) setenv("TRELLIS_TC_ATTENTION", saved.c_str(), 1);
+  else unsetenv("TRELLIS_TC_ATTENTION");
+  gpu->set_precision("bf16");
+  for (auto [s, tensor_cores] :
+       {std::pair{AttentionShape{2, 130, 4, 2, 64}, true}, std::pair{AttentionShape{1, 200, 2, 1, 128}, true},
+        std::pair{AttentionShape{2, 64, 4, 4, 32}, true}, std::pair{AttentionShape{1, 257, 3, 3, 64}, true},
+        std::pair{AttentionShape{1, 40, 2, 2, 48}, false}}) {
+    SCOPED_TRACE(s.name());
+    const AttentionRun cpu_run = attention_on(*cpu, s, 90, nullptr);
+    const AttentionRun gpu_run = attention_on(*gpu, s, 90, &cpu_run, NAN);
+    // The GPU's state is each row's logsumexp (the CPU keeps probabilities): a reference in double.
+    std::vector<double> lse(size_t(s.B) * s.H * s.T);
+    const int64_t R = int64_t(s.H + 2 * s.KV) * s.hd;
+    for (int b = 0; b < s.B; ++b)
+      for (int h = 0; h < s.H; ++h)
+        for (int t = 0; t < s.T; ++t) {
+          const float* q = &cpu_run.qkv[(int64_t(b) * s.T + t) * R + int64_t(h) * s.hd];
+          std::vector<double> dots(t + 1);
+          double mx = -INFINITY, sum = 0.0;
+          for (int j = 0; j <= t; ++j) {
+            const float* k =
+                &cpu_run.qkv[(int64_t(b) * s.T + j) * R + int64_t(s.H + h / (s.H / s.KV)) * s.hd];
+            double dot = 0.0;
+            for (int d = 0; d < s.hd; ++d) dot += double(q[d]) * k[d];
+            dots[j] = dot / std::sqrt(double(s.hd));
+            mx = std::max(mx, dots[j]);
+          }
+          for (double x : dots) sum += std::exp(x - mx);
+          lse[(size_t(b) * s.H + h) * s.T + t] = mx + std::log(sum);
+        }
+    const double e_out = relative_l2(gpu_run.out, cpu_run.out);
+    const double e_dqkv = relative_l2(gpu_run.dqkv, cpu_run.dqkv);
+    const double e_lse = relative_l2(gpu_run.state, lse);
+    EXPECT_LE(e_out, 1e-2);
+    EXPECT_LE(e_dqkv, 2e-2);
+    EXPECT_LE(e_lse, 1e-2);
+    if (tensor_cores) {
+      EXPECT_GT(e_out, 1e-5) << "as close as fp32: did the tensor-core kernel run?";
+    } else {
+      EXPECT_LE(e_out, 1e-4) << "head size " << s.hd << " keeps the fp32 kernels";
+      EXPECT_LE(e_dqkv, 1e-3);
+    }
+    std::printf("attention bf16 %s: rel. error out %.2e, dqkv %.2e, lse %.2e\n", s.name().c_str(),
+                e_out, e_dqkv, e_lse);
   }
 }
 

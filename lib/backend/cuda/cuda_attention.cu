@@ -6,9 +6,11 @@
 // Layout of the work: a block of 4 warps takes a tile of 32 rows (queries in forward and for dQ,
 // keys for dK/dV); a lane takes one key (forward, dQ) or one query (dK/dV) of the 32 in the
 // other tile, so the 32 dot products of a row run in parallel across the warp; each lane also
-// owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs (no tensor
-// cores yet): correct and deterministic (no atomics: dQ and dK/dV are separate kernels), not
-// FlashAttention's speed.
+// owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs: correct and
+// deterministic (no atomics: dQ and dK/dV are separate kernels), not FlashAttention's speed.
+// With system.precision = bf16, TRELLIS_TC_ATTENTION=1 and head sizes 32, 64 or 128 the
+// tensor-core kernels of cuda_attention_tc.cu run instead (same layout, same logsumexp state).
+#include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_backend.cuh"
 #include "core/error.hpp"
 
@@ -391,6 +393,10 @@ void CudaBackend::attention_forward(float* out, float* att, const float* qkv, in
                                     int KV, int hd) {
   Profiled prof(*this, kAttention);
   // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
+  if (bf16_ && tc_attention_ && cuda::tc_attention_fits(hd, {out, qkv})) {
+    cuda::tc_attention_forward(out, att, qkv, B, T, H, KV, hd, stream_);
+    return;
+  }
   const dim3 grid((T + kTile - 1) / kTile, B * H);
   dispatch_dpl<LaunchForward>(hd, grid, stream_, out, att, qkv, heads(T, H, KV, hd),
                               1.0f / sqrtf(float(hd)));
@@ -406,6 +412,10 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
   const int64_t rows = int64_t(B) * T * H;
   attention_dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream_>>>(dsum, dout, out, B, T, H, hd);
   TRELLIS_CUDA_LAUNCHED();
+  if (bf16_ && tc_attention_ && cuda::tc_attention_fits(hd, {dqkv, dout, qkv})) {
+    cuda::tc_attention_backward(dqkv, dout, qkv, att, dsum, B, T, H, KV, hd, stream_);
+    return;
+  }
   const int tiles = (T + kTile - 1) / kTile;
   dispatch_dpl<LaunchBackward>(hd, dim3(tiles, B * H), dim3(tiles, B * KV), stream_, dqkv, dout,
                                qkv, att, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));

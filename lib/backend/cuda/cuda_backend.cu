@@ -85,6 +85,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
   const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
   profiling_ = profile && std::strcmp(profile, "0") != 0;
+  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
+  tc_attention_ = tc && std::strcmp(tc, "0") != 0;
 }
 
 CudaBackend::~CudaBackend() {

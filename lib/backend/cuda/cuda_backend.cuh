@@ -15,6 +15,9 @@
 //         Everything else stays fp32: parameters, gradients and AdamW state (the fp32 master
 //         copy is the only copy), activations in memory, attention (Q·Kᵀ and P·V in the fused
 //         fp32 kernel), layer norm, GELU, the loss and its softmax.
+//         With TRELLIS_TC_ATTENTION=1 (experimental: not yet run on a GPU, see README "GPUs"),
+//         attention with head sizes 32, 64 or 128 runs on the tensor cores instead
+//         (cuda_attention_tc.cu: bf16 operands of its products, fp32 softmax and accumulation).
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
@@ -181,6 +184,7 @@ class CudaBackend : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
   bool bf16_ = false;  // system.precision = bf16: GEMM operands rounded to bf16
+  bool tc_attention_ = false;  // TRELLIS_TC_ATTENTION=1: bf16 attention on the tensor cores
   Buffer bf16_workspace_;  // the bf16 operand copies (counted as MemKind::Scratch)
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;

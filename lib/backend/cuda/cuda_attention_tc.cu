@@ -1,0 +1,414 @@
+// CUDA backend: fused causal attention on the tensor cores (WMMA, bf16 operands, fp32
+// accumulators), FlashAttention-2's plan (Dao 2023) in its plainest form. Nothing of size (T,T)
+// reaches global memory.
+//
+// Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
+// dK/dV) and streams 64-row tiles of the other side through shared memory, converted from fp32
+// to bf16 as they are loaded; each warp owns 16 of the block's rows. Per pair of tiles a warp
+// computes its 16×64 block of scores with WMMA, parks it in its own shared scratch, and lanes
+// (two per row, 32 columns each) apply the mask and the softmax in fp32 and write the bf16
+// probabilities (or dS) back for the next product. Forward keeps O in registers (lane: half a
+// row) and rescales it per tile (online softmax). Backward runs two kernels, as the fp32 path:
+// dQ per query tile and dK/dV per key tile (every query head of the group), so no atomics and
+// the same bits run to run.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <initializer_list>
+
+#include "backend/cuda/cuda_attention_tc.cuh"
+#include "backend/cuda/cuda_util.cuh"
+
+namespace trellis::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace nvcuda;
+
+constexpr int kRows = 64;        // rows per block, and rows per streamed tile
+constexpr int kWarps = 4;        // a warp owns 16 of the block's rows
+constexpr int kPW = kRows + 8;   // row stride of a warp's bf16 (16,64) tile (P, dS)
+constexpr int kSW = kRows + 4;   // row stride of a warp's fp32 (16,64) scores
+constexpr unsigned kFull = 0xffffffffu;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // rows as Bᵀ
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// qkv (B,T,(H+2KV)·hd): the column of query head h, key head g, value head g in a row.
+struct Heads {
+  int T, H, KV, group;  // group = H / KV query heads per key/value head
+  int64_t row;          // (H+2KV)·hd
+};
+
+// Rows [t0, t0+64) of a (·, row) fp32 tensor, columns [col, col+D), into a bf16 (64, D+8) tile;
+// rows at or past T are zero. Every thread of the block takes part.
+template <int D>
+__device__ void load_tile(bf16* tile, const float* base, int64_t row, int64_t col, int t0, int T) {
+  constexpr int V = D / 4;  // float4 per row
+  for (int e = threadIdx.x; e < kRows * V; e += blockDim.x) {
+    const int r = e / V, c = (e % V) * 4, t = t0 + r;
+    const float4 x = t < T ? *reinterpret_cast<const float4*>(base + int64_t(t) * row + col + c)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * (D + 8) + c);
+    dst[0] = __floats2bfloat162_rn(x.x, x.y);
+    dst[1] = __floats2bfloat162_rn(x.z, x.w);
+  }
+}
+
+// S (16,64) = A (16,D) · Bᵀ where B's 64 rows of D sit in a bf16 tile (64, D+8); stored in
+// `s` (16, kSW). `a` holds A's D/16 fragments.
+template <int D>
+__device__ void scores(float* s, const FragA (&a)[D / 16], const bf16* b_tile) {
+  FragBt bt;
+  FragC c;
+#pragma unroll
+  for (int n = 0; n < kRows / 16; ++n) {
+    wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      wmma::load_matrix_sync(bt, b_tile + n * 16 * (D + 8) + k * 16, D + 8);
+      wmma::mma_sync(c, a[k], bt, c);
+    }
+    wmma::store_matrix_sync(s + n * 16, c, kSW, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += P (16,64) · B (64,D): P a warp's bf16 (16, kPW) tile, B a bf16 tile (64, D+8).
+template <int D>
+__device__ void accumulate(FragC (&acc)[D / 16], const bf16* p, const bf16* b_tile) {
+  FragA a;
+  FragB b;
+#pragma unroll
+  for (int k = 0; k < kRows / 16; ++k) {
+    wmma::load_matrix_sync(a, p + k * 16, kPW);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      wmma::load_matrix_sync(b, b_tile + k * 16 * (D + 8) + n * 16, D + 8);
+      wmma::mma_sync(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
+template <int D>
+__device__ void load_fragments(FragA (&a)[D / 16], const bf16* tile) {
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(a[k], tile + k * 16, D + 8);
+}
+
+// Writes a warp's (16,D) accumulators times `scale` to rows r of dst (row stride `row`) where
+// `live(r)`, through the warp's fp32 scratch `stage` (at least 16·(D+4) floats).
+template <int D, typename Live>
+__device__ void store_rows(float* dst, int64_t row, FragC (&acc)[D / 16], float* stage,
+                           float scale, Live live) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(stage + n * 16, acc[n], D + 4, wmma::mem_row_major);
+  __syncwarp();
+  const int i = lane >> 1, half = lane & 1;
+  if (live(i)) {
+    float* y = dst + int64_t(i) * row + half * (D / 2);
+    const float* s = stage + i * (D + 4) + half * (D / 2);
+#pragma unroll
+    for (int c = 0; c < D / 2; c += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(s + c);
+      *reinterpret_cast<float4*>(y + c) = make_float4(v.x * scale, v.y * scale, v.z * scale,
+                                                       v.w * scale);
+    }
+  }
+  __syncwarp();
+}
+
+// Bytes of a kernel's shared memory: bf16 tiles (64, D+8), then per warp fp32 floats, then per
+// warp bf16 (16, kPW) tiles.
+template <int D>
+constexpr size_t smem_bytes(int tiles, int warp_floats, int warp_bf16_tiles, int extra_floats = 0) {
+  return size_t(tiles) * kRows * (D + 8) * sizeof(bf16) + size_t(kWarps) * warp_floats * 4 +
+         size_t(kWarps) * warp_bf16_tiles * 16 * kPW * sizeof(bf16) + size_t(extra_floats) * 4;
+}
+
+// ---- forward: one block per (query tile, b·H + h) ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_forward_kernel(float* out, float* lse, const float* qkv, Heads hs, float scale) {
+  constexpr int OW = (D > kRows ? D : kRows) + 4;  // the warp's fp32 scratch: scores, then P·V
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
+  bf16* sK = sQ + kRows * (D + 8);           // (64, D+8)
+  bf16* sV = sK + kRows * (D + 8);           // (64, D+8)
+  float* sS = reinterpret_cast<float*>(sV + kRows * (D + 8)) + warp * 16 * OW;  // (16, OW)
+  bf16* sP = reinterpret_cast<bf16*>(reinterpret_cast<float*>(sV + kRows * (D + 8)) +
+                                     kWarps * 16 * OW) + warp * 16 * kPW;       // (16, kPW)
+  const int T = hs.T;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, g = h / hs.group;
+  const float* base = qkv + int64_t(b) * T * hs.row;
+  load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  __syncthreads();
+  FragA q[D / 16];  // this warp's 16 query rows
+  load_fragments<D>(q, sQ + warp * 16 * (D + 8));
+
+  const int i = lane >> 1, half = lane & 1;       // this lane: row i, columns half·32 (scores)
+  const int ti = qt * kRows + warp * 16 + i;      //   and half·D/2 (output)
+  float m = -INFINITY, l = 0.0f, o[D / 2];        // running max, sum, unnormalised O
+#pragma unroll
+  for (int c = 0; c < D / 2; ++c) o[c] = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+    __syncthreads();
+    load_tile<D>(sK, base, hs.row, int64_t(hs.H + g) * D, kt * kRows, T);
+    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + g) * D, kt * kRows, T);
+    __syncthreads();
+    scores<D>(sS, q, sK);
+    __syncwarp();
+    const float* srow = sS + i * kSW + half * 32;  // scores() stores with kSW
+    const int j0 = kt * kRows + half * 32;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 32; ++c)
+      if (j0 + c <= ti) mx = fmaxf(mx, srow[c] * scale);
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+    const float mnew = fmaxf(m, mx);  // finite: key kt·64 ≤ ti always
+    const float corr = __expf(m - mnew);
+    float sum = 0.0f;
+    bf16* prow = sP + i * kPW + half * 32;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const bf16 p = __float2bfloat16_rn(j0 + c <= ti ? __expf(srow[c] * scale - mnew) : 0.0f);
+      prow[c] = p;
+      sum += __bfloat162float(p);  // the sum of what P·V multiplies
+    }
+    sum += __shfl_xor_sync(kFull, sum, 1);
+    l = l * corr + sum;
+    m = mnew;
+    __syncwarp();
+    FragC pv[D / 16];
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(pv[n], 0.0f);
+    accumulate<D>(pv, sP, sV);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n)
+      wmma::store_matrix_sync(sS + n * 16, pv[n], OW, wmma::mem_row_major);
+    __syncwarp();
+    const float* pvrow = sS + i * OW + half * (D / 2);
+#pragma unroll
+    for (int c = 0; c < D / 2; ++c) o[c] = o[c] * corr + pvrow[c];
+    __syncwarp();
+  }
+  if (ti < T) {
+    float* y = out + (int64_t(b) * T + ti) * hs.H * D + int64_t(h) * D + half * (D / 2);  // (D/2)
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int c = 0; c < D / 2; c += 4)
+      *reinterpret_cast<float4*>(y + c) =
+          make_float4(o[c] * inv, o[c + 1] * inv, o[c + 2] * inv, o[c + 3] * inv);
+    if (half == 0) lse[(int64_t(b) * hs.H + h) * T + ti] = m + logf(l);
+  }
+}
+
+// ---- dQ: one block per (query tile, b·H + h); dQ = scale · Σ_keys dS·K, dS = P∘(dP − Dsum) ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                 const float* dsum, Heads hs, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
+  bf16* sdO = sQ + kRows * (D + 8);          // (64, D+8)
+  bf16* sK = sdO + kRows * (D + 8);          // (64, D+8)
+  bf16* sV = sK + kRows * (D + 8);           // (64, D+8)
+  float* sS = reinterpret_cast<float*>(sV + kRows * (D + 8)) + warp * 32 * kSW;  // (16, kSW)
+  float* sdP = sS + 16 * kSW;                                                     // (16, kSW)
+  bf16* sdS = reinterpret_cast<bf16*>(reinterpret_cast<float*>(sV + kRows * (D + 8)) +
+                                      kWarps * 32 * kSW) + warp * 16 * kPW;       // (16, kPW)
+  const int T = hs.T;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, g = h / hs.group;
+  const float* base = qkv + int64_t(b) * T * hs.row;
+  load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  load_tile<D>(sdO, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D, int64_t(h) * D,
+               qt * kRows, T);
+  __syncthreads();
+  FragA q[D / 16], dO[D / 16];
+  load_fragments<D>(q, sQ + warp * 16 * (D + 8));
+  load_fragments<D>(dO, sdO + warp * 16 * (D + 8));
+  const int i = lane >> 1, half = lane & 1;
+  const int ti = qt * kRows + warp * 16 + i;
+  const int64_t stat = (int64_t(b) * hs.H + h) * T + ti;
+  const float lse_i = ti < T ? lse[stat] : 0.0f, dsum_i = ti < T ? dsum[stat] : 0.0f;
+  FragC dq[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();
+    load_tile<D>(sK, base, hs.row, int64_t(hs.H + g) * D, kt * kRows, T);
+    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + g) * D, kt * kRows, T);
+    __syncthreads();
+    scores<D>(sS, q, sK);
+    scores<D>(sdP, dO, sV);
+    __syncwarp();
+    const int j0 = kt * kRows + half * 32;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const int col = half * 32 + c;
+      const float p = j0 + c <= ti ? __expf(sS[i * kSW + col] * scale - lse_i) : 0.0f;
+      sdS[i * kPW + col] = __float2bfloat16_rn(p * (sdP[i * kSW + col] - dsum_i));
+    }
+    __syncwarp();
+    accumulate<D>(dq, sdS, sK);
+  }
+  const int row0 = qt * kRows + warp * 16;
+  store_rows<D>(dqkv + (int64_t(b) * T + row0) * hs.row + int64_t(h) * D, hs.row, dq, sS, scale,
+                [&](int r) { return row0 + r < T; });
+}
+
+// ---- dK, dV: one block per (key tile, b·KV + g); sums over every query row at or after the
+// key, of every query head of the group. dV = Σ Pᵀ·dO, dK = scale · Σ dSᵀ·Q ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                  const float* dsum, Heads hs, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // (64, D+8) this block's keys
+  bf16* sV = sK + kRows * (D + 8);           // (64, D+8)
+  bf16* sQ = sV + kRows * (D + 8);           // (64, D+8) a tile of query rows
+  bf16* sdO = sQ + kRows * (D + 8);          // (64, D+8)
+  float* warp_floats = reinterpret_cast<float*>(sdO + kRows * (D + 8));    // kWarps × (32, kSW)
+  bf16* warp_tiles = reinterpret_cast<bf16*>(warp_floats + kWarps * 32 * kSW);  // kWarps × (32, kPW)
+  float* sS = warp_floats + warp * 32 * kSW;  // (16, kSW) Sᵀ: keys × queries
+  float* sdP = sS + 16 * kSW;                 // (16, kSW) dPᵀ
+  bf16* sP = warp_tiles + warp * 32 * kPW;    // (16, kPW) Pᵀ
+  bf16* sdS = sP + 16 * kPW;                  // (16, kPW) dSᵀ
+  float* sL = reinterpret_cast<float*>(warp_tiles + kWarps * 32 * kPW);  // (64) lse of the queries
+  float* sD = sL + kRows;                                                // (64) their Dsum
+  const int T = hs.T, kt = blockIdx.x;
+  const int b = blockIdx.y / hs.KV, g = blockIdx.y % hs.KV;
+  const float* base = qkv + int64_t(b) * T * hs.row;
+  const float* dout_b = dout + int64_t(b) * T * hs.H * D;
+  load_tile<D>(sK, base, hs.row, int64_t(hs.H + g) * D, kt * kRows, T);
+  load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + g) * D, kt * kRows, T);
+  const int i = lane >> 1, half = lane & 1;
+  const int j = kt * kRows + warp * 16 + i;  // this lane's key
+  FragC dk[D / 16], dv[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::fill_fragment(dk[n], 0.0f);
+    wmma::fill_fragment(dv[n], 0.0f);
+  }
+  const int qtiles = (T + kRows - 1) / kRows;
+  for (int h = g * hs.group; h < (g + 1) * hs.group; ++h) {
+    const float* lse_bh = lse + (int64_t(b) * hs.H + h) * T;
+    const float* dsum_bh = dsum + (int64_t(b) * hs.H + h) * T;
+    for (int qt = kt; qt < qtiles; ++qt) {  // causal: query tiles from the diagonal on
+      __syncthreads();
+      load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+      load_tile<D>(sdO, dout_b, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows, T);
+      if (threadIdx.x < kRows) {
+        const int t = qt * kRows + threadIdx.x;
+        sL[threadIdx.x] = t < T ? lse_bh[t] : 0.0f;
+        sD[threadIdx.x] = t < T ? dsum_bh[t] : 0.0f;
+      }
+      __syncthreads();
+      FragA a[D / 16];
+      load_fragments<D>(a, sK + warp * 16 * (D + 8));
+      scores<D>(sS, a, sQ);  // Sᵀ (16 keys, 64 queries)
+      load_fragments<D>(a, sV + warp * 16 * (D + 8));
+      scores<D>(sdP, a, sdO);  // dPᵀ
+      __syncwarp();
+      const int q0 = qt * kRows + half * 32;
+#pragma unroll
+      for (int c = 0; c < 32; ++c) {
+        const int col = half * 32 + c, tq = q0 + c;
+        const float p = tq < T && tq >= j ? __expf(sS[i * kSW + col] * scale - sL[col]) : 0.0f;
+        sP[i * kPW + col] = __float2bfloat16_rn(p);
+        sdS[i * kPW + col] = __float2bfloat16_rn(p * (sdP[i * kSW + col] - sD[col]));
+      }
+      __syncwarp();
+      accumulate<D>(dv, sP, sdO);
+      accumulate<D>(dk, sdS, sQ);
+    }
+  }
+  const int row0 = kt * kRows + warp * 16;
+  auto live = [&](int r) { return row0 + r < T; };
+  float* rows = dqkv + (int64_t(b) * T + row0) * hs.row;
+  store_rows<D>(rows + int64_t(hs.H + g) * D, hs.row, dk, sS, scale, live);
+  store_rows<D>(rows + int64_t(hs.H + hs.KV + g) * D, hs.row, dv, sS, 1.0f, live);
+}
+
+template <typename Kernel>
+void allow_shared(Kernel k, size_t smem) {
+  if (smem > 48 * 1024)
+    TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+template <int D>
+void forward(float* out, float* lse, const float* qkv, int B, int T, Heads hs, float scale,
+             cudaStream_t st) {
+  constexpr int OW = (D > kRows ? D : kRows) + 4;
+  const size_t smem = smem_bytes<D>(3, 16 * OW, 1);
+  allow_shared(tc_forward_kernel<D>, smem);
+  const dim3 grid((T + kRows - 1) / kRows, B * hs.H);
+  tc_forward_kernel<D><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+template <int D>
+void backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+              const float* dsum, int B, int T, Heads hs, float scale, cudaStream_t st) {
+  static_assert(16 * (D + 4) <= 32 * kSW, "the dQ/dK/dV staging fits the two score tiles");
+  const int tiles = (T + kRows - 1) / kRows;
+  const size_t smem_q = smem_bytes<D>(4, 32 * kSW, 1);
+  allow_shared(tc_dq_kernel<D>, smem_q);
+  tc_dq_kernel<D><<<dim3(tiles, B * hs.H), kWarps * 32, smem_q, st>>>(dqkv, dout, qkv, lse,
+                                                                       dsum, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+  const size_t smem_kv = smem_bytes<D>(4, 32 * kSW, 2, 2 * kRows);
+  allow_shared(tc_dkv_kernel<D>, smem_kv);
+  tc_dkv_kernel<D><<<dim3(tiles, B * hs.KV), kWarps * 32, smem_kv, st>>>(dqkv, dout, qkv, lse,
+                                                                         dsum, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+Heads heads(int T, int H, int KV, int hd) { return Heads{T, H, KV, H / KV, int64_t(H + 2 * KV) * hd}; }
+
+}  // namespace
+
+bool tc_attention_fits(int hd, std::initializer_list<const void*> pointers) {
+  if (hd != 32 && hd != 64 && hd != 128) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  // The dK/dV kernel needs the most shared memory: 120.5 KiB at hd 128, over what a block may
+  // have on sm_86/sm_89 (99 KiB), which run the sm_80 binary.
+  const size_t need = hd == 32    ? smem_bytes<32>(4, 32 * kSW, 2, 2 * kRows)
+                      : hd == 64  ? smem_bytes<64>(4, 32 * kSW, 2, 2 * kRows)
+                                  : smem_bytes<128>(4, 32 * kSW, 2, 2 * kRows);
+  int device = 0, optin = 0;
+  TRELLIS_CUDA(cudaGetDevice(&device));
+  TRELLIS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return need <= size_t(optin);
+}
+
+void tc_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
+                          int hd, cudaStream_t stream) {
+  const Heads hs = heads(T, H, KV, hd);
+  const float scale = 1.0f / sqrtf(float(hd));
+  if (hd == 32) forward<32>(out, lse, qkv, B, T, hs, scale, stream);
+  else if (hd == 64) forward<64>(out, lse, qkv, B, T, hs, scale, stream);
+  else forward<128>(out, lse, qkv, B, T, hs, scale, stream);
+}
+
+void tc_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                           const float* dsum, int B, int T, int H, int KV, int hd,
+                           cudaStream_t stream) {
+  const Heads hs = heads(T, H, KV, hd);
+  const float scale = 1.0f / sqrtf(float(hd));
+  if (hd == 32) backward<32>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  else if (hd == 64) backward<64>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  else backward<128>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+}
+
+}  // namespace trellis::cuda
