@@ -227,6 +227,8 @@ TEST_F(CudaKernels, Bf16MatmulTracksFp32) {
 
 // The device's rounding, bit for bit: out = inp · Iᵀ with an identity weight (exact in bf16) is
 // each input rounded to bf16 — every product but one is an exact 0, and the one is exact in fp32.
+// Also with a count that is not a multiple of 4 and an input 4 bytes off 16-byte alignment: the
+// cast takes four values a thread only when aligned, and the last n mod 4 on their own.
 TEST_F(CudaKernels, Bf16RoundsToNearestEvenOnTheDevice) {
   gpu->set_precision("bf16");
   auto from_bits = [](uint32_t u) {
@@ -234,33 +236,37 @@ TEST_F(CudaKernels, Bf16RoundsToNearestEvenOnTheDevice) {
     std::memcpy(&x, &u, sizeof x);
     return x;
   };
-  const int C = 8;
-  // Ties (to even, both ways), just off a tie, a carry into the exponent, negative values, large
-  // and small normal magnitudes; then random values.
-  std::vector<float> inp;
-  for (uint32_t u : {0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u, 0x3FFF8000u, 0xBF818000u,
-                     0xBF808001u, 0x7E7F8000u, 0x7E7E8000u, 0x00808000u, 0x00818000u, 0x0F123456u,
-                     0xC0490FDBu, 0x3EAAAAABu, 0x42F6E979u, 0x3DCCCCCDu})
-    inp.push_back(from_bits(u));
-  for (float x : random_vec(32 * C - inp.size(), 90, -100.f, 100.f)) inp.push_back(x);
-  const int N = int(inp.size()) / C;
-  std::vector<float> eye(size_t(C) * C, 0.f);
-  for (int c = 0; c < C; ++c) eye[size_t(c) * C + c] = 1.f;
-  float *d_inp = up(inp), *d_eye = up(eye), *d_out = up(std::vector<float>(inp.size()));
-  gpu->matmul_forward(d_out, d_inp, d_eye, nullptr, N, C, C);
-  const auto got = down(d_out, inp.size());
-  int bad = 0;
-  for (size_t i = 0; i < inp.size(); ++i) {
-    uint32_t g, w, x;
-    const float want = round_to_bf16(inp[i]);
-    std::memcpy(&g, &got[i], 4);
-    std::memcpy(&w, &want, 4);
-    std::memcpy(&x, &inp[i], 4);
-    if (g != w && ++bad <= 5)
-      ADD_FAILURE() << "input " << inp[i] << " (bits 0x" << std::hex << x << "): device "
-                    << got[i] << ", host " << want;
+  for (auto [C, rows, shift] : {std::tuple{8, 32, 0}, std::tuple{7, 33, 0}, std::tuple{7, 33, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "C " << C << ", " << rows << " rows, shift " << shift);
+    // Ties (to even, both ways), just off a tie, a carry into the exponent, negative values,
+    // large and small normal magnitudes; then random values.
+    std::vector<float> inp;
+    for (uint32_t u : {0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u, 0x3FFF8000u,
+                       0xBF818000u, 0xBF808001u, 0x7E7F8000u, 0x7E7E8000u, 0x00808000u,
+                       0x00818000u, 0x0F123456u, 0xC0490FDBu, 0x3EAAAAABu, 0x42F6E979u,
+                       0x3DCCCCCDu})
+      inp.push_back(from_bits(u));
+    for (float x : random_vec(size_t(rows) * C - inp.size(), 90 + C, -100.f, 100.f)) inp.push_back(x);
+    std::vector<float> eye(size_t(C) * C, 0.f);
+    for (int c = 0; c < C; ++c) eye[size_t(c) * C + c] = 1.f;
+    std::vector<float> shifted(shift, 0.f);
+    shifted.insert(shifted.end(), inp.begin(), inp.end());
+    float *d_inp = up(shifted) + shift, *d_eye = up(eye), *d_out = up(std::vector<float>(inp.size()));
+    gpu->matmul_forward(d_out, d_inp, d_eye, nullptr, rows, C, C);
+    const auto got = down(d_out, inp.size());
+    int bad = 0;
+    for (size_t i = 0; i < inp.size(); ++i) {
+      uint32_t g, w, x;
+      const float want = round_to_bf16(inp[i]);
+      std::memcpy(&g, &got[i], 4);
+      std::memcpy(&w, &want, 4);
+      std::memcpy(&x, &inp[i], 4);
+      if (g != w && ++bad <= 5)
+        ADD_FAILURE() << "input " << inp[i] << " (bits 0x" << std::hex << x << "): device "
+                      << got[i] << ", host " << want;
+    }
+    EXPECT_EQ(bad, 0);
   }
-  EXPECT_EQ(bad, 0);
 }
 
 TEST_F(CudaKernels, LayerNorm) {

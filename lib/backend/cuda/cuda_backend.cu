@@ -313,6 +313,21 @@ __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) 
     dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// The same, four values a thread: src 16-byte and dst 8-byte aligned (a pass over memory: wide
+// loads and stores keep it at the memory's speed). Each value is rounded as above.
+__global__ void to_bf16_x4_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  const int64_t quads = n / 4;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(src)[i];
+    __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dst + 4 * i);
+    d[0] = __floats2bfloat162_rn(v.x, v.y);
+    d[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - 4 * quads)  // the last n mod 4 values
+    dst[4 * quads + threadIdx.x] = __float2bfloat16_rn(src[4 * quads + threadIdx.x]);
+}
+
 std::vector<size_t> CudaBackend::bf16_offsets(std::initializer_list<int64_t> sizes) {
   std::vector<size_t> offsets;
   size_t total = 0;
@@ -331,7 +346,10 @@ std::vector<size_t> CudaBackend::bf16_offsets(std::initializer_list<int64_t> siz
 
 const void* CudaBackend::to_bf16(const float* src, int64_t n, size_t offset) {
   auto* dst = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(bf16_workspace_.data()) + offset);
-  to_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, src, n);
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0)
+    to_bf16_x4_kernel<<<cuda::blocks_for(n / 4 + 1), cuda::kThreads, 0, stream_>>>(dst, src, n);
+  else
+    to_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, src, n);
   TRELLIS_CUDA_LAUNCHED();
   return dst;
 }
