@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/blas_kernels.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/export_hf.hpp"
 #include "comm/world.hpp"
@@ -62,6 +63,10 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
+  // Before anything else: the commands that compute may need to start again with better BLAS
+  // kernels than OpenBLAS picked (lib/backend/cpu/blas_kernels.hpp).
+  if (command == "train" || command == "bench" || command == "tune" || command == "generate")
+    trellis::use_best_blas_kernels(argv);
   if ((command == "train" || command == "bench") && wants_help(rest)) {
     std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
                 trellis::keys_help().c_str());

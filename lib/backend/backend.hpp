@@ -25,6 +25,9 @@ class Backend {
   virtual void set_precision(const std::string& precision);
   /// What set_precision chose ("fp32" until it is called).
   virtual std::string precision() const { return "fp32"; }
+  /// More about how it computes, for the start of a run's log ("" when nothing to add): the CPU
+  /// names its threads and BLAS kernels.
+  virtual std::string details() const { return ""; }
 
   // ---- memory. Every pointer a kernel takes points into memory from allocator(): host memory
   //      for the CPU; device memory for cuda, which the host must never dereference — values

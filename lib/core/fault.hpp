@@ -13,7 +13,10 @@
 //                all-reduces of forward and backward, pp = pipeline messages; the other
 //                ranks of the group are then waiting inside the collective
 //   checkpoint   halfway through writing the checkpoint of step STEP (its datasets)
-// Unset — every real run — each fault point costs one predictable branch.
+// Unset — every real run — each fault point costs one predictable branch. Two more variables,
+// read by the trainer: TRELLIS_FAULT_NAN_AT_STEP=STEP (that step's gradient norm becomes NaN:
+// tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
+// timing: a run lasts long enough for tests/cli/test_slurm.sh's stop signal on any machine).
 #pragma once
 #include <cstdint>
 #include <string_view>

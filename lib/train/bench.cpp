@@ -94,6 +94,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
       {"threads", cfg.system.threads ? std::to_string(cfg.system.threads) : "all"},
       // bf16: the model's GEMMs and the "sgemm" rows below take bf16 operands (fp32 accumulation)
       {"backend, precision", backend.name() + ", " + backend.precision()},
+      {"backend details", backend.details().empty() ? "-" : backend.details()},
       {strfmt("step (median round of %d, %d steps each)", rounds, per_round), strfmt("%.1f ms", step_ms)},
       {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},
       {"training GFLOP/s (model FLOPs)", strfmt("%.1f", gflops)},

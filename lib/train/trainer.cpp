@@ -1,9 +1,11 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <thread>
 
 #include "comm/staged_link.hpp"
 #include "core/error.hpp"
@@ -140,6 +142,13 @@ double Trainer::blocked_seconds(const char* group) const {
 }
 
 StepResult Trainer::train_step(int64_t step) {
+  // Tests whose timing must not depend on the machine's speed (tests/cli/test_slurm.sh): each step
+  // first waits TRELLIS_FAULT_STEP_MS milliseconds, not counted in its time.
+  static const int delay_ms = [] {
+    const char* v = std::getenv("TRELLIS_FAULT_STEP_MS");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   const double start = now_seconds();
   const double dp0 = blocked_seconds("dp"), tp0 = blocked_seconds("tp"), pp0 = blocked_seconds("pp");
   const double bubble0 = timers_.get("pipeline wait");
@@ -222,6 +231,8 @@ void Trainer::print_start() const {
                  ? " (GEMM operands in bf16 with fp32 accumulation; fp32 master weights, "
                    "activations, gradients and loss)"
                  : ""));
+  if (const std::string details = backend_->details(); !details.empty())
+    log("compute: " + details);
   if (cfg_.system.grad_reduce == "bf16" && grid_->dp_size() > 1)
     log("communication: data-parallel gradients reduced over a bf16 wire (rounded to bf16, fp32 "
         "additions, widened back to fp32: half the bytes)");

@@ -11,7 +11,9 @@ set -u
 build=$(cd "${1:-build}" && pwd) || { echo "slurm: no build directory ${1:-build}"; echo "slurm: 0 passed, 1 failed"; exit 1; }
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
-steps=${TRELLIS_SLURM_STEPS:-150000}   # long enough (over a minute) that the signal comes mid-run
+steps=${TRELLIS_SLURM_STEPS:-3000}     # at step_ms each, over a minute: the signal comes mid-run
+step_ms=${TRELLIS_SLURM_STEP_MS:-20}   # the job's steps sleep this long first (TRELLIS_FAULT_STEP_MS),
+                                       # so its length does not depend on this machine's speed
 wait_s=${TRELLIS_SLURM_WAIT:-300}      # the most the job may take, requeue included
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
@@ -80,7 +82,7 @@ synthetic_tokens = 8192
 [checkpoint]
 every = 0
 [log]
-every = 10000
+every = 500
 DECK
 
 # The uninterrupted run, alongside the Slurm job (one rank each; the result does not depend on timing).
@@ -172,7 +174,7 @@ echo "slurm: daemons up after $(elapsed)"
 # so the signal comes 10 to 40 s into the run). The command line overrides the script's defaults.
 mkdir -p "$work/run"
 out="$work/run/slurm-job.out"
-jobid=$(TRELLIS="$build/trellis" sbatch --parsable --chdir="$repo" --output="$out" \
+jobid=$(TRELLIS="$build/trellis" TRELLIS_FAULT_STEP_MS=$step_ms sbatch --parsable --chdir="$repo" --output="$out" \
   --time=00:01:00 --signal=B:USR1@50 --ntasks-per-node=1 --cpus-per-task=1 \
   slurm/train.sbatch "$work/slurm.deck" --run.dir="$work/run" 2>"$work/sbatch.err")
 jobid=${jobid%%;*}
@@ -206,7 +208,7 @@ if [ "$state" != COMPLETED ]; then
 fi
 check "job completed within ${wait_s}s" '[ "$state" = COMPLETED ]'
 if [ "$state" = COMPLETED ] && [ "${restarts:-0}" -eq 0 ]; then
-  echo "slurm: the run finished before the stop signal came; raise TRELLIS_SLURM_STEPS (now $steps)"
+  echo "slurm: the run finished before the stop signal came; raise TRELLIS_SLURM_STEPS (now $steps) or TRELLIS_SLURM_STEP_MS (now $step_ms)"
 fi
 check "checkpointed before the time limit and requeued, once" \
   '[ "$(grep -c "checkpointed before the time limit; requeueing" "$out" 2>/dev/null)" = 1 ]'

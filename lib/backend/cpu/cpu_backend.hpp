@@ -27,6 +27,7 @@ class CpuBackend : public Backend {
   ~CpuBackend() override;
   std::string name() const override { return "cpu"; }
   void set_threads(int threads) override;
+  std::string details() const override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
                          int vocab_begin, int vocab_count) override;

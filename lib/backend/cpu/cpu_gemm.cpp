@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/blas_kernels.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
@@ -138,6 +139,11 @@ CpuBackend::~CpuBackend() = default;
 void CpuBackend::set_threads(int threads) {
   if (threads > 0) openblas_set_num_threads(threads);
   pool_->resize(openblas_get_num_threads());
+}
+
+std::string CpuBackend::details() const {
+  const int threads = openblas_get_num_threads();
+  return std::to_string(threads) + (threads == 1 ? " thread; " : " threads; ") + blas_description();
 }
 
 float* CpuBackend::scratch(int64_t count) {
