@@ -78,7 +78,7 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const int B = cfg.train.micro_batch, T = m.seq_len, mbs = cfg.micro_batches_per_step();
   const int v = chunks_of(p);
   const double tokens = double(B) * T;  // per micro-batch
-  const double act = precision == Precision::BF16 ? 2.0 : 4.0;
+  const double act = precision == Precision::BF16_FULL ? 2.0 : 4.0;  // this code: fp32 tensors
   const double grad = act, param = act;
   const bool sp = p.sequence_parallel && p.tp > 1;
 

@@ -13,15 +13,18 @@ namespace trellis {
 Precision parse_precision(const std::string& text) {
   if (text == "fp32") return Precision::FP32;
   if (text == "bf16") return Precision::BF16;
-  throw UserError("--precision '" + text + "': expected fp32 or bf16");
+  if (text == "bf16-full") return Precision::BF16_FULL;
+  throw UserError("--precision '" + text + "': expected fp32, bf16 or bf16-full");
 }
 
-const char* precision_name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
+const char* precision_name(Precision p) {
+  return p == Precision::FP32 ? "fp32" : p == Precision::BF16 ? "bf16" : "bf16-full";
+}
 
 ModelStates zero_model_states(double psi, int dp, int zero_stage, Precision precision) {
   // Bytes per parameter of each state: bf16 weights and gradients with an fp32 copy, m and v
-  // (ZeRO's K = 12); this code's fp32 run keeps no extra copy (K = 8: m and v).
-  const bool bf16 = precision == Precision::BF16;
+  // (ZeRO's K = 12); this code's runs keep fp32 weights and gradients, no extra copy (K = 8).
+  const bool bf16 = precision == Precision::BF16_FULL;
   const double p = bf16 ? 2 : 4, g = bf16 ? 2 : 4, o = bf16 ? 12 : 8;
   const double shard = psi / dp;
   return {p * (zero_stage >= 3 ? shard : psi), g * (zero_stage >= 2 ? shard : psi),
@@ -64,7 +67,8 @@ int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
   const bool sp = s.sequence_parallel && s.tp > 1;
   const int64_t R = sp ? N / s.tp : N, C = s.d_model;
   const int64_t QKV = int64_t(s.heads_local + 2 * s.kv_heads_local) * s.head_dim;
-  const int64_t att = int64_t(s.micro_batch) * s.heads_local * s.seq_len * s.seq_len;
+  const int64_t att = int64_t(s.micro_batch) * s.heads_local * s.seq_len *
+                     (s.attention_state_per_row ? 1 : s.seq_len);
   const bool full = s.recompute == "full", selective = s.recompute == "selective";
   auto block = [&](bool with_att, bool with_output) {
     a.take_f32(R * C);  // ln1
@@ -110,6 +114,23 @@ int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
   a.take_f32(N * s.d_ff_local);                    // dfch_gelu_
   a.take_f32(N * s.d_ff_local);                    // dfch_
   return int64_t(a.used());
+}
+
+double bf16_operand_workspace_bytes(const ArenaShape& s) {
+  // Every linear layer sees all N rows (sequence parallelism gathers them first). The backward
+  // casts the most: dout (N,OC), inp (N,IC) and the weight (OC,IC).
+  const int64_t N = int64_t(s.micro_batch) * s.seq_len, C = s.d_model;
+  const int64_t QKV = int64_t(s.heads_local + 2 * s.kv_heads_local) * s.head_dim;
+  const int64_t ATT = int64_t(s.heads_local) * s.head_dim, F = s.d_ff_local;
+  auto bytes = [](int64_t n) { return double((n * 2 + 255) / 256 * 256); };
+  auto backward = [&](int64_t in, int64_t out) {
+    return bytes(N * out) + bytes(N * in) + bytes(out * in);
+  };
+  double most = 0;
+  if (s.blocks_per_chunk > 0)
+    most = std::max({backward(C, QKV), backward(ATT, C), backward(C, F), backward(F, C)});
+  if (s.last_stage) most = std::max(most, backward(C, s.vocab_local));
+  return most;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,7 +179,8 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
-  const bool bf16 = opt.precision == Precision::BF16;
+  const bool bf16 = opt.precision == Precision::BF16_FULL;  // the textbook's full bf16 run
+  const bool device = opt.device || opt.precision != Precision::FP32;  // a GPU run
   const ElementBytes eb = bf16 ? ElementBytes{2, 2, 12} : ElementBytes{4, 4, 8};
   const int dp = par.dp, tp = par.tp, pp = par.pp, zero = par.zero;
   const StageSpec spec = stage_spec(cfg, stage);
@@ -244,21 +266,23 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
 
   // ---- activations ----
   const int blocks_per_chunk = int(table.blocks.size()) / chunks;
+  ArenaShape a{cfg.train.micro_batch, m.seq_len, m.d_model, m.d_model / m.heads,
+               table.heads_local, table.kv_heads_local, table.d_ff_local, table.vocab_local};
+  a.tp = tp;
+  a.sequence_parallel = par.sequence_parallel;
+  a.blocks_per_chunk = blocks_per_chunk;
+  a.chunks = chunks;
+  a.slots = slots;
+  a.last_stage = spec.last;
+  a.recompute = cfg.train.recompute;
+  a.attention_state_per_row = device;
   if (!bf16) {
-    ArenaShape a{cfg.train.micro_batch, m.seq_len, m.d_model, m.d_model / m.heads,
-                 table.heads_local, table.kv_heads_local, table.d_ff_local, table.vocab_local};
-    a.tp = tp;
-    a.sequence_parallel = par.sequence_parallel;
-    a.blocks_per_chunk = blocks_per_chunk;
-    a.chunks = chunks;
-    a.slots = slots;
-    a.last_stage = spec.last;
-    a.recompute = cfg.train.recompute;
     r.activations.bytes = double(cpu_activation_arena_bytes(a));
-    a.slots = 1;
-    const double base = double(cpu_activation_arena_bytes(a));
-    a.slots = 2;
-    const double one = double(cpu_activation_arena_bytes(a)) - base;  // what each slot adds
+    ArenaShape one_slot = a, two_slots = a;
+    one_slot.slots = 1;
+    two_slots.slots = 2;
+    const double one = double(cpu_activation_arena_bytes(two_slots)) -  // what each slot adds
+                       double(cpu_activation_arena_bytes(one_slot));
     r.activations.how = strfmt("%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s), "
                                "B=%d T=%d%s%s; %s per micro-batch in flight",
                                blocks_per_chunk, chunks, slots, par.schedule.c_str(),
@@ -302,7 +326,16 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   r.comm = {comm_bytes, comm_how.empty() ? "none" : comm_how};
 
   // ---- workspace ----
-  if (!bf16) {
+  if (device && !bf16) {
+    // cuBLASLt's, and the backend's scratch grown to its largest use: the attention backward's
+    // Σ dout·out per row (B,H,T) (cuda_attention.cu); with bf16, the GEMM operands' copies.
+    const double scratch = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
+    const double operands = opt.precision == Precision::BF16 ? bf16_operand_workspace_bytes(a) : 0.0;
+    r.workspace = {opt.workspace_bytes + scratch + operands,
+                   operands > 0 ? strfmt("cuBLASLt workspace, attention scratch, bf16 copies of the "
+                                         "largest GEMM's operands %s", format_bytes(operands).c_str())
+                                : std::string("cuBLASLt workspace, attention scratch")};
+  } else if (!bf16) {
     // The CPU backend's scratch, grown to the larger of its two uses: the attention backward's
     // (T, T) dP / dS per thread (cpu_gemm.cpp) and the layer norm backward's partial sums, 2·C
     // per 64 rows (cpu_elementwise.cpp).

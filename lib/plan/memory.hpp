@@ -1,16 +1,24 @@
 // The memory model of `trellis plan`: bytes per rank for one layout, by the same kinds the trainer
 // measures (core/memory.hpp: parameters, gradients, optimizer, activations, comm buffers, scratch).
 //
-// Two precisions:
-//   fp32  what this code allocates on the CPU backend, buffer by buffer: the flat parameter and
-//         gradient buffers and their ZeRO shards, AdamW's m and v, the activation arena of
-//         lib/model/gpt.cpp (every slot a pipeline schedule keeps in flight, recomputation,
-//         sequence parallelism), ZeRO's gradient buckets and stage-3 gathers, the pipeline's
-//         message buffers and tied LM-head copy, the CPU backend's backward scratch. A whole-
-//         program test (tests/cli/test_plan.sh) holds it to within 10 % of the measured peak.
-//   bf16  a GPU run as ZeRO and Megatron-LM count it: bf16 parameters and gradients, fp32 master
-//         weights and Adam moments (ZeRO's 2Ψ + 2Ψ + 12Ψ), activations by Megatron's per-layer
-//         formula (Korthikanti et al. 2022), cuBLASLt workspace and communication buckets.
+// What it counts depends on where the run computes and in what precision:
+//   fp32 / bf16 (this code, buffer by buffer)  the flat parameter and gradient buffers and their
+//         ZeRO shards, AdamW's m and v, the activation arena of lib/model/gpt.cpp (every slot a
+//         pipeline schedule keeps in flight, recomputation, sequence parallelism), ZeRO's
+//         gradient buckets and stage-3 gathers, the pipeline's message buffers and tied LM-head
+//         copy, and the backend's own buffers. On the CPU (fp32 only): attention keeps its
+//         probabilities (B,H,T,T) and the attention backward has a (T,T) scratch per thread. On a
+//         GPU (system.backend = cuda, `device`): attention keeps one logsumexp per row (B,H,T),
+//         plus the cuBLASLt workspace and the backend's scratch; with system.precision = bf16 also
+//         the bf16 copies of the largest GEMM's operands (fp32 storage otherwise: this code's
+//         bf16 rounds GEMM operands only). Whole-program checks: tests/cli/test_plan.sh holds the
+//         CPU figure to within 10 % of the measured peak; tests/plan/test_plan.cpp holds the GPU
+//         figures to within 3 % of peaks measured on an H200.
+//   bf16-full  a full bf16 GPU run as ZeRO and Megatron-LM count it — where this code's bf16 is
+//         heading, and what Megatron-LM or DeepSpeed would need: bf16 parameters and gradients,
+//         fp32 master weights and Adam moments (ZeRO's 2Ψ + 2Ψ + 12Ψ), activations by Megatron's
+//         per-layer formula (Korthikanti et al. 2022), cuBLASLt workspace and communication
+//         buckets.
 //
 // Everything here is arithmetic on the deck: no MPI, no allocation of the model itself.
 #pragma once
@@ -26,16 +34,17 @@
 
 namespace trellis {
 
-enum class Precision { FP32, BF16 };
-Precision parse_precision(const std::string& text);  // "fp32" | "bf16"; throws UserError
+enum class Precision { FP32, BF16, BF16_FULL };
+/// "fp32" | "bf16" | "bf16-full"; throws UserError naming --precision.
+Precision parse_precision(const std::string& text);
 const char* precision_name(Precision p);
 
 // ---- the textbook formulas, exposed for tests and for the explanations the plan prints ----
 
 /// Model-state bytes per rank for Ψ parameters over N_d data-parallel ranks at ZeRO `stage`
-/// (Rajbhandari et al. 2020, §5.1). bf16 with fp32 Adam: parameters 2Ψ, gradients 2Ψ, optimizer
-/// 12Ψ (fp32 copy, m, v) — 16Ψ at stage 0, 4Ψ + 12Ψ/N_d at 1, 2Ψ + 14Ψ/N_d at 2, 16Ψ/N_d at 3.
-/// fp32 (this code on the CPU): 4Ψ, 4Ψ, 8Ψ (m, v). Shards are unpadded Ψ/N_d here.
+/// (Rajbhandari et al. 2020, §5.1). bf16-full with fp32 Adam: parameters 2Ψ, gradients 2Ψ,
+/// optimizer 12Ψ (fp32 copy, m, v) — 16Ψ at stage 0, 4Ψ + 12Ψ/N_d at 1, 2Ψ + 14Ψ/N_d at 2,
+/// 16Ψ/N_d at 3. fp32 and this code's bf16: 4Ψ, 4Ψ, 8Ψ (m, v). Shards are unpadded Ψ/N_d here.
 struct ModelStates {
   double params, grads, optim;
   double total() const { return params + grads + optim; }
@@ -85,9 +94,10 @@ class ParamTableCache {
 
 struct MemoryOptions {
   Precision precision = Precision::FP32;
+  bool device = false;                // a GPU run (system.backend = cuda); bf16 implies it
   ParamTableCache* tables = nullptr;  // optional; one model only
-  int threads = 1;                   // fp32/CPU: threads of the attention backward (its scratch)
-  double workspace_bytes = 32 << 20;  // bf16/GPU: cuBLASLt workspace
+  int threads = 1;                    // CPU: threads of the attention backward (its scratch)
+  double workspace_bytes = 32 << 20;  // GPU: cuBLASLt workspace
 };
 
 /// The rank of pipeline stage `stage` under cfg's layout (cfg.parallel, cfg.train.micro_batch,
@@ -99,7 +109,9 @@ const RankMemory& largest(const std::vector<RankMemory>& stages);
 
 /// The fp32 activation arena of lib/model/gpt.cpp (GPT::allocate_activations), in bytes, for one
 /// stage: `blocks` blocks per chunk, `chunks` model chunks, `slots` micro-batches in flight per
-/// chunk, this tp rank's heads/kv heads/d_ff/vocab rows. Mirrors the allocation list exactly.
+/// chunk, this tp rank's heads/kv heads/d_ff/vocab rows; attention's saved state per layer as
+/// the backend keeps it (Backend::attention_state_elems: (B,H,T,T) on the CPU, (B,H,T) on a GPU).
+/// Mirrors the allocation list exactly.
 struct ArenaShape {
   int micro_batch, seq_len, d_model, head_dim;
   int heads_local, kv_heads_local, d_ff_local, vocab_local;
@@ -108,7 +120,13 @@ struct ArenaShape {
   int blocks_per_chunk = 0, chunks = 1, slots = 1;
   bool last_stage = true;
   std::string recompute = "none";
+  bool attention_state_per_row = false;  // GPU: a logsumexp per row instead of (T,T) probabilities
 };
+
+/// GPU, system.precision = bf16: bytes of the bf16 copies of the largest GEMM's operands (the
+/// backend's workspace, grown to the largest call: for GPT-2 the LM head's backward, dlogits
+/// (N,V), its input (N,C) and weight (V,C)), each rounded up to 256 bytes as the backend does.
+double bf16_operand_workspace_bytes(const ArenaShape& s);
 int64_t cpu_activation_arena_bytes(const ArenaShape& s);
 
 /// Parameters of the whole model (no tp padding of the vocabulary), as the checkpoint counts them.

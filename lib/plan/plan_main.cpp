@@ -23,9 +23,11 @@ options (defaults in brackets):
   --gpus N               devices to plan for [the deck's dp*tp*pp]
   --gpus-per-node G      devices per node: tp/dp/pp groups inside a node use the fast link [8]
   --gpu-mem SIZE         memory per device, e.g. 80GiB, 141GiB, 96GB [80GiB]
-  --precision P          fp32 (this code's CPU path, buffer by buffer) or bf16 (bf16 weights and
-                         activations, fp32 master weights and Adam: ZeRO's 2+2+12 bytes per
-                         parameter) [fp32 for system.backend = cpu, bf16 for cuda]
+  --precision P          what this code allocates, buffer by buffer: fp32, or bf16 (GPU only:
+                         fp32 tensors, bf16 copies of GEMM operands); or bf16-full, a full bf16
+                         GPU run as ZeRO and Megatron-LM count it (bf16 weights and activations,
+                         fp32 master weights and Adam: 2+2+12 bytes per parameter)
+                         [the deck's system.precision; CPU or GPU by system.backend]
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
@@ -34,7 +36,7 @@ options (defaults in brackets):
   --intra-latency-us X   per ring step inside a node [3]
   --inter-latency-us X   per ring step between nodes [10]
   --reserve SIZE         memory per device that is not the plan's (CUDA context, NCCL, allocator)
-                         [2GiB for bf16, 0 for fp32]
+                         [2GiB on GPUs, 0 on the CPU]
   --threads N            fp32: threads of the CPU attention backward (its scratch) [system.threads,
                          else $OPENBLAS_NUM_THREADS, else all cores]
   --top N                layouts shown [20]
@@ -175,7 +177,7 @@ std::string formulas_line(const Config& cfg, Precision precision) {
                                                        p.sequence_parallel && p.tp > 1, cfg.train.recompute);
   return strfmt("textbook check: ZeRO-%d model states (%s) for Ψ/(tp·pp) = %s: %s per rank; Megatron "
                 "activations per layer and micro-batch (16-bit, with dropout masks): %s\n",
-                p.zero, precision == Precision::BF16 ? "2Ψ + 2Ψ + 12Ψ" : "4Ψ + 4Ψ + 8Ψ", count(psi).c_str(),
+                p.zero, precision == Precision::BF16_FULL ? "2Ψ + 2Ψ + 12Ψ" : "4Ψ + 4Ψ + 8Ψ", count(psi).c_str(),
                 format_bytes(z.total()).c_str(), format_bytes(layer).c_str());
 }
 
@@ -282,10 +284,10 @@ int plan_main(const std::vector<std::string>& args) {
     req.deck = o.deck;
     req.overrides = o.overrides;
     req.devices = o.gpus > 0 ? o.gpus : deck_world;
-    req.precision = !o.precision.empty() ? parse_precision(o.precision)
-                                         : cfg.system.backend == "cuda" ? Precision::BF16 : Precision::FP32;
-    const bool bf16 = req.precision == Precision::BF16;
+    req.precision = parse_precision(!o.precision.empty() ? o.precision : cfg.system.precision);
+    const bool bf16 = req.precision != Precision::FP32;
     req.memory.precision = req.precision;
+    req.memory.device = cfg.system.backend == "cuda" || bf16;  // bf16 runs only on GPUs
     req.memory.threads = o.threads > 0 ? o.threads : default_threads(cfg);
     DeviceModel& d = req.device;
     d.memory_bytes = o.gpu_mem;
@@ -299,7 +301,7 @@ int plan_main(const std::vector<std::string>& args) {
     d.inter_bw = o.inter_gbs * 1e9;
     d.intra_latency = o.intra_us * 1e-6;
     d.inter_latency = o.inter_us * 1e-6;
-    d.reserve_bytes = o.reserve >= 0 ? o.reserve : bf16 ? 2.0 * (1ull << 30) : 0.0;
+    d.reserve_bytes = o.reserve >= 0 ? o.reserve : req.memory.device ? 2.0 * (1ull << 30) : 0.0;
     if (d.reserve_bytes >= d.memory_bytes)
       throw UserError(strfmt("--reserve (%s) leaves nothing of --gpu-mem (%s)", format_bytes(d.reserve_bytes).c_str(),
                              format_bytes(d.memory_bytes).c_str()));

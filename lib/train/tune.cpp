@@ -121,7 +121,8 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   req.overrides = overrides;
   req.devices = world;
   const Config base = base_config(deck, overrides);
-  req.precision = base.system.backend == "cpu" ? Precision::FP32 : Precision::BF16;
+  req.precision = parse_precision(base.system.precision);  // what the runs will use
+  req.memory.device = base.system.backend != "cpu";
   req.memory.threads = std::max(1, base.system.threads);
   if (base.system.backend == "cpu") req.device = cpu_device_model(base, local_ranks);
   const LayoutSearch search = search_layouts(req);

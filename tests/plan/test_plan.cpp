@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/backend.hpp"
+#include "backend/cpu/cpu_backend.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "model/gpt.hpp"
@@ -38,21 +39,23 @@ ModelConfig gpt3_175b() {
 TEST(PlanFormulas, ZeroModelStatesReproduceThePaper) {
   const double psi = 7.5e9;
   const int nd = 64;
-  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 0, Precision::BF16).total(), 16 * psi);
-  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 1, Precision::BF16).total(), 2 * psi + 2 * psi + 12 * psi / nd);
-  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 2, Precision::BF16).total(), 2 * psi + (2 + 12) * psi / nd);
-  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 3, Precision::BF16).total(), (2 + 2 + 12) * psi / nd);
-  EXPECT_NEAR(zero_model_states(psi, nd, 0, Precision::BF16).total() / 1e9, 120.0, 0.05);
-  EXPECT_NEAR(zero_model_states(psi, nd, 1, Precision::BF16).total() / 1e9, 31.4, 0.05);
-  EXPECT_NEAR(zero_model_states(psi, nd, 2, Precision::BF16).total() / 1e9, 16.6, 0.05);
-  EXPECT_NEAR(zero_model_states(psi, nd, 3, Precision::BF16).total() / 1e9, 1.9, 0.05);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 0, Precision::BF16_FULL).total(), 16 * psi);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 1, Precision::BF16_FULL).total(), 2 * psi + 2 * psi + 12 * psi / nd);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 2, Precision::BF16_FULL).total(), 2 * psi + (2 + 12) * psi / nd);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, nd, 3, Precision::BF16_FULL).total(), (2 + 2 + 12) * psi / nd);
+  EXPECT_NEAR(zero_model_states(psi, nd, 0, Precision::BF16_FULL).total() / 1e9, 120.0, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 1, Precision::BF16_FULL).total() / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 2, Precision::BF16_FULL).total() / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(zero_model_states(psi, nd, 3, Precision::BF16_FULL).total() / 1e9, 1.9, 0.05);
   // Each part on its own: what stage k shards.
-  const ModelStates s2 = zero_model_states(psi, nd, 2, Precision::BF16);
+  const ModelStates s2 = zero_model_states(psi, nd, 2, Precision::BF16_FULL);
   EXPECT_DOUBLE_EQ(s2.params, 2 * psi);
   EXPECT_DOUBLE_EQ(s2.grads, 2 * psi / nd);
   EXPECT_DOUBLE_EQ(s2.optim, 12 * psi / nd);
-  // This code's fp32 AdamW: 4Ψ + 4Ψ + 8Ψ, the same sharding.
+  // This code's fp32 AdamW (also under system.precision = bf16, which keeps fp32 weights and
+  // gradients): 4Ψ + 4Ψ + 8Ψ, the same sharding.
   EXPECT_DOUBLE_EQ(zero_model_states(psi, 1, 0, Precision::FP32).total(), 16 * psi);
+  EXPECT_DOUBLE_EQ(zero_model_states(psi, 8, 1, Precision::BF16).total(), 8 * psi + 8 * psi / 8);
   EXPECT_DOUBLE_EQ(zero_model_states(psi, 8, 1, Precision::FP32).total(), 8 * psi + 8 * psi / 8);
   EXPECT_DOUBLE_EQ(zero_model_states(psi, 8, 3, Precision::FP32).optim, 8 * psi / 8);
 }
@@ -105,7 +108,17 @@ TEST(PlanFormulas, Gpt3ParameterCount) {
   EXPECT_EQ(model_parameter_count(g), table_count);
 }
 
-// The fp32 plan's activations are the model's arena, byte for byte (tp = 1; tests/cli covers tp).
+namespace {
+// A backend that keeps attention's state as a GPU does, one logsumexp per row (only the arena's
+// sizes are asked of it here).
+class RowStateBackend : public CpuBackend {
+ public:
+  int64_t attention_state_elems(int B, int T, int H) const override { return int64_t(B) * H * T; }
+};
+}  // namespace
+
+// The plan's activations are the model's arena, byte for byte (tp = 1; tests/cli covers tp), with
+// the CPU's attention state and with a GPU's.
 TEST(PlanMemory, ActivationArenaMatchesTheModel) {
   ModelConfig m;
   m.layers = 3;
@@ -115,11 +128,13 @@ TEST(PlanMemory, ActivationArenaMatchesTheModel) {
   m.d_ff = 96;
   m.seq_len = 16;
   m.vocab = 37;
-  auto be = make_backend("cpu");
+  for (bool per_row : {false, true})
   for (const char* recompute : {"none", "selective", "full"})
     for (int slots : {1, 3})
       for (bool last : {true, false}) {
-        SCOPED_TRACE(std::string(recompute) + " slots " + std::to_string(slots) + (last ? " last" : ""));
+        SCOPED_TRACE(std::string(recompute) + " slots " + std::to_string(slots) + (last ? " last" : "") +
+                     (per_row ? " gpu state" : " cpu state"));
+        std::unique_ptr<Backend> be = per_row ? std::make_unique<RowStateBackend>() : make_backend("cpu");
         StageSpec spec{0, 2, true, last};
         ParamTable table(m, 1, 0, spec);
         ResidentParams store(table);
@@ -130,8 +145,34 @@ TEST(PlanMemory, ActivationArenaMatchesTheModel) {
         a.slots = slots;
         a.last_stage = last;
         a.recompute = recompute;
+        a.attention_state_per_row = per_row;
         EXPECT_EQ(cpu_activation_arena_bytes(a), int64_t(gpt.activation_bytes()));
       }
+}
+
+// A GPU run's plan (system.backend = cuda) against the peaks `trellis bench` measured on one H200
+// (2026-11-29, scripts/gpu-check.sh: B·T = 64 × 1024, ZeRO 0, measured allocations): within 3 %.
+TEST(PlanMemory, GpuPlanMatchesPeaksMeasuredOnAnH200) {
+  struct Measured { const char* deck; const char* precision; double peak_bytes; };
+  for (Measured m : {Measured{"inputs/gpt2-124m.deck", "bf16", 63727247360.0},
+                     Measured{"inputs/gpt2-124m.deck", "fp32", 57921609728.0},
+                     Measured{"inputs/gpt2-350m.deck", "bf16", 132979523584.0}}) {
+    SCOPED_TRACE(std::string(m.deck) + " " + m.precision);
+    const Config cfg = load_config(m.deck,
+                                   {"--system.backend=cuda", std::string("--system.precision=") + m.precision,
+                                    "--train.micro_batch=64", "--train.global_batch=64"},
+                                   1, false);
+    MemoryOptions opt;
+    opt.precision = parse_precision(m.precision);
+    opt.device = true;
+    const double planned = largest(layout_memory(cfg, opt)).total();
+    EXPECT_NEAR(planned / m.peak_bytes, 1.0, 0.03) << "planned " << planned << " bytes";
+    // The CPU's accounting keeps attention's (T,T) probabilities: far more.
+    opt.device = false;
+    if (opt.precision == Precision::FP32) {
+      EXPECT_GT(largest(layout_memory(cfg, opt)).total(), 1.3 * m.peak_bytes);
+    }
+  }
 }
 
 TEST(PlanMemory, DeckLayoutModelStatesFollowZero) {
@@ -172,13 +213,13 @@ TEST(PlanLayouts, TensorParallelismAcrossNodesIsSlower) {
   Config across = in;
   across.parallel.tp = 16, across.parallel.pp = 8;  // a tensor group of 16 spans two nodes of 8
   DeviceModel dev;
-  const StepTime a = estimate_step_time(in, Precision::BF16, dev);
-  const StepTime b = estimate_step_time(across, Precision::BF16, dev);
+  const StepTime a = estimate_step_time(in, Precision::BF16_FULL, dev);
+  const StepTime b = estimate_step_time(across, Precision::BF16_FULL, dev);
   EXPECT_GT(b.tp, 3 * a.tp);
   // More devices are not always faster: a small model on many devices is communication-bound.
   const Config tiny = load_config("inputs/default.deck", {"--parallel.dp=16", "--train.micro_batch=2"}, 16);
   dev.per_node = 1;
-  const StepTime t = estimate_step_time(tiny, Precision::BF16, dev);
+  const StepTime t = estimate_step_time(tiny, Precision::BF16_FULL, dev);
   EXPECT_GT(t.comm_share(), 0.5);
 }
 
@@ -186,7 +227,7 @@ TEST(PlanLayouts, Gpt3On1024DevicesFindsFittingLayouts) {
   PlanRequest req;
   req.deck = "inputs/gpt3-175b.deck";
   req.devices = 1024;
-  req.precision = Precision::BF16;
+  req.precision = Precision::BF16_FULL;  // the textbook full-bf16 run the papers count
   const LayoutSearch s = search_layouts(req);
   ASSERT_FALSE(s.layouts.empty());
   EXPECT_FALSE(s.fits_one_device);
