@@ -287,18 +287,12 @@ void dispatch_dpl(int hd, Args&&... args) {
                     ": the cuda attention kernels take head sizes up to 128");
 }
 
-template <typename Kernel>
-void allow_shared(Kernel k, size_t smem) {
-  if (smem > 48 * 1024)
-    TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-}
-
 template <int DPL>
 struct LaunchForward {
   static void run(dim3 grid, cudaStream_t st, float* out, float* lse, const float* qkv, Heads hs,
                   float scale) {
     const size_t smem = sizeof(float) * kTile * (3 * hs.hd + 1);
-    allow_shared(attention_forward_kernel<DPL>, smem);
+    cuda::allow_shared(attention_forward_kernel<DPL>, smem);
     attention_forward_kernel<DPL><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
   }
 };
@@ -308,12 +302,12 @@ struct LaunchBackward {
   static void run(dim3 grid_q, dim3 grid_kv, cudaStream_t st, float* dqkv, const float* dout,
                   const float* qkv, const float* lse, const float* dsum, Heads hs, float scale) {
     const size_t smem_q = sizeof(float) * kTile * (4 * hs.hd + 2);
-    allow_shared(attention_dq_kernel<DPL>, smem_q);
+    cuda::allow_shared(attention_dq_kernel<DPL>, smem_q);
     attention_dq_kernel<DPL><<<grid_q, kWarps * 32, smem_q, st>>>(dqkv, dout, qkv, lse, dsum, hs,
                                                                   scale);
     TRELLIS_CUDA_LAUNCHED();
     const size_t smem_kv = sizeof(float) * kTile * (4 * hs.hd + 4);
-    allow_shared(attention_dkv_kernel<DPL>, smem_kv);
+    cuda::allow_shared(attention_dkv_kernel<DPL>, smem_kv);
     attention_dkv_kernel<DPL><<<grid_kv, kWarps * 32, smem_kv, st>>>(dqkv, dout, qkv, lse, dsum,
                                                                      hs, scale);
   }

@@ -339,12 +339,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   store_rows<D>(rows + int64_t(hs.H + hs.KV + g) * D, hs.row, dv, sS, 1.0f, live);
 }
 
-template <typename Kernel>
-void allow_shared(Kernel k, size_t smem) {
-  if (smem > 48 * 1024)
-    TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-}
-
 template <int D>
 void forward(float* out, float* lse, const float* qkv, int B, int T, Heads hs, float scale,
              cudaStream_t st) {

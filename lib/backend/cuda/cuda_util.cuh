@@ -27,6 +27,14 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned(b < 1 ? 1 : b);
 }
 
+/// Lets kernel `k` launch with `smem` bytes of dynamic shared memory (above 48 KiB a kernel must
+/// opt in).
+template <typename Kernel>
+void allow_shared(Kernel k, size_t smem) {
+  if (smem > 48 * 1024)
+    TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
