@@ -17,7 +17,8 @@
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
 # GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
-# (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short).
+# (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short),
+# GPU_CHECK_SANITIZER_TIMEOUT (seconds for each compute-sanitizer rerun of failed tests, 120).
 set -u -o pipefail
 BIN=$(cd "${1:-build}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +29,7 @@ B0=${GPU_CHECK_B:-64}
 STEPS=${GPU_CHECK_STEPS:-10}
 TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-600}
 BENCH_TIMEOUT=${GPU_CHECK_TIMEOUT:-900}
+SANITIZER_TIMEOUT=${GPU_CHECK_SANITIZER_TIMEOUT:-120}
 
 # ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
 if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
@@ -78,6 +80,20 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     (( PIPESTATUS[0] == 0 )) || test_status=1
   else
     echo "gpu-check: no mpirun here: the NCCL link between two ranks is not tested"
+  fi
+fi
+# A failed test: run the failed ones again under compute-sanitizer (out-of-bounds accesses, then
+# shared-memory races), when it is there and reads this machine (not under gVisor), so that one
+# lease says why.
+if (( test_status != 0 )) && command -v compute-sanitizer >/dev/null; then
+  failed=$(grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' "$OUTDIR/tests.log" | awk '{print $4}' | sort -u | paste -sd: -)
+  if [[ -n $failed ]]; then
+    for tool in memcheck racecheck; do
+      echo "gpu-check: compute-sanitizer --tool $tool on $failed"
+      TRELLIS_TC_ATTENTION=1 timeout "$SANITIZER_TIMEOUT" compute-sanitizer --tool "$tool" --print-limit 20 \
+        "$BIN/unit_tests" --gtest_filter="$failed" > "$OUTDIR/sanitizer-$tool.log" 2>&1
+      grep -E '=========|FAILED|OK \]' "$OUTDIR/sanitizer-$tool.log" | head -60
+    done
   fi
 fi
 tests_line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests.log" | tr -s ' \n' ' ')
