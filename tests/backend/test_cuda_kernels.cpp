@@ -315,9 +315,13 @@ TEST_F(CudaKernels, Attention) {
 
 // system.precision = bf16 with TRELLIS_TC_ATTENTION=1: head sizes 32, 64 and 128 run on the
 // tensor cores (bf16 operands of Q·Kᵀ, P·V and the backward products, fp32 softmax and
-// accumulation); others keep the fp32 kernels. Against the CPU in fp32: ‖gpu − cpu‖₂/‖cpu‖₂ ≤
-// 1e-2 for out and the logsumexp, 2e-2 for dqkv (dS is rounded too), and above 1e-5 (the tensor
-// cores did run). T crosses the 64-row tiles; grouped heads; outputs poisoned with NaN first.
+// accumulation; hd 128 only where a block may have 120.5 KiB of shared memory: not sm_86/sm_89);
+// others keep the fp32 kernels. Against the CPU in fp32: ‖gpu − cpu‖₂/‖cpu‖₂ ≤ 1e-2 for out, 2e-2
+// for dqkv (dS is rounded too), 2e-3 for the logsumexp (a tile-level emulation of the kernels'
+// roundings on these shapes gives ≈ 3e-3, 4e-3 and 2e-4), and above 1e-5 for out and dqkv (the
+// tensor cores did run, forward and backward). T crosses the 64-row tiles, or is below one tile
+// (down to one row); groups of 1, 2 and 4 query heads per key/value head; outputs poisoned with
+// NaN first.
 TEST_F(CudaKernels, AttentionBf16OnTensorCores) {
   const char* before = std::getenv("TRELLIS_TC_ATTENTION");
   const std::string saved = before ? before : "";
@@ -327,9 +331,12 @@ TEST_F(CudaKernels, AttentionBf16OnTensorCores) {
   if (before) setenv("TRELLIS_TC_ATTENTION", saved.c_str(), 1);
   else unsetenv("TRELLIS_TC_ATTENTION");
   gpu->set_precision("bf16");
+  const bool hd128 = cuda_tc_attention_takes(128);
+  EXPECT_TRUE(cuda_tc_attention_takes(32) && cuda_tc_attention_takes(64)) << "fits every sm_80+ device";
   for (auto [s, tensor_cores] :
-       {std::pair{AttentionShape{2, 130, 4, 2, 64}, true}, std::pair{AttentionShape{1, 200, 2, 1, 128}, true},
+       {std::pair{AttentionShape{2, 130, 4, 2, 64}, true}, std::pair{AttentionShape{1, 200, 2, 1, 128}, hd128},
         std::pair{AttentionShape{2, 64, 4, 4, 32}, true}, std::pair{AttentionShape{1, 257, 3, 3, 64}, true},
+        std::pair{AttentionShape{1, 37, 4, 1, 32}, true}, std::pair{AttentionShape{2, 1, 2, 2, 64}, true},
         std::pair{AttentionShape{1, 40, 2, 2, 48}, false}}) {
     SCOPED_TRACE(s.name());
     const AttentionRun cpu_run = attention_on(*cpu, s, 90, nullptr);
@@ -359,9 +366,10 @@ TEST_F(CudaKernels, AttentionBf16OnTensorCores) {
     const double e_lse = relative_l2(gpu_run.state, lse);
     EXPECT_LE(e_out, 1e-2);
     EXPECT_LE(e_dqkv, 2e-2);
-    EXPECT_LE(e_lse, 1e-2);
+    EXPECT_LE(e_lse, 2e-3);
     if (tensor_cores) {
-      EXPECT_GT(e_out, 1e-5) << "as close as fp32: did the tensor-core kernel run?";
+      EXPECT_GT(e_out, 1e-5) << "as close as fp32: did the tensor-core forward run?";
+      EXPECT_GT(e_dqkv, 1e-5) << "as close as fp32: did the tensor-core backward run?";
     } else {
       EXPECT_LE(e_out, 1e-4) << "head size " << s.hd << " keeps the fp32 kernels";
       EXPECT_LE(e_dqkv, 1e-3);

@@ -12,6 +12,7 @@
 // tensor-core kernels of cuda_attention_tc.cu run instead (same layout, same logsumexp state).
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_backend.cuh"
+#include "backend/cuda/cuda_factory.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -415,5 +416,7 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
                                qkv, att, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
   TRELLIS_CUDA_LAUNCHED();
 }
+
+bool cuda_tc_attention_takes(int hd) { return cuda::tc_attention_fits(hd, {}); }
 
 }  // namespace trellis

@@ -98,19 +98,20 @@ __device__ void load_fragments(FragA (&a)[D / 16], const bf16* tile) {
   for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(a[k], tile + k * 16, D + 8);
 }
 
-// Writes a warp's (16,D) accumulators times `scale` to rows r of dst (row stride `row`) where
-// `live(r)`, through the warp's fp32 scratch `stage` (at least 16·(D+4) floats).
-template <int D, typename Live>
-__device__ void store_rows(float* dst, int64_t row, FragC (&acc)[D / 16], float* stage,
-                           float scale, Live live) {
+// Writes a warp's (16,D) accumulators times `scale` to rows row0 + r (those before T) of the
+// tensor whose row 0 is `first` (row stride `row`), through the warp's fp32 scratch `stage` (at
+// least 16·(D+4) floats).
+template <int D>
+__device__ void store_rows(float* first, int row0, int T, int64_t row, FragC (&acc)[D / 16],
+                           float* stage, float scale) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < D / 16; ++n)
     wmma::store_matrix_sync(stage + n * 16, acc[n], D + 4, wmma::mem_row_major);
   __syncwarp();
   const int i = lane >> 1, half = lane & 1;
-  if (live(i)) {
-    float* y = dst + int64_t(i) * row + half * (D / 2);
+  if (row0 + i < T) {  // (no pointer past the buffer is formed for rows past T)
+    float* y = first + int64_t(row0 + i) * row + half * (D / 2);
     const float* s = stage + i * (D + 4) + half * (D / 2);
 #pragma unroll
     for (int c = 0; c < D / 2; c += 4) {
@@ -261,8 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     accumulate<D>(dq, sdS, sK);
   }
   const int row0 = qt * kRows + warp * 16;
-  store_rows<D>(dqkv + (int64_t(b) * T + row0) * hs.row + int64_t(h) * D, hs.row, dq, sS, scale,
-                [&](int r) { return row0 + r < T; });
+  store_rows<D>(dqkv + int64_t(b) * T * hs.row + int64_t(h) * D, row0, T, hs.row, dq, sS, scale);
 }
 
 // ---- dK, dV: one block per (key tile, b·KV + g); sums over every query row at or after the
@@ -333,10 +333,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   const int row0 = kt * kRows + warp * 16;
-  auto live = [&](int r) { return row0 + r < T; };
-  float* rows = dqkv + (int64_t(b) * T + row0) * hs.row;
-  store_rows<D>(rows + int64_t(hs.H + g) * D, hs.row, dk, sS, scale, live);
-  store_rows<D>(rows + int64_t(hs.H + hs.KV + g) * D, hs.row, dv, sS, 1.0f, live);
+  float* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
+  store_rows<D>(first + int64_t(hs.H + g) * D, row0, T, hs.row, dk, sS, scale);
+  store_rows<D>(first + int64_t(hs.H + hs.KV + g) * D, row0, T, hs.row, dv, sS, 1.0f);
 }
 
 template <int D>
