@@ -320,9 +320,10 @@ __global__ void to_bf16_x4_kernel(__nv_bfloat16* dst, const float* src, int64_t 
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = reinterpret_cast<const float4*>(src)[i];
-    __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dst + 4 * i);
-    d[0] = __floats2bfloat162_rn(v.x, v.y);
-    d[1] = __floats2bfloat162_rn(v.z, v.w);
+    const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+    uint2 out;  // one 8-byte store
+    memcpy(&out, pair, sizeof(out));
+    reinterpret_cast<uint2*>(dst)[i] = out;
   }
   if (blockIdx.x == 0 && threadIdx.x < n - 4 * quads)  // the last n mod 4 values
     dst[4 * quads + threadIdx.x] = __float2bfloat16_rn(src[4 * quads + threadIdx.x]);
