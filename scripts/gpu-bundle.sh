@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-bundle.sh BUILD — makes BUILD/gpu-bundle: the binaries (trellis, unit_tests), every
 # shared library they need that a bare CUDA machine may lack (Open MPI with its plugins and help
-# files, PMIx, HDF5, Boost, Kokkos, OpenBLAS and their dependencies), the decks and
-# scripts/gpu-check.sh — so that the GPU checks run on a machine without MPI, HDF5, Boost or
+# files, PMIx, HDF5, Boost, Kokkos, OpenBLAS and their dependencies), Open MPI's launcher (as
+# build/mpirun, for several ranks on one node), the decks and scripts/gpu-check.sh — so that the GPU checks run on a machine without MPI, HDF5, Boost or
 # Kokkos installed. Not carried: the C and C++ runtimes (glibc, libstdc++: the target's own are
 # newer), the GPU driver, and cuBLASLt (540 MB: the target's CUDA toolkit or its pip
 # nvidia-cublas package provides it; gpu-check.sh looks for it). Also packed as
@@ -17,6 +17,10 @@ done
 rm -rf "$OUT"
 mkdir -p "$OUT/build" "$OUT/lib" "$OUT/scripts" "$OUT/inputs" "$OUT/openmpi" "$OUT/pmix"
 cp "$BUILD/trellis" "$BUILD/unit_tests" "$OUT/build/"
+# The launcher: ranks on this one node only (gpu-check.sh starts it with the `isolated` process
+# launcher, which needs no ssh).
+launcher=$(readlink -f "$(command -v mpirun)")
+cp "$launcher" "$OUT/build/mpirun"
 strip --strip-debug "$OUT/build/trellis" "$OUT/build/unit_tests"  # -g triples their size
 cp scripts/gpu-check.sh "$OUT/scripts/"
 cp inputs/*.deck "$OUT/inputs/"
@@ -45,7 +49,7 @@ done
 # Every library the binaries and those components load, minus the system's own runtimes and the
 # CUDA toolkit's big libraries. libcudart (under 1 MB) travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libutil\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libnccl|libnvidia)'
-objects=("$OUT/build/trellis" "$OUT/build/unit_tests")
+objects=("$OUT/build/trellis" "$OUT/build/unit_tests" "$OUT/build/mpirun")
 while IFS= read -r -d '' so; do objects+=("$so"); done < <(find "$OUT/openmpi" "$OUT/pmix" -name '*.so' -print0)
 ldd "${objects[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do

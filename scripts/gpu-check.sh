@@ -6,6 +6,9 @@
 #      that the bf16 training tests use the tensor-core attention: each kernel against the CPU
 #      backend, a 20-step GPU-vs-CPU run, checkpoints crossing between the backends, every NCCL
 #      link operation on one rank; with two GPUs or more also at 2 ranks, one GPU each);
+#   1b. with a launcher (the bundle carries Open MPI's): the default deck at 2 and 4 ranks sharing
+#      the GPU, under dp (ZeRO 1, 3), tp (with and without sequence parallelism), pp (1F1B) and
+#      their mixes, step by step against the one-rank GPU run;
 #   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
 #      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16 GEMM
 #      operands, fp32 accumulation) and attention on the tensor cores (TRELLIS_TC_ATTENTION=1,
@@ -18,7 +21,8 @@
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
 # GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
 # (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short),
-# GPU_CHECK_SANITIZER_TIMEOUT (seconds for each compute-sanitizer rerun of failed tests, 120).
+# GPU_CHECK_SANITIZER_TIMEOUT (seconds for each compute-sanitizer rerun of failed tests, 120),
+# GPU_CHECK_LAYOUT_STEPS (30) and GPU_CHECK_LAYOUT_RTOL (1e-4) for step 1b.
 set -u -o pipefail
 BIN=$(cd "${1:-build}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,6 +105,70 @@ no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
 
+# ---- 1b. several ranks on this GPU ----
+# Every parallel layout on real device buffers: 2 and 4 ranks share the GPU
+# (TRELLIS_SHARE_GPUS=1; NCCL takes one GPU per rank, so device buffers cross ranks by the staged
+# link through MPI), train the default deck for LAYOUT_STEPS steps in fp32 and must give the
+# one-rank GPU run's losses, step by step, to LAYOUT_RTOL (layout invariance; the CPU tests hold
+# it to 1e-5, a GPU's GEMMs may sum in another order when tensor parallelism splits them). Each
+# run also writes its checkpoint collectively. Needs a launcher: the bundle's (build/mpirun) or
+# the machine's; a launcher that cannot start ranks here is reported, not counted as a failure.
+LAYOUT_STEPS=${GPU_CHECK_LAYOUT_STEPS:-30}
+LAYOUT_RTOL=${GPU_CHECK_LAYOUT_RTOL:-1e-4}
+MPIRUN=""
+if [[ -x $BIN/mpirun ]]; then MPIRUN=$BIN/mpirun; elif command -v mpirun >/dev/null; then MPIRUN=$(command -v mpirun); fi
+layout_summary="not run (no launcher)"
+layouts_failed=0
+# max over steps of |loss − reference| / |reference| between two metrics.csv files
+max_rel_diff() {
+  paste -d, <(tail -n +2 "$1" | cut -d, -f2) <(tail -n +2 "$2" | cut -d, -f2) | awk -F, '
+    { if ($2 == "") { bad = 1; next }
+      d = ($1 - $2) / ($2 < 0 ? -$2 : $2); d = d < 0 ? -d : d; if (d > m) m = d; n++ }
+    END { if (bad || n == 0) print "nan"; else printf "%.2e\n", m }'
+}
+if (( no_device )); then
+  layout_summary="not run (no device)"
+elif [[ -n $MPIRUN ]]; then
+  train=(train inputs/default.deck --system.backend=cuda --train.steps=$LAYOUT_STEPS --log.every=1
+         --checkpoint.resume=never)
+  echo "gpu-check: the default deck, $LAYOUT_STEPS steps, one rank on the GPU (the reference) ..."
+  timeout "$BENCH_TIMEOUT" "$BIN/trellis" "${train[@]}" --run.dir="$OUTDIR/layout-1" > "$OUTDIR/layout-1.log" 2>&1
+  if [[ $? -ne 0 || ! -s $OUTDIR/layout-1/metrics.csv ]]; then
+    tail -20 "$OUTDIR/layout-1.log"
+    layout_summary="the one-rank reference FAILED: see $OUTDIR/layout-1.log"
+    layouts_failed=1
+  else
+    layout_summary=""
+    for layout in "2 dp=2 zero=1" "2 dp=2 zero=3" "2 tp=2" "2 tp=2 sequence_parallel=true" "2 pp=2 schedule=1f1b" \
+                  "4 dp=2 tp=2 zero=2" "4 tp=2 pp=2 schedule=1f1b"; do
+      read -r np settings <<< "$layout"
+      name=$(tr ' =' '-_' <<< "$np $settings")
+      args=()
+      for kv in $settings; do args+=("--parallel.$kv"); done
+      for key in dp tp pp; do grep -q "$key=" <<< "$settings" || args+=("--parallel.$key=1"); done
+      echo "gpu-check: $np ranks on the GPU: $settings ..."
+      TRELLIS_SHARE_GPUS=1 timeout "$BENCH_TIMEOUT" "$MPIRUN" --mca plm isolated --bind-to none --oversubscribe -np "$np" \
+        "$BIN/trellis" "${train[@]}" "${args[@]}" --system.device_comm=staged \
+        --run.dir="$OUTDIR/layout-$name" > "$OUTDIR/layout-$name.log" 2>&1
+      status=$?
+      if ! grep -q 'grid dp' "$OUTDIR/layout-$name.log"; then  # no rank got as far as the grid
+        tail -15 "$OUTDIR/layout-$name.log"
+        layout_summary+="${layout_summary:+; }the launcher could not start $np ranks here (see $OUTDIR/layout-$name.log)"
+        break
+      fi
+      diff=$(max_rel_diff "$OUTDIR/layout-$name/metrics.csv" "$OUTDIR/layout-1/metrics.csv" 2>/dev/null || echo nan)
+      if (( status == 0 )) && [[ $diff != nan ]] && awk -v d="$diff" -v t="$LAYOUT_RTOL" 'BEGIN { exit !(d <= t) }'; then
+        layout_summary+="${layout_summary:+; }$settings ✓ $diff"
+      else
+        tail -20 "$OUTDIR/layout-$name.log"
+        layout_summary+="${layout_summary:+; }$settings FAILED (exit $status, max rel. diff $diff)"
+        layouts_failed=1
+      fi
+    done
+  fi
+fi
+echo "gpu-check: several ranks on one GPU: $layout_summary"
+
 # ---- 2. benchmarks ----
 # Each run: a deck and a precision. bf16 rounds the GEMM operands only (activations, weights and
 # the other kernels stay fp32; README "GPUs"), so MFU is against the bf16 peak for every row.
@@ -149,8 +217,10 @@ echo
 echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 GEMM operands, +tc = attention on the tensor cores too"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
+echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL): $layout_summary"
 printf '%-10s %-9s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
 echo "(time per kernel class: the 'CUDA device time per kernel class' tables above; logs in $OUTDIR)"
-# Success means: a device was there, every GPU test passed and every benchmark ran.
-[[ $test_status -eq 0 && $no_device -eq 0 && $bench_failed -eq 0 ]]
+# Success means: a device was there, every GPU test passed, every layout that ran matched the
+# one-rank run, and every benchmark ran.
+[[ $test_status -eq 0 && $no_device -eq 0 && $layouts_failed -eq 0 && $bench_failed -eq 0 ]]
