@@ -98,6 +98,25 @@ class Backend {
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int N, int C, int OC) = 0;
 
+  /// The MLP's first layer and its GELU: pre (N,OC) = inp·weightᵀ + bias, out (N,OC) = gelu(pre)
+  /// (both kept: backward needs pre). Default: the two calls; a backend may fuse them (cuBLASLt's
+  /// GELU epilogue).
+  virtual void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                                   const float* bias, int N, int C, int OC) {
+    matmul_forward(pre, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre, int64_t(N) * OC);
+  }
+  /// The backward of the layer after a GELU, y = gelu(pre)·weightᵀ + bias, with inp = gelu(pre)
+  /// (N,C): dpre (N,C) = gelu'(pre) ∘ (dout·weight) (overwrites), dweight and dbias as
+  /// matmul_backward. dinp_scratch (N,C) may be overwritten. Default: matmul_backward into
+  /// dinp_scratch, then gelu_backward; a backend may fuse the GELU's derivative into the GEMM.
+  virtual void matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                                    const float* dout, const float* inp, const float* pre,
+                                    const float* weight, int N, int C, int OC) {
+    matmul_backward(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
+    gelu_backward(dpre, pre, dinp_scratch, int64_t(N) * C);
+  }
+
   // ---- causal self-attention with grouped key/value heads ----
   /// qkv (B,T,(H+2·KV)·hd) holds, per position, H query heads then KV key heads then KV value
   /// heads; query head h reads key/value head h / (H/KV). out (B,T,H·hd); att keeps what

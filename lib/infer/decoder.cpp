@@ -83,8 +83,7 @@ const float* Decoder::forward(const int32_t* tokens, int n, bool all_rows) {
     be_.add(x_, x_, partial_, int64_t(M) * C_);
     // MLP half: x += fcproj(gelu(fc(ln2(x))))
     be_.layernorm_forward(ln_, mean_, rstd_, x_, p + o.ln2_w, p + o.ln2_b, M, C_);
-    be_.matmul_forward(fch_, ln_, p + o.fc_w, p + o.fc_b, M, C_, Fl_);
-    be_.gelu_forward(fch_gelu_, fch_, int64_t(M) * Fl_);
+    be_.matmul_gelu_forward(fch_, fch_gelu_, ln_, p + o.fc_w, p + o.fc_b, M, C_, Fl_);
     be_.matmul_forward(partial_, fch_gelu_, p + o.fcproj_w, adds_bias ? p + o.fcproj_b : nullptr,
                        M, Fl_, C_);
     sum_over_tp(partial_, M);

@@ -152,8 +152,7 @@ void GPT::block_forward(BlockActivations& a, int l, const float* x, const float*
   be_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, sum, x, at(o.ln2_w),
                                  at(o.ln2_b), R_, C_);
   in = gather_rows(a.ln2, full_);
-  be_.matmul_forward(a.fch, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
-  be_.gelu_forward(a.fch_gelu, a.fch, int64_t(N_) * Fl_);
+  be_.matmul_gelu_forward(a.fch, a.fch_gelu, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
   partial = sp_ ? partial_ : a.res3;
   be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : nullptr, N_,
                      Fl_, C_);
@@ -247,9 +246,8 @@ void GPT::block_backward(BlockActivations& a, int l, const float* x, const float
 
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
   const float* dout = gather_rows(dres, partial_);
-  be_.matmul_backward(dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr, dout,
-                      a.fch_gelu, at(o.fcproj_w), N_, Fl_, C_);
-  be_.gelu_backward(dfch_, a.fch, dfch_gelu_, int64_t(N_) * Fl_);
+  be_.matmul_backward_gelu(dfch_, dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr,
+                           dout, a.fch_gelu, a.fch, at(o.fcproj_w), N_, Fl_, C_);
   const float* in = gather_rows(a.ln2, full_);
   be_.matmul_backward(dbtc_, grad(o.fc_w), grad(o.fc_b), dfch_, in, at(o.fc_w), N_, C_, Fl_);
   const float* dln = reduce_rows(dbtc_, dchunk_);

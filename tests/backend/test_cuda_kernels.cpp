@@ -133,6 +133,82 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
   }
 }
 
+// The MLP's GELU on its GEMMs: matmul_gelu_forward (pre = inp·Wᵀ + b, out = gelu(pre)) and the
+// next layer's matmul_backward_gelu (dpre = gelu'(pre) ∘ (dout·W2)), which the CUDA backend fuses
+// into cuBLASLt's GELU_AUX_BIAS and DGELU epilogues where it has an algorithm, against the CPU's
+// two passes. cuBLASLt may evaluate the GELU with the hardware's approximate tanh (relative error
+// about 2⁻¹¹): 2e-3 for what passes through it, the GEMMs' own bounds for the rest. Widths that
+// are multiples of 8 may take the fused path; 53 cannot (the epilogue's ld must be) and goes
+// through the fallback. With bf16: fused against TRELLIS_GELU_EPILOGUE=0 on the same GPU (the
+// same rounded operands both ways). The profile's last row says how many passes were fused.
+TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
+  auto backend_with = [](const char* var, const char* value) {
+    const char* before = std::getenv(var);
+    const std::string saved = before ? before : "";
+    setenv(var, value, 1);  // read when a backend is made
+    auto be = make_backend("cuda");
+    if (before) setenv(var, saved.c_str(), 1);
+    else unsetenv(var);
+    return be;
+  };
+  const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
+  const std::string saved_profile = profile ? profile : "";
+  setenv("TRELLIS_CUDA_PROFILE", "1", 1);
+  auto fused = backend_with("TRELLIS_GELU_EPILOGUE", "1"), apart = backend_with("TRELLIS_GELU_EPILOGUE", "0");
+  if (profile) setenv("TRELLIS_CUDA_PROFILE", saved_profile.c_str(), 1);
+  else unsetenv("TRELLIS_CUDA_PROFILE");
+  for (auto [N, C, OC, OC2] : {std::tuple{256, 64, 192, 40}, std::tuple{37, 24, 53, 16}}) {
+    SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC << "x" << OC2);
+    auto inp = random_vec(size_t(N) * C, 11, -2.f, 2.f), w = random_vec(size_t(OC) * C, 12),
+         b = random_vec(OC, 13), w2 = random_vec(size_t(OC2) * OC, 14),
+         dout = random_vec(size_t(N) * OC2, 15);
+    auto dw0 = random_vec(size_t(OC2) * OC, 16), db0 = random_vec(OC2, 17);  // accumulated into
+    struct Run {
+      std::vector<float> pre, out, dpre, dw, db;
+    };
+    auto run_on = [&](Backend& be) {
+      const size_t n1 = size_t(N) * OC;
+      Run r{std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), dw0, db0};
+      std::vector<float> scratch(n1, 9.f);
+      if (&be == cpu.get()) {
+        be.matmul_gelu_forward(r.pre.data(), r.out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+        be.matmul_backward_gelu(r.dpre.data(), scratch.data(), r.dw.data(), r.db.data(), dout.data(),
+                                r.out.data(), r.pre.data(), w2.data(), N, OC, OC2);
+        return r;
+      }
+      // (device memory is the process's: the fixture's helpers serve every CUDA backend)
+      float *d_pre = up(r.pre), *d_out = up(r.out), *d_dpre = up(r.dpre), *d_scratch = up(scratch),
+            *d_dw = up(dw0), *d_db = up(db0);
+      be.matmul_gelu_forward(d_pre, d_out, up(inp), up(w), up(b), N, C, OC);
+      be.matmul_backward_gelu(d_dpre, d_scratch, d_dw, d_db, up(dout), d_out, d_pre, up(w2), N, OC, OC2);
+      r.pre = down(d_pre, n1);
+      r.out = down(d_out, n1);
+      r.dpre = down(d_dpre, n1);
+      r.dw = down(d_dw, dw0.size());
+      r.db = down(d_db, db0.size());
+      return r;
+    };
+    auto compare = [&](const Run& got, const Run& want, double gemm_tol) {
+      expect_close(got.pre, want.pre, gemm_tol, "pre");
+      expect_close(got.out, want.out, 2e-3, "out = gelu(pre)");
+      expect_close(got.dpre, want.dpre, 2e-3, "dpre");
+      expect_close(got.dw, want.dw, 2e-3, "dweight");
+      expect_close(got.db, want.db, 1e-5, "dbias");
+      std::printf("MLP GELU %dx%dx%dx%d: rel. L2 error out %.2e, dpre %.2e\n", N, C, OC, OC2,
+                  relative_l2(got.out, want.out), relative_l2(got.dpre, want.dpre));
+    };
+    const Run reference = run_on(*cpu);
+    compare(run_on(*fused), reference, gemm_rtol());
+    compare(run_on(*apart), reference, gemm_rtol());
+    fused->set_precision("bf16");
+    apart->set_precision("bf16");
+    compare(run_on(*fused), run_on(*apart), 1e-4);
+    fused->set_precision("fp32");
+    apart->set_precision("fp32");
+  }
+  std::printf("%s", fused->profile_report().c_str());
+}
+
 // Tensors inside the flat parameter buffer sit at any float offset: cuBLASLt must be told, and
 // an unaligned bias cannot go through its epilogue. With bf16 the operands are cast into aligned
 // copies, but the output and the bias stay where they are.

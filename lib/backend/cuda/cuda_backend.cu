@@ -87,6 +87,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   profiling_ = profile && std::strcmp(profile, "0") != 0;
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
   tc_attention_ = tc && std::strcmp(tc, "0") != 0;
+  const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
+  gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {
@@ -212,6 +214,11 @@ std::string CudaBackend::profile_report() {
   }
   std::snprintf(buf[0], sizeof buf[0], "%.1f", total);
   rows.push_back({"total", buf[0], "100%", ""});
+  if (gelu_fused_ + gelu_unfused_ > 0) {  // (in the GEMM row when fused)
+    std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)gelu_fused_,
+                  (long long)(gelu_fused_ + gelu_unfused_));
+    rows.push_back({"MLP GELU passes fused into GEMMs", "", "", buf[0]});
+  }
   return format_table("CUDA device time per kernel class (TRELLIS_CUDA_PROFILE=1)",
                       {"kernel class", "ms", "share", "calls"}, rows);
 }
@@ -233,10 +240,11 @@ static int alignment(const void* p) {
   return align;
 }
 
-CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
+CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* aux) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldd, with_bias, align_a, align_b, align_d, bf16_in] = key;
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, align_aux, bf16_in] = key;
+  (void)align_aux;  // the heuristic reads it from the aux pointer itself
   GemmPlan p;
   // bf16 inputs: A/B CUDA_R_16BF, C/D CUDA_R_32F, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F is
   // one of cublasLtMatmul's supported combinations (fp32 accumulation, fp32 output). TF32 only
@@ -247,11 +255,21 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  // The bias epilogue: D += bias broadcast along the columns (fused, no pass). The bias's type
-  // defaults to D's (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h): fp32 with bf16 inputs too.
-  if (with_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
+  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h): fp32 with bf16 inputs too. The GELU ones
+  // keep their auxiliary matrix (GELU's input) in D's type and shape: ld = D's, a multiple of 8.
+  const cublasLtEpilogue_t lt_epi = epi == Epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
+                                    : epi == Epilogue::gelu_aux      ? CUBLASLT_EPILOGUE_GELU_AUX
+                                    : epi == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                    : epi == Epilogue::dgelu         ? CUBLASLT_EPILOGUE_DGELU
+                                                                     : CUBLASLT_EPILOGUE_DEFAULT;
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
+  if (aux) {
+    const int64_t ld_aux = ldd;
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+                                              sizeof(ld_aux)));
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &aux, sizeof(aux)));
   }
   // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
   const cudaDataType_t in_type = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
@@ -274,27 +292,55 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key) {
   TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  TRELLIS_LT(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  // A combination cuBLASLt does not support may answer "not supported" rather than no result.
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0)
-    throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
-                             std::to_string(n) + "x" + std::to_string(k) +
-                             (bf16_in ? " bf16" : " fp32") + " GEMM");
+  const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (!fused_gelu) {
+      TRELLIS_LT(status);
+      throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
+                               std::to_string(n) + "x" + std::to_string(k) +
+                               (bf16_in ? " bf16" : " fp32") + " GEMM");
+    }
+    found = 0;  // a GELU epilogue it cannot do: the caller takes the unfused way (plan kept as such)
+  }
   p.algo = result.algo;
+  p.found = found > 0;
   return plans_.emplace(key, p).first->second;
+}
+
+void CudaBackend::run(GemmPlan& p, const void* A, const void* B, float* D, float beta,
+                      const float* bias, const float* aux) {
+  if (bias)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
+  if (aux)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &aux, sizeof(aux)));
+  const float alpha = 1.0f;
+  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                            workspace_, workspace_bytes_, stream_));
 }
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
                        const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
                        bool bf16_inputs) {
-  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, alignment(A),
-                      alignment(B), alignment(D), bf16_inputs});
-  if (bias)
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof(bias)));
-  const float alpha = 1.0f;
-  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
-                            workspace_, workspace_bytes_, stream_));
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
+                      alignment(A), alignment(B), alignment(D), 0, bf16_inputs});
+  run(p, A, B, D, beta, bias, nullptr);
+}
+
+CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
+                                              int n, int k, int lda, int ldb, int ldd, int align_a,
+                                              int align_b, const float* D, const float* bias,
+                                              const float* aux) {
+  if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux) < 16 || (bias && alignment(bias) < 16))
+    return nullptr;
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, align_a, align_b,
+                      alignment(D), alignment(aux), bf16_}, aux);
+  return p.found ? &p : nullptr;
 }
 
 // ---- bf16 operands ----
@@ -378,8 +424,57 @@ void CudaBackend::matmul_forward(float* out, const float* inp, const float* weig
   }
 }
 
+void CudaBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                                      const float* bias, int N, int C, int OC) {
+  // The same GEMM as matmul_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
+  // gelu(inp·weightᵀ + bias), its input kept in aux = pre ((OC,N) column-major, ld OC). The
+  // bf16 copies sit 256-byte aligned in the workspace.
+  const int align_w = bf16_ ? 256 : alignment(weight), align_x = bf16_ ? 256 : alignment(inp);
+  GemmPlan* p = gelu_plan(bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, true, false, OC, N,
+                          C, C, C, OC, align_w, align_x, out, bias, pre);
+  if (!p) {
+    ++gelu_unfused_;
+    Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+    return;
+  }
+  ++gelu_fused_;
+  const void *weight_in = weight, *inp_in = inp;
+  if (bf16_) {
+    Profiled prof(*this, kCast);
+    const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
+    weight_in = to_bf16(weight, int64_t(OC) * C, at[0]);
+    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
+  }
+  Profiled prof(*this, kGemm);
+  run(*p, weight_in, inp_in, out, 0.0f, bias, pre);
+}
+
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, int N, int C, int OC) {
+  linear_backward(dinp, nullptr, nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight,
+                                       float* dbias, const float* dout, const float* inp,
+                                       const float* pre, const float* weight, int N, int C,
+                                       int OC) {
+  // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
+  // pre in D's shape ((C,N) column-major, ld C).
+  const int align_w = bf16_ ? 256 : alignment(weight), align_d = bf16_ ? 256 : alignment(dout);
+  GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, align_w, align_d,
+                          dpre, nullptr, pre);
+  if (!p) {
+    ++gelu_unfused_;
+    Backend::matmul_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+    return;
+  }
+  ++gelu_fused_;
+  linear_backward(dpre, p, pre, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::linear_backward(float* dinp, GemmPlan* dinp_plan, const float* aux,
+                                  float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, int N, int C, int OC) {
   // dout (N,OC), inp (N,C), weight (OC,C); with bf16 each is first rounded into a bf16 copy (dout
   // once, for both GEMMs; weight only when dinp is wanted). dinp and dweight stay fp32.
   const void *dout_in = dout, *inp_in = inp, *weight_in = weight;
@@ -391,8 +486,10 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, con
     if (dinp) weight_in = to_bf16(weight, int64_t(OC) * C, at[2]);
   }
   Profiled prof(*this, kGemm);
-  // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N).
-  if (dinp) gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
+  // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N)
+  // (times the GELU's derivative at aux with dinp_plan's epilogue).
+  if (dinp_plan) run(*dinp_plan, weight_in, dout_in, dinp, 0.0f, nullptr, aux);
+  else if (dinp) gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
   // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
   gemm(false, true, C, OC, N, inp_in, C, dout_in, OC, dweight, C, 1.0f, nullptr, bf16_);
   // The bias gradient sums the fp32 dout, not its bf16 copy.

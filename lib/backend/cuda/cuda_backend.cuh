@@ -19,6 +19,11 @@
 //         attention with head sizes 32, 64 or 128 runs on the tensor cores instead
 //         (cuda_attention_tc.cu: bf16 operands of its products, fp32 softmax and accumulation).
 //
+// The MLP's GELU rides on its GEMMs where cuBLASLt has an algorithm for it (any precision): the
+// first layer's GEMM writes gelu(x·Wᵀ + b) and keeps its input (GELU_AUX_BIAS epilogue), the
+// second layer's dinp GEMM multiplies by the GELU's derivative (DGELU); elsewhere, or with
+// TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart. Not yet run on a GPU.
+//
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
 //
@@ -72,6 +77,14 @@ class CudaBackend : public Backend {
   void set_threads(int) override {}
   void set_precision(const std::string& precision) override;
   std::string precision() const override { return bf16_ ? "bf16" : "fp32"; }
+
+  /// The MLP's GELU fused into the GEMMs where cuBLASLt offers it (its GELU_AUX(_BIAS) and DGELU
+  /// epilogues; TRELLIS_GELU_EPILOGUE=0 turns it off), else the two passes of the default.
+  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                           const float* bias, int N, int C, int OC) override;
+  void matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                            const float* dout, const float* inp, const float* pre,
+                            const float* weight, int N, int C, int OC) override;
 
   Allocator* allocator() override;
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
@@ -152,13 +165,31 @@ class CudaBackend : public Backend {
   };
 
  private:
-  /// Column-major D (m,n) = op(A)·op(B) + beta·D (+ bias (m) per column) through cuBLASLt, as
-  /// BLAS names it; A is (m,k) after op, B (k,n) after op. A and B are fp32, or bf16 when
-  /// `bf16_inputs`; D and the bias are fp32 either way. The bias must be 16-byte aligned (the
+  /// What a GEMM's epilogue does to D (column-major, as cuBLASLt sees it): add a bias (m) per
+  /// column; GELU after the bias, writing its input to `aux` (same shape and ld as D); or multiply
+  /// by the GELU's derivative at `aux` (read).
+  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu };
+  struct GemmPlan;
+  /// Column-major D (m,n) = op(A)·op(B) + beta·D, then the epilogue, through cuBLASLt, as BLAS
+  /// names it; A is (m,k) after op, B (k,n) after op. A and B are fp32, or bf16 when
+  /// `bf16_inputs`; D, the bias and aux are fp32 either way. The bias must be 16-byte aligned (the
   /// epilogue's requirement); matmul_forward adds an unaligned one with a kernel of its own.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
             const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
             bool bf16_inputs);
+  /// The plan of a GEMM with a GELU epilogue for operands of these alignments (bytes; the bf16
+  /// copies are 256-byte aligned), or null where cuBLASLt has no algorithm for it (or the GELU
+  /// epilogues are off, or aux's ld is not a multiple of 8).
+  GemmPlan* gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m, int n, int k, int lda,
+                      int ldb, int ldd, int align_a, int align_b, const float* D,
+                      const float* bias, const float* aux);
+  void run(GemmPlan& p, const void* A, const void* B, float* D, float beta, const float* bias,
+           const float* aux);
+  /// matmul_backward, with dinp's GEMM run by `dinp_plan` (a DGELU epilogue reading aux) when not
+  /// null.
+  void linear_backward(float* dinp, GemmPlan* dinp_plan, const float* aux, float* dweight,
+                       float* dbias, const float* dout, const float* inp, const float* weight, int N,
+                       int C, int OC);
   /// bf16 copies of GEMM operands: to_bf16 rounds src (n) to nearest even into the bf16
   /// workspace at byte `offset` (bf16_offsets gives 256-byte aligned offsets for a list of
   /// sizes and grows the workspace to hold them all) and returns the copy.
@@ -173,11 +204,16 @@ class CudaBackend : public Backend {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // whether the heuristic offered an algorithm
   };
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, with bias, alignment of A, B, D in bytes,
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, aux in bytes,
   //  bf16 inputs)
-  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, int, int, int, bool>;
-  GemmPlan& plan(const GemmKey& key);
+  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int, bool>;
+  /// The plan for `key`, made once; `aux` (or null) is the pointer whose alignment the heuristic
+  /// sees. Throws when no algorithm exists and the epilogue is none or bias.
+  GemmPlan& plan(const GemmKey& key, const float* aux = nullptr);
+  /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile).
+  int64_t gelu_fused_ = 0, gelu_unfused_ = 0;
 
   int device_;
   cudaStream_t stream_ = nullptr;
@@ -185,6 +221,7 @@ class CudaBackend : public Backend {
   bool tf32_ = false;
   bool bf16_ = false;  // system.precision = bf16: GEMM operands rounded to bf16
   bool tc_attention_ = false;  // TRELLIS_TC_ATTENTION=1: bf16 attention on the tensor cores
+  bool gelu_epilogue_ = true;  // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   Buffer bf16_workspace_;  // the bf16 operand copies (counted as MemKind::Scratch)
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;
