@@ -136,38 +136,43 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
 // The MLP's GELU on its GEMMs: matmul_gelu_forward (pre = inp·Wᵀ + b, out = gelu(pre)) and the
 // next layer's matmul_backward_gelu (dpre = gelu'(pre) ∘ (dout·W2)), which the CUDA backend fuses
 // into cuBLASLt's GELU_AUX_BIAS and DGELU epilogues where it has an algorithm, against the CPU's
-// two passes. cuBLASLt may evaluate the GELU with the hardware's approximate tanh (relative error
-// about 2⁻¹¹): 2e-3 for what passes through it, the GEMMs' own bounds for the rest. Widths that
-// are multiples of 8 may take the fused path; 53 cannot (the epilogue's ld must be) and goes
-// through the fallback. With bf16: fused against TRELLIS_GELU_EPILOGUE=0 on the same GPU (the
-// same rounded operands both ways). The profile's last row says how many passes were fused.
+// two passes: pre to the GEMMs' bound; out, dpre and dweight (which reads out) as relative L2
+// errors ≤ 1e-3, which any slip of layout, bias or aux breaks by far. cuBLASLt's GELU should be
+// the tanh approximation, as GPT-2's, evaluated its own way (a fast tanh may cost ~1e-4); the erf
+// form differs from it by only ≈ 2e-4 here, so the test prints the GPU's out against both forms
+// to tell. pre is about unit-sized (std ≈ 1.1, |pre| ≤ 5), as in a trained model. Widths that are multiples of 8 may take the fused path; 53 cannot (the
+// epilogue's ld must be) and goes through the fallback. With bf16: fused against
+// TRELLIS_GELU_EPILOGUE=0 (the same rounded operands both ways). One CUDA backend at a time (each
+// has its own stream; device memory is allocated on the newest one's). The profile's last row
+// counts the fused passes.
 TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
-  auto backend_with = [](const char* var, const char* value) {
-    const char* before = std::getenv(var);
-    const std::string saved = before ? before : "";
-    setenv(var, value, 1);  // read when a backend is made
-    auto be = make_backend("cuda");
-    if (before) setenv(var, saved.c_str(), 1);
-    else unsetenv(var);
-    return be;
+  auto fresh_gpu = [&](const char* gelu_epilogue, const char* precision) {
+    buffers.clear();
+    gpu.reset();
+    const char* vars[2] = {"TRELLIS_GELU_EPILOGUE", "TRELLIS_CUDA_PROFILE"};
+    const char* values[2] = {gelu_epilogue, "1"};
+    std::string saved[2];
+    bool had[2];
+    for (int i = 0; i < 2; ++i) {
+      const char* v = std::getenv(vars[i]);
+      had[i] = v != nullptr, saved[i] = v ? v : "";
+      setenv(vars[i], values[i], 1);  // read when a backend is made
+    }
+    gpu = make_backend("cuda");
+    for (int i = 0; i < 2; ++i) had[i] ? setenv(vars[i], saved[i].c_str(), 1) : unsetenv(vars[i]);
+    gpu->set_precision(precision);
   };
-  const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
-  const std::string saved_profile = profile ? profile : "";
-  setenv("TRELLIS_CUDA_PROFILE", "1", 1);
-  auto fused = backend_with("TRELLIS_GELU_EPILOGUE", "1"), apart = backend_with("TRELLIS_GELU_EPILOGUE", "0");
-  if (profile) setenv("TRELLIS_CUDA_PROFILE", saved_profile.c_str(), 1);
-  else unsetenv("TRELLIS_CUDA_PROFILE");
   for (auto [N, C, OC, OC2] : {std::tuple{256, 64, 192, 40}, std::tuple{37, 24, 53, 16}}) {
     SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC << "x" << OC2);
-    auto inp = random_vec(size_t(N) * C, 11, -2.f, 2.f), w = random_vec(size_t(OC) * C, 12),
-         b = random_vec(OC, 13), w2 = random_vec(size_t(OC2) * OC, 14),
+    auto inp = random_vec(size_t(N) * C, 11, -2.f, 2.f), w = random_vec(size_t(OC) * C, 12, -0.2f, 0.2f),
+         b = random_vec(OC, 13, -0.5f, 0.5f), w2 = random_vec(size_t(OC2) * OC, 14),
          dout = random_vec(size_t(N) * OC2, 15);
     auto dw0 = random_vec(size_t(OC2) * OC, 16), db0 = random_vec(OC2, 17);  // accumulated into
     struct Run {
       std::vector<float> pre, out, dpre, dw, db;
     };
+    const size_t n1 = size_t(N) * OC;
     auto run_on = [&](Backend& be) {
-      const size_t n1 = size_t(N) * OC;
       Run r{std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), dw0, db0};
       std::vector<float> scratch(n1, 9.f);
       if (&be == cpu.get()) {
@@ -176,7 +181,6 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
                                 r.out.data(), r.pre.data(), w2.data(), N, OC, OC2);
         return r;
       }
-      // (device memory is the process's: the fixture's helpers serve every CUDA backend)
       float *d_pre = up(r.pre), *d_out = up(r.out), *d_dpre = up(r.dpre), *d_scratch = up(scratch),
             *d_dw = up(dw0), *d_db = up(db0);
       be.matmul_gelu_forward(d_pre, d_out, up(inp), up(w), up(b), N, C, OC);
@@ -186,27 +190,39 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
       r.dpre = down(d_dpre, n1);
       r.dw = down(d_dw, dw0.size());
       r.db = down(d_db, db0.size());
+      std::printf("%s", be.profile_report().c_str());
       return r;
     };
-    auto compare = [&](const Run& got, const Run& want, double gemm_tol) {
+    auto compare = [&](const Run& got, const Run& want, double gemm_tol, const char* what) {
+      SCOPED_TRACE(what);
+      const double bound = std::max(1e-3, gemm_tol);
       expect_close(got.pre, want.pre, gemm_tol, "pre");
-      expect_close(got.out, want.out, 2e-3, "out = gelu(pre)");
-      expect_close(got.dpre, want.dpre, 2e-3, "dpre");
-      expect_close(got.dw, want.dw, 2e-3, "dweight");
+      EXPECT_LE(relative_l2(got.out, want.out), bound) << "out = gelu(pre)";
+      EXPECT_LE(relative_l2(got.dpre, want.dpre), bound) << "dpre";
+      EXPECT_LE(relative_l2(got.dw, want.dw), bound) << "dweight";
       expect_close(got.db, want.db, 1e-5, "dbias");
-      std::printf("MLP GELU %dx%dx%dx%d: rel. L2 error out %.2e, dpre %.2e\n", N, C, OC, OC2,
-                  relative_l2(got.out, want.out), relative_l2(got.dpre, want.dpre));
+      // The GPU's GELU of its own pre against the tanh and the erf forms, in double.
+      std::vector<double> tanh_form(n1), erf_form(n1);
+      for (size_t i = 0; i < n1; ++i) {
+        const double x = got.pre[i];
+        tanh_form[i] = 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+        erf_form[i] = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+      }
+      std::printf("MLP GELU %dx%dx%dx%d, %s: rel. L2 error out %.2e, dpre %.2e; out against "
+                  "tanh-GELU(pre) %.2e, erf-GELU(pre) %.2e\n", N, C, OC, OC2, what,
+                  relative_l2(got.out, want.out), relative_l2(got.dpre, want.dpre),
+                  relative_l2(got.out, tanh_form), relative_l2(got.out, erf_form));
     };
     const Run reference = run_on(*cpu);
-    compare(run_on(*fused), reference, gemm_rtol());
-    compare(run_on(*apart), reference, gemm_rtol());
-    fused->set_precision("bf16");
-    apart->set_precision("bf16");
-    compare(run_on(*fused), run_on(*apart), 1e-4);
-    fused->set_precision("fp32");
-    apart->set_precision("fp32");
+    fresh_gpu("1", "fp32");
+    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, epilogue");
+    fresh_gpu("0", "fp32");
+    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, two passes");
+    fresh_gpu("0", "bf16");
+    const Run apart = run_on(*gpu);
+    fresh_gpu("1", "bf16");
+    compare(run_on(*gpu), apart, 1e-4, "bf16, epilogue against two passes");
   }
-  std::printf("%s", fused->profile_report().c_str());
 }
 
 // Tensors inside the flat parameter buffer sit at any float offset: cuBLASLt must be told, and

@@ -57,6 +57,12 @@ class CpuBackend : public Backend {
                       int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int C, int OC) override;
+  /// The GELU on the threads' blocks of the GEMM, right after each is computed.
+  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                           const float* bias, int N, int C, int OC) override;
+  void matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                            const float* dout, const float* inp, const float* pre,
+                            const float* weight, int N, int C, int OC) override;
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
                          int hd) override;
@@ -83,6 +89,13 @@ class CpuBackend : public Backend {
   /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread; layer norm
   /// backward's partial sums), grown on demand.
   float* scratch(int64_t count);
+  /// matmul_forward, and gelu_out (N,OC) = gelu(out) when not null.
+  void linear_forward(float* out, float* gelu_out, const float* inp, const float* weight,
+                      const float* bias, int N, int C, int OC);
+  /// matmul_backward, and dinp = gelu'(gelu_pre) ∘ (dout·weight) when gelu_pre is not null.
+  void linear_backward(float* dinp, const float* gelu_pre, float* dweight, float* dbias,
+                       const float* dout, const float* inp, const float* weight, int N, int C,
+                       int OC);
   Buffer scratch_;
   std::unique_ptr<cpu::WorkerPool> pool_;
 };

@@ -120,40 +120,19 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
   });
 }
 
-// ---- GELU (tanh approximation) ----
-// gelu(x) = ½x(1 + tanh(u)), u = √(2/π)(x + 0.044715x³). With ½(1 + tanh u) = σ(2u) = 1/(1+e^{-2u})
-// this is x·σ(2u): one exp, no cancellation near u = 0, and e^{-2u} → huge / tiny gives the right
-// limits (0 and x) for large |u|.
-
-namespace {
-constexpr float kGeluS = 0.7978845608028654f;  // √(2/π)
-constexpr float kGeluK = 0.044715f;
-}  // namespace
+// ---- GELU (tanh approximation; the element functions are in cpu_util.hpp) ----
 
 void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
   // out (n), inp (n)
   cpu::parallel_chunks(*pool_, "gelu_forward", n, [=](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float x = inp[i];
-      const float u = kGeluS * (x + kGeluK * x * x * x);
-      // x·(1/(1+e)), not x/(1+e): GCC then keeps one division per vector instead of one per
-      // branch of fast_expf's clamps (three)
-      out[i] = x * (1.0f / (1.0f + cpu::fast_expf(-2.0f * u)));
-    }
+    cpu::gelu_range(out + lo, inp + lo, hi - lo);
   });
 }
 
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   // dinp (n) (overwritten), inp (n), dout (n)
-  // d/dx [x·σ(2u)] = σ + x·2σ(1−σ)·u',  u' = √(2/π)(1 + 3·0.044715x²)
   cpu::parallel_chunks(*pool_, "gelu_backward", n, [=](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float x = inp[i];
-      const float u = kGeluS * (x + kGeluK * x * x * x);
-      const float du = kGeluS * (1.0f + 3.0f * kGeluK * x * x);
-      const float sg = 1.0f / (1.0f + cpu::fast_expf(-2.0f * u));
-      dinp[i] = (sg + x * 2.0f * sg * (1.0f - sg) * du) * dout[i];
-    }
+    cpu::gelu_backward_range(dinp + lo, inp + lo, dout + lo, hi - lo);
   });
 }
 

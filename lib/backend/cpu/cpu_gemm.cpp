@@ -159,12 +159,47 @@ float* CpuBackend::scratch(int64_t count) {
 
 void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight,
                                 const float* bias, int N, int C, int OC) {
-  // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null
+  linear_forward(out, nullptr, inp, weight, bias, N, C, OC);
+}
+
+void CpuBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                                     const float* bias, int N, int C, int OC) {
+  linear_forward(pre, out, inp, weight, bias, N, C, OC);
+}
+
+void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, int N, int C, int OC) {
+  linear_backward(dinp, nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CpuBackend::matmul_backward_gelu(float* dpre, float* /*dinp_scratch: dpre serves*/,
+                                      float* dweight, float* dbias, const float* dout,
+                                      const float* inp, const float* pre, const float* weight,
+                                      int N, int C, int OC) {
+  linear_backward(dpre, pre, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+namespace {
+/// gelu_out = gelu(out) over rows [r0, r1) × columns [c0, c1) of (·, OC) tensors.
+void gelu_block(float* gelu_out, const float* out, int r0, int r1, int c0, int c1, int OC) {
+  for (int64_t n = r0; n < r1; ++n) cpu::gelu_range(gelu_out + n * OC + c0, out + n * OC + c0, c1 - c0);
+}
+/// d = gelu'(pre)·d in place over rows [r0, r1) × columns [c0, c1) of (·, C) tensors.
+void gelu_backward_block(float* d, const float* pre, int r0, int r1, int c0, int c1, int C) {
+  for (int64_t n = r0; n < r1; ++n)
+    cpu::gelu_backward_range(d + n * C + c0, pre + n * C + c0, d + n * C + c0, c1 - c0);
+}
+}  // namespace
+
+void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, const float* weight,
+                                const float* bias, int N, int C, int OC) {
+  // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null; gelu_out (N,OC) = gelu(out) or null
   // With a bias, every row of out starts at it and the product accumulates onto it (β = 1).
   const float beta = bias ? 1.0f : 0.0f;
   if (N == 1) {  // one row (a generation step): sgemm would first pack all of the weight
     if (bias) fill_bias(out, bias, 0, 1, 0, OC, OC);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, beta, out, 1);
+    if (gelu_out) cpu::gelu_range(gelu_out, out, OC);
     return;
   }
   // out = inp · weightᵀ
@@ -174,9 +209,11 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
       cpu::parallel_for(*pool_, "matmul_bias", N,
                         [=](int64_t n) { fill_bias(out, bias, int(n), int(n) + 1, 0, OC, OC); });
     g.run(g.whole());
+    if (gelu_out) gelu_forward(gelu_out, out, int64_t(N) * OC);
     return;
   }
-  // Each thread sets its rows to the bias just before its product: one pass of the threads.
+  // Each thread sets its rows to the bias just before its product, and takes the GELU of what it
+  // computed just after (while it is still in its caches): one pass of the threads.
   SingleThreadedBlas one(true);
   cpu::parallel_parts(
       *pool_, "matmul_forward", g.tiles(),
@@ -184,19 +221,22 @@ void CpuBackend::matmul_forward(float* out, const float* inp, const float* weigh
         const SplitGemm::Block b = g.part(lo, hi);
         if (bias) fill_bias(out, bias, b.r0, b.r1, b.c0, b.c1, OC);
         g.run(b);
+        if (gelu_out) gelu_block(gelu_out, out, b.r0, b.r1, b.c0, b.c1, OC);
       },
       g.uneven_parts_ok(pool_->size()));
 }
 
-void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int N, int C, int OC) {
+void CpuBackend::linear_backward(float* dinp, const float* gelu_pre, float* dweight, float* dbias,
+                                 const float* dout, const float* inp, const float* weight, int N,
+                                 int C, int OC) {
   // dinp (N,C) overwritten or null, dweight (OC,C) +=, dbias (OC) += or null, dout (N,OC),
-  // inp (N,C), weight (OC,C)
+  // inp (N,C), weight (OC,C); with gelu_pre (N,C): dinp = gelu'(gelu_pre) ∘ (dout · weight)
   const SplitGemm gi{CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C};
   const SplitGemm gw{CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C};
   const int parts = cpu::num_parts(*pool_, std::max(gi.tiles(), gw.tiles()));
   if (parts <= 1 || gi.large() || gw.large()) {
     if (dinp) sgemm_split(*pool_, gi);  // dinp = dout · weight
+    if (dinp && gelu_pre) gelu_backward(dinp, gelu_pre, dinp, int64_t(N) * C);
     sgemm_split(*pool_, gw);            // dweight += doutᵀ · inp
     if (dbias) {
       const int nblk = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
@@ -207,12 +247,16 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
     }
     return;
   }
-  // One pass of the threads: part k takes its share of dinp, of dweight and of dbias's channels,
-  // the shares cut by `cut(k, n, align)`.
+  // One pass of the threads: part k takes its share of dinp (and the GELU's derivative over it),
+  // of dweight and of dbias's channels, the shares cut by `cut(k, n, align)`.
   SingleThreadedBlas one(true);
   const int64_t dbias_blocks = (OC + cpu::kColBlock - 1) / cpu::kColBlock;
   auto part_work = [=](int k, auto cut) {
-    if (dinp) gi.run(gi.part(cut(k, gi.tiles()), cut(k + 1, gi.tiles())));
+    if (dinp) {
+      const SplitGemm::Block b = gi.part(cut(k, gi.tiles()), cut(k + 1, gi.tiles()));
+      gi.run(b);
+      if (gelu_pre) gelu_backward_block(dinp, gelu_pre, b.r0, b.r1, b.c0, b.c1, C);
+    }
     gw.run(gw.part(cut(k, gw.tiles()), cut(k + 1, gw.tiles())));
     if (dbias) {
       const int j0 = int(std::min<int64_t>(OC, cut(k, dbias_blocks) * cpu::kColBlock));

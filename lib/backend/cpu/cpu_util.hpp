@@ -58,6 +58,35 @@ inline float fast_expf(float x) {
   return p * std::bit_cast<float>((ni + 127) << 23);
 }
 
+// GELU, tanh approximation: gelu(x) = ½x(1 + tanh(u)), u = √(2/π)(x + 0.044715x³). With
+// ½(1 + tanh u) = σ(2u) = 1/(1+e^{-2u}) this is x·σ(2u): one exp, no cancellation near u = 0, and
+// e^{-2u} → huge / tiny gives the right limits (0 and x) for large |u|.
+inline constexpr float kGeluS = 0.7978845608028654f;  // √(2/π)
+inline constexpr float kGeluK = 0.044715f;
+
+/// out[i] = gelu(inp[i]) for i in [0, n).
+inline void gelu_range(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluS * (x + kGeluK * x * x * x);
+    // x·(1/(1+e)), not x/(1+e): GCC then keeps one division per vector instead of one per
+    // branch of fast_expf's clamps (three)
+    out[i] = x * (1.0f / (1.0f + fast_expf(-2.0f * u)));
+  }
+}
+
+/// dinp[i] = gelu'(inp[i])·dout[i] for i in [0, n); dinp may be dout (in place).
+/// d/dx [x·σ(2u)] = σ + x·2σ(1−σ)·u',  u' = √(2/π)(1 + 3·0.044715x²)
+inline void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluS * (x + kGeluK * x * x * x);
+    const float du = kGeluS * (1.0f + 3.0f * kGeluK * x * x);
+    const float sg = 1.0f / (1.0f + fast_expf(-2.0f * u));
+    dinp[i] = (sg + x * 2.0f * sg * (1.0f - sg) * du) * dout[i];
+  }
+}
+
 /// Eight floats in one SIMD register (the GCC / Clang vector extension). The reductions below keep
 /// eight partial results in one: written as a loop over eight array lanes, GCC 12 with
 /// -march=native (512-bit vectors) vectorises the outer loop instead and adds the lanes one at a

@@ -240,11 +240,12 @@ static int alignment(const void* p) {
   return align;
 }
 
-CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* aux) {
+CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, const float* aux) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, align_aux, bf16_in] = key;
-  (void)align_aux;  // the heuristic reads it from the aux pointer itself
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, align_bias, align_aux,
+              bf16_in] = key;
+  (void)align_bias, (void)align_aux;  // the heuristic reads them from the pointers themselves
   GemmPlan p;
   // bf16 inputs: A/B CUDA_R_16BF, C/D CUDA_R_32F, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F is
   // one of cublasLtMatmul's supported combinations (fp32 accumulation, fp32 output). TF32 only
@@ -264,6 +265,11 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* aux) {
                                     : epi == Epilogue::dgelu         ? CUBLASLT_EPILOGUE_DGELU
                                                                      : CUBLASLT_EPILOGUE_DEFAULT;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
+  // The heuristic reads the bias's and aux's alignment from the pointers (cublasLt.h): set them
+  // before it runs; run() points them at each call's buffers, of the same alignment (the key).
+  if (bias)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
   if (aux) {
     const int64_t ld_aux = ldd;
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
@@ -297,15 +303,14 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* aux) {
       cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-    if (!fused_gelu) {
-      TRELLIS_LT(status);
-      throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
-                               std::to_string(n) + "x" + std::to_string(k) +
-                               (bf16_in ? " bf16" : " fp32") + " GEMM");
-    }
-    found = 0;  // a GELU epilogue it cannot do: the caller takes the unfused way (plan kept as such)
-  }
+  // A GELU epilogue cuBLASLt cannot do here ("not supported", or no algorithm): the caller takes
+  // the unfused way, and the plan is kept as such. Any other error is one.
+  if (!(fused_gelu && status == CUBLAS_STATUS_NOT_SUPPORTED)) TRELLIS_LT(status);
+  if (status != CUBLAS_STATUS_SUCCESS) found = 0;
+  if (found == 0 && !fused_gelu)
+    throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
+                             std::to_string(n) + "x" + std::to_string(k) +
+                             (bf16_in ? " bf16" : " fp32") + " GEMM");
   p.algo = result.algo;
   p.found = found > 0;
   return plans_.emplace(key, p).first->second;
@@ -328,7 +333,9 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
                        const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
                        bool bf16_inputs) {
   GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
-                      alignment(A), alignment(B), alignment(D), 0, bf16_inputs});
+                      alignment(A), alignment(B), alignment(D), bias ? alignment(bias) : 0, 0,
+                      bf16_inputs},
+                     bias);
   run(p, A, B, D, beta, bias, nullptr);
 }
 
@@ -339,7 +346,8 @@ CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool t
   if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux) < 16 || (bias && alignment(bias) < 16))
     return nullptr;
   GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, align_a, align_b,
-                      alignment(D), alignment(aux), bf16_}, aux);
+                      alignment(D), bias ? alignment(bias) : 0, alignment(aux), bf16_},
+                     bias, aux);
   return p.found ? &p : nullptr;
 }
 

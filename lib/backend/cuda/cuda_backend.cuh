@@ -206,12 +206,13 @@ class CudaBackend : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
   };
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, aux in bytes,
-  //  bf16 inputs)
-  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int, bool>;
-  /// The plan for `key`, made once; `aux` (or null) is the pointer whose alignment the heuristic
-  /// sees. Throws when no algorithm exists and the epilogue is none or bias.
-  GemmPlan& plan(const GemmKey& key, const float* aux = nullptr);
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in
+  //  bytes (0: none), bf16 inputs)
+  using GemmKey =
+      std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int, int, bool>;
+  /// The plan for `key`, made once; `bias` and `aux` (or null) are pointers whose alignment the
+  /// heuristic sees. Throws when no algorithm exists and the epilogue is none or bias.
+  GemmPlan& plan(const GemmKey& key, const float* bias = nullptr, const float* aux = nullptr);
   /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile).
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0;
 
