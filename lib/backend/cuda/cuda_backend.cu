@@ -411,16 +411,19 @@ const void* CudaBackend::to_bf16(const float* src, int64_t n, size_t offset) {
 
 // ---- the linear layer ----
 
+std::pair<const void*, const void*> CudaBackend::forward_operands(const float* weight,
+                                                                  const float* inp, int N, int C,
+                                                                  int OC) {
+  // With bf16 the operands are first rounded into bf16 copies: weight (OC,C), inp (N,C).
+  if (!bf16_) return {weight, inp};
+  Profiled prof(*this, kCast);
+  const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
+  return {to_bf16(weight, int64_t(OC) * C, at[0]), to_bf16(inp, int64_t(N) * C, at[1])};
+}
+
 void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight,
                                  const float* bias, int N, int C, int OC) {
-  // With bf16 the operands are first rounded into bf16 copies: weight (OC,C), inp (N,C).
-  const void *weight_in = weight, *inp_in = inp;
-  if (bf16_) {
-    Profiled prof(*this, kCast);
-    const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
-    weight_in = to_bf16(weight, int64_t(OC) * C, at[0]);
-    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
-  }
+  const auto [weight_in, inp_in] = forward_operands(weight, inp, N, C, OC);
   Profiled prof(*this, kGemm);
   // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
   // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
@@ -446,13 +449,7 @@ void CudaBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, 
     return;
   }
   ++gelu_fused_;
-  const void *weight_in = weight, *inp_in = inp;
-  if (bf16_) {
-    Profiled prof(*this, kCast);
-    const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
-    weight_in = to_bf16(weight, int64_t(OC) * C, at[0]);
-    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
-  }
+  const auto [weight_in, inp_in] = forward_operands(weight, inp, N, C, OC);
   Profiled prof(*this, kGemm);
   run(*p, weight_in, inp_in, out, 0.0f, bias, pre);
 }

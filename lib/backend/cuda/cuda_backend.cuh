@@ -39,6 +39,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -195,6 +196,9 @@ class CudaBackend : public Backend {
   /// sizes and grows the workspace to hold them all) and returns the copy.
   std::vector<size_t> bf16_offsets(std::initializer_list<int64_t> sizes);
   const void* to_bf16(const float* src, int64_t n, size_t offset);
+  /// A forward GEMM's operands, weight (OC,C) and inp (N,C): themselves, or their bf16 copies.
+  std::pair<const void*, const void*> forward_operands(const float* weight, const float* inp, int N,
+                                                       int C, int OC);
   /// dst (C) += Σ over rows of src (N,C), deterministic (fixed row chunks, then their sum).
   void column_sums_add(float* dst, const float* src, int N, int C);
   /// Device scratch of at least `bytes`, reused by every kernel (one stream: no overlap).
