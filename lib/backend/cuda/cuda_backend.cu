@@ -303,10 +303,15 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, 
       cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
-  // A GELU epilogue cuBLASLt cannot do here ("not supported", or no algorithm): the caller takes
-  // the unfused way, and the plan is kept as such. Any other error is one.
-  if (!(fused_gelu && status == CUBLAS_STATUS_NOT_SUPPORTED)) TRELLIS_LT(status);
-  if (status != CUBLAS_STATUS_SUCCESS) found = 0;
+  // A GELU epilogue cuBLASLt cannot do here (no algorithm, "not supported", or any other
+  // refusal): the caller takes the unfused way and the plan is kept as such; anything but "not
+  // supported" or no algorithm is said once on stderr (a fused path that has never run on a GPU
+  // must not stop a run). Without a GELU epilogue every error is one.
+  if (!fused_gelu) TRELLIS_LT(status);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) gelu_epilogue_failed(status, "choosing an algorithm");
+    found = 0;
+  }
   if (found == 0 && !fused_gelu)
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
                              std::to_string(n) + "x" + std::to_string(k) +
@@ -314,6 +319,31 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, 
   p.algo = result.algo;
   p.found = found > 0;
   return plans_.emplace(key, p).first->second;
+}
+
+void CudaBackend::gelu_epilogue_failed(cublasStatus_t status, const char* when) {
+  if (gelu_epilogue_warned_) return;
+  gelu_epilogue_warned_ = true;
+  std::fprintf(stderr, "trellis: warning: cuBLASLt refused the GELU epilogue while %s (status %d); "
+               "the MLP's GELU runs as kernels of its own\n", when, int(status));
+}
+
+bool CudaBackend::try_run(GemmPlan& p, const void* A, const void* B, float* D, const float* bias,
+                          const float* aux) {
+  if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                             sizeof(bias)) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                     sizeof(aux)) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
+  const cublasStatus_t status = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d,
+                                               D, p.d, &p.algo, workspace_, workspace_bytes_, stream_);
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  gelu_epilogue_failed(status, "running");
+  p.found = false;  // not again
+  return false;
 }
 
 void CudaBackend::run(GemmPlan& p, const void* A, const void* B, float* D, float beta,
@@ -448,10 +478,18 @@ void CudaBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, 
     Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
     return;
   }
-  ++gelu_fused_;
   const auto [weight_in, inp_in] = forward_operands(weight, inp, N, C, OC);
-  Profiled prof(*this, kGemm);
-  run(*p, weight_in, inp_in, out, 0.0f, bias, pre);
+  bool ran;
+  {
+    Profiled prof(*this, kGemm);
+    ran = try_run(*p, weight_in, inp_in, out, bias, pre);
+  }
+  if (ran) {
+    ++gelu_fused_;
+    return;
+  }
+  ++gelu_unfused_;
+  Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -473,7 +511,6 @@ void CudaBackend::matmul_backward_gelu(float* dpre, float* dinp_scratch, float* 
     Backend::matmul_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
     return;
   }
-  ++gelu_fused_;
   linear_backward(dpre, p, pre, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
@@ -493,8 +530,15 @@ void CudaBackend::linear_backward(float* dinp, GemmPlan* dinp_plan, const float*
   Profiled prof(*this, kGemm);
   // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N)
   // (times the GELU's derivative at aux with dinp_plan's epilogue).
-  if (dinp_plan) run(*dinp_plan, weight_in, dout_in, dinp, 0.0f, nullptr, aux);
-  else if (dinp) gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
+  if (dinp_plan && try_run(*dinp_plan, weight_in, dout_in, dinp, nullptr, aux)) {
+    ++gelu_fused_;
+  } else if (dinp) {
+    gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
+    if (dinp_plan) {  // the epilogue was refused: the GELU's derivative in place, apart
+      ++gelu_unfused_;
+      gelu_backward(dinp, aux, dinp, int64_t(N) * C);
+    }
+  }
   // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
   gemm(false, true, C, OC, N, inp_in, C, dout_in, OC, dweight, C, 1.0f, nullptr, bf16_);
   // The bias gradient sums the fp32 dout, not its bf16 copy.

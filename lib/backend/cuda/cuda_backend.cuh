@@ -186,6 +186,12 @@ class CudaBackend : public Backend {
                       const float* bias, const float* aux);
   void run(GemmPlan& p, const void* A, const void* B, float* D, float beta, const float* bias,
            const float* aux);
+  /// A GELU plan's GEMM (beta 0): false, with nothing launched, where cuBLASLt refuses it (the plan
+  /// is then marked not found: the caller runs the unfused way, now and later).
+  bool try_run(GemmPlan& p, const void* A, const void* B, float* D, const float* bias,
+               const float* aux);
+  void gelu_epilogue_failed(cublasStatus_t status, const char* when);  // says so once, on stderr
+  bool gelu_epilogue_warned_ = false;
   /// matmul_backward, with dinp's GEMM run by `dinp_plan` (a DGELU epilogue reading aux) when not
   /// null.
   void linear_backward(float* dinp, GemmPlan* dinp_plan, const float* aux, float* dweight,
