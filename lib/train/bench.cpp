@@ -71,8 +71,8 @@ int bench_main(const std::vector<std::string>& args, World& world) {
 
   Backend& backend = trainer->backend();  // the sgemm runs where the model runs
   // A shared machine's speed drifts by tens of percent within seconds: measure side by side, and
-  // the two sides alike. Each round times the 2048³ sgemm and then the training steps, each side as
-  // the fastest of 3 back-to-back samples of about a step's length (a sample of the sgemm is as many
+  // the two sides alike. Each round alternates 3 samples of the 2048³ sgemm with 3 training steps
+  // and takes each side's fastest, every sample of about a step's length (a sample of the sgemm is as many
   // calls as fit in a step, at most 8: a GPU's 2048³ takes well under a millisecond, and its
   // kernel profile should stay the model's), and gives one ratio; the report is the median round.
   // Timing one ~80 ms call against a ~300 ms step would favour the sgemm: on a shared CPU the
@@ -98,11 +98,11 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   std::vector<Round> results;
   int64_t step = 2;
   for (int r = 0; r < rounds; ++r) {
-    Round round;
-    round.sgemm = square.gflops(per_round, calls);
-    round.step_ms = 1e30;
-    for (int i = 0; i < per_round; ++i)
+    Round round{0, 1e30, 0};
+    for (int i = 0; i < per_round; ++i) {  // interleaved: an sgemm sample, then a step
+      round.sgemm = std::max(round.sgemm, square.gflops(1, calls));
       round.step_ms = std::min(round.step_ms, trainer->train_step(step++).seconds * 1e3);
+    }
     round.ratio = step_flops / (round.step_ms * 1e-3) / 1e9 / round.sgemm;
     results.push_back(round);
   }
