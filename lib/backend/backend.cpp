@@ -1,5 +1,6 @@
 // make_backend: the deck's system.backend name → a Backend. The host-memory defaults of the
-// Backend's memory functions; fp32, the default precision.
+// Backend's memory functions and conversions, and the calls that pick a kernel by the types of
+// their tensors (the bf16 defaults are in backend_bf16.cpp).
 #include "backend/backend.hpp"
 
 #include <sched.h>
@@ -7,9 +8,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 
+#include "backend/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 
@@ -19,12 +22,16 @@
 
 namespace trellis {
 
-void Backend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                         const float* a, const float* b, const float* weight,
-                                         const float* bias, int N, int C) {
-  add(res, a, b, int64_t(N) * C);
-  layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
+Backend::Backend() = default;
+Backend::~Backend() = default;
+
+void Backend::set_precision(const std::string& precision) {
+  if (precision != "fp32" && precision != "bf16")
+    throw UserError("system.precision = " + precision + ": expected fp32 or bf16");
+  dtype_ = precision == "bf16" ? DType::bf16 : DType::f32;
 }
+
+// ---- host-memory defaults ----
 
 void Backend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
   if (bytes) std::memcpy(dst, host_src, bytes);
@@ -39,10 +46,182 @@ void Backend::zero(void* dst, size_t bytes) {
   if (bytes) std::memset(dst, 0, bytes);
 }
 
-void Backend::set_precision(const std::string& precision) {
-  if (precision != "fp32")
-    throw UserError("system.precision = " + precision + ": the " + name() +
-                    " backend computes in fp32 only (bf16 needs system.backend = cuda)");
+void Backend::to_bf16(bf16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = float_to_bf16_bits(src[i]);
+}
+void Backend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(src[i].bits);
+}
+
+void Backend::convert(Ptr dst, CPtr src, int64_t n) {
+  if (n <= 0) return;
+  if (dst.dtype == src.dtype) return copy(dst.data, src.data, dst.bytes(n));
+  if (dst.dtype == DType::bf16) return to_bf16(dst.bf16(), src.f32(), n);
+  from_bf16(dst.f32(), src.bf16(), n);
+}
+
+// ---- fp32 defaults of the fused kernels ----
+
+void Backend::residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd,
+                                             const float* a, const float* b, const float* weight,
+                                             const float* bias, int N, int C) {
+  add_f32(res, a, b, int64_t(N) * C);
+  layernorm_forward_f32(out, mean, rstd, res, weight, bias, N, C);
+}
+
+void Backend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
+                                      const float* bias, int N, int C, int OC) {
+  matmul_forward_f32(pre, inp, weight, bias, N, C, OC);
+  gelu_forward_f32(out, pre, int64_t(N) * OC);
+}
+
+void Backend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
+                                       float* dbias, const float* dout, const float* inp,
+                                       const float* pre, const float* weight, int N, int C,
+                                       int OC) {
+  matmul_backward_f32(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
+  gelu_backward_f32(dpre, pre, dinp_scratch, int64_t(N) * C);
+}
+
+// ---- the kernels: the fp32 ones when every tensor is fp32, else the bf16 ones ----
+
+namespace {
+bool any_bf16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && t.dtype == DType::bf16) return true;
+  return false;
+}
+}  // namespace
+
+void Backend::embedding_forward(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
+                                int vocab_begin, int vocab_count) {
+  if (any_bf16({out, wte}))
+    return embedding_forward_bf16(out, tokens, wte, N, C, vocab_begin, vocab_count);
+  embedding_forward_f32(out.f32(), tokens, wte.f32(), N, C, vocab_begin, vocab_count);
+}
+
+void Backend::embedding_backward(float* dwte, CPtr dout, const int32_t* tokens, int N, int C,
+                                 int vocab_begin, int vocab_count) {
+  if (any_bf16({dout}))
+    return embedding_backward_bf16(dwte, dout, tokens, N, C, vocab_begin, vocab_count);
+  embedding_backward_f32(dwte, dout.f32(), tokens, N, C, vocab_begin, vocab_count);
+}
+
+void Backend::position_forward(Ptr out, CPtr wpe, int rows, int T, int C, int first_row) {
+  if (any_bf16({out, wpe})) return position_forward_bf16(out, wpe, rows, T, C, first_row);
+  position_forward_f32(out.f32(), wpe.f32(), rows, T, C, first_row);
+}
+
+void Backend::position_backward(float* dwpe, CPtr dout, int rows, int T, int C, int first_row) {
+  if (any_bf16({dout})) return position_backward_bf16(dwpe, dout, rows, T, C, first_row);
+  position_backward_f32(dwpe, dout.f32(), rows, T, C, first_row);
+}
+
+void Backend::layernorm_forward(Ptr out, float* mean, float* rstd, CPtr inp, CPtr weight, CPtr bias,
+                                int N, int C) {
+  if (any_bf16({out, inp, weight, bias}))
+    return layernorm_forward_bf16(out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_f32(out.f32(), mean, rstd, inp.f32(), weight.f32(), bias.f32(), N, C);
+}
+
+void Backend::residual_layernorm_forward(Ptr res, Ptr out, float* mean, float* rstd, CPtr a, CPtr b,
+                                         CPtr weight, CPtr bias, int N, int C) {
+  if (any_bf16({res, out, a, b, weight, bias}))
+    return residual_layernorm_forward_bf16(res, out, mean, rstd, a, b, weight, bias, N, C);
+  residual_layernorm_forward_f32(res.f32(), out.f32(), mean, rstd, a.f32(), b.f32(), weight.f32(),
+                                 bias.f32(), N, C);
+}
+
+void Backend::layernorm_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                                 CPtr weight, const float* mean, const float* rstd, int N, int C) {
+  if (any_bf16({dinp, dout, inp, weight}))
+    return layernorm_backward_bf16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_f32(dinp.f32(), dweight, dbias, dout.f32(), inp.f32(), weight.f32(), mean,
+                         rstd, N, C);
+}
+
+void Backend::matmul_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC) {
+  if (any_bf16({out, inp, weight, bias}))
+    return matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
+  matmul_forward_f32(out.f32(), inp.f32(), weight.f32(), bias.f32(), N, C, OC);
+}
+
+void Backend::matmul_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                              CPtr weight, int N, int C, int OC) {
+  if (any_bf16({dinp, dout, inp, weight}))
+    return matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  matmul_backward_f32(dinp.f32(), dweight, dbias, dout.f32(), inp.f32(), weight.f32(), N, C, OC);
+}
+
+void Backend::matmul_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                                  int OC) {
+  if (any_bf16({pre, out, inp, weight, bias}))
+    return matmul_gelu_forward_bf16(pre, out, inp, weight, bias, N, C, OC);
+  matmul_gelu_forward_f32(pre.f32(), out.f32(), inp.f32(), weight.f32(), bias.f32(), N, C, OC);
+}
+
+void Backend::matmul_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                   CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
+                                   int OC) {
+  if (any_bf16({dpre, dinp_scratch, dout, inp, pre, weight}))
+    return matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N,
+                                     C, OC);
+  matmul_backward_gelu_f32(dpre.f32(), dinp_scratch.f32(), dweight, dbias, dout.f32(), inp.f32(),
+                           pre.f32(), weight.f32(), N, C, OC);
+}
+
+void Backend::attention_forward(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
+                                int hd) {
+  if (any_bf16({out, qkv})) return attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
+  attention_forward_f32(out.f32(), att, qkv.f32(), B, T, H, KV, hd);
+}
+
+void Backend::attention_backward(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att, int B,
+                                 int T, int H, int KV, int hd) {
+  if (any_bf16({dqkv, dout, qkv, out}))
+    return attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
+  attention_backward_f32(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), att, B, T, H, KV, hd);
+}
+
+void Backend::gelu_forward(Ptr out, CPtr inp, int64_t n) {
+  if (any_bf16({out, inp})) return gelu_forward_bf16(out, inp, n);
+  gelu_forward_f32(out.f32(), inp.f32(), n);
+}
+
+void Backend::gelu_backward(Ptr dinp, CPtr inp, CPtr dout, int64_t n) {
+  if (any_bf16({dinp, inp, dout})) return gelu_backward_bf16(dinp, inp, dout, n);
+  gelu_backward_f32(dinp.f32(), inp.f32(), dout.f32(), n);
+}
+
+void Backend::add(Ptr out, CPtr a, CPtr b, int64_t n) {
+  if (any_bf16({out, a, b})) return add_bf16(out, a, b, n);
+  add_f32(out.f32(), a.f32(), b.f32(), n);
+}
+
+void Backend::crossentropy_max(CPtr logits, float* row_max, int N, int V, int valid) {
+  if (any_bf16({logits})) return crossentropy_max_bf16(logits, row_max, N, V, valid);
+  crossentropy_max_f32(logits.f32(), row_max, N, V, valid);
+}
+
+void Backend::crossentropy_sums(CPtr logits, const int32_t* targets, const float* row_max,
+                                float* sumexp, float* target_logit, int N, int V, int valid,
+                                int vocab_begin) {
+  if (any_bf16({logits}))
+    return crossentropy_sums_bf16(logits, targets, row_max, sumexp, target_logit, N, V, valid,
+                                  vocab_begin);
+  crossentropy_sums_f32(logits.f32(), targets, row_max, sumexp, target_logit, N, V, valid,
+                        vocab_begin);
+}
+
+void Backend::crossentropy_finish(Ptr logits, float* losses, const int32_t* targets,
+                                  const float* row_max, const float* sumexp,
+                                  const float* target_logit, int N, int V, int valid,
+                                  int vocab_begin, float dloss) {
+  if (any_bf16({logits}))
+    return crossentropy_finish_bf16(logits, losses, targets, row_max, sumexp, target_logit, N, V,
+                                    valid, vocab_begin, dloss);
+  crossentropy_finish_f32(logits.f32(), losses, targets, row_max, sumexp, target_logit, N, V, valid,
+                          vocab_begin, dloss);
 }
 
 namespace {

@@ -201,77 +201,98 @@ void Comm::check_counts(const std::vector<int64_t>& counts, const char* op) cons
                   static_cast<long long>(c));
 }
 
-void Comm::all_reduce(float* data, int64_t n, Wire wire) {
-  if (wire == Wire::fp32 || size_ == 1) return all_reduce_op(data, n, MPI_SUM);
+void Comm::check_types(CPtr a, CPtr b, const char* op) const {
+  TRELLIS_CHECK(!a.data || !b.data || a.dtype == b.dtype,
+                "%s on '%s': a %s and a %s buffer in one operation", op, name_.c_str(),
+                dtype_name(a.dtype), dtype_name(b.dtype));
+}
+
+namespace {
+// Element `i` of a buffer, as a void pointer for MPI.
+void* elem(Ptr p, int64_t i) { return p.at(i).data; }
+const void* elem(CPtr p, int64_t i) { return p.at(i).data; }
+}  // namespace
+
+void Comm::all_reduce(Ptr data, int64_t n, Wire wire) {
+  // A bf16 buffer travels as it is: the wire only says how fp32 buffers travel.
+  if (wire == Wire::fp32 || size_ == 1 || !data.is_f32()) return all_reduce_op(data, n, MPI_SUM);
   double t0 = now_seconds();
   begin_op();
   count_payload(2.0 * static_cast<double>(n), 2);
-  if (n > 0 && on_device({data}, "all_reduce"))
+  if (n > 0 && on_device({data.data}, "all_reduce"))
     return link_blocking(link_->all_reduce(data, n, ReduceOp::sum, true, wire), t0);
   Request r;
-  start_all_reduce_bf16(r, data, n, true);
+  start_all_reduce_bf16(r, data.f32(), n, true);
   blocking_done(t0);
 }
 
 void Comm::all_reduce_max(float* data, int64_t n) { all_reduce_op(data, n, MPI_MAX); }
 
-void Comm::all_reduce_op(float* data, int64_t n, MPI_Op op) {
+void Comm::all_reduce_op(Ptr data, int64_t n, MPI_Op op) {
+  TRELLIS_CHECK(op == MPI_SUM || data.is_f32(), "all_reduce_max on '%s': fp32 buffers only",
+                name_.c_str());
   double t0 = now_seconds();
   begin_op();
-  count_payload(2.0 * static_cast<double>(n));
-  if (n > 0 && on_device({data}, "all_reduce"))
+  count_payload(2.0 * static_cast<double>(n), dtype_bytes(data.dtype));
+  if (n > 0 && on_device({data.data}, "all_reduce"))
     return link_blocking(link_->all_reduce(data, n, op == MPI_MAX ? ReduceOp::max : ReduceOp::sum,
                                            true, Wire::fp32),
                          t0);
+  const MPI_Op mpi_op = op == MPI_SUM ? detail::sum_op(data.dtype) : op;
   for_chunks(n, [&](int64_t off, int cnt) {
-    all_reduce_in_place(data + off, cnt, MPI_FLOAT, op, comm_, nullptr);
+    all_reduce_in_place(elem(data, off), cnt, detail::mpi_type(data.dtype), mpi_op, comm_, nullptr);
   });
   blocking_done(t0);
 }
 
-Request Comm::iall_reduce(float* data, int64_t n, Wire wire) {
-  if (size_ == 1) wire = Wire::fp32;  // nothing travels: nothing is rounded
+Request Comm::iall_reduce(Ptr data, int64_t n, Wire wire) {
+  if (size_ == 1 || !data.is_f32()) wire = Wire::fp32;  // nothing travels, or bf16 already
   double t0 = now_seconds();
   begin_op();
-  count_payload(2.0 * static_cast<double>(n), wire == Wire::bf16 ? 2 : 4);
-  if (n > 0 && on_device({data}, "iall_reduce"))
+  count_payload(2.0 * static_cast<double>(n), wire == Wire::bf16 ? 2 : dtype_bytes(data.dtype));
+  if (n > 0 && on_device({data.data}, "iall_reduce"))
     return link_in_flight(link_->all_reduce(data, n, ReduceOp::sum, false, wire), t0);
   Request r;
   if (wire == Wire::bf16) {
-    start_all_reduce_bf16(r, data, n, false);
+    start_all_reduce_bf16(r, data.f32(), n, false);
     return in_flight(std::move(r), t0);
   }
   for_chunks(n, [&](int64_t off, int cnt) {
-    all_reduce_in_place(data + off, cnt, MPI_FLOAT, MPI_SUM, comm_, &r.reqs_);
+    all_reduce_in_place(elem(data, off), cnt, detail::mpi_type(data.dtype),
+                        detail::sum_op(data.dtype), comm_, &r.reqs_);
   });
   return in_flight(std::move(r), t0);
 }
 
-void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
-                                const std::vector<int64_t>& counts, bool blocking) {
+void Comm::start_reduce_scatter(Request& r, CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                                bool blocking) {
   check_counts(counts, "reduce_scatter");
   const std::vector<int64_t> displ = displacements(counts);
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
+  const DType t = in.dtype;
+  const size_t bytes = dtype_bytes(t);
+  const MPI_Datatype type = detail::mpi_type(t);
+  const MPI_Op sum = detail::sum_op(t);
   begin_op();
-  count_payload(static_cast<double>(total));
+  count_payload(static_cast<double>(total), bytes);
   if (total == 0) return;
-  const bool in_place = out == in + displ[rank_];
-  TRELLIS_CHECK(in_place || !overlaps(in, total * 4, out, mine * 4),
+  const bool in_place = out.data == in.at(displ[rank_]).data;
+  TRELLIS_CHECK(in_place || !overlaps(in.data, total * bytes, out.data, mine * bytes),
                 "reduce_scatter on '%s': out overlaps in (only out == in + this rank's offset "
                 "may alias)",
                 name_.c_str());
-  float* inout = const_cast<float*>(in);
+  void* inout = const_cast<void*>(in.data);
   std::vector<MPI_Request>* pending = blocking ? nullptr : &r.reqs_;
 
   if (total <= g_max_mpi_count) {  // one MPI_Reduce_scatter
     r.counts_.assign(counts.begin(), counts.end());
-    const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in);
-    void* recv = in_place ? static_cast<void*>(inout) : static_cast<void*>(out);
-    reduce_scatter_blocks(send, recv, r.counts_.data(), MPI_FLOAT, MPI_SUM, comm_, pending);
+    const void* send = in_place ? MPI_IN_PLACE : in.data;
+    void* recv = in_place ? inout : out.data;
+    reduce_scatter_blocks(send, recv, r.counts_.data(), type, sum, comm_, pending);
     // In place, MPI leaves the result at the start of the buffer; move it to this rank's block.
     if (in_place && displ[rank_] != 0 && mine > 0) {
-      auto move = [inout, out, mine] { std::memmove(out, inout, mine * sizeof(float)); };
+      auto move = [inout, out, mine, bytes] { std::memmove(out.data, inout, mine * bytes); };
       if (blocking) move();
       else r.finish_ = move;
     }
@@ -280,59 +301,61 @@ void Comm::start_reduce_scatter(Request& r, const float* in, float* out,
   // Beyond int counts: one reduction to each rank of its block, in chunks.
   for (int j = 0; j < size_; ++j) {
     for_chunks(counts[j], [&](int64_t off, int cnt) {
-      const float* src = in + displ[j] + off;
-      const void* send = (j == rank_ && in_place) ? MPI_IN_PLACE : static_cast<const void*>(src);
-      void* recv = j == rank_ ? static_cast<void*>(out + off) : nullptr;
-      reduce_to(send, recv, cnt, MPI_FLOAT, MPI_SUM, j, comm_, pending);
+      const void* src = elem(in, displ[j] + off);
+      const void* send = (j == rank_ && in_place) ? MPI_IN_PLACE : src;
+      void* recv = j == rank_ ? elem(out, off) : nullptr;
+      reduce_to(send, recv, cnt, type, sum, j, comm_, pending);
     });
   }
 }
 
-void Comm::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
-                          Wire wire) {
+void Comm::reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts, Wire wire) {
   Request r = start_reduce_scatter_any(in, out, counts, true, wire);
   r.counts_.clear();
 }
 
-Request Comm::ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
-                              Wire wire) {
+Request Comm::ireduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts, Wire wire) {
   return start_reduce_scatter_any(in, out, counts, false, wire);
 }
 
-Request Comm::start_reduce_scatter_any(const float* in, float* out,
-                                       const std::vector<int64_t>& counts, bool blocking,
-                                       Wire wire) {
-  if (size_ == 1) wire = Wire::fp32;  // nothing travels: nothing is rounded
+Request Comm::start_reduce_scatter_any(CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                                       bool blocking, Wire wire) {
+  if (size_ == 1 || !in.is_f32()) wire = Wire::fp32;  // nothing travels, or bf16 already
   const char* op = blocking ? "reduce_scatter" : "ireduce_scatter";
+  check_types(in, out, op);
   double t0 = now_seconds();
   Request r;
-  if (on_device({in, out}, op)) {
+  if (on_device({in.data, out.data}, op)) {
     check_counts(counts, op);
     begin_op();
-    count_payload(static_cast<double>(sum_of(counts)), wire == Wire::bf16 ? 2 : 4);
+    count_payload(static_cast<double>(sum_of(counts)),
+                  wire == Wire::bf16 ? 2 : dtype_bytes(in.dtype));
     auto c = link_->reduce_scatter(in, out, counts, blocking, wire);
     if (!blocking) return link_in_flight(std::move(c), t0);
     link_blocking(std::move(c), t0);
     return r;
   }
-  if (wire == Wire::bf16) start_reduce_scatter_bf16(r, in, out, counts, blocking);
+  if (wire == Wire::bf16)
+    start_reduce_scatter_bf16(r, in.f32(), out.f32(), counts, blocking);
   else start_reduce_scatter(r, in, out, counts, blocking);
   if (!blocking) return in_flight(std::move(r), t0);
   blocking_done(t0);
   return r;
 }
 
-void Comm::start_all_gather(Request& r, const float* in, float* out,
-                            const std::vector<int64_t>& counts, bool blocking) {
+void Comm::start_all_gather(Request& r, CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                            bool blocking) {
   check_counts(counts, "all_gather");
   const std::vector<int64_t> displ = displacements(counts);
   const int64_t total = displ.back() + counts.back();
   const int64_t mine = counts[rank_];
+  const size_t bytes = dtype_bytes(out.dtype);
+  const MPI_Datatype type = detail::mpi_type(out.dtype);
   begin_op();
-  count_payload(static_cast<double>(total));
+  count_payload(static_cast<double>(total), bytes);
   if (total == 0) return;
-  const bool in_place = in == out + displ[rank_];
-  TRELLIS_CHECK(in_place || !overlaps(in, mine * 4, out, total * 4),
+  const bool in_place = in.data == out.at(displ[rank_]).data;
+  TRELLIS_CHECK(in_place || !overlaps(in.data, mine * bytes, out.data, total * bytes),
                 "all_gather on '%s': in overlaps out (only in == out + this rank's offset may "
                 "alias)",
                 name_.c_str());
@@ -340,43 +363,44 @@ void Comm::start_all_gather(Request& r, const float* in, float* out,
   if (total <= g_max_mpi_count) {  // one MPI_Allgatherv
     r.counts_.assign(counts.begin(), counts.end());
     r.displs_.assign(displ.begin(), displ.end());
-    const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in);
+    const void* send = in_place ? MPI_IN_PLACE : in.data;
     const int send_count = in_place ? 0 : static_cast<int>(mine);
     if (blocking) {
-      mpi_ok(MPI_Allgatherv(send, send_count, MPI_FLOAT, out, r.counts_.data(), r.displs_.data(),
-                            MPI_FLOAT, comm_),
+      mpi_ok(MPI_Allgatherv(send, send_count, type, out.data, r.counts_.data(), r.displs_.data(),
+                            type, comm_),
              "MPI_Allgatherv");
     } else {
       MPI_Request q;
-      mpi_ok(MPI_Iallgatherv(send, send_count, MPI_FLOAT, out, r.counts_.data(), r.displs_.data(),
-                             MPI_FLOAT, comm_, &q),
+      mpi_ok(MPI_Iallgatherv(send, send_count, type, out.data, r.counts_.data(), r.displs_.data(),
+                             type, comm_, &q),
              "MPI_Iallgatherv");
       r.reqs_.push_back(q);
     }
     return;
   }
   // Beyond int counts or displacements: each rank broadcasts its block, in chunks.
-  if (!in_place && mine > 0) std::memcpy(out + displ[rank_], in, mine * sizeof(float));
+  if (!in_place && mine > 0) std::memcpy(elem(out, displ[rank_]), in.data, mine * bytes);
   for (int j = 0; j < size_; ++j) {
     for_chunks(counts[j], [&](int64_t off, int cnt) {
-      float* buf = out + displ[j] + off;
+      void* buf = elem(out, displ[j] + off);
       if (blocking) {
-        mpi_ok(MPI_Bcast(buf, cnt, MPI_FLOAT, j, comm_), "MPI_Bcast");
+        mpi_ok(MPI_Bcast(buf, cnt, type, j, comm_), "MPI_Bcast");
       } else {
         MPI_Request q;
-        mpi_ok(MPI_Ibcast(buf, cnt, MPI_FLOAT, j, comm_, &q), "MPI_Ibcast");
+        mpi_ok(MPI_Ibcast(buf, cnt, type, j, comm_, &q), "MPI_Ibcast");
         r.reqs_.push_back(q);
       }
     });
   }
 }
 
-void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
+void Comm::all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts) {
+  check_types(in, out, "all_gather");
   double t0 = now_seconds();
-  if (on_device({in, out}, "all_gather")) {
+  if (on_device({in.data, out.data}, "all_gather")) {
     check_counts(counts, "all_gather");
     begin_op();
-    count_payload(static_cast<double>(sum_of(counts)));
+    count_payload(static_cast<double>(sum_of(counts)), dtype_bytes(out.dtype));
     return link_blocking(link_->all_gather(in, out, counts, true), t0);
   }
   Request r;
@@ -386,12 +410,13 @@ void Comm::all_gather(const float* in, float* out, const std::vector<int64_t>& c
   blocking_done(t0);
 }
 
-Request Comm::iall_gather(const float* in, float* out, const std::vector<int64_t>& counts) {
+Request Comm::iall_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts) {
+  check_types(in, out, "iall_gather");
   double t0 = now_seconds();
-  if (on_device({in, out}, "iall_gather")) {
+  if (on_device({in.data, out.data}, "iall_gather")) {
     check_counts(counts, "iall_gather");
     begin_op();
-    count_payload(static_cast<double>(sum_of(counts)));
+    count_payload(static_cast<double>(sum_of(counts)), dtype_bytes(out.dtype));
     return link_in_flight(link_->all_gather(in, out, counts, false), t0);
   }
   Request r;
@@ -414,28 +439,30 @@ void Comm::broadcast(void* data, int64_t bytes, int root) {
   blocking_done(t0);
 }
 
-void Comm::send(const float* data, int64_t n, int peer, int tag) {
+void Comm::send(CPtr data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  count_payload(static_cast<double>(n));
-  if (n > 0 && on_device({data}, "send"))
+  count_payload(static_cast<double>(n), dtype_bytes(data.dtype));
+  if (n > 0 && on_device({data.data}, "send"))
     return link_blocking(link_->send(data, n, peer, tag, true), t0);
+  const MPI_Datatype type = detail::mpi_type(data.dtype);
   for_chunks(n, [&](int64_t off, int cnt) {
-    mpi_ok(MPI_Send(data + off, cnt, MPI_FLOAT, peer, tag, comm_), "MPI_Send");
+    mpi_ok(MPI_Send(elem(data, off), cnt, type, peer, tag, comm_), "MPI_Send");
   });
   blocking_done(t0);
 }
 
-void Comm::recv(float* data, int64_t n, int peer, int tag) {
+void Comm::recv(Ptr data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  if (n > 0 && on_device({data}, "recv"))
+  if (n > 0 && on_device({data.data}, "recv"))
     return link_blocking(link_->recv(data, n, peer, tag, true), t0);
+  const MPI_Datatype type = detail::mpi_type(data.dtype);
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Status status;
-    mpi_ok(MPI_Recv(data + off, cnt, MPI_FLOAT, peer, recv_tag(tag), comm_, &status), "MPI_Recv");
+    mpi_ok(MPI_Recv(elem(data, off), cnt, type, peer, recv_tag(tag), comm_, &status), "MPI_Recv");
     int got = 0;
-    MPI_Get_count(&status, MPI_FLOAT, &got);
+    MPI_Get_count(&status, type, &got);
     TRELLIS_CHECK(got == cnt, "recv on '%s' from %d (tag %d): got %d values, expected %d",
                   name_.c_str(), peer, tag, got, cnt);
     TRELLIS_CHECK(status.MPI_TAG == tag,
@@ -446,31 +473,33 @@ void Comm::recv(float* data, int64_t n, int peer, int tag) {
   blocking_done(t0);
 }
 
-Request Comm::isend(const float* data, int64_t n, int peer, int tag) {
+Request Comm::isend(CPtr data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  count_payload(static_cast<double>(n));
-  if (n > 0 && on_device({data}, "isend"))
+  count_payload(static_cast<double>(n), dtype_bytes(data.dtype));
+  if (n > 0 && on_device({data.data}, "isend"))
     return link_in_flight(link_->send(data, n, peer, tag, false), t0);
   Request r;
+  const MPI_Datatype type = detail::mpi_type(data.dtype);
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
-    mpi_ok(MPI_Isend(data + off, cnt, MPI_FLOAT, peer, tag, comm_, &q), "MPI_Isend");
+    mpi_ok(MPI_Isend(elem(data, off), cnt, type, peer, tag, comm_, &q), "MPI_Isend");
     r.reqs_.push_back(q);
   });
   return in_flight(std::move(r), t0);
 }
 
-Request Comm::irecv(float* data, int64_t n, int peer, int tag) {
+Request Comm::irecv(Ptr data, int64_t n, int peer, int tag) {
   double t0 = now_seconds();
   begin_op();
-  if (n > 0 && on_device({data}, "irecv"))
+  if (n > 0 && on_device({data.data}, "irecv"))
     return link_in_flight(link_->recv(data, n, peer, tag, false), t0);
   Request r;
   if (fifo_receives_) r.expect_tag_ = tag;
+  const MPI_Datatype type = detail::mpi_type(data.dtype);
   for_chunks(n, [&](int64_t off, int cnt) {
     MPI_Request q;
-    mpi_ok(MPI_Irecv(data + off, cnt, MPI_FLOAT, peer, recv_tag(tag), comm_, &q), "MPI_Irecv");
+    mpi_ok(MPI_Irecv(elem(data, off), cnt, type, peer, recv_tag(tag), comm_, &q), "MPI_Irecv");
     r.reqs_.push_back(q);
   });
   return in_flight(std::move(r), t0);

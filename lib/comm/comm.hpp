@@ -1,8 +1,14 @@
 // Collectives and point-to-point messages within one group of ranks (dp, tp, pp or world), on
-// fp32 buffers, with counters per group.
+// fp32 or bf16 buffers (core/dtype.hpp), with counters per group.
+//
+// Types: the buffers of one operation have one element type. fp32 sums add in fp32. bf16 buffers
+// (a bf16 run's activations and parameters) travel as they are, 2 bytes a value; a sum of bf16
+// buffers widens two values, adds them in fp32 and rounds the sum to bf16 at each hop — the bf16
+// wire's arithmetic below, without its conversions (the values already are bf16). The maximum
+// (all_reduce_max) is fp32 only.
 //
 // Memory: host buffers go through MPI. With a DeviceLink attached (device_link.hpp; the trainer
-// attaches one on a device backend) the float operations — all_reduce, all_reduce_max (float),
+// attaches one on a device backend) the buffer operations — all_reduce, all_reduce_max,
 // reduce_scatter, all_gather, broadcast, send/recv and their non-blocking forms — whose buffers
 // are device memory go through the link. The buffers of one operation are all host memory or all
 // device memory: a mix is a programming error (std::logic_error). Scalars (all_reduce_sum/max of
@@ -16,7 +22,7 @@
 //
 // Statistics (CommStats), per Comm object:
 //   calls              one per operation started (blocking or not; recv and irecv too).
-//   payload_values     the volume the ZeRO paper counts, in values (floats):
+//   payload_values     the volume the ZeRO paper counts, in values:
 //                        all_reduce of n values        2n   (a reduce-scatter plus an all-gather)
 //                        reduce_scatter of Σcounts     Σcounts
 //                        all_gather of Σcounts         Σcounts
@@ -24,7 +30,7 @@
 //                        broadcast of b bytes          b / 4
 //                        all_reduce_sum/max (scalar)   2    (an all_reduce of one value)
 //   payload_bytes      the same volume in bytes as the wire carries it: 4 per value, 2 per value of
-//                      a bf16-wire reduction (below), so a bf16 gradient reduction shows as half.
+//                      a bf16 buffer or a bf16-wire reduction (below), so either shows as half.
 //   seconds_in_flight  from start to completion: for a blocking op its duration; for a
 //                      non-blocking op from the i... call to the first time test() or wait()
 //                      saw it complete (so it is at most as precise as the polling).
@@ -37,9 +43,10 @@
 // buffers stay fp32; what travels is bf16, half the bytes, as with NCCL's ncclBfloat16 all-reduce
 // in Megatron-LM and DeepSpeed:
 //   - each rank's fp32 input is rounded to bf16 (round to nearest, ties to even: backend/bf16.hpp);
-//   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and the
-//     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements, commutative;
-//     NCCL does the same for ncclBfloat16);
+//   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and
+//   the
+//     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements,
+//     commutative; NCCL does the same for ncclBfloat16);
 //   - the reduced bf16 result is widened back to fp32 into the output buffer.
 // So a result differs from the exact sum by the rounding of the p inputs and of the p − 1 partial
 // sums, each at most u = 2^-8 relative (8 significant bits):
@@ -61,6 +68,7 @@
 #include <vector>
 
 #include "comm/device_link.hpp"
+#include "core/dtype.hpp"
 
 namespace trellis {
 
@@ -132,8 +140,9 @@ class Comm {
   void set_fifo_receives(bool on) { fifo_receives_ = on; }
 
   // ---- blocking ------------------------------------------------------------------------------
-  /// Sum over the group, in place. `wire`: what travels (the bf16 wire above).
-  void all_reduce(float* data, int64_t n, Wire wire = Wire::fp32);
+  /// Sum over the group, in place. `wire`: what travels for fp32 buffers (the bf16 wire above;
+  /// a bf16 buffer travels as bf16 whatever it says).
+  void all_reduce(Ptr data, int64_t n, Wire wire = Wire::fp32);
   /// Element-wise maximum over the group, in place.
   void all_reduce_max(float* data, int64_t n);
   /// `in` holds Σcounts values, block r (counts[r] values, blocks laid out rank by rank) for rank
@@ -141,36 +150,35 @@ class Comm {
   /// counts.size() must equal size(); counts may differ and be 0. `out` may be `in +
   /// displacement of this rank` (in place; the rest of `in` is then clobbered); otherwise the two
   /// must not overlap.
-  void reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
-                      Wire wire = Wire::fp32);
+  void reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts, Wire wire = Wire::fp32);
   /// Rank r contributes counts[r] values from `in`; `out` (Σcounts values) is the concatenation
   /// in rank order. `in` may be `out + displacement of this rank` (in place).
-  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts);
+  void all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts);
   void broadcast(void* data, int64_t bytes, int root);
-  void send(const float* data, int64_t n, int peer, int tag = 0);
-  void recv(float* data, int64_t n, int peer, int tag = 0);
+  void send(CPtr data, int64_t n, int peer, int tag = 0);
+  void recv(Ptr data, int64_t n, int peer, int tag = 0);
   double all_reduce_sum(double value);
   double all_reduce_max(double value);
   void barrier();
 
   // ---- non-blocking (same arguments; buffers must stay untouched until the Request completes) --
-  Request iall_reduce(float* data, int64_t n, Wire wire = Wire::fp32);
-  Request ireduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
+  Request iall_reduce(Ptr data, int64_t n, Wire wire = Wire::fp32);
+  Request ireduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                           Wire wire = Wire::fp32);
-  Request iall_gather(const float* in, float* out, const std::vector<int64_t>& counts);
-  Request isend(const float* data, int64_t n, int peer, int tag = 0);
-  Request irecv(float* data, int64_t n, int peer, int tag = 0);
+  Request iall_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts);
+  Request isend(CPtr data, int64_t n, int peer, int tag = 0);
+  Request irecv(Ptr data, int64_t n, int peer, int tag = 0);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 
  private:
-  /// reduce_scatter and ireduce_scatter: the device link, the fp32 or the bf16 host path.
-  Request start_reduce_scatter_any(const float* in, float* out, const std::vector<int64_t>& counts,
+  /// reduce_scatter and ireduce_scatter: the device link, the plain or the bf16-wire host path.
+  Request start_reduce_scatter_any(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                                    bool blocking, Wire wire);
-  void start_reduce_scatter(Request& r, const float* in, float* out,
-                            const std::vector<int64_t>& counts, bool blocking);
-  // The bf16 wire on host buffers (comm_bf16.cpp).
+  void start_reduce_scatter(Request& r, CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                            bool blocking);
+  // The bf16 wire on fp32 host buffers (comm_bf16.cpp).
   void start_all_reduce_bf16(Request& r, float* data, int64_t n, bool blocking);
   void start_reduce_scatter_bf16(Request& r, const float* in, float* out,
                                  const std::vector<int64_t>& counts, bool blocking);
@@ -180,15 +188,19 @@ class Comm {
     stats_.payload_values += values;
     stats_.payload_bytes += values * bytes_per_value;
   }
-  void start_all_gather(Request& r, const float* in, float* out,
-                        const std::vector<int64_t>& counts, bool blocking);
+  void start_all_gather(Request& r, CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                        bool blocking);
   void check_counts(const std::vector<int64_t>& counts, const char* op) const;
   /// Every operation starts here: counts the call and passes the fault-injection point named
   /// after this group (core/fault.hpp).
   void begin_op();
   void blocking_done(double started);
   Request in_flight(Request r, double started);
-  void all_reduce_op(float* data, int64_t n, MPI_Op op);
+  /// Blocking all-reduce of `data` with MPI's `op` (MPI_SUM or MPI_MAX; bf16 sums through the
+  /// bf16 MPI_Op).
+  void all_reduce_op(Ptr data, int64_t n, MPI_Op op);
+  /// One operation's buffers have one type.
+  void check_types(CPtr a, CPtr b, const char* op) const;
   /// True when the buffers (null ones skipped) are device memory: all of them; false when all are
   /// host memory; a mix throws. Always false without a link.
   bool on_device(std::initializer_list<const void*> buffers, const char* op) const;

@@ -1,5 +1,5 @@
 // The bf16 wire on host buffers (comm.hpp, "The bf16 wire"): fp32 in, bf16 on the wire with fp32
-// additions at each hop, fp32 out.
+// additions at each hop, fp32 out; and the MPI_Op that sums bf16 values (also bf16 buffers').
 #include <mpi.h>
 
 #include <cstdint>
@@ -14,9 +14,10 @@
 
 namespace trellis {
 
+using detail::all_reduce_in_place;
+using detail::bf16_sum_op;
 using detail::for_chunks;
 using detail::mpi_ok;
-using detail::all_reduce_in_place;
 using detail::reduce_scatter_blocks;
 using detail::reduce_to;
 
@@ -31,17 +32,6 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype* /*type: MPI_UINT16_
     b[i] = float_to_bf16_bits(bf16_bits_to_float(a[i]) + bf16_bits_to_float(b[i]));
 }
 
-/// The MPI_Op of bf16_sum, created on first use (after MPI_Init) and kept for the process: an
-/// MPI_Op freed while a non-blocking reduction still holds it is an error.
-MPI_Op bf16_sum_op() {
-  static MPI_Op op = [] {
-    MPI_Op o;
-    mpi_ok(MPI_Op_create(&bf16_sum, /*commute=*/1, &o), "MPI_Op_create");
-    return o;
-  }();
-  return op;
-}
-
 /// (n) bf16 bits of the fp32 values x[0..n).
 std::shared_ptr<std::vector<uint16_t>> to_bf16(const float* x, int64_t n) {
   auto w = std::make_shared<std::vector<uint16_t>>(n);
@@ -54,6 +44,16 @@ void widen(float* out, const uint16_t* w, int64_t n) {
 }
 
 }  // namespace
+
+// Kept for the process: an MPI_Op freed while a non-blocking reduction still holds it is an error.
+MPI_Op detail::bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o;
+    mpi_ok(MPI_Op_create(&bf16_sum, /*commute=*/1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return op;
+}
 
 void Comm::start_all_reduce_bf16(Request& r, float* data, int64_t n, bool blocking) {
   if (n == 0) return;

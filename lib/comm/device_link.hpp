@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
+
 namespace trellis {
 
 /// A started operation that something other than MPI completes (a CUDA event, a staged copy
@@ -46,21 +48,23 @@ class DeviceLink {
   /// True when `p` points into the device memory this link moves.
   virtual bool is_device(const void* p) const = 0;
 
-  /// `wire` is Wire::bf16 only with ReduceOp::sum, and only on groups of 2 ranks or more.
-  virtual std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op,
-                                                 bool blocking, Wire wire) = 0;
-  virtual std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
+  /// Buffers are fp32 or bf16, one type per operation (Comm checks). `wire` is Wire::bf16 only
+  /// with ReduceOp::sum on fp32 buffers, and only on groups of 2 ranks or more; ReduceOp::max only
+  /// on fp32 buffers.
+  virtual std::unique_ptr<Completion> all_reduce(Ptr data, int64_t n, ReduceOp op, bool blocking,
+                                                 Wire wire) = 0;
+  virtual std::unique_ptr<Completion> reduce_scatter(CPtr in, Ptr out,
                                                      const std::vector<int64_t>& counts,
                                                      bool blocking, Wire wire) = 0;
-  virtual std::unique_ptr<Completion> all_gather(const float* in, float* out,
+  virtual std::unique_ptr<Completion> all_gather(CPtr in, Ptr out,
                                                  const std::vector<int64_t>& counts,
                                                  bool blocking) = 0;
   virtual std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) = 0;
   /// Point-to-point. NCCL has no tags: messages between two ranks in one direction are matched
   /// in the order they were started (FIFO), and a link may only check the tag, not match on it.
-  virtual std::unique_ptr<Completion> send(const float* data, int64_t n, int peer, int tag,
+  virtual std::unique_ptr<Completion> send(CPtr data, int64_t n, int peer, int tag,
                                            bool blocking) = 0;
-  virtual std::unique_ptr<Completion> recv(float* data, int64_t n, int peer, int tag,
+  virtual std::unique_ptr<Completion> recv(Ptr data, int64_t n, int peer, int tag,
                                            bool blocking) = 0;
 };
 

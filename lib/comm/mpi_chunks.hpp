@@ -1,5 +1,5 @@
-// Internal to comm/: the MPI error check and the split of long operations into int-count chunks,
-// shared by comm.cpp (fp32) and comm_bf16.cpp (the bf16 wire).
+// Internal to comm/: the MPI error check, the MPI types of the element types, and the split of
+// long operations into int-count chunks, shared by comm.cpp and comm_bf16.cpp (the bf16 wire).
 #pragma once
 #include <mpi.h>
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace trellis::detail {
@@ -15,6 +16,14 @@ namespace trellis::detail {
 inline void mpi_ok(int rc, const char* what) {
   TRELLIS_CHECK(rc == MPI_SUCCESS, "%s failed (MPI error %d)", what, rc);
 }
+
+/// The MPI type a buffer's elements travel as: MPI_FLOAT, or bf16's 16 bits as MPI_UINT16_T.
+inline MPI_Datatype mpi_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+/// The MPI_Op that sums bf16 values (two widened, added in fp32, the sum rounded to nearest even),
+/// created on first use and kept for the process (comm_bf16.cpp).
+MPI_Op bf16_sum_op();
+/// The sum of elements of type t.
+inline MPI_Op sum_op(DType t) { return t == DType::f32 ? MPI_SUM : bf16_sum_op(); }
 
 /// Calls f(offset, count) for consecutive chunks of [0, n) of at most the MPI count limit.
 template <class F>

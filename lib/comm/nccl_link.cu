@@ -162,76 +162,75 @@ class NcclLink : public DeviceLink {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
-  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op, bool blocking,
+  std::unique_ptr<Completion> all_reduce(Ptr data, int64_t n, ReduceOp op, bool blocking,
                                          Wire wire) override {
     after_compute(stream_);
-    if (wire == Wire::bf16) {
+    if (wire == Wire::bf16 && data.is_f32()) {
       // (n) bf16 on the link's stream: round, sum in bf16 (NCCL adds in fp32 per hop), widen.
       __nv_bfloat16* tmp = bf16_temp(n);
-      to_bf16(tmp, data, n);
+      to_bf16(tmp, data.f32(), n);
       NCCL_OK(nccl().AllReduce(tmp, tmp, size_t(n), ncclBfloat16, ncclSum, comm_, stream_));
-      from_bf16(data, tmp, n);
+      from_bf16(data.f32(), tmp, n);
       CUDA_OK(cudaFreeAsync(tmp, stream_));
       return done_on(stream_, blocking);
     }
-    NCCL_OK(nccl().AllReduce(data, data, size_t(n), ncclFloat,
+    NCCL_OK(nccl().AllReduce(data.data, data.data, size_t(n), nccl_type(data.dtype),
                              op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
     return done_on(stream_, blocking);
   }
 
-  std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
-                                             const std::vector<int64_t>& counts, bool blocking,
-                                             Wire wire) override {
+  std::unique_ptr<Completion> reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                                             bool blocking, Wire wire) override {
     const std::vector<int64_t> displ = displacements(counts);
     const auto [block, equal] = blocks_of(counts);
     if (block == 0) return nullptr;
     after_compute(stream_);
-    if (wire == Wire::bf16) {
+    if (wire == Wire::bf16 && in.is_f32()) {
       // (size · block) bf16, each rank's block rounded into a padded slot (zeros past its count),
       // reduced in place, this rank's slot widened into `out` (which may alias `in`: every slot
       // was read before).
       __nv_bfloat16* tmp = bf16_temp(block * size_);
       CUDA_OK(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(block) * size_, stream_));
-      for (int j = 0; j < size_; ++j) to_bf16(tmp + j * block, in + displ[j], counts[j]);
+      for (int j = 0; j < size_; ++j) to_bf16(tmp + j * block, in.f32() + displ[j], counts[j]);
       NCCL_OK(nccl().ReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclBfloat16, ncclSum,
                                    comm_, stream_));
-      from_bf16(out, tmp + rank_ * block, counts[rank_]);
+      from_bf16(out.f32(), tmp + rank_ * block, counts[rank_]);
       CUDA_OK(cudaFreeAsync(tmp, stream_));
       return done_on(stream_, blocking);
     }
+    const ncclDataType_t type = nccl_type(in.dtype);
     if (equal) {
       // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
-      NCCL_OK(nccl().ReduceScatter(in, out, size_t(block), ncclFloat, ncclSum, comm_, stream_));
+      NCCL_OK(nccl().ReduceScatter(in.data, out.data, size_t(block), type, ncclSum, comm_, stream_));
       return done_on(stream_, blocking);
     }
     // Unequal blocks: each into a padded slot of `block` values, reduce, take this rank's part.
-    float* tmp = padded(block);
-    for (int j = 0; j < size_; ++j)
-      copy(tmp + j * block, in + displ[j], counts[j]);
-    NCCL_OK(nccl().ReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclFloat, ncclSum,
-                                 comm_, stream_));
-    copy(out, tmp + rank_ * block, counts[rank_]);
-    CUDA_OK(cudaFreeAsync(tmp, stream_));
+    Ptr tmp = padded(block, in.dtype);
+    for (int j = 0; j < size_; ++j) copy(tmp.at(j * block), in.at(displ[j]), counts[j]);
+    NCCL_OK(nccl().ReduceScatter(tmp.data, tmp.at(rank_ * block).data, size_t(block), type,
+                                 ncclSum, comm_, stream_));
+    copy(out, tmp.at(rank_ * block), counts[rank_]);
+    CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     return done_on(stream_, blocking);
   }
 
-  std::unique_ptr<Completion> all_gather(const float* in, float* out,
-                                         const std::vector<int64_t>& counts,
+  std::unique_ptr<Completion> all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                                          bool blocking) override {
     const std::vector<int64_t> displ = displacements(counts);
     const auto [block, equal] = blocks_of(counts);
     if (block == 0) return nullptr;
     after_compute(stream_);
+    const ncclDataType_t type = nccl_type(out.dtype);
     if (equal) {
-      NCCL_OK(nccl().AllGather(in, out, size_t(block), ncclFloat, comm_, stream_));
+      NCCL_OK(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
       return done_on(stream_, blocking);
     }
-    float* tmp = padded(block);
-    copy(tmp + rank_ * block, in, counts[rank_]);
-    NCCL_OK(nccl().AllGather(tmp + rank_ * block, tmp, size_t(block), ncclFloat, comm_, stream_));
-    for (int j = 0; j < size_; ++j)
-      copy(out + displ[j], tmp + j * block, counts[j]);
-    CUDA_OK(cudaFreeAsync(tmp, stream_));
+    Ptr tmp = padded(block, out.dtype);
+    copy(tmp.at(rank_ * block), in, counts[rank_]);
+    NCCL_OK(nccl().AllGather(tmp.at(rank_ * block).data, tmp.data, size_t(block), type, comm_,
+                             stream_));
+    for (int j = 0; j < size_; ++j) copy(out.at(displ[j]), tmp.at(j * block), counts[j]);
+    CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     return done_on(stream_, blocking);
   }
 
@@ -241,20 +240,22 @@ class NcclLink : public DeviceLink {
     return done_on(stream_, true);
   }
 
-  std::unique_ptr<Completion> send(const float* data, int64_t n, int peer, int /*tag*/,
+  std::unique_ptr<Completion> send(CPtr data, int64_t n, int peer, int /*tag*/,
                                    bool blocking) override {
     Channel& ch = channel(peer, /*sending=*/true);
     after_compute(ch.stream);
-    NCCL_OK(nccl().Send(data, size_t(n), ncclFloat, /*peer=*/1, ch.comm, ch.stream));
+    NCCL_OK(nccl().Send(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/1, ch.comm,
+                        ch.stream));
     return done_on(ch.stream, blocking);
   }
 
-  std::unique_ptr<Completion> recv(float* data, int64_t n, int peer, int /*tag*/,
+  std::unique_ptr<Completion> recv(Ptr data, int64_t n, int peer, int /*tag*/,
                                    bool blocking) override {
     // The receive overwrites `data`: it too waits for the kernels still reading it.
     Channel& ch = channel(peer, /*sending=*/false);
     after_compute(ch.stream);
-    NCCL_OK(nccl().Recv(data, size_t(n), ncclFloat, /*peer=*/0, ch.comm, ch.stream));
+    NCCL_OK(nccl().Recv(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/0, ch.comm,
+                        ch.stream));
     return done_on(ch.stream, blocking);
   }
 
@@ -289,14 +290,16 @@ class NcclLink : public DeviceLink {
     CUDA_OK(cudaEventRecord(e, s));
     return std::make_unique<EventCompletion>(e);
   }
-  /// size·block floats on the link's stream (stream-ordered: no device-wide synchronisation).
-  float* padded(int64_t block) {
+  /// size·block values of type t on the link's stream (stream-ordered: no device-wide
+  /// synchronisation).
+  Ptr padded(int64_t block, DType t) {
     void* p = nullptr;
-    const size_t bytes = sizeof(float) * size_t(block) * size_;
+    const size_t bytes = dtype_bytes(t) * size_t(block) * size_;
     CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
     CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));  // the padding: defined values
-    return static_cast<float*>(p);
+    return Ptr(p, t);
   }
+  static ncclDataType_t nccl_type(DType t) { return t == DType::f32 ? ncclFloat : ncclBfloat16; }
   /// n bf16 values on the link's stream (stream-ordered, freed with cudaFreeAsync).
   __nv_bfloat16* bf16_temp(int64_t n) {
     void* p = nullptr;
@@ -313,9 +316,9 @@ class NcclLink : public DeviceLink {
     from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
     CUDA_OK(cudaGetLastError());
   }
-  void copy(float* dst, const float* src, int64_t n) {
+  void copy(Ptr dst, CPtr src, int64_t n) {
     if (n > 0)
-      CUDA_OK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, stream_));
+      CUDA_OK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(n), cudaMemcpyDeviceToDevice, stream_));
   }
 
   std::string name_;

@@ -12,7 +12,8 @@ namespace {
 /// to the device that completes it.
 class Staged : public Completion {
  public:
-  explicit Staged(size_t floats) : host(floats) {}
+  /// A host staging buffer of `bytes` (held as floats: aligned for either element type).
+  explicit Staged(size_t bytes) : host_((bytes + sizeof(float) - 1) / sizeof(float)) {}
   bool test() override {
     if (!done_ && request.test()) finish();
     return done_;
@@ -27,8 +28,9 @@ class Staged : public Completion {
     finish();
     return nullptr;
   }
+  /// The staging buffer as elements of `t`.
+  Ptr host(DType t) { return Ptr(host_.data(), t); }
 
-  std::vector<float> host;
   Request request;
   std::function<void()> back;  // host → device; empty for sends and broadcasts' roots
 
@@ -37,6 +39,7 @@ class Staged : public Completion {
     done_ = true;
     if (back) back();
   }
+  std::vector<float> host_;
   bool done_ = false;
 };
 
@@ -47,14 +50,16 @@ StagedLink::StagedLink(MPI_Comm comm, const std::string& name, DeviceCopies copi
   mpi_.set_fifo_receives(true);
 }
 
-std::unique_ptr<Completion> StagedLink::all_reduce(float* data, int64_t n, ReduceOp op,
-                                                   bool blocking, Wire wire) {
-  auto s = std::make_unique<Staged>(n);
-  float* h = s->host.data();
-  copies_.to_host(h, data, sizeof(float) * n);
-  s->back = [this, data, h, n] { copies_.from_host(data, h, sizeof(float) * n); };
+std::unique_ptr<Completion> StagedLink::all_reduce(Ptr data, int64_t n, ReduceOp op, bool blocking,
+                                                   Wire wire) {
+  const size_t bytes = data.bytes(n);
+  auto s = std::make_unique<Staged>(bytes);
+  Ptr h = s->host(data.dtype);
+  copies_.to_host(h.data, data.data, bytes);
+  s->back = [this, data, h, bytes] { copies_.from_host(data.data, h.data, bytes); };
   if (blocking) {
-    if (op == ReduceOp::max) mpi_.all_reduce_max(h, n);
+    if (op == ReduceOp::max)
+      mpi_.all_reduce_max(h.f32(), n);
     else mpi_.all_reduce(h, n, wire);
     return s->finished();
   }
@@ -64,7 +69,7 @@ std::unique_ptr<Completion> StagedLink::all_reduce(float* data, int64_t n, Reduc
   return s;
 }
 
-std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* out,
+std::unique_ptr<Completion> StagedLink::reduce_scatter(CPtr in, Ptr out,
                                                        const std::vector<int64_t>& counts,
                                                        bool blocking, Wire wire) {
   const std::vector<int64_t> displ = displacements(counts);
@@ -72,12 +77,12 @@ std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* o
   const int64_t total = displ.back() + counts.back(), mine = counts[me];
   // The same aliasing on the host as on the device, so that MPI runs the same algorithm as it
   // would on host buffers (in place or not): the sums then have the same bits.
-  const bool in_place = out == in + displ[me];
-  auto s = std::make_unique<Staged>(total + (in_place ? 0 : mine));
-  float* h = s->host.data();
-  float* h_out = in_place ? h + displ[me] : h + total;
-  copies_.to_host(h, in, sizeof(float) * total);
-  s->back = [this, out, h_out, mine] { copies_.from_host(out, h_out, sizeof(float) * mine); };
+  const bool in_place = out.data == in.at(displ[me]).data;
+  auto s = std::make_unique<Staged>(in.bytes(total + (in_place ? 0 : mine)));
+  Ptr h = s->host(in.dtype);
+  Ptr h_out = in_place ? h.at(displ[me]) : h.at(total);
+  copies_.to_host(h.data, in.data, in.bytes(total));
+  s->back = [this, out, h_out, mine] { copies_.from_host(out.data, h_out.data, out.bytes(mine)); };
   if (blocking) {
     mpi_.reduce_scatter(h, h_out, counts, wire);
     return s->finished();
@@ -86,50 +91,51 @@ std::unique_ptr<Completion> StagedLink::reduce_scatter(const float* in, float* o
   return s;
 }
 
-std::unique_ptr<Completion> StagedLink::all_gather(const float* in, float* out,
+std::unique_ptr<Completion> StagedLink::all_gather(CPtr in, Ptr out,
                                                    const std::vector<int64_t>& counts,
                                                    bool blocking) {
   const std::vector<int64_t> displ = displacements(counts);
   const int me = mpi_.rank();
   const int64_t total = displ.back() + counts.back();
-  auto s = std::make_unique<Staged>(total);
-  float* h = s->host.data();
-  copies_.to_host(h + displ[me], in, sizeof(float) * counts[me]);
-  s->back = [this, out, h, total] { copies_.from_host(out, h, sizeof(float) * total); };
+  auto s = std::make_unique<Staged>(out.bytes(total));
+  Ptr h = s->host(out.dtype);
+  copies_.to_host(h.at(displ[me]).data, in.data, in.bytes(counts[me]));
+  s->back = [this, out, h, total] { copies_.from_host(out.data, h.data, out.bytes(total)); };
   if (blocking) {
-    mpi_.all_gather(h + displ[me], h, counts);  // in place: no arithmetic, the bits are the same
+    mpi_.all_gather(h.at(displ[me]), h, counts);  // in place: no arithmetic, the bits are the same
     return s->finished();
   }
-  s->request = mpi_.iall_gather(h + displ[me], h, counts);
+  s->request = mpi_.iall_gather(h.at(displ[me]), h, counts);
   return s;
 }
 
 std::unique_ptr<Completion> StagedLink::broadcast(void* data, int64_t bytes, int root) {
-  auto s = std::make_unique<Staged>((bytes + 3) / 4);
-  void* h = s->host.data();
+  auto s = std::make_unique<Staged>(bytes);
+  void* h = s->host(DType::f32).data;
   if (mpi_.rank() == root) copies_.to_host(h, data, bytes);
   else s->back = [this, data, h, bytes] { copies_.from_host(data, h, bytes); };
   mpi_.broadcast(h, bytes, root);
   return s->finished();
 }
 
-std::unique_ptr<Completion> StagedLink::send(const float* data, int64_t n, int peer, int tag,
+std::unique_ptr<Completion> StagedLink::send(CPtr data, int64_t n, int peer, int tag,
                                              bool blocking) {
-  auto s = std::make_unique<Staged>(n);
-  copies_.to_host(s->host.data(), data, sizeof(float) * n);
+  auto s = std::make_unique<Staged>(data.bytes(n));
+  Ptr h = s->host(data.dtype);
+  copies_.to_host(h.data, data.data, data.bytes(n));
   if (blocking) {
-    mpi_.send(s->host.data(), n, peer, tag);
+    mpi_.send(h, n, peer, tag);
     return s->finished();
   }
-  s->request = mpi_.isend(s->host.data(), n, peer, tag);
+  s->request = mpi_.isend(h, n, peer, tag);
   return s;
 }
 
-std::unique_ptr<Completion> StagedLink::recv(float* data, int64_t n, int peer, int tag,
+std::unique_ptr<Completion> StagedLink::recv(Ptr data, int64_t n, int peer, int tag,
                                              bool blocking) {
-  auto s = std::make_unique<Staged>(n);
-  float* h = s->host.data();
-  s->back = [this, data, h, n] { copies_.from_host(data, h, sizeof(float) * n); };
+  auto s = std::make_unique<Staged>(data.bytes(n));
+  Ptr h = s->host(data.dtype);
+  s->back = [this, data, h, n] { copies_.from_host(data.data, h.data, data.bytes(n)); };
   if (blocking) {
     mpi_.recv(h, n, peer, tag);
     return s->finished();

@@ -37,19 +37,15 @@ class StagedLink : public DeviceLink {
 
   std::string kind() const override { return "staged"; }
   bool is_device(const void* p) const override { return copies_.is_device(p); }
-  std::unique_ptr<Completion> all_reduce(float* data, int64_t n, ReduceOp op, bool blocking,
+  std::unique_ptr<Completion> all_reduce(Ptr data, int64_t n, ReduceOp op, bool blocking,
                                          Wire wire) override;
-  std::unique_ptr<Completion> reduce_scatter(const float* in, float* out,
-                                             const std::vector<int64_t>& counts, bool blocking,
-                                             Wire wire) override;
-  std::unique_ptr<Completion> all_gather(const float* in, float* out,
-                                         const std::vector<int64_t>& counts,
+  std::unique_ptr<Completion> reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts,
+                                             bool blocking, Wire wire) override;
+  std::unique_ptr<Completion> all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                                          bool blocking) override;
   std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) override;
-  std::unique_ptr<Completion> send(const float* data, int64_t n, int peer, int tag,
-                                   bool blocking) override;
-  std::unique_ptr<Completion> recv(float* data, int64_t n, int peer, int tag,
-                                   bool blocking) override;
+  std::unique_ptr<Completion> send(CPtr data, int64_t n, int peer, int tag, bool blocking) override;
+  std::unique_ptr<Completion> recv(Ptr data, int64_t n, int peer, int tag, bool blocking) override;
 
  private:
   Comm mpi_;  // the same MPI communicator, host buffers only; its statistics are not reported

@@ -313,9 +313,7 @@ class Validator {
            "data.synthetic_branching = " + n(d.synthetic_branching) +
                " exceeds model.vocab = " + n(c_.model.vocab) +
                ": a context cannot have more successors than there are tokens");
-    if (c_.system.precision == "bf16" && c_.system.backend != "cuda")
-      fail(where({"system.precision", "system.backend"}),
-           "system.precision = bf16 needs system.backend = cuda (the cpu backend runs fp32)");
+    // system.precision = bf16 runs on any backend (the CPU widens bf16 to fp32 in each kernel).
     // system.grad_reduce = bf16 is a communication choice (comm.hpp, "The bf16 wire"): any
     // backend, any precision.
   }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/dtype.hpp"
+
 namespace trellis {
 
 enum class MemKind : int { Params = 0, Grads, Optim, Activations, Comm, Scratch, Count };
@@ -52,6 +54,8 @@ class Buffer {
   void reset();  // frees the memory now
   void* data() const { return data_; }
   float* f32() const { return static_cast<float*>(data_); }
+  /// The memory as elements of `t`.
+  Ptr as(DType t) const { return Ptr(data_, t); }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -72,6 +76,8 @@ class Arena {
 
   float* take_f32(int64_t count) { return static_cast<float*>(take(count * sizeof(float))); }
   int32_t* take_i32(int64_t count) { return static_cast<int32_t*>(take(count * sizeof(int32_t))); }
+  /// `count` elements of `t` (a null pointer of that type when measuring).
+  Ptr take(int64_t count, DType t) { return Ptr(take(count * dtype_bytes(t)), t); }
   void* take(size_t bytes);
   size_t used() const { return used_; }
   size_t capacity() const { return buf_.bytes(); }

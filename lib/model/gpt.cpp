@@ -9,9 +9,14 @@
 namespace trellis {
 
 GPT::GPT(const ModelConfig& cfg, const ParamTable& table, ParamStore& store, Backend& backend,
-         int micro_batch, Comm* tp, bool sequence_parallel, int slots,
-         const std::string& recompute)
-    : cfg_(cfg), table_(table), store_(store), be_(backend), tp_(tp), recompute_(recompute) {
+         int micro_batch, Comm* tp, bool sequence_parallel, int slots, const std::string& recompute)
+    : cfg_(cfg),
+      table_(table),
+      store_(store),
+      be_(backend),
+      dt_(backend.dtype()),
+      tp_(tp),
+      recompute_(recompute) {
   chunks_ = table.stage.chunks;
   slots_per_chunk_ = slots;
   blocks_per_chunk_ = int(table.blocks.size()) / chunks_;
@@ -49,20 +54,21 @@ void GPT::allocate_activations(Arena& a) {
   const int64_t N = N_, R = R_;
   const bool last = table_.stage.last;
   const bool full = recompute_ == "full", selective = recompute_ == "selective";
+  auto act = [&](int64_t count) { return a.take(count, dt_); };  // of the run's type
   auto take_block = [&](BlockActivations& b, bool with_att, bool with_output) {
-    b.ln1 = a.take_f32(R * C_);
+    b.ln1 = act(R * C_);
     b.ln1_mean = a.take_f32(R);
     b.ln1_rstd = a.take_f32(R);
-    b.qkv = a.take_f32(N * QKVl_);
-    b.atty = a.take_f32(N * Hl_ * hd_);
+    b.qkv = act(N * QKVl_);
+    b.atty = act(N * Hl_ * hd_);
     b.att = with_att ? a.take_f32(be_.attention_state_elems(B_, T_, Hl_)) : nullptr;
-    b.res2 = a.take_f32(R * C_);
-    b.ln2 = a.take_f32(R * C_);
+    b.res2 = act(R * C_);
+    b.ln2 = act(R * C_);
     b.ln2_mean = a.take_f32(R);
     b.ln2_rstd = a.take_f32(R);
-    b.fch = a.take_f32(N * Fl_);
-    b.fch_gelu = a.take_f32(N * Fl_);
-    b.res3 = with_output ? a.take_f32(R * C_) : nullptr;
+    b.fch = act(N * Fl_);
+    b.fch_gelu = act(N * Fl_);
+    b.res3 = with_output ? act(R * C_) : Ptr();
   };
   // What recomputation does not keep per micro-batch lives once, in shared_.
   shared_ = BlockActivations{};
@@ -73,38 +79,38 @@ void GPT::allocate_activations(Arena& a) {
     const bool head = last && int(i) / slots_per_chunk_ == chunks_ - 1;
     s.inputs = a.take_i32(N);
     s.targets = a.take_i32(N);
-    s.x = a.take_f32(R * C_);
+    s.x = act(R * C_);
     s.blocks.assign(blocks_per_chunk_, BlockActivations{});
     for (auto& b : s.blocks) {
       if (full) {
         b = shared_;
-        b.res3 = a.take_f32(R * C_);  // the next block's input: kept
+        b.res3 = act(R * C_);  // the next block's input: kept
       } else {
         take_block(b, !selective, true);
         if (selective) b.att = shared_.att;
       }
     }
     if (head) {
-      s.lnf = a.take_f32(R * C_);
+      s.lnf = act(R * C_);
       s.lnf_mean = a.take_f32(R);
       s.lnf_rstd = a.take_f32(R);
-      s.logits = a.take_f32(N * Vl_);
+      s.logits = act(N * Vl_);
       s.losses = a.take_f32(N);
       s.row_max = a.take_f32(N);
       s.row_sums = a.take_f32(2 * N);
     }
   }
-  full_ = sp_ ? a.take_f32(N * C_) : nullptr;
-  partial_ = sp_ ? a.take_f32(N * C_) : nullptr;
-  dres_ = a.take_f32(R * C_);
-  dchunk_ = sp_ ? a.take_f32(R * C_) : nullptr;
-  dbtc_ = a.take_f32(N * C_);
-  dqkv_ = a.take_f32(N * QKVl_);
-  dfch_gelu_ = a.take_f32(N * Fl_);
-  dfch_ = a.take_f32(N * Fl_);
+  full_ = sp_ ? act(N * C_) : Ptr();
+  partial_ = sp_ ? act(N * C_) : Ptr();
+  dres_ = act(R * C_);
+  dchunk_ = sp_ ? act(R * C_) : Ptr();
+  dbtc_ = act(N * C_);
+  dqkv_ = act(N * QKVl_);
+  dfch_gelu_ = act(N * Fl_);
+  dfch_ = act(N * Fl_);
 }
 
-const float* GPT::output(int slot, int chunk) const {
+CPtr GPT::output(int slot, int chunk) const {
   const Slot& s = at(slot, chunk);
   return s.blocks.empty() ? s.x : s.blocks.back().res3;
 }
@@ -112,13 +118,13 @@ const float* GPT::output(int slot, int chunk) const {
 // ---------------------------------------------------------------------------------------------
 // tensor-parallel communication
 
-const float* GPT::gather_rows(const float* chunk, float* full) {
+CPtr GPT::gather_rows(CPtr chunk, Ptr full) {
   if (!sp_) return chunk;
   tp_->all_gather(chunk, full, std::vector<int64_t>(tp_size_, int64_t(R_) * C_));
   return full;
 }
 
-float* GPT::reduce_rows(float* partial, float* chunk) {
+Ptr GPT::reduce_rows(Ptr partial, Ptr chunk) {
   if (tp_size_ == 1) return partial;
   if (!sp_) {
     tp_->all_reduce(partial, int64_t(N_) * C_);  // Megatron's all-reduce: every rank, every row
@@ -132,21 +138,21 @@ float* GPT::reduce_rows(float* partial, float* chunk) {
 // forward. Offsets in ParamTable are flat-buffer indices; a unit's memory starts at its first
 // element, so a tensor sits at (offset − unit.begin) in it.
 
-void GPT::block_forward(BlockActivations& a, int l, const float* x, const float* p) {
+void GPT::block_forward(BlockActivations& a, int l, CPtr x, CPtr p) {
   BlockOffsets o = table_.blocks[l];
-  auto at = [&](int64_t offset) { return p + (offset - o.begin); };
+  auto at = [&](int64_t offset) { return p.at(offset - o.begin); };
   // A row-parallel layer's bias is added once: by tp rank 0, before the sum over the group.
   const bool adds_bias = tp_rank_ == 0;
 
   // attention half: res2 = x + proj(attention(qkv(ln1(x))))
   be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, at(o.ln1_w), at(o.ln1_b), R_, C_);
-  const float* in = gather_rows(a.ln1, full_);
+  CPtr in = gather_rows(a.ln1, full_);
   be_.matmul_forward(a.qkv, in, at(o.qkv_w), at(o.qkv_b), N_, C_, QKVl_);
   be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
-  float* partial = sp_ ? partial_ : a.res2;
-  be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : nullptr, N_,
+  Ptr partial = sp_ ? partial_ : a.res2;
+  be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : CPtr(), N_,
                      Hl_ * hd_, C_);
-  float* sum = reduce_rows(partial, a.res2);
+  Ptr sum = reduce_rows(partial, a.res2);
 
   // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2)))); res2's sum and ln2 in one pass
   be_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, sum, x, at(o.ln2_w),
@@ -154,7 +160,7 @@ void GPT::block_forward(BlockActivations& a, int l, const float* x, const float*
   in = gather_rows(a.ln2, full_);
   be_.matmul_gelu_forward(a.fch, a.fch_gelu, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
   partial = sp_ ? partial_ : a.res3;
-  be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : nullptr, N_,
+  be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : CPtr(), N_,
                      Fl_, C_);
   sum = reduce_rows(partial, a.res3);
   be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
@@ -174,21 +180,21 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
     // Vocab-parallel embedding: each rank fills the rows of the tokens it holds; their sum over
     // the tensor group is the embedding. Positions are added to this rank's rows after the sum.
     const int64_t wte = table_.wte - table_.units[emb].begin, wpe = table_.wpe - table_.units[emb].begin;
-    const float* pe = store_.acquire_params(emb);
+    CPtr pe = store_.acquire_params(emb);
     if (blocks_per_chunk_ > 0) store_.prefetch_params(table_.block_unit(0));
-    float* looked_up = sp_ ? partial_ : s.x;
-    be_.embedding_forward(looked_up, s.inputs, pe + wte, N_, C_, vocab_begin_, Vl_);
-    float* sum = reduce_rows(looked_up, s.x);
-    if (sum != s.x) be_.copy(s.x, sum, sizeof(float) * R_ * C_);
-    be_.position_forward(s.x, pe + wpe, R_, T_, C_, row0_);
+    Ptr looked_up = sp_ ? partial_ : s.x;
+    be_.embedding_forward(looked_up, s.inputs, pe.at(wte), N_, C_, vocab_begin_, Vl_);
+    Ptr sum = reduce_rows(looked_up, s.x);
+    if (sum.data != s.x.data) be_.copy(s.x.data, sum.data, s.x.bytes(int64_t(R_) * C_));
+    be_.position_forward(s.x, pe.at(wpe), R_, T_, C_, row0_);
     store_.release_params(emb);
   }
 
-  const float* x = s.x;
+  CPtr x = s.x;
   for (int i = 0; i < blocks_per_chunk_; ++i) {
     const int l = chunk * blocks_per_chunk_ + i;
     const int unit = table_.block_unit(l);
-    const float* p = store_.acquire_params(unit);
+    CPtr p = store_.acquire_params(unit);
     if (unit + 1 < int(table_.units.size())) store_.prefetch_params(unit + 1);
     block_forward(s.blocks[i], l, x, p);
     store_.release_params(unit);
@@ -196,15 +202,17 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
   }
   if (!last) return 0.f;
 
-  const float* pf = store_.acquire_params(fin);
+  CPtr pf = store_.acquire_params(fin);
   if (first) store_.prefetch_params(emb);
-  be_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, pf + (table_.lnf_w - table_.units[fin].begin),
-                        pf + (table_.lnf_b - table_.units[fin].begin), R_, C_);
+  be_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x,
+                        pf.at(table_.lnf_w - table_.units[fin].begin),
+                        pf.at(table_.lnf_b - table_.units[fin].begin), R_, C_);
   store_.release_params(fin);
 
   // LM head tied to the token embedding: logits (N, Vl) = lnf (N, C) · wteᵀ, this rank's columns.
-  const float* lnf = gather_rows(s.lnf, full_);
-  const float* head = first ? store_.acquire_params(emb) + (table_.wte - table_.units[emb].begin) : head_wte_;
+  CPtr lnf = gather_rows(s.lnf, full_);
+  CPtr head =
+      first ? store_.acquire_params(emb).at(table_.wte - table_.units[emb].begin) : head_wte_;
   be_.matmul_forward(s.logits, lnf, head, nullptr, N_, C_, Vl_);
   if (first) store_.release_params(emb);
   loss(s, dloss);
@@ -232,10 +240,9 @@ void GPT::loss(Slot& s, float dloss) {
 // ---------------------------------------------------------------------------------------------
 // backward: the same walk in reverse. dres_ holds the gradient of the residual stream (R rows).
 
-void GPT::block_backward(BlockActivations& a, int l, const float* x, const float* p, float* g,
-                         float* dres) {
+void GPT::block_backward(BlockActivations& a, int l, CPtr x, CPtr p, float* g, Ptr dres) {
   BlockOffsets o = table_.blocks[l];
-  auto at = [&](int64_t offset) { return p + (offset - o.begin); };
+  auto at = [&](int64_t offset) { return p.at(offset - o.begin); };
   auto grad = [&](int64_t offset) { return g + (offset - o.begin); };
   // A row-parallel bias's gradient: with sequence parallelism every rank sees all rows of the
   // gathered gradient, so one rank counts it (the replicated gradients are summed over tp later).
@@ -245,12 +252,12 @@ void GPT::block_backward(BlockActivations& a, int l, const float* x, const float
   if (recompute_ == "full") block_forward(a, l, x, p);
 
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
-  const float* dout = gather_rows(dres, partial_);
+  CPtr dout = gather_rows(dres, partial_);
   be_.matmul_backward_gelu(dfch_, dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr,
                            dout, a.fch_gelu, a.fch, at(o.fcproj_w), N_, Fl_, C_);
-  const float* in = gather_rows(a.ln2, full_);
+  CPtr in = gather_rows(a.ln2, full_);
   be_.matmul_backward(dbtc_, grad(o.fc_w), grad(o.fc_b), dfch_, in, at(o.fc_w), N_, C_, Fl_);
-  const float* dln = reduce_rows(dbtc_, dchunk_);
+  CPtr dln = reduce_rows(dbtc_, dchunk_);
   be_.layernorm_backward(dres, grad(o.ln2_w), grad(o.ln2_b), dln, a.res2, at(o.ln2_w), a.ln2_mean,
                          a.ln2_rstd, R_, C_);
 
@@ -275,7 +282,7 @@ void GPT::backward(int slot, int chunk) {
   const bool last = table_.stage.last && chunk == chunks_ - 1;
   const int emb = table_.embedding_unit(), fin = table_.final_unit();
   const int nblocks = blocks_per_chunk_, l0 = chunk * blocks_per_chunk_;
-  const float* last_x = nblocks > 0 ? s.blocks[nblocks - 1].res3 : s.x;
+  CPtr last_x = nblocks > 0 ? s.blocks[nblocks - 1].res3 : s.x;
   const int64_t wte = first ? table_.wte - table_.units[emb].begin : 0;
   // The embeddings' gradient stays open until the embedding's backward, this stage's last step.
   float* ge = first ? store_.acquire_grads(emb) : nullptr;
@@ -283,20 +290,20 @@ void GPT::backward(int slot, int chunk) {
   if (last) {
     const int64_t lnf_w = table_.lnf_w - table_.units[fin].begin;
     const int64_t lnf_b = table_.lnf_b - table_.units[fin].begin;
-    const float* head = first ? store_.acquire_params(emb) + wte : head_wte_;
+    CPtr head = first ? store_.acquire_params(emb).at(wte) : head_wte_;
     float* dhead = first ? ge + wte : head_dwte_;
     store_.prefetch_params(fin);
     // s.logits holds dlogits (written in forward). ∂L/∂lnf is partial over the vocabulary shards.
-    const float* lnf = gather_rows(s.lnf, full_);
+    CPtr lnf = gather_rows(s.lnf, full_);
     be_.matmul_backward(dbtc_, dhead, nullptr, s.logits, lnf, head, N_, C_, Vl_);
     if (first) store_.release_params(emb);
-    const float* dlnf = reduce_rows(dbtc_, dchunk_);
+    CPtr dlnf = reduce_rows(dbtc_, dchunk_);
 
-    const float* pf = store_.acquire_params(fin);
+    CPtr pf = store_.acquire_params(fin);
     float* gf = store_.acquire_grads(fin);
     if (nblocks > 0) store_.prefetch_params(table_.block_unit(l0 + nblocks - 1));
-    be_.zero(dres_, sizeof(float) * R_ * C_);
-    be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last_x, pf + lnf_w, s.lnf_mean,
+    be_.zero(dres_.data, dres_.bytes(int64_t(R_) * C_));
+    be_.layernorm_backward(dres_, gf + lnf_w, gf + lnf_b, dlnf, last_x, pf.at(lnf_w), s.lnf_mean,
                            s.lnf_rstd, R_, C_);
     store_.release_params(fin);
     store_.release_grads(fin);
@@ -305,7 +312,7 @@ void GPT::backward(int slot, int chunk) {
 
   for (int i = nblocks - 1; i >= 0; --i) {
     const int unit = table_.block_unit(l0 + i);
-    const float* p = store_.acquire_params(unit);
+    CPtr p = store_.acquire_params(unit);
     if (i > 0) store_.prefetch_params(unit - 1);
     float* g = store_.acquire_grads(unit);
     block_backward(s.blocks[i], l0 + i, i > 0 ? s.blocks[i - 1].res3 : s.x, p, g, dres_);
@@ -319,7 +326,7 @@ void GPT::backward(int slot, int chunk) {
   // The embeddings' backward needs no parameters, only the token ids.
   const int64_t wpe = table_.wpe - table_.units[emb].begin;
   be_.position_backward(ge + wpe, dres_, R_, T_, C_, row0_);
-  const float* dembedded = gather_rows(dres_, partial_);
+  CPtr dembedded = gather_rows(dres_, partial_);
   be_.embedding_backward(ge + wte, dembedded, s.inputs, N_, C_, vocab_begin_, Vl_);
   if (before_release_) before_release_(ge + wte);
   store_.release_grads(emb);

@@ -25,34 +25,36 @@ namespace trellis {
 
 /// Activations one block keeps from forward for backward, for a micro-batch of B sequences of T
 /// tokens, N = B·T rows. R = N rows in the LayerNorm/residual region (N/tp with sequence
-/// parallelism); Hl, KVl, Fl: this tp rank's heads, key/value heads, MLP width.
+/// parallelism); Hl, KVl, Fl: this tp rank's heads, key/value heads, MLP width. A Ptr is of the
+/// run's type (fp32, or bf16 with system.precision = bf16); a float* is fp32 in every run.
 struct BlockActivations {
-  float* ln1;       // (R, C)   LayerNorm 1 output
+  Ptr ln1;          // (R, C)   LayerNorm 1 output
   float* ln1_mean;  // (R)
   float* ln1_rstd;  // (R)
-  float* qkv;       // (N, (Hl+2KVl)·hd)
-  float* atty;      // (N, Hl·hd) attention output before the projection
+  Ptr qkv;          // (N, (Hl+2KVl)·hd)
+  Ptr atty;         // (N, Hl·hd) attention output before the projection
   float* att;       // attention_state_elems(B, T, Hl): CPU the softmax probabilities
                     // (B, Hl, T, T); CUDA each row's logsumexp (B, Hl, T)
-  float* res2;      // (R, C)   residual after attention
-  float* ln2;       // (R, C)
+  Ptr res2;         // (R, C)   residual after attention
+  Ptr ln2;          // (R, C)
   float* ln2_mean;  // (R)
   float* ln2_rstd;  // (R)
-  float* fch;       // (N, Fl)  MLP hidden before GELU
-  float* fch_gelu;  // (N, Fl)
-  float* res3;      // (R, C)   residual after the MLP: the block's output
+  Ptr fch;          // (N, Fl)  MLP hidden before GELU
+  Ptr fch_gelu;     // (N, Fl)
+  Ptr res3;         // (R, C)   residual after the MLP: the block's output
 };
 
-/// One micro-batch's activations on this stage, in the backend's memory (device memory for cuda). A pipeline keeps several in flight (slots).
+/// One micro-batch's activations on this stage, in the backend's memory (device memory for cuda).
+/// A pipeline keeps several in flight (slots).
 struct Slot {
   int32_t* inputs;    // (B, T) token ids (first stage)
   int32_t* targets;   // (B, T) next-token ids (last stage)
-  float* x;           // (R, C) the stage's input: embeddings (first stage) or a received activation
+  Ptr x;              // (R, C) the stage's input: embeddings (first stage) or a received activation
   std::vector<BlockActivations> blocks;  // this stage's blocks
-  float* lnf;         // (R, C)                       last stage
+  Ptr lnf;                               // (R, C)                       last stage
   float* lnf_mean;    // (R)
   float* lnf_rstd;    // (R)
-  float* logits;      // (N, Vl) — replaced by dlogits in forward when a gradient is wanted
+  Ptr logits;         // (N, Vl) — replaced by dlogits in forward when a gradient is wanted
   float* losses;      // (N)
   float* row_max;     // (N)    cross-entropy: max logit per row
   float* row_sums;    // (2, N) cross-entropy: Σexp, then the target's logit (one all-reduce)
@@ -78,18 +80,21 @@ class GPT {
   /// other than the last reads ∂L/∂output from output_grad() first.
   void backward(int slot, int chunk = 0);
 
-  // Pipeline plumbing, (R, C) each.
+  // Pipeline plumbing, (R, C) each, of the activations' type.
   int64_t activation_elems() const { return int64_t(R_) * C_; }
-  float* input(int slot, int chunk = 0) { return at(slot, chunk).x; }
-  const float* output(int slot, int chunk = 0) const;
-  float* output_grad() { return dres_; }
+  /// The type of the activations and of the parameters the model reads (the backend's dtype()).
+  DType dtype() const { return dt_; }
+  Ptr input(int slot, int chunk = 0) { return at(slot, chunk).x; }
+  CPtr output(int slot, int chunk = 0) const;
+  Ptr output_grad() { return dres_; }
   /// The backend the model runs on: whatever shares its memory (the pipeline's buffers) uses it.
   Backend& backend() { return be_; }
-  const float* input_grad() const { return dres_; }  // after backward: ∂L/∂input
+  CPtr input_grad() const { return dres_; }  // after backward: ∂L/∂input
 
-  /// A last stage that is not the first keeps its own copy of the tied LM head (Vl, C) and
-  /// accumulates its gradient apart; the pipeline keeps both in step with the first stage's wte.
-  void set_head_copy(const float* wte, float* dwte) { head_wte_ = wte, head_dwte_ = dwte; }
+  /// A last stage that is not the first keeps its own copy of the tied LM head (Vl, C) (of the
+  /// activations' type) and accumulates its gradient (fp32) apart; the pipeline keeps both in
+  /// step with the first stage's wte.
+  void set_head_copy(CPtr wte, float* dwte) { head_wte_ = wte, head_dwte_ = dwte; }
   /// Called on the first stage just before the embeddings' gradient is released, with that
   /// gradient's wte part (Vl, C): the pipeline adds the last stage's LM-head gradient there.
   void set_before_embedding_release(std::function<void(float*)> f) { before_release_ = std::move(f); }
@@ -98,30 +103,30 @@ class GPT {
   /// (B, T), last chunk; in the backend's memory (device memory for cuda).
   const float* losses(int slot = 0) const { return slots_[slot].losses; }
   /// (B·T, Vl) this rank's vocabulary columns, after a forward with dloss = 0 (last stage); in the
-  /// backend's memory.
-  const float* logits(int slot = 0) const { return slots_[slot].logits; }
+  /// backend's memory, of the activations' type.
+  CPtr logits(int slot = 0) const { return slots_[slot].logits; }
   /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
   int num_slots() const { return slots_per_chunk_; }  // per model chunk
 
  private:
   // l: the block's index in the table; a: its activations in the slot.
-  void block_forward(BlockActivations& a, int l, const float* x, const float* p);
-  void block_backward(BlockActivations& a, int l, const float* x, const float* p, float* g,
-                      float* dres);
+  void block_forward(BlockActivations& a, int l, CPtr x, CPtr p);
+  void block_backward(BlockActivations& a, int l, CPtr x, CPtr p, float* g, Ptr dres);
   Slot& at(int slot, int chunk) { return slots_[chunk * slots_per_chunk_ + slot]; }
   const Slot& at(int slot, int chunk) const { return slots_[chunk * slots_per_chunk_ + slot]; }
   void allocate_activations(Arena& arena);
   void loss(Slot& s, float dloss);
   // Sequence parallelism: the full (N, C) rows from this rank's (R, C) chunk (returns `chunk`
   // itself without SP), and the sum over tp of a partial (N, C) into this rank's rows.
-  const float* gather_rows(const float* chunk, float* full);
-  float* reduce_rows(float* partial, float* chunk);
+  CPtr gather_rows(CPtr chunk, Ptr full);
+  Ptr reduce_rows(Ptr partial, Ptr chunk);
 
   ModelConfig cfg_;
   const ParamTable& table_;
   ParamStore& store_;
   Backend& be_;
+  DType dt_;  // of activations and the parameters read
   Comm* tp_;
   bool sp_;
   int tp_size_ = 1, tp_rank_ = 0;
@@ -134,19 +139,19 @@ class GPT {
   int slots_per_chunk_ = 1, chunks_ = 1, blocks_per_chunk_ = 0;
   std::string recompute_;
   BlockActivations shared_;  // recomputation: the activations of the block being recomputed
-  const float* head_wte_ = nullptr;  // (Vl, C) last stage's copy of the tied LM head
+  CPtr head_wte_;            // (Vl, C) last stage's copy of the tied LM head
   float* head_dwte_ = nullptr;       // (Vl, C)
   std::function<void(float*)> before_release_;
-  // ---- scratch, reused by every block and slot ----
-  float* full_;       // (N, C) sequence parallelism: a gathered LayerNorm output
-  float* partial_;    // (N, C) sequence parallelism: a row-parallel layer's partial sums, or a
-                      //        gathered residual gradient
-  float* dres_;       // (R, C) gradient flowing down the residual stream
-  float* dchunk_;     // (R, C) this rank's rows of a reduced gradient
-  float* dbtc_;       // (N, C) gradient of a LayerNorm output (partial) / the attention output
-  float* dqkv_;       // (N, (Hl+2KVl)·hd)
-  float* dfch_gelu_;  // (N, Fl)
-  float* dfch_;       // (N, Fl)
+  // ---- scratch, reused by every block and slot (the activations' type) ----
+  Ptr full_;       // (N, C) sequence parallelism: a gathered LayerNorm output
+  Ptr partial_;    // (N, C) sequence parallelism: a row-parallel layer's partial sums, or a
+                   //        gathered residual gradient
+  Ptr dres_;       // (R, C) gradient flowing down the residual stream
+  Ptr dchunk_;     // (R, C) this rank's rows of a reduced gradient
+  Ptr dbtc_;       // (N, C) gradient of a LayerNorm output (partial) / the attention output
+  Ptr dqkv_;       // (N, (Hl+2KVl)·hd)
+  Ptr dfch_gelu_;  // (N, Fl)
+  Ptr dfch_;       // (N, Fl)
   std::vector<float> host_losses_;  // (N) the losses copied out of the backend's memory
 };
 

@@ -6,18 +6,22 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dtype.hpp"
+
 namespace trellis {
 
 class ParamStore {
  public:
   virtual ~ParamStore() = default;
-  /// The unit's parameters, (end − begin) floats starting at the unit's first element. Valid until
-  /// release_params(unit).
-  virtual const float* acquire_params(int unit) = 0;
+  /// The unit's parameters as the model reads them, (end − begin) values of the run's type (fp32,
+  /// or the bf16 copy of the fp32 master weights in a bf16 run) starting at the unit's first
+  /// element. Valid until release_params(unit).
+  virtual CPtr acquire_params(int unit) = 0;
   virtual void release_params(int unit) = 0;
   /// A hint: the unit will be acquired next (ZeRO-3 starts gathering it now).
   virtual void prefetch_params(int unit) { (void)unit; }
-  /// The unit's gradient buffer, (end − begin) floats; the model accumulates (+=) into it.
+  /// The unit's gradient buffer, (end − begin) floats (fp32 in any run); the model accumulates
+  /// (+=) into it.
   virtual float* acquire_grads(int unit) = 0;
   /// The unit's gradient for this micro-batch is complete.
   virtual void release_grads(int unit) = 0;
@@ -30,11 +34,12 @@ class ParamStore {
 
 namespace trellis {
 
-/// Every parameter and gradient resident in two flat buffers: one device, no sharding.
+/// Every parameter and gradient resident in two flat fp32 buffers in host memory: one device, no
+/// sharding (tests, generation).
 class ResidentParams : public ParamStore {
  public:
   explicit ResidentParams(const ParamTable& table);
-  const float* acquire_params(int unit) override { return params() + table_.units[unit].begin; }
+  CPtr acquire_params(int unit) override { return params() + table_.units[unit].begin; }
   void release_params(int) override {}
   float* acquire_grads(int unit) override { return grads() + table_.units[unit].begin; }
   void release_grads(int) override {}

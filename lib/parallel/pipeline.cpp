@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/bf16.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -26,15 +27,24 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
   // it only through the backend's copies and kernels.
   Backend& be = gpt_.backend();
   // The tied LM head: a last stage that is not the first keeps its own copy of wte.
+  // It is of the model's type (the bf16 rounding of the first stage's master wte in a bf16 run);
+  // its gradient is fp32.
   if (last_ && !first_) {
     const ParamInfo& wte = full_table.find("wte");
+    const DType t = gpt_.dtype();
     head_count_ = wte.numel();
-    head_wte_ = Buffer(MemKind::Params, sizeof(float) * head_count_, be.allocator());
+    head_wte_ = Buffer(MemKind::Params, dtype_bytes(t) * head_count_, be.allocator());
     head_dwte_ = Buffer(MemKind::Grads, sizeof(float) * head_count_, be.allocator());
     std::vector<float> init(head_count_);  // (Vl, C) initialised on the host, then copied over
     init_parameters(full_table, model.seed, init.data(), wte.offset, wte.offset + wte.numel());
-    be.copy_from_host(head_wte_.data(), init.data(), sizeof(float) * head_count_);
-    gpt_.set_head_copy(head_wte_.f32(), head_dwte_.f32());
+    if (t == DType::f32) {
+      be.copy_from_host(head_wte_.data(), init.data(), sizeof(float) * head_count_);
+    } else {
+      std::vector<bf16_t> rounded(head_count_);
+      for (int64_t i = 0; i < head_count_; ++i) rounded[i].bits = float_to_bf16_bits(init[i]);
+      be.copy_from_host(head_wte_.data(), rounded.data(), sizeof(bf16_t) * head_count_);
+    }
+    gpt_.set_head_copy(head_wte_.as(t), head_dwte_.f32());
   }
   if (first_ && !last_) {
     head_count_ = full_table.find("wte").numel();
@@ -104,10 +114,12 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
       --live;
       if (!has_embedding) {
         grad_sends_[buf].wait();
+        const DType t = gpt_.dtype();
         if (!grad_out_[buf].data())
-          grad_out_[buf] = Buffer(MemKind::Comm, sizeof(float) * rows_count_, be.allocator());
-        be.copy(grad_out_[buf].data(), gpt_.input_grad(), sizeof(float) * rows_count_);
-        grad_sends_[buf] = pp_.isend(grad_out_[buf].f32(), rows_count_, from, tag(mb, from_chunk, true));
+          grad_out_[buf] = Buffer(MemKind::Comm, dtype_bytes(t) * rows_count_, be.allocator());
+        be.copy(grad_out_[buf].data(), gpt_.input_grad().data, dtype_bytes(t) * rows_count_);
+        grad_sends_[buf] =
+            pp_.isend(grad_out_[buf].as(t), rows_count_, from, tag(mb, from_chunk, true));
       }
     }
   }
@@ -122,12 +134,12 @@ void Pipeline::sync_tied_weights() {
   if (pp_.size() == 1) return;
   if (first_) {
     const int emb = gpt_.table().embedding_unit();
-    const float* p = store_.acquire_params(emb);  // gathers under ZeRO-3
-    pp_.send(p + (gpt_.table().wte - gpt_.table().units[emb].begin), head_count_, pp_.size() - 1,
+    CPtr p = store_.acquire_params(emb);  // gathers under ZeRO-3
+    pp_.send(p.at(gpt_.table().wte - gpt_.table().units[emb].begin), head_count_, pp_.size() - 1,
              (1 << 24) + 1);
     store_.release_params(emb);
   } else if (last_) {
-    pp_.recv(head_wte_.f32(), head_count_, 0, (1 << 24) + 1);
+    pp_.recv(head_wte_.as(gpt_.dtype()), head_count_, 0, (1 << 24) + 1);
   }
 }
 

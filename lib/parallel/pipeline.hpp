@@ -57,9 +57,11 @@ class Pipeline {
   ShardedParams& store_;
   bool first_, last_;
   std::vector<int32_t> inputs_, targets_;  // (B, T)
-  std::vector<Buffer> grad_out_;           // (slots, R, C) gradients sent back, per slot
+  std::vector<Buffer> grad_out_;  // (slots, R, C) gradients sent back, per slot (model's type)
   std::vector<Request> act_sends_, grad_sends_;
-  Buffer head_wte_, head_dwte_, tied_in_;  // (Vl, C) each: last stage's LM head copy, its gradient
+  // (Vl, C) each: last stage's LM head copy (model's type), its gradient; first stage: the
+  // gradient received (fp32)
+  Buffer head_wte_, head_dwte_, tied_in_;
   int64_t head_count_ = 0;  // elements of wte on this tp rank
   int64_t rows_count_ = 0;  // elements of one activation message (R·C)
   Request tied_send_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/bf16.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -12,8 +13,12 @@ ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& para
                              const TrainConfig& train, Comm& dp, Backend& backend, Wire grad_wire)
     : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), grad_wire_(grad_wire),
       total_(table.total()) {
+  dt_ = be_.dtype();
   shard_ = shard_range(total_, dp_.size(), dp_.rank());
-  params_ = Buffer(MemKind::Params, sizeof(float) * (stage_ == 3 ? shard_.size() : total_), mem());
+  params_ =
+      Buffer(MemKind::Params, dtype_bytes(dt_) * (stage_ == 3 ? shard_.size() : total_), mem());
+  if (dt_ != DType::f32)
+    master_ = Buffer(MemKind::Optim, sizeof(float) * (stage_ == 0 ? total_ : shard_.size()), mem());
   grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_), mem());
   if (stage_ == 0) optimizer_ = std::make_unique<AdamW>(train, table_, 0, total_, mem());
   else optimizer_ = std::make_unique<AdamW>(train, table_, shard_.begin, shard_.end, mem());
@@ -70,35 +75,60 @@ float* ShardedParams::shard_grads() {
 // ---------------------------------------------------------------------------------------------
 // parameters
 
+float* ShardedParams::master() {
+  if (dt_ != DType::f32) return master_.f32();
+  return stage_ == 1 || stage_ == 2 ? params_.f32() + shard_.begin : params_.f32();
+}
+
+Ptr ShardedParams::owned_params() {
+  return stage_ == 1 || stage_ == 2 ? params_.as(dt_).at(shard_.begin) : params_.as(dt_);
+}
+
+void ShardedParams::set_params_from_host(const float* values) {
+  const int64_t held = stage_ == 3 ? shard_.size() : total_;
+  if (dt_ == DType::f32) {
+    be_.copy_from_host(params_.data(), values, sizeof(float) * held);
+    return;
+  }
+  // The master weights this rank keeps (stage 0: all; else the shard), and their bf16 rounding
+  // for the model: all it holds (stages 0-2) or the shard (3).
+  const int64_t from = stage_ == 1 || stage_ == 2 ? shard_.begin : 0;
+  be_.copy_from_host(master_.data(), values + from, master_.bytes());
+  std::vector<bf16_t> rounded(held);
+  for (int64_t i = 0; i < held; ++i) rounded[i].bits = float_to_bf16_bits(values[i]);
+  be_.copy_from_host(params_.data(), rounded.data(), sizeof(bf16_t) * held);
+}
+
 void ShardedParams::init_parameters(uint64_t seed) {
   const int64_t begin = stage_ == 3 ? shard_.begin : 0, end = stage_ == 3 ? shard_.end : total_;
-  if (!be_.on_device()) {
+  if (!be_.on_device() && dt_ == DType::f32) {
     trellis::init_parameters(table_, seed, params_.f32(), begin, end);
     return;
   }
   std::vector<float> host(end - begin);  // initialised on the host, then copied over
   trellis::init_parameters(table_, seed, host.data(), begin, end);
-  be_.copy_from_host(params_.data(), host.data(), sizeof(float) * host.size());
+  set_params_from_host(host.data());
 }
 
 void ShardedParams::start_gather(int unit) {
   Gathered& g = gathered_[unit];
   const Unit& u = table_.units[unit];
-  g.params = Buffer(MemKind::Params, sizeof(float) * (u.end - u.begin), mem());
+  g.params = Buffer(MemKind::Params, dtype_bytes(dt_) * (u.end - u.begin), mem());
   std::vector<int64_t> counts = overlap_counts(u.begin, u.end);
-  const float* mine = params_.f32() + std::max<int64_t>(0, std::max(u.begin, shard_.begin) - shard_.begin);
-  if (counts[dp_.rank()] == 0) mine = params_.f32();
-  g.request = dp_.iall_gather(mine, g.params.f32(), counts);
+  CPtr mine =
+      params_.as(dt_).at(std::max<int64_t>(0, std::max(u.begin, shard_.begin) - shard_.begin));
+  if (counts[dp_.rank()] == 0) mine = params_.as(dt_);
+  g.request = dp_.iall_gather(mine, g.params.as(dt_), counts);
   g.present = true;
 }
 
-const float* ShardedParams::acquire_params(int unit) {
+CPtr ShardedParams::acquire_params(int unit) {
   poll();
-  if (stage_ < 3) return params_.f32() + table_.units[unit].begin;
+  if (stage_ < 3) return params_.as(dt_).at(table_.units[unit].begin);
   Gathered& g = gathered_[unit];
   if (!g.present) start_gather(unit);
   g.request.wait();
-  return g.params.f32();
+  return g.params.as(dt_);
 }
 
 void ShardedParams::prefetch_params(int unit) {
@@ -124,9 +154,13 @@ std::vector<float> ShardedParams::gather_to_host(const float* shard, Comm& dp) {
 }
 
 std::vector<float> ShardedParams::gather_parameters(Comm* via) {
-  if (stage_ == 3) return gather_to_host(params_.f32(), via ? *via : dp_);
+  // The fp32 values: the model's own in an fp32 run (sharded at stage 3 only), else the master
+  // weights (sharded at stages 1-3).
+  const bool sharded = dt_ == DType::f32 ? stage_ == 3 : stage_ > 0;
+  const float* fp32 = dt_ == DType::f32 ? params_.f32() : master_.f32();
+  if (sharded) return gather_to_host(fp32, via ? *via : dp_);
   std::vector<float> all(total_);
-  be_.copy_to_host(all.data(), params_.data(), sizeof(float) * total_);
+  be_.copy_to_host(all.data(), fp32, sizeof(float) * total_);
   return all;
 }
 
@@ -151,9 +185,7 @@ void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<fl
 
 void ShardedParams::load_state(const float* params, const float* m, const float* v,
                                int64_t steps_taken) {
-  if (stage_ == 3)
-    be_.copy_from_host(params_.data(), params + shard_.begin, sizeof(float) * shard_.size());
-  else be_.copy_from_host(params_.data(), params, sizeof(float) * total_);
+  set_params_from_host(stage_ == 3 ? params + shard_.begin : params);
   const int64_t begin = stage_ == 0 ? 0 : shard_.begin, n = stage_ == 0 ? total_ : shard_.size();
   be_.copy_from_host(optimizer_->m(), m + begin, sizeof(float) * n);
   be_.copy_from_host(optimizer_->v(), v + begin, sizeof(float) * n);
@@ -297,18 +329,13 @@ double ShardedParams::grad_norm() {
 }
 
 void ShardedParams::optimizer_step(double lr, double grad_scale) {
-  switch (stage_) {
-    case 0:
-      optimizer_->step(be_, params_.f32(), grads_.f32(), lr, grad_scale);
-      break;
-    case 1:
-    case 2:
-      optimizer_->step(be_, params_.f32() + shard_.begin, shard_grads(), lr, grad_scale);
-      dp_.all_gather(params_.f32() + shard_.begin, params_.f32(), shard_counts(total_, dp_.size()));
-      break;
-    default:
-      optimizer_->step(be_, params_.f32(), shard_grads(), lr, grad_scale);
-  }
+  // AdamW on the fp32 values this rank owns; a bf16 run then rounds them into the model's copy.
+  optimizer_->step(be_, master(), stage_ == 0 ? grads_.f32() : shard_grads(), lr, grad_scale);
+  const int64_t owned = stage_ == 0 ? total_ : shard_.size();
+  if (dt_ != DType::f32) be_.convert(owned_params(), master(), owned);
+  // Stages 1-2: every rank's updated shard to every rank (in the model's type).
+  if (stage_ == 1 || stage_ == 2)
+    dp_.all_gather(owned_params(), params_.as(dt_), shard_counts(total_, dp_.size()));
 }
 
 }  // namespace trellis

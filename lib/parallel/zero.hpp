@@ -5,15 +5,25 @@
 //   stage 1  m, v sharded; gradients reduce-scattered, each rank updates its shard,
 //            parameters all-gathered after the step                             8Ψ + 8Ψ/N
 //   stage 2  as 1, and a bucket's gradients are freed once it is reduced:
-//            only the shard's gradients persist                                  4Ψ + 12Ψ/N (+ buckets)
-//            (at most one bucket reducing while the next fills, plus the embeddings' bucket,
-//            which stays open from the LM head's backward to the encoder's)
+//            only the shard's gradients persist                                  4Ψ + 12Ψ/N (+
+//            buckets) (at most one bucket reducing while the next fills, plus the embeddings'
+//            bucket, which stays open from the LM head's backward to the encoder's)
 //   stage 3  as 2, and parameters sharded too: each unit (embeddings, one block, final
 //            LayerNorm) all-gathered just before use and freed after; the next one
-//            prefetched                                                          16Ψ/N (+ units in flight)
+//            prefetched                                                          16Ψ/N (+ units in
+//            flight)
 //
 // Every buffer lives in the backend's memory (device memory for cuda); the host sees values only
 // through the gather_* / load_state copies.
+//
+// Precision (the backend's dtype()): in an fp32 run the parameters the model reads are the
+// master weights AdamW updates. In a bf16 run the model reads a bf16 copy (stages 0-2: all of it,
+// 2Ψ bytes; stage 3: the shard, gathered in bf16 unit by unit), and the fp32 master weights live
+// with AdamW's state (stage 0: all of them; stages 1-3: this rank's shard, 4Ψ/N), counted as
+// optimizer state as in the ZeRO paper; after each AdamW step the updated shard is rounded into
+// the bf16 copy (and all-gathered in bf16 at stages 1-2). Gradients stay fp32. The master
+// weights are what gather_parameters returns and checkpoints hold, so a checkpoint does not
+// depend on the precision that wrote it; the bf16 copy is always the rounding of the master.
 //
 // A shard is a contiguous range of the flat buffer (comm/comm.hpp: shard_range), padded so that
 // sizes need not divide by N. Buckets are runs of whole units in backward order of at least
@@ -44,7 +54,7 @@ class ShardedParams : public ParamStore {
   ~ShardedParams() override;
 
   // ---- ParamStore: what the model sees ----
-  const float* acquire_params(int unit) override;
+  CPtr acquire_params(int unit) override;
   void release_params(int unit) override;
   void prefetch_params(int unit) override;
   float* acquire_grads(int unit) override;
@@ -78,7 +88,7 @@ class ShardedParams : public ParamStore {
   // ---- introspection ----
   int stage() const { return stage_; }
   ShardRange shard() const { return shard_; }
-  /// Every parameter, gathered (collective). For tests and checkpoints.
+  /// Every parameter (the fp32 master weights), gathered (collective). For tests and checkpoints.
   /// `via`: the dp group to use instead of the training one (so that checkpoint traffic is
   /// counted apart).
   std::vector<float> gather_parameters(Comm* via = nullptr);
@@ -103,7 +113,7 @@ class ShardedParams : public ParamStore {
     Request request;
     bool in_flight = false;
   };
-  struct Gathered {  // stage 3: one unit's parameters, gathered
+  struct Gathered {  // stage 3: one unit's parameters, gathered (dt_)
     Buffer params;
     Request request;
     bool present = false;
@@ -114,6 +124,14 @@ class ShardedParams : public ParamStore {
   void complete_reduction(Bucket& b);
   void poll();  // completes whatever reductions have finished, frees their memory
   void start_gather(int unit);
+  /// This rank's held parameters [begin, begin + held) from fp32 host values (held: P, or the
+  /// shard at stage 3; `values` point at element begin): the master weights and the model's copy.
+  void set_params_from_host(const float* values);
+  /// The fp32 values AdamW updates: the model's parameters in an fp32 run (stage 0: all of them,
+  /// stages 1-2: the shard's part of them, stage 3: the shard), else the master weights.
+  float* master();
+  /// The model's parameters of this rank's shard (stages 1-3) or all of them (stage 0).
+  Ptr owned_params();
   std::vector<int64_t> overlap_counts(int64_t begin, int64_t end) const;
   float* shard_grads();  // (shard size) this rank's reduced gradients
   /// (P) on the host: every dp rank's `shard` (in the backend's memory) gathered (collective).
@@ -130,7 +148,9 @@ class ShardedParams : public ParamStore {
   ShardRange shard_;
   bool last_micro_batch_ = true;
 
-  Buffer params_;       // stages 0-2: (P) all parameters; stage 3: (shard) this rank's shard
+  DType dt_;            // of the parameters the model reads (the backend's dtype())
+  Buffer params_;       // stages 0-2: (P) all parameters; stage 3: (shard) this rank's shard; dt_
+  Buffer master_;       // bf16 runs: fp32 master weights, stage 0: (P), stages 1-3: (shard)
   Buffer grads_;        // stages 0-1: (P) all gradients; stages 2-3: (shard) reduced shard
   std::vector<Bucket> buckets_;
   std::vector<int> in_flight_;  // buckets whose reduction runs, in launch order

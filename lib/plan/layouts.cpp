@@ -78,8 +78,10 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const int B = cfg.train.micro_batch, T = m.seq_len, mbs = cfg.micro_batches_per_step();
   const int v = chunks_of(p);
   const double tokens = double(B) * T;  // per micro-batch
-  const double act = precision == Precision::BF16_FULL ? 2.0 : 4.0;  // this code: fp32 tensors
-  const double grad = act, param = act;
+  // Bytes of an activation and a parameter on the wire: 2 in bf16; gradients travel as they are
+  // kept, fp32 in this code's bf16 (system.grad_reduce = bf16 would halve them).
+  const double act = precision == Precision::FP32 ? 4.0 : 2.0;
+  const double param = act, grad = precision == Precision::BF16_FULL ? 2.0 : 4.0;
   const bool sp = p.sequence_parallel && p.tp > 1;
 
   // The slowest stage: the most blocks, plus the LM head on the last.

@@ -1,6 +1,7 @@
 #include "plan/memory.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -23,9 +24,10 @@ const char* precision_name(Precision p) {
 
 ModelStates zero_model_states(double psi, int dp, int zero_stage, Precision precision) {
   // Bytes per parameter of each state: bf16 weights and gradients with an fp32 copy, m and v
-  // (ZeRO's K = 12); this code's runs keep fp32 weights and gradients, no extra copy (K = 8).
-  const bool bf16 = precision == Precision::BF16_FULL;
-  const double p = bf16 ? 2 : 4, g = bf16 ? 2 : 4, o = bf16 ? 12 : 8;
+  // (ZeRO's K = 12); this code's bf16 keeps fp32 gradients (K = 12 as well); fp32 runs keep no
+  // extra copy (K = 8).
+  const bool full = precision == Precision::BF16_FULL, bf16 = precision == Precision::BF16;
+  const double p = full || bf16 ? 2 : 4, g = full ? 2 : 4, o = full || bf16 ? 12 : 8;
   const double shard = psi / dp;
   return {p * (zero_stage >= 3 ? shard : psi), g * (zero_stage >= 2 ? shard : psi),
           o * (zero_stage >= 1 ? shard : psi)};
@@ -59,9 +61,9 @@ int64_t model_parameter_count(const ModelConfig& m) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the fp32 activation arena: the same list, in the same order, as GPT::allocate_activations
+// the activation arena: the same list, in the same order, as GPT::allocate_activations
 
-int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
+int64_t activation_arena_bytes(const ArenaShape& s) {
   Arena a = Arena::measuring();
   const int64_t N = int64_t(s.micro_batch) * s.seq_len;
   const bool sp = s.sequence_parallel && s.tp > 1;
@@ -70,20 +72,21 @@ int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
   const int64_t att = int64_t(s.micro_batch) * s.heads_local * s.seq_len *
                      (s.attention_state_per_row ? 1 : s.seq_len);
   const bool full = s.recompute == "full", selective = s.recompute == "selective";
+  auto act = [&](int64_t n) { a.take(size_t(n) * s.act_bytes); };  // of the run's type
   auto block = [&](bool with_att, bool with_output) {
-    a.take_f32(R * C);  // ln1
+    act(R * C);  // ln1
     a.take_f32(R);
     a.take_f32(R);
-    a.take_f32(N * QKV);
-    a.take_f32(N * s.heads_local * s.head_dim);  // atty
+    act(N * QKV);
+    act(N * s.heads_local * s.head_dim);  // atty
     if (with_att) a.take_f32(att);
-    a.take_f32(R * C);  // res2
-    a.take_f32(R * C);  // ln2
+    act(R * C);  // res2
+    act(R * C);  // ln2
     a.take_f32(R);
     a.take_f32(R);
-    a.take_f32(N * s.d_ff_local);  // fch
-    a.take_f32(N * s.d_ff_local);  // fch_gelu
-    if (with_output) a.take_f32(R * C);  // res3
+    act(N * s.d_ff_local);        // fch
+    act(N * s.d_ff_local);        // fch_gelu
+    if (with_output) act(R * C);  // res3
   };
   if (full) block(true, false);  // the block being recomputed, shared by every slot
   if (selective) a.take_f32(att);
@@ -91,45 +94,99 @@ int64_t cpu_activation_arena_bytes(const ArenaShape& s) {
     const bool head = s.last_stage && i / s.slots == s.chunks - 1;
     a.take_i32(N);  // inputs
     a.take_i32(N);  // targets
-    a.take_f32(R * C);  // x
+    act(R * C);     // x
     for (int b = 0; b < s.blocks_per_chunk; ++b) {
-      if (full) a.take_f32(R * C);
+      if (full)
+        act(R * C);
       else block(!selective, true);
     }
     if (head) {
-      a.take_f32(R * C);  // lnf
+      act(R * C);  // lnf
       a.take_f32(R);
       a.take_f32(R);
-      a.take_f32(N * s.vocab_local);  // logits
-      a.take_f32(N);                  // losses
-      a.take_f32(N);                  // row_max
-      a.take_f32(2 * N);              // row_sums
+      act(N * s.vocab_local);  // logits
+      a.take_f32(N);           // losses
+      a.take_f32(N);           // row_max
+      a.take_f32(2 * N);       // row_sums
     }
   }
-  if (sp) a.take_f32(N * C), a.take_f32(N * C);  // full_, partial_
-  a.take_f32(R * C);                               // dres_
-  if (sp) a.take_f32(R * C);                       // dchunk_
-  a.take_f32(N * C);                               // dbtc_
-  a.take_f32(N * QKV);                             // dqkv_
-  a.take_f32(N * s.d_ff_local);                    // dfch_gelu_
-  a.take_f32(N * s.d_ff_local);                    // dfch_
+  if (sp) act(N * C), act(N * C);  // full_, partial_
+  act(R * C);                      // dres_
+  if (sp) act(R * C);              // dchunk_
+  act(N * C);                      // dbtc_
+  act(N * QKV);                    // dqkv_
+  act(N * s.d_ff_local);           // dfch_gelu_
+  act(N * s.d_ff_local);           // dfch_
   return int64_t(a.used());
 }
 
-double bf16_operand_workspace_bytes(const ArenaShape& s) {
-  // Every linear layer sees all N rows (sequence parallelism gathers them first). The backward
-  // casts the most: dout (N,OC), inp (N,IC) and the weight (OC,IC).
-  const int64_t N = int64_t(s.micro_batch) * s.seq_len, C = s.d_model;
+ArenaShape arena_shape(const Config& cfg, const ParamTable& table, int stage, bool device) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& par = cfg.parallel;
+  const StageSpec spec = stage_spec(cfg, stage);
+  ArenaShape a{cfg.train.micro_batch, m.seq_len,         m.d_model,
+               m.d_model / m.heads,   table.heads_local, table.kv_heads_local,
+               table.d_ff_local,      table.vocab_local};
+  a.tp = par.tp;
+  a.sequence_parallel = par.sequence_parallel;
+  a.chunks = spec.chunks;
+  a.blocks_per_chunk = int(table.blocks.size()) / spec.chunks;
+  a.slots = pipeline_slots(par.schedule, par.pp, stage, cfg.micro_batches_per_step(), spec.chunks);
+  a.first_stage = spec.first;
+  a.last_stage = spec.last;
+  a.recompute = cfg.train.recompute;
+  a.attention_state_per_row = device;
+  a.act_bytes = cfg.system.precision == "bf16" ? 2 : 4;
+  return a;
+}
+
+double widening_arena_bytes(const ArenaShape& s, Widening w) {
+  if (w == Widening::none) return 0.0;
+  const int64_t N = int64_t(s.micro_batch) * s.seq_len;
+  const bool sp = s.sequence_parallel && s.tp > 1;
+  const int64_t R = sp ? N / s.tp : N, C = s.d_model, T = s.seq_len;
   const int64_t QKV = int64_t(s.heads_local + 2 * s.kv_heads_local) * s.head_dim;
-  const int64_t ATT = int64_t(s.heads_local) * s.head_dim, F = s.d_ff_local;
-  auto bytes = [](int64_t n) { return double((n * 2 + 255) / 256 * 256); };
-  auto backward = [&](int64_t in, int64_t out) {
-    return bytes(N * out) + bytes(N * in) + bytes(out * in);
-  };
+  const int64_t A = int64_t(s.heads_local) * s.head_dim, F = s.d_ff_local, V = s.vocab_local;
   double most = 0;
-  if (s.blocks_per_chunk > 0)
-    most = std::max({backward(C, QKV), backward(ATT, C), backward(C, F), backward(F, C)});
-  if (s.last_stage) most = std::max(most, backward(C, s.vocab_local));
+  // One widened call: its distinct bf16 tensors' fp32 copies, each 64-byte aligned
+  // (backend_bf16.cpp). `attention`: the call is attention's (widened on a GPU too).
+  auto call = [&](std::initializer_list<int64_t> tensors, bool attention = false) {
+    if (w == Widening::attention && !attention) return;
+    double bytes = 0;
+    for (int64_t n : tensors) bytes += double((std::max<int64_t>(n, 1) * 4 + 63) / 64 * 64);
+    most = std::max(most, bytes);
+  };
+  if (s.blocks_per_chunk > 0) {
+    // forward (and full recomputation): lib/model/gpt.cpp, block_forward
+    call({R * C, R * C, C, C});             // layer norm 1: ln1, x, weight, bias
+    call({N * QKV, N * C, QKV * C, QKV});   // qkv
+    call({N * A, N * QKV}, true);           // attention
+    call({N * C, N * A, C * A, C});         // projection
+    call({R * C, R * C, R * C, C, C});      // residual + layer norm 2 (res2 in place of the sum)
+    call({N * F, N * F, N * C, F * C, F});  // fc and GELU
+    call({N * C, N * F, C * F, C});         // fc projection
+    call({R * C, R * C});                   // res3 = sum + res2 (in place)
+    // backward: block_backward
+    call({N * F, N * F, N * C, N * F, N * F, C * F});  // fc projection through the GELU
+    call({N * C, N * F, N * C, F * C});                // fc
+    call({R * C, R * C, R * C, C});                    // layer norm backward
+    call({N * A, N * C, N * A, C * A});                // projection
+    call({N * QKV, N * A, N * QKV, N * A}, true);      // attention
+    call({N * C, N * QKV, N * C, QKV * C});            // qkv
+  }
+  if (s.first_stage) {
+    call({N * C, V * C});  // token embedding
+    call({R * C, T * C});  // positions
+    call({R * C});         // their backward
+    call({N * C});
+  }
+  if (s.last_stage) {
+    call({R * C, R * C, C, C});          // final layer norm
+    call({N * V, N * C, V * C});         // LM head
+    call({N * V});                       // cross-entropy
+    call({N * C, N * V, N * C, V * C});  // LM head backward
+    call({R * C, R * C, R * C, C});      // final layer norm backward
+  }
   return most;
 }
 
@@ -179,9 +236,12 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
-  const bool bf16 = opt.precision == Precision::BF16_FULL;  // the textbook's full bf16 run
-  const bool device = opt.device || opt.precision != Precision::FP32;  // a GPU run
-  const ElementBytes eb = bf16 ? ElementBytes{2, 2, 12} : ElementBytes{4, 4, 8};
+  const bool textbook = opt.precision == Precision::BF16_FULL;  // the papers' full bf16 run
+  const bool bf16 = opt.precision == Precision::BF16;           // this code's bf16 (zero.hpp)
+  const bool device = opt.device || textbook;                   // a GPU run
+  const ElementBytes eb = textbook ? ElementBytes{2, 2, 12}
+                          : bf16   ? ElementBytes{2, 4, 12}
+                                   : ElementBytes{4, 4, 8};
   const int dp = par.dp, tp = par.tp, pp = par.pp, zero = par.zero;
   const StageSpec spec = stage_spec(cfg, stage);
   // Tensor-parallel rank 0: every tp rank holds as much (the vocabulary is padded to a multiple).
@@ -261,34 +321,28 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
 
   // ---- optimizer ----
   r.optim = {eb.optim * (zero >= 1 ? S : P),
-             strfmt(bf16 ? "%g B x %s (fp32 copy, m, v)" : "%g B x %s (AdamW m, v)", eb.optim,
-                    zero >= 1 ? "Ψ_rank/dp" : "Ψ_rank")};
+             strfmt(textbook || bf16 ? "%g B x %s (fp32 master weights, AdamW m, v)"
+                                     : "%g B x %s (AdamW m, v)",
+                    eb.optim, zero >= 1 ? "Ψ_rank/dp" : "Ψ_rank")};
 
   // ---- activations ----
   const int blocks_per_chunk = int(table.blocks.size()) / chunks;
-  ArenaShape a{cfg.train.micro_batch, m.seq_len, m.d_model, m.d_model / m.heads,
-               table.heads_local, table.kv_heads_local, table.d_ff_local, table.vocab_local};
-  a.tp = tp;
-  a.sequence_parallel = par.sequence_parallel;
-  a.blocks_per_chunk = blocks_per_chunk;
-  a.chunks = chunks;
-  a.slots = slots;
-  a.last_stage = spec.last;
-  a.recompute = cfg.train.recompute;
-  a.attention_state_per_row = device;
-  if (!bf16) {
-    r.activations.bytes = double(cpu_activation_arena_bytes(a));
+  ArenaShape a = arena_shape(cfg, table, stage, device);
+  a.act_bytes = bf16 ? 2 : 4;
+  if (!textbook) {
+    r.activations.bytes = double(activation_arena_bytes(a));
     ArenaShape one_slot = a, two_slots = a;
     one_slot.slots = 1;
     two_slots.slots = 2;
-    const double one = double(cpu_activation_arena_bytes(two_slots)) -  // what each slot adds
-                       double(cpu_activation_arena_bytes(one_slot));
-    r.activations.how = strfmt("%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s), "
-                               "B=%d T=%d%s%s; %s per micro-batch in flight",
-                               blocks_per_chunk, chunks, slots, par.schedule.c_str(),
-                               cfg.train.micro_batch, m.seq_len, sp ? ", SP" : "",
-                               cfg.train.recompute != "none" ? (", recompute " + cfg.train.recompute).c_str() : "",
-                               format_bytes(one).c_str());
+    const double one = double(activation_arena_bytes(two_slots)) -  // what each slot adds
+                       double(activation_arena_bytes(one_slot));
+    r.activations.how = strfmt(
+        "%d layer(s) x %d chunk(s) x %d micro-batch(es) in flight (%s), "
+        "B=%d T=%d%s%s%s; %s per micro-batch in flight",
+        blocks_per_chunk, chunks, slots, par.schedule.c_str(), cfg.train.micro_batch, m.seq_len,
+        sp ? ", SP" : "",
+        cfg.train.recompute != "none" ? (", recompute " + cfg.train.recompute).c_str() : "",
+        bf16 ? ", bf16" : "", format_bytes(one).c_str());
   } else {
     const double layer = megatron_layer_activation_bytes(m.seq_len, cfg.train.micro_batch, m, tp, sp,
                                                          cfg.train.recompute);
@@ -312,7 +366,7 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     // receives the LM head's gradient into a (Vl, C) buffer.
     const int sending_chunks = chunks - (spec.first ? 1 : 0);
     const int buffers = sending_chunks * std::min(slots, micro_batches);
-    const double act = bf16 ? 2.0 : 4.0;
+    const double act = textbook || bf16 ? 2.0 : 4.0;
     if (buffers > 0) {
       comm_bytes += act * buffers * R * C;
       comm_how += std::string(comm_how.empty() ? "" : "; ") +
@@ -326,25 +380,37 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   r.comm = {comm_bytes, comm_how.empty() ? "none" : comm_how};
 
   // ---- workspace ----
-  if (device && !bf16) {
+  // A bf16 run's widening arena (backend.hpp, Widened): every kernel on the CPU; on a GPU the
+  // attention unless the tensor-core kernels take its head size.
+  const int hd = m.d_model / m.heads;
+  const Widening widening = !bf16     ? Widening::none
+                            : !device ? Widening::all
+                            : opt.tc_attention && (hd == 32 || hd == 64 || hd == 128)
+                                ? Widening::none
+                                : Widening::attention;
+  const double widened = widening_arena_bytes(a, widening);
+  const std::string widened_how =
+      widened > 0
+          ? strfmt(", widening arena %s (bf16 %s widened to fp32)", format_bytes(widened).c_str(),
+                   widening == Widening::all ? "kernels" : "attention")
+          : std::string();
+  if (device && !textbook) {
     // cuBLASLt's, and the backend's scratch grown to its largest use: the attention backward's
-    // Σ dout·out per row (B,H,T) (cuda_attention.cu); with bf16, the GEMM operands' copies.
+    // Σ dout·out per row (B,H,T) (cuda_attention.cu).
     const double scratch = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
-    const double operands = opt.precision == Precision::BF16 ? bf16_operand_workspace_bytes(a) : 0.0;
-    r.workspace = {opt.workspace_bytes + scratch + operands,
-                   operands > 0 ? strfmt("cuBLASLt workspace, attention scratch, bf16 copies of the "
-                                         "largest GEMM's operands %s", format_bytes(operands).c_str())
-                                : std::string("cuBLASLt workspace, attention scratch")};
-  } else if (!bf16) {
+    r.workspace = {opt.workspace_bytes + scratch + widened,
+                   "cuBLASLt workspace, attention scratch" + widened_how};
+  } else if (!textbook) {
     // The CPU backend's scratch, grown to the larger of its two uses: the attention backward's
     // (T, T) dP / dS per thread (cpu_gemm.cpp) and the layer norm backward's partial sums, 2·C
     // per 64 rows (cpu_elementwise.cpp).
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(int64_t(cfg.train.micro_batch) * table.kv_heads_local, opt.threads));
     const double attention = 4.0 * parts * m.seq_len * m.seq_len;
     const double layernorm = 4.0 * ((R + 63) / 64) * 2 * C;
-    r.workspace = {std::max(attention, layernorm),
-                   strfmt("attention / layer norm backward scratch, %lld thread(s)",
-                          (long long)parts)};
+    r.workspace = {
+        std::max(attention, layernorm) + widened,
+        strfmt("attention / layer norm backward scratch, %lld thread(s)", (long long)parts) +
+            widened_how};
   } else {
     r.workspace = {opt.workspace_bytes, "cuBLASLt workspace"};
   }

@@ -6,19 +6,23 @@
 //         ZeRO shards, AdamW's m and v, the activation arena of lib/model/gpt.cpp (every slot a
 //         pipeline schedule keeps in flight, recomputation, sequence parallelism), ZeRO's
 //         gradient buckets and stage-3 gathers, the pipeline's message buffers and tied LM-head
-//         copy, and the backend's own buffers. On the CPU (fp32 only): attention keeps its
-//         probabilities (B,H,T,T) and the attention backward has a (T,T) scratch per thread. On a
-//         GPU (system.backend = cuda, `device`): attention keeps one logsumexp per row (B,H,T),
-//         plus the cuBLASLt workspace and the backend's scratch; with system.precision = bf16 also
-//         the bf16 copies of the largest GEMM's operands (fp32 storage otherwise: this code's
-//         bf16 rounds GEMM operands only). Whole-program checks: tests/cli/test_plan.sh holds the
-//         CPU figure to within 10 % of the measured peak; tests/plan/test_plan.cpp holds the GPU
-//         figures to within 3 % of peaks measured on an H200.
-//   bf16-full  a full bf16 GPU run as ZeRO and Megatron-LM count it — where this code's bf16 is
-//         heading, and what Megatron-LM or DeepSpeed would need: bf16 parameters and gradients,
-//         fp32 master weights and Adam moments (ZeRO's 2Ψ + 2Ψ + 12Ψ), activations by Megatron's
-//         per-layer formula (Korthikanti et al. 2022), cuBLASLt workspace and communication
-//         buckets.
+//         copy, and the backend's own buffers. fp32: 4 bytes everywhere. bf16 (lib/parallel/
+//         zero.hpp): the model's parameters and activations 2 bytes, gradients 4, and the fp32
+//         master weights next to AdamW's m and v (12 bytes a parameter, sharded alike: 2Ψ + 4Ψ +
+//         12Ψ at ZeRO 0, as Megatron-LM without its distributed optimizer), plus the backend's
+//         widening arena (backend.hpp, Widened: the fp32 copies of the largest widened call's bf16
+//         tensors — every kernel on the CPU, attention on a GPU without the tensor-core kernels).
+//         On the CPU: attention keeps its probabilities (B,H,T,T) and the attention backward has
+//         a (T,T) scratch per thread. On a GPU (system.backend = cuda, `device`): attention keeps
+//         one logsumexp per row (B,H,T), plus the cuBLASLt workspace and the backend's scratch.
+//         Whole-program checks: tests/cli/test_plan.sh holds the CPU figure (fp32 and bf16) to
+//         within 10 % of the measured peak; tests/plan/test_plan.cpp holds the GPU fp32 figure to
+//         within 3 % of a peak measured on an H200, and every bf16 part to what the code
+//         allocates.
+//   bf16-full  a full bf16 GPU run as ZeRO and Megatron-LM count it: bf16 parameters and
+//         gradients, fp32 master weights and Adam moments (ZeRO's 2Ψ + 2Ψ + 12Ψ), activations by
+//         Megatron's per-layer formula (Korthikanti et al. 2022), cuBLASLt workspace and
+//         communication buckets.
 //
 // Everything here is arithmetic on the deck: no MPI, no allocation of the model itself.
 #pragma once
@@ -29,6 +33,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/backend.hpp"  // Widening
 #include "config/config.hpp"
 #include "model/params.hpp"
 
@@ -44,7 +49,8 @@ const char* precision_name(Precision p);
 /// Model-state bytes per rank for Ψ parameters over N_d data-parallel ranks at ZeRO `stage`
 /// (Rajbhandari et al. 2020, §5.1). bf16-full with fp32 Adam: parameters 2Ψ, gradients 2Ψ,
 /// optimizer 12Ψ (fp32 copy, m, v) — 16Ψ at stage 0, 4Ψ + 12Ψ/N_d at 1, 2Ψ + 14Ψ/N_d at 2,
-/// 16Ψ/N_d at 3. fp32 and this code's bf16: 4Ψ, 4Ψ, 8Ψ (m, v). Shards are unpadded Ψ/N_d here.
+/// 16Ψ/N_d at 3. fp32: 4Ψ, 4Ψ, 8Ψ (m, v). This code's bf16: 2Ψ, 4Ψ (fp32 gradients), 12Ψ (fp32
+/// master weights, m, v). Shards are unpadded Ψ/N_d here.
 struct ModelStates {
   double params, grads, optim;
   double total() const { return params + grads + optim; }
@@ -94,7 +100,8 @@ class ParamTableCache {
 
 struct MemoryOptions {
   Precision precision = Precision::FP32;
-  bool device = false;                // a GPU run (system.backend = cuda); bf16 implies it
+  bool device = false;                // a GPU run (system.backend = cuda); bf16-full implies it
+  bool tc_attention = false;          // GPU bf16: attention on the tensor cores (not widened)
   ParamTableCache* tables = nullptr;  // optional; one model only
   int threads = 1;                    // CPU: threads of the attention backward (its scratch)
   double workspace_bytes = 32 << 20;  // GPU: cuBLASLt workspace
@@ -107,27 +114,31 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt);
 std::vector<RankMemory> layout_memory(const Config& cfg, const MemoryOptions& opt);
 const RankMemory& largest(const std::vector<RankMemory>& stages);
 
-/// The fp32 activation arena of lib/model/gpt.cpp (GPT::allocate_activations), in bytes, for one
+/// The activation arena of lib/model/gpt.cpp (GPT::allocate_activations), in bytes, for one
 /// stage: `blocks` blocks per chunk, `chunks` model chunks, `slots` micro-batches in flight per
-/// chunk, this tp rank's heads/kv heads/d_ff/vocab rows; attention's saved state per layer as
-/// the backend keeps it (Backend::attention_state_elems: (B,H,T,T) on the CPU, (B,H,T) on a GPU).
-/// Mirrors the allocation list exactly.
+/// chunk, this tp rank's heads/kv heads/d_ff/vocab rows; activations of act_bytes (4 fp32, 2
+/// bf16) and fp32 statistics; attention's saved state per layer as the backend keeps it
+/// (Backend::attention_state_elems: (B,H,T,T) on the CPU, (B,H,T) on a GPU). Mirrors the
+/// allocation list exactly.
 struct ArenaShape {
   int micro_batch, seq_len, d_model, head_dim;
   int heads_local, kv_heads_local, d_ff_local, vocab_local;
   int tp = 1;
   bool sequence_parallel = false;
   int blocks_per_chunk = 0, chunks = 1, slots = 1;
-  bool last_stage = true;
+  bool first_stage = true, last_stage = true;
   std::string recompute = "none";
   bool attention_state_per_row = false;  // GPU: a logsumexp per row instead of (T,T) probabilities
+  int act_bytes = 4;                     // of an activation: fp32 4, bf16 2
 };
+/// The shape of one stage's arena under cfg's layout (stage `stage`, tp rank 0's table).
+ArenaShape arena_shape(const Config& cfg, const ParamTable& table, int stage, bool device);
+int64_t activation_arena_bytes(const ArenaShape& s);
 
-/// GPU, system.precision = bf16: bytes of the bf16 copies of the largest GEMM's operands (the
-/// backend's workspace, grown to the largest call: for GPT-2 the LM head's backward, dlogits
-/// (N,V), its input (N,C) and weight (V,C)), each rounded up to 256 bytes as the backend does.
-double bf16_operand_workspace_bytes(const ArenaShape& s);
-int64_t cpu_activation_arena_bytes(const ArenaShape& s);
+/// Bytes of the widening arena a bf16 run of this shape ends with: the largest total of the fp32
+/// copies (64-byte aligned each) any one widened call of the model takes — the calls of
+/// lib/model/gpt.cpp, each bf16 tensor counted once (in place: one copy).
+double widening_arena_bytes(const ArenaShape& s, Widening w);
 
 /// Parameters of the whole model (no tp padding of the vocabulary), as the checkpoint counts them.
 int64_t model_parameter_count(const ModelConfig& m);

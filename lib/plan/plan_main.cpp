@@ -23,11 +23,12 @@ options (defaults in brackets):
   --gpus N               devices to plan for [the deck's dp*tp*pp]
   --gpus-per-node G      devices per node: tp/dp/pp groups inside a node use the fast link [8]
   --gpu-mem SIZE         memory per device, e.g. 80GiB, 141GiB, 96GB [80GiB]
-  --precision P          what this code allocates, buffer by buffer: fp32, or bf16 (GPU only:
-                         fp32 tensors, bf16 copies of GEMM operands); or bf16-full, a full bf16
-                         GPU run as ZeRO and Megatron-LM count it (bf16 weights and activations,
-                         fp32 master weights and Adam: 2+2+12 bytes per parameter)
-                         [the deck's system.precision; CPU or GPU by system.backend]
+  --precision P          what this code allocates, buffer by buffer: fp32, or bf16 (bf16
+                         weights and activations, fp32 gradients, master weights and Adam:
+                         2+4+12 bytes per parameter); or bf16-full, a full bf16 GPU run as ZeRO
+                         and Megatron-LM count it (bf16 gradients too: 2+2+12)
+                         [the deck's system.precision; CPU or GPU by system.backend; a GPU's
+                         bf16 attention as TRELLIS_TC_ATTENTION says]
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
@@ -175,10 +176,14 @@ std::string formulas_line(const Config& cfg, Precision precision) {
   const ModelStates z = zero_model_states(psi, p.dp, p.zero, precision);
   const double layer = megatron_layer_activation_bytes(m.seq_len, cfg.train.micro_batch, m, p.tp,
                                                        p.sequence_parallel && p.tp > 1, cfg.train.recompute);
-  return strfmt("textbook check: ZeRO-%d model states (%s) for Ψ/(tp·pp) = %s: %s per rank; Megatron "
-                "activations per layer and micro-batch (16-bit, with dropout masks): %s\n",
-                p.zero, precision == Precision::BF16_FULL ? "2Ψ + 2Ψ + 12Ψ" : "4Ψ + 4Ψ + 8Ψ", count(psi).c_str(),
-                format_bytes(z.total()).c_str(), format_bytes(layer).c_str());
+  return strfmt(
+      "textbook check: ZeRO-%d model states (%s) for Ψ/(tp·pp) = %s: %s per rank; Megatron "
+      "activations per layer and micro-batch (16-bit, with dropout masks): %s\n",
+      p.zero,
+      precision == Precision::BF16_FULL ? "2Ψ + 2Ψ + 12Ψ"
+      : precision == Precision::BF16    ? "2Ψ + 4Ψ + 12Ψ"
+                                        : "4Ψ + 4Ψ + 8Ψ",
+      count(psi).c_str(), format_bytes(z.total()).c_str(), format_bytes(layer).c_str());
 }
 
 std::string layouts_table(const LayoutSearch& s, int top) {
@@ -285,9 +290,12 @@ int plan_main(const std::vector<std::string>& args) {
     req.overrides = o.overrides;
     req.devices = o.gpus > 0 ? o.gpus : deck_world;
     req.precision = parse_precision(!o.precision.empty() ? o.precision : cfg.system.precision);
-    const bool bf16 = req.precision != Precision::FP32;
     req.memory.precision = req.precision;
-    req.memory.device = cfg.system.backend == "cuda" || bf16;  // bf16 runs only on GPUs
+    req.memory.device = cfg.system.backend == "cuda" || req.precision == Precision::BF16_FULL;
+    // As the cuda backend picks its attention kernels (cuda_backend.cuh).
+    const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
+    req.memory.tc_attention = tc && std::string(tc) != "0";
+    const bool bf16 = req.precision != Precision::FP32 && req.memory.device;  // a bf16 GPU run
     req.memory.threads = o.threads > 0 ? o.threads : default_threads(cfg);
     DeviceModel& d = req.device;
     d.memory_bytes = o.gpu_mem;

@@ -16,6 +16,7 @@
 #include "comm/nccl_link.hpp"
 #endif
 #include "plan/flops.hpp"
+#include "plan/memory.hpp"
 #include "train/report.hpp"
 
 namespace trellis {
@@ -107,6 +108,13 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
                                  cfg_.train.recompute);
   pipeline_ = std::make_unique<Pipeline>(cfg_.parallel, cfg_.model, micro_batches, *pp_comm_,
                                          *model_, *store_, *full_table_);
+  // A bf16 run's kernels that widen to fp32 share one scratch arena: sized now, for the largest
+  // such call of this stage (the planner's own figure), rather than grown call by call.
+  if (backend_->dtype() == DType::bf16) {
+    const ArenaShape shape = arena_shape(cfg_, *table_, stage, backend_->on_device());
+    backend_->reserve_widening(size_t(widening_arena_bytes(
+        shape, backend_->widened_calls(cfg_.model.d_model / cfg_.model.heads))));
+  }
 }
 
 Trainer::~Trainer() {
@@ -228,8 +236,13 @@ void Trainer::print_start() const {
   log(strfmt("compute: %s backend, precision %s%s", backend_->name().c_str(),
              backend_->precision().c_str(),
              backend_->precision() == "bf16"
-                 ? " (GEMM operands in bf16 with fp32 accumulation; fp32 master weights, "
-                   "activations, gradients and loss)"
+                 ? (backend_->on_device()
+                        ? " (activations and the weights the model reads in bf16, computed in "
+                          "fp32; fp32 master weights, gradients, optimizer state and loss)"
+                        : " (activations and the weights the model reads in bf16; the CPU widens "
+                          "them to fp32 for each kernel: slower than fp32, for checking a bf16 "
+                          "run without a GPU; fp32 master weights, gradients, optimizer state "
+                          "and loss)")
                  : ""));
   if (const std::string details = backend_->details(); !details.empty())
     log("compute: " + details);

@@ -90,7 +90,7 @@ expect "tp does not divide heads"     2 2 "parallel.tp"                  -- trai
 expect "more stages than layers"      2 2 "parallel.pp"                  -- train "$ok" --parallel.pp=2 --model.layers=1 --parallel.dp=1
 expect "interleaved, chunks uneven"   2 2 "parallel.virtual_stages"      -- train "$ok" --parallel.pp=2 --parallel.dp=1 --parallel.schedule=interleaved --parallel.virtual_stages=3
 expect "world size not dp*tp*pp"      4 2 "parallel.dp"                  -- train "$ok" --parallel.dp=3
-expect "bf16 on the CPU"              1 2 "system.precision"             -- train "$ok" --system.precision=bf16
+expect "unknown precision"            1 2 "system.precision"             -- train "$ok" --system.precision=fp16
 expect "grad reduction dtype"         2 2 "system.grad_reduce"           -- train "$ok" --system.grad_reduce=fp16
 expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
 # The CUDA backend: absent from a build without nvcc, or no device, or fewer GPUs than ranks.

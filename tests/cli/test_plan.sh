@@ -2,7 +2,7 @@
 # trellis plan against measurement: for CPU runs of several layouts (dp/tp/pp/ZeRO mixes, pipeline
 # schedules, recomputation, sequence parallelism) the trainer's measured peak bytes per rank
 # (summary.json: the largest rank's peak, and each kind's) is within 10 % of what `trellis plan`
-# predicts for that layout (--json). Also: bad options end with status 2 naming the option, and
+# predicts for that layout (--json), in fp32 and in bf16. Also: bad options end with status 2 naming the option, and
 # GPT-3 175B on 1024 devices gets a ranked table with fitting layouts.
 # Usage: test_plan.sh BUILD_DIR. Ends with "plan: N passed, M failed".
 set -u
@@ -78,6 +78,13 @@ compare 4 --parallel.tp=2 --parallel.pp=2 --parallel.schedule=interleaved --para
 compare 4 --parallel.dp=2 --parallel.tp=2 --parallel.zero=2 --train.recompute=full
 compare 4 --parallel.pp=4 --train.recompute=selective --train.micro_batch=1
 compare 4 --parallel.dp=4 --parallel.zero=3 --parallel.bucket_mb=0.1 --train.micro_batch=1
+# bf16 on the CPU: bf16 weights and activations, fp32 master weights with AdamW's state, and the
+# widening arena of the kernels.
+compare 1 --system.precision=bf16
+compare 2 --parallel.dp=2 --parallel.zero=1 --system.precision=bf16
+compare 2 --parallel.dp=2 --parallel.zero=3 --system.precision=bf16
+compare 2 --parallel.tp=2 --parallel.sequence_parallel=true --system.precision=bf16
+compare 2 --parallel.pp=2 --parallel.schedule=1f1b --system.precision=bf16 --train.recompute=selective
 
 # Bad input: status 2 and a message naming the option or key.
 run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }

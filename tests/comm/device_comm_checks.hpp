@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/bf16.hpp"
 #include "bf16_reference.hpp"
 #include "comm/comm.hpp"
 #include "core/memory.hpp"
@@ -32,24 +33,40 @@ inline std::vector<float> device_input(uint64_t seed, int r, int64_t n) {
   return v;
 }
 
-/// n floats in the backend's memory, filled from the host.
+/// n values of type t in the backend's memory, filled from fp32 host values (rounded to nearest
+/// even for bf16); host() reads them back widened to fp32 (exact).
 class DeviceVec {
  public:
-  DeviceVec(Backend& be, const std::vector<float>& v)
-      : be_(be), n_(int64_t(v.size())),
-        buf_(MemKind::Scratch, sizeof(float) * std::max<size_t>(1, v.size()), be.allocator()) {
-    be_.copy_from_host(buf_.data(), v.data(), sizeof(float) * v.size());
+  DeviceVec(Backend& be, const std::vector<float>& v, DType t = DType::f32)
+      : be_(be),
+        n_(int64_t(v.size())),
+        t_(t),
+        buf_(MemKind::Scratch, dtype_bytes(t) * std::max<size_t>(1, v.size()), be.allocator()) {
+    if (t == DType::f32) {
+      be_.copy_from_host(buf_.data(), v.data(), sizeof(float) * v.size());
+      return;
+    }
+    std::vector<bf16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bits[i].bits = float_to_bf16_bits(v[i]);
+    be_.copy_from_host(buf_.data(), bits.data(), sizeof(bf16_t) * v.size());
   }
-  float* data() { return buf_.f32(); }
+  Ptr data() const { return buf_.as(t_); }
   std::vector<float> host() const {
     std::vector<float> h(n_);
-    be_.copy_to_host(h.data(), buf_.data(), sizeof(float) * n_);
+    if (t_ == DType::f32) {
+      be_.copy_to_host(h.data(), buf_.data(), sizeof(float) * n_);
+      return h;
+    }
+    std::vector<bf16_t> bits(n_);
+    be_.copy_to_host(bits.data(), buf_.data(), sizeof(bf16_t) * n_);
+    for (int64_t i = 0; i < n_; ++i) h[i] = bf16_bits_to_float(bits[i].bits);
     return h;
   }
 
  private:
   Backend& be_;
   int64_t n_;
+  DType t_;
   Buffer buf_;
 };
 
@@ -77,17 +94,20 @@ inline std::vector<std::vector<int64_t>> device_count_sets(int p) {
   return sets;
 }
 
-inline void check_device_all_reduce(Comm& c, Backend& be) {
+/// Buffers of type t (the inputs are small integers: exact in bf16, and so are their sums over up
+/// to 4 ranks, so every result is exact in either type). The maximum is fp32 only.
+inline void check_device_all_reduce(Comm& c, Backend& be, DType t = DType::f32) {
   for (DeviceMode m : kDeviceModes)
     for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1003}}) {
-      SCOPED_TRACE(::testing::Message() << "all_reduce n=" << n << " mode " << int(m));
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(t) << " all_reduce n=" << n << " mode " << int(m));
       std::vector<float> sum(n, 0.f), max(n, -100.f);
       for (int r = 0; r < c.size(); ++r)
         for (int64_t i = 0; i < n; ++i) {
           sum[i] += device_val(n, r, i);
           max[i] = std::max(max[i], device_val(n, r, i));
         }
-      DeviceVec d(be, device_input(n, c.rank(), n));
+      DeviceVec d(be, device_input(n, c.rank(), n), t);
       if (m == DeviceMode::blocking) {
         c.all_reduce(d.data(), n);
       } else {
@@ -95,26 +115,29 @@ inline void check_device_all_reduce(Comm& c, Backend& be) {
         finish_device(q, m);
       }
       EXPECT_EQ(d.host(), sum);
+      if (t != DType::f32) continue;
       DeviceVec e(be, device_input(n, c.rank(), n));
-      c.all_reduce_max(e.data(), n);
+      c.all_reduce_max(e.data().f32(), n);
       EXPECT_EQ(e.host(), max);
     }
 }
 
-inline void check_device_reduce_scatter(Comm& c, Backend& be) {
+inline void check_device_reduce_scatter(Comm& c, Backend& be, DType t = DType::f32) {
   const int me = c.rank();
   for (bool in_place : {false, true})
     for (DeviceMode m : kDeviceModes)
       for (const auto& counts : device_count_sets(c.size())) {
-        SCOPED_TRACE(::testing::Message() << "reduce_scatter in_place " << in_place << " mode "
-                                          << int(m) << " counts[0] " << counts[0]);
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(t) << " reduce_scatter in_place " << in_place << " mode "
+                     << int(m) << " counts[0] " << counts[0]);
         const std::vector<int64_t> displ = displacements(counts);
         const int64_t total = displ.back() + counts.back(), mine = counts[me], off = displ[me];
         std::vector<float> want(mine, 0.f);
         for (int r = 0; r < c.size(); ++r)
           for (int64_t i = 0; i < mine; ++i) want[i] += device_val(total, r, off + i);
-        DeviceVec in(be, device_input(total, me, total)), out(be, std::vector<float>(mine, -99.f));
-        float* dst = in_place ? in.data() + off : out.data();
+        DeviceVec in(be, device_input(total, me, total), t),
+            out(be, std::vector<float>(mine, -99.f), t);
+        Ptr dst = in_place ? in.data().at(off) : out.data();
         if (m == DeviceMode::blocking) {
           c.reduce_scatter(in.data(), dst, counts);
         } else {
@@ -127,13 +150,13 @@ inline void check_device_reduce_scatter(Comm& c, Backend& be) {
       }
 }
 
-inline void check_device_all_gather(Comm& c, Backend& be) {
+inline void check_device_all_gather(Comm& c, Backend& be, DType t = DType::f32) {
   const int me = c.rank();
   for (bool in_place : {false, true})
     for (DeviceMode m : kDeviceModes)
       for (const auto& counts : device_count_sets(c.size())) {
-        SCOPED_TRACE(::testing::Message() << "all_gather in_place " << in_place << " mode "
-                                          << int(m) << " counts[0] " << counts[0]);
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " all_gather in_place " << in_place
+                                          << " mode " << int(m) << " counts[0] " << counts[0]);
         const std::vector<int64_t> displ = displacements(counts);
         const int64_t total = displ.back() + counts.back(), mine = counts[me], off = displ[me];
         std::vector<float> want(total);
@@ -142,8 +165,8 @@ inline void check_device_all_gather(Comm& c, Backend& be) {
         std::vector<float> start(total, -99.f);
         const std::vector<float> mine_values = device_input(total, me, mine);
         std::copy(mine_values.begin(), mine_values.end(), start.begin() + off);
-        DeviceVec out(be, start), in(be, mine_values);
-        const float* src = in_place ? out.data() + off : in.data();
+        DeviceVec out(be, start, t), in(be, mine_values, t);
+        CPtr src = in_place ? out.data().at(off) : in.data();
         if (m == DeviceMode::blocking) {
           c.all_gather(src, out.data(), counts);
         } else {
@@ -158,27 +181,28 @@ inline void check_device_broadcast(Comm& c, Backend& be) {
   for (int root : {0, c.size() - 1}) {
     const int64_t n = 257;
     DeviceVec d(be, device_input(root + 3, c.rank(), n));
-    c.broadcast(d.data(), sizeof(float) * n, root);
+    c.broadcast(d.data().data, sizeof(float) * n, root);
     EXPECT_EQ(d.host(), device_input(root + 3, root, n)) << "root " << root;
   }
 }
 
 /// Ring messages: blocking (each rank's receive posted before its send), then non-blocking in
 /// both directions at once, as the pipeline sends activations forward and gradients back.
-inline void check_device_send_recv(Comm& c, Backend& be) {
+inline void check_device_send_recv(Comm& c, Backend& be, DType t = DType::f32) {
   if (c.size() == 1) return;
   const int me = c.rank(), p = c.size(), next = (me + 1) % p, prev = (me + p - 1) % p;
   const int64_t n = 1000;
   {
-    DeviceVec out(be, device_input(1, me, n)), in(be, std::vector<float>(n, 0.f));
+    DeviceVec out(be, device_input(1, me, n), t), in(be, std::vector<float>(n, 0.f), t);
     Request r = c.irecv(in.data(), n, prev, 1);
     c.send(out.data(), n, next, 1);
     r.wait();
     EXPECT_EQ(in.host(), device_input(1, prev, n));
   }
   for (DeviceMode m : {DeviceMode::wait, DeviceMode::poll}) {
-    DeviceVec fwd(be, device_input(2, me, n)), back(be, device_input(3, me, n));
-    DeviceVec from_prev(be, std::vector<float>(n, 0.f)), from_next(be, std::vector<float>(n, 0.f));
+    DeviceVec fwd(be, device_input(2, me, n), t), back(be, device_input(3, me, n), t);
+    DeviceVec from_prev(be, std::vector<float>(n, 0.f), t),
+        from_next(be, std::vector<float>(n, 0.f), t);
     // In send order per direction: with two ranks both messages go to the one peer, and the
     // receives below are posted in the order that peer sent them.
     Request s1 = c.isend(fwd.data(), n, next, 10), s2 = c.isend(back.data(), n, prev, 11);
@@ -230,7 +254,7 @@ inline void check_device_bf16(Comm& c, Backend& be) {
         const std::vector<int64_t> displ = displacements(counts);
         const int64_t total = displ.back() + counts.back(), mine = counts[me], off = displ[me];
         DeviceVec in(be, xs(total, me, total)), out(be, std::vector<float>(mine, -99.f));
-        float* dst = in_place ? in.data() + off : out.data();
+        Ptr dst = in_place ? in.data().at(off) : out.data();
         if (m == DeviceMode::blocking) {
           c.reduce_scatter(in.data(), dst, counts, Wire::bf16);
         } else {
@@ -249,6 +273,36 @@ inline void check_device_bf16(Comm& c, Backend& be) {
   c.all_reduce(d.data(), 100, Wire::bf16);
   EXPECT_EQ(c.stats().payload_values, 200.0);
   EXPECT_EQ(c.stats().payload_bytes, p > 1 ? 400.0 : 800.0);  // one rank: nothing is rounded
+}
+
+/// bf16 buffers (a bf16 run's activations and weights: comm.hpp, "Types"): every operation above
+/// on 2-byte values, exact on small integers; then fractional values, whose sums round at each
+/// hop, against the bf16 reference; the payload counted at 2 bytes a value; an fp32 and a bf16
+/// buffer in one call refused.
+inline void check_device_bf16_buffers(Comm& c, Backend& be) {
+  const int me = c.rank(), p = c.size();
+  check_device_all_reduce(c, be, DType::bf16);
+  check_device_reduce_scatter(c, be, DType::bf16);
+  check_device_all_gather(c, be, DType::bf16);
+  check_device_send_recv(c, be, DType::bf16);
+  auto x = [](uint64_t seed, int r, int64_t i) {
+    return round_to_bf16(device_val(seed, r, i) / 3.0f + 0.01f * r);
+  };
+  std::vector<float> frac(1003);
+  for (int64_t i = 0; i < 1003; ++i) frac[i] = x(5, me, i);
+  DeviceVec f(be, frac, DType::bf16);
+  c.all_reduce(f.data(), 1003, Wire::bf16);  // (the wire changes nothing for bf16 buffers)
+  expect_bf16_sums(
+      f.host().data(), 1003, p, [&](int r, int64_t i) { return x(5, r, i); },
+      "bf16 buffer all_reduce");
+  c.reset_stats();
+  DeviceVec d(be, std::vector<float>(100, 1.f), DType::bf16);
+  c.all_reduce(d.data(), 100);
+  EXPECT_EQ(c.stats().payload_values, 200.0);
+  EXPECT_EQ(c.stats().payload_bytes, 400.0);
+  DeviceVec f32(be, std::vector<float>(4 * p, 1.f)),
+      b16(be, std::vector<float>(4 * p, 1.f), DType::bf16);
+  EXPECT_THROW(c.all_gather(f32.data(), b16.data(), std::vector<int64_t>(p, 4)), std::logic_error);
 }
 
 /// Host and device buffers in one operation: refused on every rank before any communication.

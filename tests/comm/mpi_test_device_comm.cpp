@@ -35,6 +35,14 @@ TEST_F(DeviceComm, SendAndReceiveBothWays) { check_device_send_recv(comm, be); }
 TEST_F(DeviceComm, StatisticsCountDeviceOperations) { check_device_stats(comm, be); }
 TEST_F(DeviceComm, Bf16WireMatchesTheHostReference) { check_device_bf16(comm, be); }
 TEST_F(DeviceComm, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(comm, be); }
+TEST_F(DeviceComm, Bf16BuffersEveryOperation) { check_device_bf16_buffers(comm, be); }
+
+// The same on host memory (the CPU backend's buffers): the plain MPI path.
+TEST(HostComm, Bf16BuffersEveryOperation) {
+  Comm plain(MPI_COMM_WORLD, "plain");
+  auto cpu = make_backend("cpu");
+  check_device_bf16_buffers(plain, *cpu);
+}
 
 TEST_F(DeviceComm, WithoutALinkEveryBufferIsHostMemory) {
   Comm plain(MPI_COMM_WORLD, "plain");

@@ -53,6 +53,7 @@ TEST_F(NcclLinkTest, Broadcast) { check_device_broadcast(*comm, *be); }
 TEST_F(NcclLinkTest, SendAndReceiveBothWays) { check_device_send_recv(*comm, *be); }
 TEST_F(NcclLinkTest, StatisticsCountDeviceOperations) { check_device_stats(*comm, *be); }
 TEST_F(NcclLinkTest, Bf16WireMatchesTheHostReference) { check_device_bf16(*comm, *be); }
+TEST_F(NcclLinkTest, Bf16BuffersEveryOperation) { check_device_bf16_buffers(*comm, *be); }
 // The link itself, whatever the number of ranks (Comm never hands it a bf16 reduction over one
 // rank, so at np 1 this is what runs the two conversion kernels): NCCL's bf16 sum over p ranks
 // of the same input x is p · bf16(x) rounded, and exactly bf16(x) at p = 1.

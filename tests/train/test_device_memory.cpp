@@ -73,6 +73,33 @@ TEST_F(DeviceMemory, TrainingTouchesDeviceMemoryOnlyThroughTheBackend) {
   }
 }
 
+// A bf16 run (system.precision = bf16): the bf16 copies of the weights, the activations, the
+// widening scratch of every kernel and the conversions live in device memory as well.
+TEST_F(DeviceMemory, Bf16TrainingTouchesDeviceMemoryOnlyThroughTheBackend) {
+  for (const char* recompute : {"none", "full"}) {
+    SCOPED_TRACE(recompute);
+    const std::vector<std::string> o = {std::string("--train.recompute=") + recompute,
+                                        "--system.precision=bf16"};
+    const auto cpu = losses(false, o);
+    EXPECT_EQ(losses(true, o), cpu);
+    EXPECT_NE(cpu, losses(false, {o[0]}));  // bf16 did round something
+  }
+}
+
+TEST_F(DeviceMemory, Bf16CheckpointsResumeBitwise) {
+  // The checkpoint holds the fp32 master weights; the bf16 copy is their rounding, so a resumed
+  // run reads the same bf16 weights as the uninterrupted one.
+  const std::string dir = "--checkpoint.dir=" + (scratch_dir() / "ckpt-bf16").string();
+  const std::vector<std::string> base = {"--train.decay=constant", "--system.precision=bf16", dir};
+  const auto whole = losses(false, base);
+  std::vector<std::string> first = base;
+  first.push_back("--train.steps=4");
+  losses(true, first, true);
+  const auto resumed = losses(true, base, true);
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], whole[4 + i]) << "step " << 5 + i;
+}
+
 TEST_F(DeviceMemory, CheckpointsGoThroughTheBackendBothWays) {
   // A constant learning rate after warmup: the schedule then does not depend on train.steps.
   const std::string dir = "--checkpoint.dir=" + (scratch_dir() / "ckpt").string();

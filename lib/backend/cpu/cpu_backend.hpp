@@ -29,54 +29,10 @@ class CpuBackend : public Backend {
   void set_threads(int threads) override;
   std::string details() const override;
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
-                         int vocab_begin, int vocab_count) override;
-  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
-                          int vocab_begin, int vocab_count) override;
-  void position_forward(float* out, const float* wpe, int rows, int T, int C, int first_row) override;
-  void position_backward(float* dwpe, const float* dout, int rows, int T, int C,
-                         int first_row) override;
-  void crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) override;
-  void crossentropy_sums(const float* logits, const int32_t* targets, const float* row_max,
-                         float* sumexp, float* target_logit, int N, int V, int valid,
-                         int vocab_begin) override;
-  void crossentropy_finish(float* logits, float* losses, const int32_t* targets,
-                           const float* row_max, const float* sumexp, const float* target_logit,
-                           int N, int V, int valid, int vocab_begin, float dloss) override;
+  void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,
+                        int H, int KV, int hd) override;
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int N, int C) override;
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* weight, const float* bias, int N,
-                                  int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) override;
-
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                      int C, int OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int N, int C, int OC) override;
-  /// The GELU on the threads' blocks of the GEMM, right after each is computed.
-  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
-                           const float* bias, int N, int C, int OC) override;
-  void matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
-                            const float* dout, const float* inp, const float* pre,
-                            const float* weight, int N, int C, int OC) override;
-
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
-                         int hd) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* att, int B, int T, int H, int KV, int hd) override;
-
-  void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M,
-                        int p0, int H, int KV, int hd) override;
-
-  void gelu_forward(float* out, const float* inp, int64_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
-  void add(float* out, const float* a, const float* b, int64_t n) override;
   void scale(float* x, float s, int64_t n) override;
-
   double sum_squares(const float* x, int64_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2,
@@ -84,6 +40,57 @@ class CpuBackend : public Backend {
 
   /// The host threads of the element-wise kernels and the split GEMMs.
   cpu::WorkerPool& worker_pool() { return *pool_; }
+
+ protected:
+  // The fp32 kernels (backend.hpp); bf16 runs widen into them (Backend's defaults).
+  void embedding_forward_f32(float* out, const int32_t* tokens, const float* wte, int N, int C,
+                             int vocab_begin, int vocab_count) override;
+  void embedding_backward_f32(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
+                              int vocab_begin, int vocab_count) override;
+  void position_forward_f32(float* out, const float* wpe, int rows, int T, int C,
+                            int first_row) override;
+  void position_backward_f32(float* dwpe, const float* dout, int rows, int T, int C,
+                             int first_row) override;
+  void crossentropy_max_f32(const float* logits, float* row_max, int N, int V, int valid) override;
+  void crossentropy_sums_f32(const float* logits, const int32_t* targets, const float* row_max,
+                             float* sumexp, float* target_logit, int N, int V, int valid,
+                             int vocab_begin) override;
+  void crossentropy_finish_f32(float* logits, float* losses, const int32_t* targets,
+                               const float* row_max, const float* sumexp, const float* target_logit,
+                               int N, int V, int valid, int vocab_begin, float dloss) override;
+
+  void layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp,
+                             const float* weight, const float* bias, int N, int C) override;
+  void residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd,
+                                      const float* a, const float* b, const float* weight,
+                                      const float* bias, int N, int C) override;
+  void layernorm_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                              const float* inp, const float* weight, const float* mean,
+                              const float* rstd, int N, int C) override;
+
+  void matmul_forward_f32(float* out, const float* inp, const float* weight, const float* bias,
+                          int N, int C, int OC) override;
+  void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, int N, int C, int OC) override;
+  /// The GELU on the threads' blocks of the GEMM, right after each is computed.
+  void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
+                               const float* bias, int N, int C, int OC) override;
+  void matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                                const float* dout, const float* inp, const float* pre,
+                                const float* weight, int N, int C, int OC) override;
+
+  void attention_forward_f32(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
+                             int hd) override;
+  void attention_backward_f32(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* att, int B, int T, int H, int KV, int hd) override;
+
+  void gelu_forward_f32(float* out, const float* inp, int64_t n) override;
+  void gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void add_f32(float* out, const float* a, const float* b, int64_t n) override;
+
+  /// fp32 ↔ bf16 on the worker threads.
+  void to_bf16(bf16_t* dst, const float* src, int64_t n) override;
+  void from_bf16(float* dst, const bf16_t* src, int64_t n) override;
 
  private:
   /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread; layer norm

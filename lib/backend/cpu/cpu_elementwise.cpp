@@ -1,8 +1,9 @@
-// CPU backend: layer norm, GELU, add, scale — Kokkos kernels on the host execution
-// space. Each work item owns the outputs it writes (rows, channel blocks or value chunks), so the
-// kernels are race-free and deterministic on any execution space.
+// CPU backend: layer norm, GELU, add, scale, bf16 conversions — Kokkos kernels on the host
+// execution space. Each work item owns the outputs it writes (rows, channel blocks or value
+// chunks), so the kernels are race-free and deterministic on any execution space.
 #include <cmath>
 
+#include "backend/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
@@ -32,17 +33,17 @@ inline void layernorm_row(float* o, float* mean, float* rstd, const float* x, co
 }
 }  // namespace
 
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                   const float* weight, const float* bias, int N, int C) {
+void CpuBackend::layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int N, int C) {
   // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
   cpu::parallel_for(*pool_, "layernorm_forward", N, [=](int64_t n) {
     layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C);
   });
 }
 
-void CpuBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                            const float* a, const float* b, const float* weight,
-                                            const float* bias, int N, int C) {
+void CpuBackend::residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd,
+                                                const float* a, const float* b, const float* weight,
+                                                const float* bias, int N, int C) {
   // res (N,C) = a + b (may alias a or b), out (N,C), mean (N), rstd (N), weight (C), bias (C)
   cpu::parallel_for(*pool_, "residual_layernorm_forward", N, [=](int64_t n) {
     float* r = res + n * C;  // (C): the sum, still in cache for the norm
@@ -58,9 +59,9 @@ namespace {
 constexpr int kLnRows = 64;
 }  // namespace
 
-void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* weight, const float* mean,
-                                    const float* rstd, int N, int C) {
+void CpuBackend::layernorm_backward_f32(float* dinp, float* dweight, float* dbias,
+                                        const float* dout, const float* inp, const float* weight,
+                                        const float* mean, const float* rstd, int N, int C) {
   // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, dout (N,C), inp (N,C), weight (C), mean (N),
   // rstd (N)
   const int64_t items = (N + kLnRows - 1) / kLnRows;
@@ -122,14 +123,14 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
 
 // ---- GELU (tanh approximation; the element functions are in cpu_util.hpp) ----
 
-void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
+void CpuBackend::gelu_forward_f32(float* out, const float* inp, int64_t n) {
   // out (n), inp (n)
   cpu::parallel_chunks(*pool_, "gelu_forward", n, [=](int64_t lo, int64_t hi) {
     cpu::gelu_range(out + lo, inp + lo, hi - lo);
   });
 }
 
-void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+void CpuBackend::gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) {
   // dinp (n) (overwritten), inp (n), dout (n)
   cpu::parallel_chunks(*pool_, "gelu_backward", n, [=](int64_t lo, int64_t hi) {
     cpu::gelu_backward_range(dinp + lo, inp + lo, dout + lo, hi - lo);
@@ -138,7 +139,7 @@ void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout,
 
 // ---- add, scale ----
 
-void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
+void CpuBackend::add_f32(float* out, const float* a, const float* b, int64_t n) {
   // out (n), a (n), b (n); out may alias a or b (element i reads only a[i], b[i])
   cpu::parallel_chunks(*pool_, "add", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
@@ -149,6 +150,22 @@ void CpuBackend::scale(float* x, float s, int64_t n) {
   // x (n)
   cpu::parallel_chunks(*pool_, "scale", n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) x[i] *= s;
+  });
+}
+
+// ---- bf16 conversions (backend/bf16.hpp's rounding) ----
+
+void CpuBackend::to_bf16(bf16_t* dst, const float* src, int64_t n) {
+  // dst (n), src (n)
+  cpu::parallel_chunks(*pool_, "to_bf16", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i].bits = float_to_bf16_bits(src[i]);
+  });
+}
+
+void CpuBackend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
+  // dst (n), src (n)
+  cpu::parallel_chunks(*pool_, "from_bf16", n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = bf16_bits_to_float(src[i].bits);
   });
 }
 

@@ -157,25 +157,26 @@ float* CpuBackend::scratch(int64_t count) {
 
 // ---- linear layers ----
 
-void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight,
-                                const float* bias, int N, int C, int OC) {
+void CpuBackend::matmul_forward_f32(float* out, const float* inp, const float* weight,
+                                    const float* bias, int N, int C, int OC) {
   linear_forward(out, nullptr, inp, weight, bias, N, C, OC);
 }
 
-void CpuBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
-                                     const float* bias, int N, int C, int OC) {
+void CpuBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
+                                         const float* weight, const float* bias, int N, int C,
+                                         int OC) {
   linear_forward(pre, out, inp, weight, bias, N, C, OC);
 }
 
-void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int N, int C, int OC) {
+void CpuBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, int N, int C, int OC) {
   linear_backward(dinp, nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
-void CpuBackend::matmul_backward_gelu(float* dpre, float* /*dinp_scratch: dpre serves*/,
-                                      float* dweight, float* dbias, const float* dout,
-                                      const float* inp, const float* pre, const float* weight,
-                                      int N, int C, int OC) {
+void CpuBackend::matmul_backward_gelu_f32(float* dpre, float* /*dinp_scratch: dpre serves*/,
+                                          float* dweight, float* dbias, const float* dout,
+                                          const float* inp, const float* pre, const float* weight,
+                                          int N, int C, int OC) {
   linear_backward(dpre, pre, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
@@ -313,8 +314,8 @@ void softmax_backward_rows(float* D, int64_t ldd, const float* P, int64_t ldp, i
 
 }  // namespace
 
-void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int H,
-                                   int KV, int hd) {
+void CpuBackend::attention_forward_f32(float* out, float* att, const float* qkv, int B, int T,
+                                       int H, int KV, int hd) {
   // out (B,T,H·hd), att (B,H,T,T), qkv (B,T,(H+2·KV)·hd)
   const int R = (H + 2 * KV) * hd;  // row stride of qkv
   const int OS = H * hd;            // row stride of out
@@ -346,9 +347,9 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
   });
 }
 
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                    const float* /*out: the probabilities suffice*/,
-                                    const float* att, int B, int T, int H, int KV, int hd) {
+void CpuBackend::attention_backward_f32(float* dqkv, const float* dout, const float* qkv,
+                                        const float* /*out: the probabilities suffice*/,
+                                        const float* att, int B, int T, int H, int KV, int hd) {
   // dqkv (B,T,(H+2·KV)·hd) overwritten, dout (B,T,H·hd), qkv (B,T,(H+2·KV)·hd), att (B,H,T,T)
   const int R = (H + 2 * KV) * hd;
   const int OS = H * hd;

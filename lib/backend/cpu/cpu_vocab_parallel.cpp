@@ -46,8 +46,8 @@ void scaled_exp(float* l, int n, float m, float inv, float dloss) {
 
 // ---- embeddings ----
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, int N,
-                                   int C, int vocab_begin, int vocab_count) {
+void CpuBackend::embedding_forward_f32(float* out, const int32_t* tokens, const float* wte, int N,
+                                       int C, int vocab_begin, int vocab_count) {
   // out (N,C) (overwritten), tokens (N), wte (vocab_count,C)
   // Rows of other ranks' tokens are zero, so the group's sum of outputs is the full embedding.
   cpu::parallel_for(*pool_, "embedding_forward", N, [=](int64_t n) {
@@ -62,8 +62,8 @@ void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const floa
   });
 }
 
-void CpuBackend::embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N,
-                                    int C, int vocab_begin, int vocab_count) {
+void CpuBackend::embedding_backward_f32(float* dwte, const float* dout, const int32_t* tokens,
+                                        int N, int C, int vocab_begin, int vocab_count) {
   // dwte (vocab_count,C) +=, dout (N,C), tokens (N)
   // Tokens repeat, so a scatter over rows would race; instead each work item owns a block of
   // channels and walks all rows in order (the same order of accumulation for any thread count).
@@ -81,8 +81,8 @@ void CpuBackend::embedding_backward(float* dwte, const float* dout, const int32_
   });
 }
 
-void CpuBackend::position_forward(float* out, const float* wpe, int rows, int T, int C,
-                                  int first_row) {
+void CpuBackend::position_forward_f32(float* out, const float* wpe, int rows, int T, int C,
+                                      int first_row) {
   // out (rows,C) +=, wpe (T,C); out's row r is row first_row + r of a (B,T) batch, so position
   // (first_row + r) mod T (a pipeline / sequence-parallel slice may start mid-sequence).
   cpu::parallel_for(*pool_, "position_forward", rows, [=](int64_t r) {
@@ -92,8 +92,8 @@ void CpuBackend::position_forward(float* out, const float* wpe, int rows, int T,
   });
 }
 
-void CpuBackend::position_backward(float* dwpe, const float* dout, int rows, int T, int C,
-                                   int first_row) {
+void CpuBackend::position_backward_f32(float* dwpe, const float* dout, int rows, int T, int C,
+                                       int first_row) {
   // dwpe (T,C) +=, dout (rows,C)
   // Rows of different sequences share a position: channel blocks, rows in order (as above).
   const int nblk = (C + cpu::kColBlock - 1) / cpu::kColBlock;
@@ -110,7 +110,8 @@ void CpuBackend::position_backward(float* dwpe, const float* dout, int rows, int
 
 // ---- cross-entropy, three steps (one work item per row in each) ----
 
-void CpuBackend::crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) {
+void CpuBackend::crossentropy_max_f32(const float* logits, float* row_max, int N, int V,
+                                      int valid) {
   // logits (N,V), row_max (N); padding columns [valid, V) are not logits and are skipped.
   cpu::parallel_for(*pool_, "crossentropy_max", N, [=](int64_t n) {
     const float* l = logits + n * V;  // (V)
@@ -118,9 +119,9 @@ void CpuBackend::crossentropy_max(const float* logits, float* row_max, int N, in
   });
 }
 
-void CpuBackend::crossentropy_sums(const float* logits, const int32_t* targets,
-                                   const float* row_max, float* sumexp, float* target_logit, int N,
-                                   int V, int valid, int vocab_begin) {
+void CpuBackend::crossentropy_sums_f32(const float* logits, const int32_t* targets,
+                                       const float* row_max, float* sumexp, float* target_logit,
+                                       int N, int V, int valid, int vocab_begin) {
   // logits (N,V), targets (N), row_max (N) (the group's max), sumexp (N), target_logit (N)
   // The sum is accumulated in double: with a large vocabulary many small terms are added to ≈1.
   cpu::parallel_for(*pool_, "crossentropy_sums", N, [=](int64_t n) {
@@ -132,10 +133,10 @@ void CpuBackend::crossentropy_sums(const float* logits, const int32_t* targets,
   });
 }
 
-void CpuBackend::crossentropy_finish(float* logits, float* losses, const int32_t* targets,
-                                     const float* row_max, const float* sumexp,
-                                     const float* target_logit, int N, int V, int valid,
-                                     int vocab_begin, float dloss) {
+void CpuBackend::crossentropy_finish_f32(float* logits, float* losses, const int32_t* targets,
+                                         const float* row_max, const float* sumexp,
+                                         const float* target_logit, int N, int V, int valid,
+                                         int vocab_begin, float dloss) {
   // logits (N,V) (replaced by dlogits when dloss ≠ 0), losses (N), targets (N), and row_max,
   // sumexp, target_logit (N) reduced over the group.
   cpu::parallel_for(*pool_, "crossentropy_finish", N, [=](int64_t n) {

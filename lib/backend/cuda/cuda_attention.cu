@@ -8,8 +8,9 @@
 // other tile, so the 32 dot products of a row run in parallel across the warp; each lane also
 // owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs: correct and
 // deterministic (no atomics: dQ and dK/dV are separate kernels), not FlashAttention's speed.
-// With system.precision = bf16, TRELLIS_TC_ATTENTION=1 and head sizes 32, 64 or 128 the
-// tensor-core kernels of cuda_attention_tc.cu run instead (same layout, same logsumexp state).
+// With bf16 tensors (system.precision = bf16), TRELLIS_TC_ATTENTION=1 and head sizes 32, 64 or
+// 128 the tensor-core kernels of cuda_attention_tc.cu run instead (same layout, same logsumexp
+// state); other bf16 calls are widened to these fp32 kernels (the Backend's default).
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
@@ -114,13 +115,16 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
 }
 
 // Dsum (B,H,T): Σ_d dout·out per row, the softmax backward's correction term. One warp per row.
-__global__ void attention_dsum_kernel(float* dsum, const float* dout, const float* out, int B,
-                                      int T, int H, int hd) {
+// dout and out fp32 or bf16 (T), the sum fp32.
+template <typename T_>
+__global__ void attention_dsum_kernel(float* dsum, const T_* dout, const T_* out, int B, int T,
+                                      int H, int hd) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;  // (b, t, h)
   if (row >= int64_t(B) * T * H) return;
   float s = 0.0f;
-  for (int d = lane; d < hd; d += 32) s += dout[row * hd + d] * out[row * hd + d];
+  for (int d = lane; d < hd; d += 32)
+    s += cuda::load(dout + row * hd + d) * cuda::load(out + row * hd + d);
   s = cuda::warp_sum(s);
   const int64_t h = row % H, bt = row / H, t = bt % T, b = bt / T;
   if (lane == 0) dsum[(b * H + h) * T + t] = s;
@@ -384,37 +388,66 @@ void CudaBackend::attention_cached(float* out, float* k_cache, float* v_cache, c
   TRELLIS_CUDA_LAUNCHED();
 }
 
-void CudaBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int H,
-                                    int KV, int hd) {
+void CudaBackend::attention_forward_f32(float* out, float* att, const float* qkv, int B, int T,
+                                        int H, int KV, int hd) {
   Profiled prof(*this, kAttention);
   // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
-  if (bf16_ && tc_attention_ && cuda::tc_attention_fits(hd, {out, qkv})) {
-    cuda::tc_attention_forward(out, att, qkv, B, T, H, KV, hd, stream_);
-    return;
-  }
   const dim3 grid((T + kTile - 1) / kTile, B * H);
   dispatch_dpl<LaunchForward>(hd, grid, stream_, out, att, qkv, heads(T, H, KV, hd),
                               1.0f / sqrtf(float(hd)));
   TRELLIS_CUDA_LAUNCHED();
 }
 
-void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                     const float* out, const float* att, int B, int T, int H,
-                                     int KV, int hd) {
+// dsum (B,H,T) = Σ_d dout·out per row.
+template <typename T_>
+static void attention_dsum(float* dsum, const T_* dout, const T_* out, int B, int T, int H, int hd,
+                           cudaStream_t stream) {
+  const int64_t rows = int64_t(B) * T * H;
+  attention_dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(dsum, dout, out, B, T, H, hd);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const float* qkv,
+                                         const float* out, const float* att, int B, int T, int H,
+                                         int KV, int hd) {
   Profiled prof(*this, kAttention);
   // dqkv (B,T,(H+2KV)·hd) overwritten, dout (B,T,H·hd), out (B,T,H·hd), att = logsumexp (B,H,T)
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
-  const int64_t rows = int64_t(B) * T * H;
-  attention_dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream_>>>(dsum, dout, out, B, T, H, hd);
-  TRELLIS_CUDA_LAUNCHED();
-  if (bf16_ && tc_attention_ && cuda::tc_attention_fits(hd, {dqkv, dout, qkv})) {
-    cuda::tc_attention_backward(dqkv, dout, qkv, att, dsum, B, T, H, KV, hd, stream_);
-    return;
-  }
+  attention_dsum(dsum, dout, out, B, T, H, hd, stream_);
   const int tiles = (T + kTile - 1) / kTile;
   dispatch_dpl<LaunchBackward>(hd, dim3(tiles, B * H), dim3(tiles, B * KV), stream_, dqkv, dout,
                                qkv, att, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
   TRELLIS_CUDA_LAUNCHED();
+}
+
+void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
+                                         int hd) {
+  // The tensor cores where they take the call (TRELLIS_TC_ATTENTION=1, hd 32/64/128, aligned),
+  // else the fp32 kernels on widened copies.
+  if (!tc_attention_ || out.is_f32() || qkv.is_f32() ||
+      !cuda::tc_attention_fits(hd, {out.data, qkv.data}))
+    return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
+  Profiled prof(*this, kAttention);
+  cuda::tc_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
+                             stream_);
+}
+
+void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,
+                                          int B, int T, int H, int KV, int hd) {
+  bool bf16 = true;
+  for (CPtr t : {CPtr(dqkv), dout, qkv, out}) bf16 = bf16 && !t.is_f32();
+  if (!tc_attention_ || !bf16 || !cuda::tc_attention_fits(hd, {dqkv.data, dout.data, qkv.data}))
+    return Backend::attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
+  Profiled prof(*this, kAttention);
+  float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
+  attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
+  cuda::tc_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()), cuda::dev(qkv.bf16()),
+                              att, dsum, B, T, H, KV, hd, stream_);
+}
+
+Widening CudaBackend::widened_calls(int head_dim) const {
+  return tc_attention_ && cuda::tc_attention_fits(head_dim, {}) ? Widening::none
+                                                                : Widening::attention;
 }
 
 bool cuda_tc_attention_takes(int hd) { return cuda::tc_attention_fits(hd, {}); }

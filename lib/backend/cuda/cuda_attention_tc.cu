@@ -3,11 +3,11 @@
 // reaches global memory.
 //
 // Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
-// dK/dV) and streams 64-row tiles of the other side through shared memory, converted from fp32
-// to bf16 as they are loaded; each warp owns 16 of the block's rows. Per pair of tiles a warp
-// computes its 16×64 block of scores with WMMA, parks it in its own shared scratch, and lanes
-// (two per row, 32 columns each) apply the mask and the softmax in fp32 and write the bf16
-// probabilities (or dS) back for the next product. Forward keeps O in registers (lane: half a
+// dK/dV) and streams 64-row tiles of the other side through shared memory (bf16 in memory, so
+// they are copied as they are, 16 bytes a thread); each warp owns 16 of the block's rows. Per pair
+// of tiles a warp computes its 16×64 block of scores with WMMA, parks it in its own shared scratch,
+// and lanes (two per row, 32 columns each) apply the mask and the softmax in fp32 and write the
+// bf16 probabilities (or dS) back for the next product. Forward keeps O in registers (lane: half a
 // row) and rescales it per tile (online softmax). Backward runs two kernels, as the fp32 path:
 // dQ per query tile and dK/dV per key tile (every query head of the group), so no atomics and
 // the same bits run to run.
@@ -43,19 +43,25 @@ struct Heads {
   int64_t row;          // (H+2KV)·hd
 };
 
-// Rows [t0, t0+64) of a (·, row) fp32 tensor, columns [col, col+D), into a bf16 (64, D+8) tile;
-// rows at or past T are zero. Every thread of the block takes part.
+// Rows [t0, t0+64) of a (·, row) bf16 tensor, columns [col, col+D), into a bf16 (64, D+8) tile;
+// rows at or past T are zero. Every thread of the block takes part, 8 values (16 bytes) each.
 template <int D>
-__device__ void load_tile(bf16* tile, const float* base, int64_t row, int64_t col, int t0, int T) {
-  constexpr int V = D / 4;  // float4 per row
+__device__ void load_tile(bf16* tile, const bf16* base, int64_t row, int64_t col, int t0, int T) {
+  constexpr int V = D / 8;  // 16-byte vectors per row
   for (int e = threadIdx.x; e < kRows * V; e += blockDim.x) {
-    const int r = e / V, c = (e % V) * 4, t = t0 + r;
-    const float4 x = t < T ? *reinterpret_cast<const float4*>(base + int64_t(t) * row + col + c)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-    auto* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * (D + 8) + c);
-    dst[0] = __floats2bfloat162_rn(x.x, x.y);
-    dst[1] = __floats2bfloat162_rn(x.z, x.w);
+    const int r = e / V, c = (e % V) * 8, t = t0 + r;
+    const uint4 x = t < T ? *reinterpret_cast<const uint4*>(base + int64_t(t) * row + col + c)
+                          : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(tile + r * (D + 8) + c) = x;
   }
+}
+
+// Four fp32 values rounded to bf16 (nearest even) and stored with one 8-byte store at y.
+__device__ inline void store4(bf16* y, float a, float b, float c, float d) {
+  const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(a, b), __floats2bfloat162_rn(c, d)};
+  uint2 bits;
+  memcpy(&bits, pair, sizeof(bits));
+  *reinterpret_cast<uint2*>(y) = bits;
 }
 
 // S (16,64) = A (16,D) · Bᵀ where B's 64 rows of D sit in a bf16 tile (64, D+8); stored in
@@ -98,11 +104,11 @@ __device__ void load_fragments(FragA (&a)[D / 16], const bf16* tile) {
   for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(a[k], tile + k * 16, D + 8);
 }
 
-// Writes a warp's (16,D) accumulators times `scale` to rows row0 + r (those before T) of the
-// tensor whose row 0 is `first` (row stride `row`), through the warp's fp32 scratch `stage` (at
-// least 16·(D+4) floats).
+// Writes a warp's (16,D) accumulators times `scale`, rounded to bf16, to rows row0 + r (those
+// before T) of the tensor whose row 0 is `first` (row stride `row`), through the warp's fp32
+// scratch `stage` (at least 16·(D+4) floats).
 template <int D>
-__device__ void store_rows(float* first, int row0, int T, int64_t row, FragC (&acc)[D / 16],
+__device__ void store_rows(bf16* first, int row0, int T, int64_t row, FragC (&acc)[D / 16],
                            float* stage, float scale) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -111,13 +117,12 @@ __device__ void store_rows(float* first, int row0, int T, int64_t row, FragC (&a
   __syncwarp();
   const int i = lane >> 1, half = lane & 1;
   if (row0 + i < T) {  // (no pointer past the buffer is formed for rows past T)
-    float* y = first + int64_t(row0 + i) * row + half * (D / 2);
+    bf16* y = first + int64_t(row0 + i) * row + half * (D / 2);
     const float* s = stage + i * (D + 4) + half * (D / 2);
 #pragma unroll
     for (int c = 0; c < D / 2; c += 4) {
       const float4 v = *reinterpret_cast<const float4*>(s + c);
-      *reinterpret_cast<float4*>(y + c) = make_float4(v.x * scale, v.y * scale, v.z * scale,
-                                                       v.w * scale);
+      store4(y + c, v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     }
   }
   __syncwarp();
@@ -134,7 +139,7 @@ constexpr size_t smem_bytes(int tiles, int warp_floats, int warp_bf16_tiles, int
 // ---- forward: one block per (query tile, b·H + h) ----
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    tc_forward_kernel(float* out, float* lse, const float* qkv, Heads hs, float scale) {
+    tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, Heads hs, float scale) {
   constexpr int OW = (D > kRows ? D : kRows) + 4;  // the warp's fp32 scratch: scores, then P·V
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int T = hs.T;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, g = h / hs.group;
-  const float* base = qkv + int64_t(b) * T * hs.row;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
   load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
   __syncthreads();
   FragA q[D / 16];  // this warp's 16 query rows
@@ -200,12 +205,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   if (ti < T) {
-    float* y = out + (int64_t(b) * T + ti) * hs.H * D + int64_t(h) * D + half * (D / 2);  // (D/2)
+    bf16* y = out + (int64_t(b) * T + ti) * hs.H * D + int64_t(h) * D + half * (D / 2);  // (D/2)
     const float inv = 1.0f / l;
 #pragma unroll
     for (int c = 0; c < D / 2; c += 4)
-      *reinterpret_cast<float4*>(y + c) =
-          make_float4(o[c] * inv, o[c + 1] * inv, o[c + 2] * inv, o[c + 3] * inv);
+      store4(y + c, o[c] * inv, o[c + 1] * inv, o[c + 2] * inv, o[c + 3] * inv);
     if (half == 0) lse[(int64_t(b) * hs.H + h) * T + ti] = m + logf(l);
   }
 }
@@ -213,8 +217,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // ---- dQ: one block per (query tile, b·H + h); dQ = scale · Σ_keys dS·K, dS = P∘(dP − Dsum) ----
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    tc_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                 const float* dsum, Heads hs, float scale) {
+    tc_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+                 Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
@@ -228,7 +232,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int T = hs.T;
   const int qt = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, g = h / hs.group;
-  const float* base = qkv + int64_t(b) * T * hs.row;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
   load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
   load_tile<D>(sdO, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D, int64_t(h) * D,
                qt * kRows, T);
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // key, of every query head of the group. dV = Σ Pᵀ·dO, dK = scale · Σ dSᵀ·Q ----
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    tc_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+    tc_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                   const float* dsum, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -287,8 +291,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* sD = sL + kRows;                                                // (64) their Dsum
   const int T = hs.T, kt = blockIdx.x;
   const int b = blockIdx.y / hs.KV, g = blockIdx.y % hs.KV;
-  const float* base = qkv + int64_t(b) * T * hs.row;
-  const float* dout_b = dout + int64_t(b) * T * hs.H * D;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
+  const bf16* dout_b = dout + int64_t(b) * T * hs.H * D;
   load_tile<D>(sK, base, hs.row, int64_t(hs.H + g) * D, kt * kRows, T);
   load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + g) * D, kt * kRows, T);
   const int i = lane >> 1, half = lane & 1;
@@ -333,13 +337,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   const int row0 = kt * kRows + warp * 16;
-  float* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
+  bf16* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
   store_rows<D>(first + int64_t(hs.H + g) * D, row0, T, hs.row, dk, sS, scale);
   store_rows<D>(first + int64_t(hs.H + hs.KV + g) * D, row0, T, hs.row, dv, sS, 1.0f);
 }
 
 template <int D>
-void forward(float* out, float* lse, const float* qkv, int B, int T, Heads hs, float scale,
+void forward(bf16* out, float* lse, const bf16* qkv, int B, int T, Heads hs, float scale,
              cudaStream_t st) {
   constexpr int OW = (D > kRows ? D : kRows) + 4;
   const size_t smem = smem_bytes<D>(3, 16 * OW, 1);
@@ -350,8 +354,8 @@ void forward(float* out, float* lse, const float* qkv, int B, int T, Heads hs, f
 }
 
 template <int D>
-void backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-              const float* dsum, int B, int T, Heads hs, float scale, cudaStream_t st) {
+void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+              int B, int T, Heads hs, float scale, cudaStream_t st) {
   static_assert(16 * (D + 4) <= 32 * kSW, "the dQ/dK/dV staging fits the two score tiles");
   const int tiles = (T + kRows - 1) / kRows;
   const size_t smem_q = smem_bytes<D>(4, 32 * kSW, 1);
@@ -385,7 +389,7 @@ bool tc_attention_fits(int hd, std::initializer_list<const void*> pointers) {
   return need <= size_t(optin);
 }
 
-void tc_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
+void tc_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
                           int hd, cudaStream_t stream) {
   const Heads hs = heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
@@ -394,7 +398,7 @@ void tc_attention_forward(float* out, float* lse, const float* qkv, int B, int T
   else forward<128>(out, lse, qkv, B, T, hs, scale, stream);
 }
 
-void tc_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+void tc_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                            const float* dsum, int B, int T, int H, int KV, int hd,
                            cudaStream_t stream) {
   const Heads hs = heads(T, H, KV, hd);

@@ -1,5 +1,5 @@
-// CUDA backend: the device, memory and copies, cuBLASLt GEMMs (fp32, and bf16 operands with fp32
-// accumulation), and the factory.
+// CUDA backend: the device, memory and copies, cuBLASLt GEMMs (fp32, or bf16 with fp32
+// accumulation), the bf16 conversions, and the factory.
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -197,10 +197,9 @@ CudaBackend::Profiled::~Profiled() {
 std::string CudaBackend::profile_report() {
   if (!profiling_) return "";
   resolve_profile();
-  static const char* names[kClasses] = {"GEMM (cuBLASLt)", "bf16 casts (GEMM operands)",
-                                        "attention", "layer norm", "GELU", "add/scale",
-                                        "embeddings", "cross-entropy", "AdamW + norms",
-                                        "copies/zero"};
+  static const char* names[kClasses] = {
+      "GEMM (cuBLASLt)", "bf16 conversions", "attention",     "layer norm",    "GELU",
+      "add/scale",       "embeddings",       "cross-entropy", "AdamW + norms", "copies/zero"};
   double total = 0;
   for (double ms : class_ms_) total += ms;
   std::vector<std::vector<std::string>> rows;
@@ -223,7 +222,9 @@ std::string CudaBackend::profile_report() {
                       {"kernel class", "ms", "share", "calls"}, rows);
 }
 
-// out (N,OC) += bias (OC) per row: for a bias the cuBLASLt epilogue cannot read (unaligned).
+// out (N,OC) += bias (OC) per row: for an fp32 bias the cuBLASLt epilogue cannot read
+// (unaligned). (A bf16 one is copied to aligned scratch instead: adding it to the rounded GEMM
+// output would round twice.)
 __global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * OC;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -236,29 +237,31 @@ __global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
 static int alignment(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   int align = 256;
-  while (align > 4 && a % align != 0) align /= 2;
+  while (align > 2 && a % align != 0) align /= 2;
   return align;
 }
 
-CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, const float* aux) {
+static cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, const void* aux) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, align_bias, align_aux,
-              bf16_in] = key;
+              in_t, out_t] = key;
   (void)align_bias, (void)align_aux;  // the heuristic reads them from the pointers themselves
+  const DType in = DType(in_t), out = DType(out_t);
   GemmPlan p;
-  // bf16 inputs: A/B CUDA_R_16BF, C/D CUDA_R_32F, compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F is
-  // one of cublasLtMatmul's supported combinations (fp32 accumulation, fp32 output). TF32 only
-  // means something for fp32 inputs.
+  // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
+  // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
   const cublasComputeType_t compute =
-      !bf16_in && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      in == DType::f32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   TRELLIS_LT(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
-  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h): fp32 with bf16 inputs too. The GELU ones
-  // keep their auxiliary matrix (GELU's input) in D's type and shape: ld = D's, a multiple of 8.
+  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h), as the GELU's auxiliary matrix (GELU's
+  // input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld = D's, a multiple of 8.
   const cublasLtEpilogue_t lt_epi = epi == Epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
                                     : epi == Epilogue::gelu_aux      ? CUBLASLT_EPILOGUE_GELU_AUX
                                     : epi == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
@@ -278,16 +281,15 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, 
                                               &aux, sizeof(aux)));
   }
   // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
-  const cudaDataType_t in_type = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, in_type, ta ? k : m, ta ? m : k, lda));
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, in_type, tb ? n : k, tb ? k : n, ldb));
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, cuda_type(in), ta ? k : m, ta ? m : k, lda));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, cuda_type(in), tb ? n : k, tb ? k : n, ldb));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out), m, n, ldd));
   cublasLtMatmulPreference_t pref;
   TRELLIS_LT(cublasLtMatmulPreferenceCreate(&pref));
   TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &workspace_bytes_, sizeof(workspace_bytes_)));
   // cuBLASLt assumes 256-byte aligned pointers unless told otherwise; a tensor inside the flat
-  // parameter buffer may sit at any float offset.
+  // parameter buffer may sit at any element offset.
   const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
   const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -314,8 +316,8 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const float* bias, 
   }
   if (found == 0 && !fused_gelu)
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
-                             std::to_string(n) + "x" + std::to_string(k) +
-                             (bf16_in ? " bf16" : " fp32") + " GEMM");
+                             std::to_string(n) + "x" + std::to_string(k) + " GEMM of " +
+                             dtype_name(in) + " inputs and " + dtype_name(out) + " output");
   p.algo = result.algo;
   p.found = found > 0;
   return plans_.emplace(key, p).first->second;
@@ -328,66 +330,64 @@ void CudaBackend::gelu_epilogue_failed(cublasStatus_t status, const char* when) 
                "the MLP's GELU runs as kernels of its own\n", when, int(status));
 }
 
-bool CudaBackend::try_run(GemmPlan& p, const void* A, const void* B, float* D, const float* bias,
-                          const float* aux) {
-  if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                             sizeof(bias)) != CUBLAS_STATUS_SUCCESS)
+bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
+  if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+                                             sizeof(bias.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
-  if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
-                                     sizeof(aux)) != CUBLAS_STATUS_SUCCESS)
+  if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux.data,
+                                     sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
   const float alpha = 1.0f, beta = 0.0f;
   // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
-  const cublasStatus_t status = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d,
-                                               D, p.d, &p.algo, workspace_, workspace_bytes_, stream_);
+  const cublasStatus_t status =
+      cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data, p.d,
+                     &p.algo, workspace_, workspace_bytes_, stream_);
   if (status == CUBLAS_STATUS_SUCCESS) return true;
   gelu_epilogue_failed(status, "running");
   p.found = false;  // not again
   return false;
 }
 
-void CudaBackend::run(GemmPlan& p, const void* A, const void* B, float* D, float beta,
-                      const float* bias, const float* aux) {
+void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
   if (bias)
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof(bias)));
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+                                              sizeof(bias.data)));
   if (aux)
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                              &aux, sizeof(aux)));
+                                              &aux.data, sizeof(aux.data)));
   const float alpha = 1.0f;
-  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
-                            workspace_, workspace_bytes_, stream_));
+  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d,
+                            D.data, p.d, &p.algo, workspace_, workspace_bytes_, stream_));
 }
 
-void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
-                       const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
-                       bool bf16_inputs) {
-  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
-                      alignment(A), alignment(B), alignment(D), bias ? alignment(bias) : 0, 0,
-                      bf16_inputs},
-                     bias);
+void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B,
+                       int ldb, Ptr D, int ldd, float beta, CPtr bias) {
+  TRELLIS_CHECK(
+      A.dtype == B.dtype && (D.is_f32() || D.dtype == A.dtype) && (!bias || bias.dtype == D.dtype),
+      "GEMM of %s and %s into %s: unsupported types", dtype_name(A.dtype), dtype_name(B.dtype),
+      dtype_name(D.dtype));
+  GemmPlan& p =
+      plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
+            alignment(A.data), alignment(B.data), alignment(D.data),
+            bias ? alignment(bias.data) : 0, 0, int(A.dtype), int(D.dtype)},
+           bias.data);
   run(p, A, B, D, beta, bias, nullptr);
 }
 
 CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
-                                              int n, int k, int lda, int ldb, int ldd, int align_a,
-                                              int align_b, const float* D, const float* bias,
-                                              const float* aux) {
-  if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux) < 16 || (bias && alignment(bias) < 16))
+                                              int n, int k, int lda, int ldb, int ldd, CPtr A,
+                                              CPtr B, Ptr D, CPtr bias, CPtr aux) {
+  if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux.data) < 16 ||
+      (bias && alignment(bias.data) < 16))
     return nullptr;
-  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, align_a, align_b,
-                      alignment(D), bias ? alignment(bias) : 0, alignment(aux), bf16_},
-                     bias, aux);
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, alignment(A.data),
+                      alignment(B.data), alignment(D.data), bias ? alignment(bias.data) : 0,
+                      alignment(aux.data), int(A.dtype), int(D.dtype)},
+                     bias.data, aux.data);
   return p.found ? &p : nullptr;
 }
 
-// ---- bf16 operands ----
-
-void CudaBackend::set_precision(const std::string& precision) {
-  if (precision != "fp32" && precision != "bf16")
-    throw UserError("system.precision = " + precision + ": the cuda backend runs fp32 or bf16");
-  bf16_ = precision == "bf16";
-}
+// ---- bf16 conversions ----
 
 // dst (n) = src (n) rounded to bf16, nearest even. cvt.rn.bf16.f32: a NaN stays a NaN, ±Inf stay,
 // subnormals are kept (no flush to zero without -ftz). The host reference is backend/bf16.hpp.
@@ -413,135 +413,198 @@ __global__ void to_bf16_x4_kernel(__nv_bfloat16* dst, const float* src, int64_t 
     dst[4 * quads + threadIdx.x] = __float2bfloat16_rn(src[4 * quads + threadIdx.x]);
 }
 
-std::vector<size_t> CudaBackend::bf16_offsets(std::initializer_list<int64_t> sizes) {
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  for (int64_t n : sizes) {
-    offsets.push_back(total);
-    total += (size_t(n) * sizeof(__nv_bfloat16) + 255) / 256 * 256;  // cuBLASLt likes 256 bytes
-  }
-  if (total > bf16_workspace_.bytes()) {
-    // A GEMM launched earlier may still read the old copies: let it finish before freeing them.
-    TRELLIS_CUDA(cudaStreamSynchronize(stream_));
-    bf16_workspace_.reset();
-    bf16_workspace_ = Buffer(MemKind::Scratch, total, allocator());
-  }
-  return offsets;
+__global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
 }
 
-const void* CudaBackend::to_bf16(const float* src, int64_t n, size_t offset) {
-  auto* dst = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(bf16_workspace_.data()) + offset);
+void CudaBackend::to_bf16(bf16_t* dst_, const float* src, int64_t n) {
+  Profiled prof(*this, kCast);
+  if (n <= 0) return;
+  __nv_bfloat16* dst = cuda::dev(dst_);
   if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0)
     to_bf16_x4_kernel<<<cuda::blocks_for(n / 4 + 1), cuda::kThreads, 0, stream_>>>(dst, src, n);
   else
     to_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, src, n);
   TRELLIS_CUDA_LAUNCHED();
-  return dst;
 }
 
-// ---- the linear layer ----
-
-std::pair<const void*, const void*> CudaBackend::forward_operands(const float* weight,
-                                                                  const float* inp, int N, int C,
-                                                                  int OC) {
-  // With bf16 the operands are first rounded into bf16 copies: weight (OC,C), inp (N,C).
-  if (!bf16_) return {weight, inp};
+void CudaBackend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
   Profiled prof(*this, kCast);
-  const auto at = bf16_offsets({int64_t(OC) * C, int64_t(N) * C});
-  return {to_bf16(weight, int64_t(OC) * C, at[0]), to_bf16(inp, int64_t(N) * C, at[1])};
+  if (n <= 0) return;
+  from_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, cuda::dev(src), n);
+  TRELLIS_CUDA_LAUNCHED();
 }
 
-void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight,
-                                 const float* bias, int N, int C, int OC) {
-  const auto [weight_in, inp_in] = forward_operands(weight, inp, N, C, OC);
+// ---- the linear layer, in either type ----
+
+namespace {
+// Every non-null tensor bf16: what the bf16 kernels of this backend take (a mix goes to the
+// Backend's widening default).
+bool all_bf16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && t.dtype != DType::bf16) return false;
+  return true;
+}
+}  // namespace
+
+void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC) {
   Profiled prof(*this, kGemm);
   // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
   // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
-  const bool fused = bias && alignment(bias) >= 16;
-  gemm(true, false, OC, N, C, weight_in, C, inp_in, C, out, OC, 0.0f, fused ? bias : nullptr, bf16_);
-  if (bias && !fused) {
-    add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(out, bias, N, OC);
+  // A bf16 output must be rounded once, from the fp32 sum with the bias: an unaligned bf16 bias
+  // goes to the epilogue from an aligned copy in scratch (OC values; scratch is free here).
+  if (bias && !bias.is_f32() && alignment(bias.data) < 16) {
+    void* copy = scratch(bias.bytes(OC));
+    TRELLIS_CUDA(
+        cudaMemcpyAsync(copy, bias.data, bias.bytes(OC), cudaMemcpyDeviceToDevice, stream_));
+    bias = CPtr(copy, bias.dtype);
+  }
+  const bool fused = bias && alignment(bias.data) >= 16;
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, fused ? bias : CPtr());
+  if (bias && !fused) {  // fp32: the GEMM's output plus the bias, a second fp32 rounding
+    add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(
+        out.f32(), bias.f32(), N, OC);
     TRELLIS_CUDA_LAUNCHED();
   }
 }
 
-void CudaBackend::matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
-                                      const float* bias, int N, int C, int OC) {
-  // The same GEMM as matmul_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
-  // gelu(inp·weightᵀ + bias), its input kept in aux = pre ((OC,N) column-major, ld OC). The
-  // bf16 copies sit 256-byte aligned in the workspace.
-  const int align_w = bf16_ ? 256 : alignment(weight), align_x = bf16_ ? 256 : alignment(inp);
+void CudaBackend::matmul_forward_f32(float* out, const float* inp, const float* weight,
+                                     const float* bias, int N, int C, int OC) {
+  linear_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                                      int OC) {
+  if (!all_bf16({out, inp, weight, bias}))
+    return Backend::matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
+  linear_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
+                                      int C, int OC) {
+  // The same GEMM as linear_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
+  // gelu(inp·weightᵀ + bias), its input kept in aux = pre ((OC,N) column-major, ld OC), both of
+  // D's type. Where there is no plan, or cuBLASLt refuses it: the GEMM, then the GELU kernel.
   GemmPlan* p = gelu_plan(bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, true, false, OC, N,
-                          C, C, C, OC, align_w, align_x, out, bias, pre);
-  if (!p) {
-    ++gelu_unfused_;
-    Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
-    return;
-  }
-  const auto [weight_in, inp_in] = forward_operands(weight, inp, N, C, OC);
-  bool ran;
-  {
+                          C, C, C, OC, weight, inp, out, bias, pre);
+  bool ran = false;
+  if (p) {
     Profiled prof(*this, kGemm);
-    ran = try_run(*p, weight_in, inp_in, out, bias, pre);
+    ran = try_run(*p, weight, inp, out, bias, pre);
   }
   if (ran) {
     ++gelu_fused_;
     return;
   }
   ++gelu_unfused_;
-  Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
-}
-
-void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, int N, int C, int OC) {
-  linear_backward(dinp, nullptr, nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
-}
-
-void CudaBackend::matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight,
-                                       float* dbias, const float* dout, const float* inp,
-                                       const float* pre, const float* weight, int N, int C,
-                                       int OC) {
-  // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
-  // pre in D's shape ((C,N) column-major, ld C).
-  const int align_w = bf16_ ? 256 : alignment(weight), align_d = bf16_ ? 256 : alignment(dout);
-  GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, align_w, align_d,
-                          dpre, nullptr, pre);
-  if (!p) {
-    ++gelu_unfused_;
-    Backend::matmul_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+  if (out.is_f32()) {
+    linear_forward(pre, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre, int64_t(N) * OC);
     return;
   }
-  linear_backward(dpre, p, pre, dweight, dbias, dout, inp, weight, N, C, OC);
+  // bf16: out is the GELU of the fp32 pre-activation, as the epilogue and the CPU compute it,
+  // not of pre rounded to bf16. The GEMM into fp32 scratch ((OC,N) column-major, ld OC), then one
+  // kernel adds the bias (of any alignment) and writes pre and out, each rounded once.
+  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * OC));  // (N,OC)
+  {
+    Profiled prof(*this, kGemm);
+    gemm(true, false, OC, N, C, weight, C, inp, C, acc, OC, 0.0f, nullptr);
+  }
+  launch_bias_gelu(cuda::dev(pre.bf16()), cuda::dev(out.bf16()), acc,
+                   bias ? cuda::dev(bias.bf16()) : nullptr, N, OC);
 }
 
-void CudaBackend::linear_backward(float* dinp, GemmPlan* dinp_plan, const float* aux,
-                                  float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, int N, int C, int OC) {
-  // dout (N,OC), inp (N,C), weight (OC,C); with bf16 each is first rounded into a bf16 copy (dout
-  // once, for both GEMMs; weight only when dinp is wanted). dinp and dweight stay fp32.
-  const void *dout_in = dout, *inp_in = inp, *weight_in = weight;
-  if (bf16_) {
-    Profiled prof(*this, kCast);
-    const auto at = bf16_offsets({int64_t(N) * OC, int64_t(N) * C, dinp ? int64_t(OC) * C : 0});
-    dout_in = to_bf16(dout, int64_t(N) * OC, at[0]);
-    inp_in = to_bf16(inp, int64_t(N) * C, at[1]);
-    if (dinp) weight_in = to_bf16(weight, int64_t(OC) * C, at[2]);
+void CudaBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
+                                          const float* weight, const float* bias, int N, int C,
+                                          int OC) {
+  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias,
+                                           int N, int C, int OC) {
+  if (!all_bf16({pre, out, inp, weight, bias}))
+    return Backend::matmul_gelu_forward_bf16(pre, out, inp, weight, bias, N, C, OC);
+  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                                      const float* inp, const float* weight, int N, int C, int OC) {
+  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                                       CPtr weight, int N, int C, int OC) {
+  if (!all_bf16({dinp, dout, inp, weight}))
+    return Backend::matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                       CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
+                                       int OC) {
+  // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
+  // pre in D's shape ((C,N) column-major, ld C). Without a plan, or where cuBLASLt refuses it:
+  // the GEMM, then the GELU's backward kernel.
+  GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
+                          nullptr, pre);
+  bool fused = false;
+  if (p) {
+    Profiled prof(*this, kGemm);
+    fused = try_run(*p, weight, dout, dpre, nullptr, pre);
   }
-  Profiled prof(*this, kGemm);
-  // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored (OC,N)
-  // (times the GELU's derivative at aux with dinp_plan's epilogue).
-  if (dinp_plan && try_run(*dinp_plan, weight_in, dout_in, dinp, nullptr, aux)) {
+  if (fused) {
     ++gelu_fused_;
-  } else if (dinp) {
-    gemm(false, false, C, N, OC, weight_in, C, dout_in, OC, dinp, C, 0.0f, nullptr, bf16_);
-    if (dinp_plan) {  // the epilogue was refused: the GELU's derivative in place, apart
-      ++gelu_unfused_;
-      gelu_backward(dinp, aux, dinp, int64_t(N) * C);
-    }
+    linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
+    return;
   }
-  // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
-  gemm(false, true, C, OC, N, inp_in, C, dout_in, OC, dweight, C, 1.0f, nullptr, bf16_);
-  // The bias gradient sums the fp32 dout, not its bf16 copy.
+  ++gelu_unfused_;
+  if (dpre.is_f32()) {
+    linear_backward(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
+    gelu_backward(dpre, pre, dinp_scratch, int64_t(N) * C);
+    return;
+  }
+  // bf16: gelu'(pre) times the unrounded dout·weight, rounded once (as the epilogue and the CPU):
+  // the GEMM into fp32 scratch ((C,N) column-major, ld C), the kernel, then dweight and dbias,
+  // whose column sums reuse the scratch after the kernel has read it (one stream).
+  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * C));  // (N,C)
+  {
+    Profiled prof(*this, kGemm);
+    gemm(false, false, C, N, OC, weight, C, dout, OC, acc, C, 0.0f, nullptr);
+  }
+  launch_gelu_backward_of_f32(cuda::dev(dpre.bf16()), cuda::dev(pre.bf16()), acc, int64_t(N) * C);
+  linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
+                                           float* dbias, const float* dout, const float* inp,
+                                           const float* pre, const float* weight, int N, int C,
+                                           int OC) {
+  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight,
+                                            float* dbias, CPtr dout, CPtr inp, CPtr pre,
+                                            CPtr weight, int N, int C, int OC) {
+  if (!all_bf16({dpre, dinp_scratch, dout, inp, pre, weight}))
+    return Backend::matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre,
+                                              weight, N, C, OC);
+  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+}
+
+void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                                  CPtr weight, int N, int C, int OC) {
+  // dout (N,OC), inp (N,C), weight (OC,C), dinp (N,C): one type; dweight (OC,C) and dbias (OC)
+  // are fp32 (bf16 inputs: cuBLASLt accumulates in fp32 and adds into the fp32 dweight).
+  {
+    Profiled prof(*this, kGemm);
+    // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored
+    // (OC,N).
+    if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+    // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
+    gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  }
   if (dbias) column_sums_add(dbias, dout, N, OC);
 }
 

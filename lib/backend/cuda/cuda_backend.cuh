@@ -1,35 +1,38 @@
-// The CUDA backend: the Backend interface on device memory, fp32 storage. GEMMs through cuBLASLt,
-// the rest hand-written kernels; every kernel and copy runs on one stream of this backend, in order.
+// The CUDA backend: the Backend interface on device memory. GEMMs through cuBLASLt, the rest
+// hand-written kernels; every kernel and copy runs on one stream of this backend, in order.
 //
-// Precision (system.precision, set_precision):
-//   fp32  every kernel in fp32; GEMMs with CUBLAS_COMPUTE_32F (TF32 tensor cores when
-//         TRELLIS_TF32=1).
-//   bf16  a first step: only the GEMMs change. matmul_forward and both GEMMs of matmul_backward
-//         (dinp = dout·W and dweight += doutᵀ·inp) round their two operands to bf16 on the device
-//         (round to nearest even, into a workspace this backend owns) and run on cuBLASLt with
-//         bf16 A/B, fp32 accumulation (CUBLAS_COMPUTE_32F) and an fp32 output: out and dinp are
-//         written in fp32, dweight accumulates in fp32 (beta = 1). The bias stays fp32 and fused
-//         as the epilogue (its type is the output's, fp32). The operands are cast on every call —
-//         no per-weight cache: the weights change after every optimizer step and ZeRO-3 reuses
-//         its gather buffers for other layers, and nothing here could tell a stale copy.
-//         Everything else stays fp32: parameters, gradients and AdamW state (the fp32 master
-//         copy is the only copy), activations in memory, attention (Q·Kᵀ and P·V in the fused
-//         fp32 kernel), layer norm, GELU, the loss and its softmax.
-//         With TRELLIS_TC_ATTENTION=1 (experimental: not yet run on a GPU, see README "GPUs"),
-//         attention with head sizes 32, 64 or 128 runs on the tensor cores instead
-//         (cuda_attention_tc.cu: bf16 operands of its products, fp32 softmax and accumulation).
+// Precision (system.precision, set_precision; backend.hpp):
+//   fp32  every tensor fp32, every kernel in fp32; GEMMs with CUBLAS_COMPUTE_32F (TF32 tensor
+//         cores when TRELLIS_TF32=1).
+//   bf16  activations and the parameters the model reads are bf16 in memory; gradients of
+//         parameters, the fp32 master weights, AdamW's state, layer norm's mean/rstd, attention's
+//         logsumexp and the losses stay fp32. Every kernel computes in fp32: bf16 values are
+//         widened as they are loaded, results rounded to nearest even once as they are stored
+//         (cuda::load/store), so each kernel computes what the CPU's widening default computes
+//         (the fp32 kernel on the widened values, outputs rounded once) up to the order of fp32
+//         sums. GEMMs: bf16 A and B, fp32 accumulation (CUBLAS_COMPUTE_32F), bf16 D for
+//         activations (the bias, bf16 too, added in fp32 by the epilogue before the rounding) and
+//         fp32 D with beta = 1 for dweight. The bf16 kernels take calls whose tensors are all
+//         bf16; a call with a mix of types goes to the Backend's widening default, as does
+//         attention unless TRELLIS_TC_ATTENTION=1 (experimental: not yet run on a GPU, README
+//         "GPUs") with head sizes 32, 64 or 128 and 16-byte aligned tensors puts it on the tensor
+//         cores (cuda_attention_tc.cu: bf16 operands of its products — P and dS rounded to bf16 —
+//         fp32 softmax and accumulation).
 //
 // The MLP's GELU rides on its GEMMs where cuBLASLt has an algorithm for it (any precision): the
 // first layer's GEMM writes gelu(x·Wᵀ + b) and keeps its input (GELU_AUX_BIAS epilogue), the
 // second layer's dinp GEMM multiplies by the GELU's derivative (DGELU); elsewhere, or with
-// TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart. Not yet run on a GPU.
+// TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart (on bf16 tensors from the GEMM's fp32
+// output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). Not yet
+// run on a GPU.
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
 //
-// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs in fp32 and bf16, the factory),
-// cuda_kernels.cu (embeddings, layernorm, GELU, cross-entropy, norms, AdamW), cuda_attention.cu
-// (fused causal attention: no (T,T) matrix in global memory; forward keeps each row's logsumexp).
+// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs in fp32 and bf16, the bf16 conversions,
+// the factory), cuda_kernels.cu (embeddings, layernorm, GELU, cross-entropy, norms, AdamW),
+// cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
+// row's logsumexp), cuda_attention_tc.cu (the same on the tensor cores, bf16).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -76,16 +79,6 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   void set_threads(int) override {}
-  void set_precision(const std::string& precision) override;
-  std::string precision() const override { return bf16_ ? "bf16" : "fp32"; }
-
-  /// The MLP's GELU fused into the GEMMs where cuBLASLt offers it (its GELU_AUX(_BIAS) and DGELU
-  /// epilogues; TRELLIS_GELU_EPILOGUE=0 turns it off), else the two passes of the default.
-  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
-                           const float* bias, int N, int C, int OC) override;
-  void matmul_backward_gelu(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
-                            const float* dout, const float* inp, const float* pre,
-                            const float* weight, int N, int C, int OC) override;
 
   Allocator* allocator() override;
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
@@ -97,54 +90,113 @@ class CudaBackend : public Backend {
   void* native_stream() override { return stream_; }
   int device_index() const override { return device_; }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
-                         int vocab_begin, int vocab_count) override;
-  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
-                          int vocab_begin, int vocab_count) override;
-  void position_forward(float* out, const float* wpe, int rows, int T, int C, int first_row) override;
-  void position_backward(float* dwpe, const float* dout, int rows, int T, int C,
-                         int first_row) override;
-  void crossentropy_max(const float* logits, float* row_max, int N, int V, int valid) override;
-  void crossentropy_sums(const float* logits, const int32_t* targets, const float* row_max,
-                         float* sumexp, float* target_logit, int N, int V, int valid,
-                         int vocab_begin) override;
-  void crossentropy_finish(float* logits, float* losses, const int32_t* targets,
-                           const float* row_max, const float* sumexp, const float* target_logit,
-                           int N, int V, int valid, int vocab_begin, float dloss) override;
-
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int N, int C) override;
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* weight, const float* bias, int N,
-                                  int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) override;
-
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                      int C, int OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int N, int C, int OC) override;
-
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
-                         int hd) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* att, int B, int T, int H, int KV, int hd) override;
+  /// A bf16 run widens only its attention, and not even that where the tensor-core kernels take
+  /// the head size (TRELLIS_TC_ATTENTION=1): every other call has a bf16 kernel.
+  Widening widened_calls(int head_dim) const override;
   /// The logsumexp of each attention row, (B,H,T).
   int64_t attention_state_elems(int B, int T, int H) const override { return int64_t(B) * H * T; }
   void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,
                         int H, int KV, int hd) override;
-
-  void gelu_forward(float* out, const float* inp, int64_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
-  void add(float* out, const float* a, const float* b, int64_t n) override;
   void scale(float* x, float s, int64_t n) override;
-
   double sum_squares(const float* x, int64_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2,
              float grad_scale) override;
 
+ protected:
+  // ---- fp32 kernels ----
+  void embedding_forward_f32(float* out, const int32_t* tokens, const float* wte, int N, int C,
+                             int vocab_begin, int vocab_count) override;
+  void embedding_backward_f32(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
+                              int vocab_begin, int vocab_count) override;
+  void position_forward_f32(float* out, const float* wpe, int rows, int T, int C,
+                            int first_row) override;
+  void position_backward_f32(float* dwpe, const float* dout, int rows, int T, int C,
+                             int first_row) override;
+  void crossentropy_max_f32(const float* logits, float* row_max, int N, int V, int valid) override;
+  void crossentropy_sums_f32(const float* logits, const int32_t* targets, const float* row_max,
+                             float* sumexp, float* target_logit, int N, int V, int valid,
+                             int vocab_begin) override;
+  void crossentropy_finish_f32(float* logits, float* losses, const int32_t* targets,
+                               const float* row_max, const float* sumexp, const float* target_logit,
+                               int N, int V, int valid, int vocab_begin, float dloss) override;
+
+  void layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp,
+                             const float* weight, const float* bias, int N, int C) override;
+  void residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd,
+                                      const float* a, const float* b, const float* weight,
+                                      const float* bias, int N, int C) override;
+  void layernorm_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                              const float* inp, const float* weight, const float* mean,
+                              const float* rstd, int N, int C) override;
+
+  void matmul_forward_f32(float* out, const float* inp, const float* weight, const float* bias,
+                          int N, int C, int OC) override;
+  void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, int N, int C, int OC) override;
+  /// The MLP's GELU fused into the GEMMs where cuBLASLt offers it (its GELU_AUX(_BIAS) and DGELU
+  /// epilogues; TRELLIS_GELU_EPILOGUE=0 turns it off), else the two passes of the default.
+  void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
+                               const float* bias, int N, int C, int OC) override;
+  void matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                                const float* dout, const float* inp, const float* pre,
+                                const float* weight, int N, int C, int OC) override;
+  // The same on bf16 tensors (cuBLASLt: bf16 A, B and D, fp32 accumulation; dweight fp32).
+  void matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                           int OC) override;
+  void matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                            CPtr weight, int N, int C, int OC) override;
+  void matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                                int OC) override;
+  void matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                 CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
+                                 int OC) override;
+
+  void attention_forward_f32(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
+                             int hd) override;
+  void attention_backward_f32(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* att, int B, int T, int H, int KV, int hd) override;
+
+  void gelu_forward_f32(float* out, const float* inp, int64_t n) override;
+  void gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void add_f32(float* out, const float* a, const float* b, int64_t n) override;
+
+  // ---- bf16 kernels (cuda_kernels.cu, cuda_attention.cu): every tensor bf16, arithmetic in
+  //      fp32; a call with a mix of types takes the Backend's widening default ----
+  void embedding_forward_bf16(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
+                              int vocab_begin, int vocab_count) override;
+  void embedding_backward_bf16(float* dwte, CPtr dout, const int32_t* tokens, int N, int C,
+                               int vocab_begin, int vocab_count) override;
+  void position_forward_bf16(Ptr out, CPtr wpe, int rows, int T, int C, int first_row) override;
+  void position_backward_bf16(float* dwpe, CPtr dout, int rows, int T, int C,
+                              int first_row) override;
+  void layernorm_forward_bf16(Ptr out, float* mean, float* rstd, CPtr inp, CPtr weight, CPtr bias,
+                              int N, int C) override;
+  void residual_layernorm_forward_bf16(Ptr res, Ptr out, float* mean, float* rstd, CPtr a, CPtr b,
+                                       CPtr weight, CPtr bias, int N, int C) override;
+  void layernorm_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                               CPtr weight, const float* mean, const float* rstd, int N,
+                               int C) override;
+  void attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
+                              int hd) override;
+  void attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att, int B,
+                               int T, int H, int KV, int hd) override;
+  void gelu_forward_bf16(Ptr out, CPtr inp, int64_t n) override;
+  void gelu_backward_bf16(Ptr dinp, CPtr inp, CPtr dout, int64_t n) override;
+  void add_bf16(Ptr out, CPtr a, CPtr b, int64_t n) override;
+  void crossentropy_max_bf16(CPtr logits, float* row_max, int N, int V, int valid) override;
+  void crossentropy_sums_bf16(CPtr logits, const int32_t* targets, const float* row_max,
+                              float* sumexp, float* target_logit, int N, int V, int valid,
+                              int vocab_begin) override;
+  void crossentropy_finish_bf16(Ptr logits, float* losses, const int32_t* targets,
+                                const float* row_max, const float* sumexp,
+                                const float* target_logit, int N, int V, int valid, int vocab_begin,
+                                float dloss) override;
+
+  void to_bf16(bf16_t* dst, const float* src, int64_t n) override;
+  void from_bf16(float* dst, const bf16_t* src, int64_t n) override;
+
+ public:
   cudaStream_t stream() const { return stream_; }
 
   /// With TRELLIS_CUDA_PROFILE=1: device time per kernel class, measured with events around every
@@ -167,46 +219,85 @@ class CudaBackend : public Backend {
 
  private:
   /// What a GEMM's epilogue does to D (column-major, as cuBLASLt sees it): add a bias (m) per
-  /// column; GELU after the bias, writing its input to `aux` (same shape and ld as D); or multiply
-  /// by the GELU's derivative at `aux` (read).
+  /// column; GELU after the bias, writing its input to `aux` (same shape, ld and type as D); or
+  /// multiply by the GELU's derivative at `aux` (read).
   enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu };
   struct GemmPlan;
   /// Column-major D (m,n) = op(A)·op(B) + beta·D, then the epilogue, through cuBLASLt, as BLAS
-  /// names it; A is (m,k) after op, B (k,n) after op. A and B are fp32, or bf16 when
-  /// `bf16_inputs`; D, the bias and aux are fp32 either way. The bias must be 16-byte aligned (the
-  /// epilogue's requirement); matmul_forward adds an unaligned one with a kernel of its own.
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, int lda,
-            const void* B, int ldb, float* D, int ldd, float beta, const float* bias,
-            bool bf16_inputs);
-  /// The plan of a GEMM with a GELU epilogue for operands of these alignments (bytes; the bf16
-  /// copies are 256-byte aligned), or null where cuBLASLt has no algorithm for it (or the GELU
-  /// epilogues are off, or aux's ld is not a multiple of 8).
+  /// names it; A is (m,k) after op, B (k,n) after op. A and B: both fp32, or both bf16; D: fp32,
+  /// or bf16 with bf16 inputs; the bias (and aux) of D's type. fp32 accumulation always. The bias
+  /// must be 16-byte aligned (the epilogue's requirement); linear_forward adds an unaligned fp32
+  /// one with a kernel of its own and copies an unaligned bf16 one to aligned scratch.
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B, int ldb,
+            Ptr D, int ldd, float beta, CPtr bias);
+  /// The plan of a GEMM with a GELU epilogue for these operands (their types and alignments), or
+  /// null where cuBLASLt has no algorithm for it (or the GELU epilogues are off, or aux's ld is
+  /// not a multiple of 8).
   GemmPlan* gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m, int n, int k, int lda,
-                      int ldb, int ldd, int align_a, int align_b, const float* D,
-                      const float* bias, const float* aux);
-  void run(GemmPlan& p, const void* A, const void* B, float* D, float beta, const float* bias,
-           const float* aux);
+                      int ldb, int ldd, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
+  void run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux);
   /// A GELU plan's GEMM (beta 0): false, with nothing launched, where cuBLASLt refuses it (the plan
   /// is then marked not found: the caller runs the unfused way, now and later).
-  bool try_run(GemmPlan& p, const void* A, const void* B, float* D, const float* bias,
-               const float* aux);
+  bool try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
   void gelu_epilogue_failed(cublasStatus_t status, const char* when);  // says so once, on stderr
   bool gelu_epilogue_warned_ = false;
-  /// matmul_backward, with dinp's GEMM run by `dinp_plan` (a DGELU epilogue reading aux) when not
-  /// null.
-  void linear_backward(float* dinp, GemmPlan* dinp_plan, const float* aux, float* dweight,
-                       float* dbias, const float* dout, const float* inp, const float* weight, int N,
-                       int C, int OC);
-  /// bf16 copies of GEMM operands: to_bf16 rounds src (n) to nearest even into the bf16
-  /// workspace at byte `offset` (bf16_offsets gives 256-byte aligned offsets for a list of
-  /// sizes and grows the workspace to hold them all) and returns the copy.
-  std::vector<size_t> bf16_offsets(std::initializer_list<int64_t> sizes);
-  const void* to_bf16(const float* src, int64_t n, size_t offset);
-  /// A forward GEMM's operands, weight (OC,C) and inp (N,C): themselves, or their bf16 copies.
-  std::pair<const void*, const void*> forward_operands(const float* weight, const float* inp, int N,
-                                                       int C, int OC);
-  /// dst (C) += Σ over rows of src (N,C), deterministic (fixed row chunks, then their sum).
-  void column_sums_add(float* dst, const float* src, int N, int C);
+  // The linear layer on tensors of one type (fp32, or bf16 with fp32 dweight and dbias): what the
+  // matmul_* kernels of both types run.
+  void linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC);
+  void linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                           int OC);
+  /// matmul_backward on tensors of one type (dinp null: only dweight and dbias).
+  void linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp, CPtr weight,
+                       int N, int C, int OC);
+  void linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias, CPtr dout,
+                            CPtr inp, CPtr pre, CPtr weight, int N, int C, int OC);
+  // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_kernels.cu.
+  template <typename T>
+  void launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C,
+                                int vocab_begin, int vocab_count);
+  template <typename T>
+  void launch_embedding_backward(float* dwte, const T* dout, const int32_t* tokens, int N, int C,
+                                 int vocab_begin, int vocab_count);
+  template <typename T>
+  void launch_position_forward(T* out, const T* wpe, int rows, int T_, int C, int first_row);
+  template <typename T>
+  void launch_position_backward(float* dwpe, const T* dout, int rows, int T_, int C, int first_row);
+  template <typename T>
+  void launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                const T* bias, int N, int C);
+  template <typename T>
+  void launch_residual_layernorm_forward(T* res, T* out, float* mean, float* rstd, const T* a,
+                                         const T* b, const T* weight, const T* bias, int N, int C);
+  template <typename T>
+  void launch_layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                                 const T* weight, const float* mean, const float* rstd, int N,
+                                 int C);
+  template <typename T>
+  void launch_gelu_forward(T* out, const T* inp, int64_t n);
+  template <typename T>
+  void launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+  template <typename T>
+  void launch_add(T* out, const T* a, const T* b, int64_t n);
+  /// The bf16 fallbacks of the MLP's GELU without its epilogue, from a GEMM's fp32 output in
+  /// scratch: pre (N,OC) = acc + bias, out = gelu(acc + bias); dinp (n) = gelu'(inp)·dout.
+  void launch_bias_gelu(__nv_bfloat16* pre, __nv_bfloat16* out, const float* acc,
+                        const __nv_bfloat16* bias, int N, int OC);
+  void launch_gelu_backward_of_f32(__nv_bfloat16* dinp, const __nv_bfloat16* inp, const float* dout,
+                                   int64_t n);
+  template <typename T>
+  void launch_crossentropy_max(const T* logits, float* row_max, int N, int V, int valid);
+  template <typename T>
+  void launch_crossentropy_sums(const T* logits, const int32_t* targets, const float* row_max,
+                                float* sumexp, float* target_logit, int N, int V, int valid,
+                                int vocab_begin);
+  template <typename T>
+  void launch_crossentropy_finish(T* logits, float* losses, const int32_t* targets,
+                                  const float* row_max, const float* sumexp,
+                                  const float* target_logit, int N, int V, int valid,
+                                  int vocab_begin, float dloss);
+  /// dst (C) += Σ over rows of src (N,C) (fp32 or bf16), deterministic (fixed row chunks, then
+  /// their sum).
+  void column_sums_add(float* dst, CPtr src, int N, int C);
   /// Device scratch of at least `bytes`, reused by every kernel (one stream: no overlap).
   void* scratch(size_t bytes);
 
@@ -217,12 +308,12 @@ class CudaBackend : public Backend {
     bool found = false;  // whether the heuristic offered an algorithm
   };
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in
-  //  bytes (0: none), bf16 inputs)
-  using GemmKey =
-      std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int, int, bool>;
+  //  bytes (0: none), DType of A and B, DType of D)
+  using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int,
+                             int, int, int>;
   /// The plan for `key`, made once; `bias` and `aux` (or null) are pointers whose alignment the
   /// heuristic sees. Throws when no algorithm exists and the epilogue is none or bias.
-  GemmPlan& plan(const GemmKey& key, const float* bias = nullptr, const float* aux = nullptr);
+  GemmPlan& plan(const GemmKey& key, const void* bias = nullptr, const void* aux = nullptr);
   /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile).
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0;
 
@@ -230,10 +321,8 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
-  bool bf16_ = false;  // system.precision = bf16: GEMM operands rounded to bf16
   bool tc_attention_ = false;  // TRELLIS_TC_ATTENTION=1: bf16 attention on the tensor cores
   bool gelu_epilogue_ = true;  // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
-  Buffer bf16_workspace_;  // the bf16 operand copies (counted as MemKind::Scratch)
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;
   void* scratch_ = nullptr;

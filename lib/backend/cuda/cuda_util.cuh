@@ -1,11 +1,14 @@
-// Helpers shared by the CUDA backend's .cu files: error checks, launch sizes, warp and block
-// reductions.
+// Helpers shared by the CUDA backend's .cu files: error checks, launch sizes, loads and stores of
+// either element type, warp and block reductions.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "core/dtype.hpp"
 
 namespace trellis::cuda {
 
@@ -33,6 +36,21 @@ template <typename Kernel>
 void allow_shared(Kernel k, size_t smem) {
   if (smem > 48 * 1024)
     TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+// Kernels templated on the element type T of activations and parameters (float, or
+// __nv_bfloat16 in a bf16 run) read and write through these: arithmetic is fp32 either way, a
+// bf16 store rounds to nearest even. For float they are plain loads and stores, so the fp32
+// kernels' results are the same bits as before they were templated.
+__device__ inline float load(const float* p) { return *p; }
+__device__ inline float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ inline void store(float* p, float v) { *p = v; }
+__device__ inline void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+/// A backend's bf16 tensor as CUDA's type (the same 16 bits).
+inline __nv_bfloat16* dev(bf16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+inline const __nv_bfloat16* dev(const bf16_t* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
 }
 
 __device__ inline float warp_sum(float v) {

@@ -1,0 +1,395 @@
+// Every CUDA kernel on bf16 tensors (system.precision = bf16) against the CPU backend's widened
+// reference on the same bf16 inputs: GEMMs, layer norm, attention (fp32 kernels behind bf16
+// tensors, and the tensor cores), element-wise, embeddings, cross-entropy, conversions. The
+// bounds are in cuda_test_util.hpp. Each test skips when no CUDA device is present and prints what
+// it measured.
+#include "cuda_test_util.hpp"
+#ifdef TRELLIS_HAVE_CUDA
+
+namespace {
+
+class CudaBf16Kernels : public CudaKernelTest {};
+
+// bf16 GEMMs (cuBLASLt: bf16 A and B, fp32 accumulation; out and dinp bf16, the bias bf16 added
+// in fp32 by the epilogue before out is rounded; dweight and dbias fp32, accumulated into) against
+// the CPU's widening reference on the same bf16 values: 5e-4 for the GEMMs' fp32 part, plus one
+// bf16 unit for bf16 outputs (the top of the file); dbias (column sums of dout) 1e-5. Shapes with
+// no dimension a multiple of the GEMM tiles, and one with C = 768. Then without a bias, dweight
+// alone (dinp null), and a call with an fp32 bias among bf16 tensors (a mix: the Backend's
+// widening default on both sides, so the fp32 GEMM's bound).
+TEST_F(CudaBf16Kernels, Bf16MatmulMatchesTheCpu) {
+  gpu->set_precision("bf16");
+  for (auto [N, C, OC] :
+       {std::tuple{37, 29, 53}, std::tuple{256, 64, 192}, std::tuple{96, 768, 80}}) {
+    SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC);
+    std::printf("bf16 matmul %dx%dx%d:\n", N, C, OC);
+    const Bits inp = bf16_random(size_t(N) * C, 1), w = bf16_random(size_t(OC) * C, 2),
+               b = bf16_random(OC, 3), dout = bf16_random(size_t(N) * OC, 4);
+    const auto dw0 = random_vec(size_t(OC) * C, 5), db0 = random_vec(OC, 6);  // fp32, += into
+    Bits out(size_t(N) * OC), dinp(size_t(N) * C);
+    std::vector<float> dw = dw0, db = db0;
+    cpu->matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    cpu->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
+                         OC);
+    bf16_t *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_dout = up(dout);
+    bf16_t *d_out = up(bf16_nan(out.size())), *d_dinp = up(bf16_nan(dinp.size()));
+    float *d_dw = up(dw0), *d_db = up(db0);
+    gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+    gpu->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    expect_bf16(down_bits(d_out, out.size()), out, 5e-4, "out");
+    expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 5e-4, "dinp");
+    expect_f32(down(d_dw, dw.size()), dw, 5e-4, "dweight (+=)");
+    expect_f32(down(d_db, db.size()), db, 1e-5, "dbias (+=)");
+    // Without a bias (no epilogue), and dweight alone.
+    cpu->matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, nullptr, N, C, OC);
+    expect_bf16(down_bits(d_out, out.size()), out, 5e-4, "out without bias");
+    dw = dw0;
+    cpu->matmul_backward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+    gpu->copy_from_host(d_dw, dw0.data(), dw0.size() * sizeof(float));
+    gpu->matmul_backward(nullptr, d_dw, nullptr, d_dout, d_inp, d_w, N, C, OC);
+    expect_f32(down(d_dw, dw.size()), dw, 5e-4, "dweight without dinp");
+    // An fp32 bias with bf16 tensors: widened, the fp32 GEMM (TF32 where TRELLIS_TF32=1, whose
+    // error changes many roundings: no bound on how many then).
+    const std::vector<float> b32 = random_vec(OC, 7);
+    cpu->matmul_forward(out.data(), inp.data(), w.data(), b32.data(), N, C, OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, up(b32), N, C, OC);
+    expect_bf16(down_bits(d_out, out.size()), out, gemm_rtol(), "out with an fp32 bias (widened)",
+                gemm_rtol() > 1e-3 ? 1.0 : 0.1);
+  }
+}
+
+// system.precision names the type of the run's tensors (dtype(): the model allocates its
+// activations and parameter copies in it); the kernels go by the types of the tensors they are
+// handed, so fp32 tensors run the fp32 kernels whatever the setting (there is no more "bf16 GEMM
+// operands on fp32 tensors"): with precision bf16 an fp32 GEMM meets the fp32 bound, 1e-4 per
+// entry, which rounding its operands to bf16 would break (2⁻⁹ on both operands of every product:
+// ≈ 2e-3 relative per entry).
+TEST_F(CudaBf16Kernels, PrecisionNamesTheTypeAndFp32TensorsStayFp32) {
+  EXPECT_EQ(gpu->precision(), "fp32");
+  EXPECT_EQ(gpu->dtype(), DType::f32);
+  gpu->set_precision("bf16");
+  EXPECT_EQ(gpu->precision(), "bf16");
+  EXPECT_EQ(gpu->dtype(), DType::bf16);
+  EXPECT_THROW(gpu->set_precision("fp16"), UserError);
+  const int N = 64, C = 256, OC = 96;
+  auto inp = random_vec(size_t(N) * C, 80), w = random_vec(size_t(OC) * C, 81),
+       b = random_vec(OC, 82);
+  std::vector<float> out(size_t(N) * OC);
+  cpu->matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  float* d_out = up(std::vector<float>(out.size(), NAN));
+  gpu->matmul_forward(d_out, up(inp), up(w), up(b), N, C, OC);
+  const auto got = down(d_out, out.size());
+  expect_f32(got, out, gemm_rtol(), "fp32 out with precision bf16");
+  std::printf("  rel. L2 error %.2e (bf16 operands would give ≈ 2e-3)\n", relative_l2(got, out));
+  gpu->set_precision("fp32");
+  EXPECT_EQ(gpu->dtype(), DType::f32);
+}
+
+// bf16 layer norm: out (N,C) bf16 from bf16 inp, weight and bias; mean and rstd fp32; backward's
+// dinp bf16 (+=: it reads its old bf16 values), dweight and dbias fp32 (+=). The fp32 bound 1e-5,
+// plus one bf16 unit for bf16 outputs; the backward reads the CPU's mean and rstd, so that it is
+// judged on its own. The fused residual add writes its sum over a (res aliasing a), then norms the
+// rounded sum: the sum is the same single fp32 addition on both sides, rounded alike — the same
+// bits; the norm as the plain one.
+TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
+  gpu->set_precision("bf16");
+  const int N = 67, C = 96;
+  const Bits x = bf16_random(size_t(N) * C, 10, -3.f, 3.f), w = bf16_random(C, 11),
+             b = bf16_random(C, 12), dout = bf16_random(size_t(N) * C, 13),
+             dinp0 = bf16_random(size_t(N) * C, 14);  // accumulated into
+  const auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+  Bits out(x.size()), dinp = dinp0;
+  std::vector<float> mean(N), rstd(N), dw = dw0, db = db0;
+  cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  bf16_t *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout),
+         *d_out = up(bf16_nan(x.size())), *d_dinp = up(dinp0);
+  float *d_mean = up(std::vector<float>(N, NAN)), *d_rstd = up(std::vector<float>(N, NAN)),
+        *d_dw = up(dw0), *d_db = up(db0);
+  std::printf("bf16 layer norm %dx%d:\n", N, C);
+  gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+  expect_bf16(down_bits(d_out, out.size()), out, 1e-5, "out");
+  expect_f32(down(d_mean, N), mean, 1e-5, "mean");
+  expect_f32(down(d_rstd, N), rstd, 1e-5, "rstd");
+  gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, up(mean), up(rstd), N, C);
+  expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 1e-5, "dinp (+=)");
+  expect_f32(down(d_dw, C), dw, 1e-5, "dweight (+=)");
+  expect_f32(down(d_db, C), db, 1e-5, "dbias (+=)");
+  // The fused residual add + layer norm, the sum written over its first operand.
+  Bits sum = x, rout(x.size());
+  std::vector<float> rmean(N), rrstd(N);
+  cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), sum.data(),
+                                  dout.data(), w.data(), b.data(), N, C);
+  bf16_t *d_a = up(x), *d_rout = up(bf16_nan(x.size()));
+  gpu->residual_layernorm_forward(d_a, d_rout, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+  expect_same_bits(down_bits(d_a, sum.size()), sum, "residual sum (over a)");
+  expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
+  expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
+  expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+}
+
+// bf16 attention on the fp32 kernels: what every bf16 call runs without TRELLIS_TC_ATTENTION=1
+// (set to 0 here, whatever the process has) — the Backend's widening default: qkv, dout and out
+// widened into fp32 scratch, the fp32 kernels, out and dqkv rounded back. The fp32 bounds (1e-4
+// out, 1e-3 dqkv) plus one bf16 unit; the logsumexp (fp32 state) against a double reference,
+// relative L2 ≤ 1e-5 (fp32 arithmetic: ≈ 1e-7). The shapes of the fp32 test.
+TEST_F(CudaBf16Kernels, Bf16Attention) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", "0"}});
+  gpu->set_precision("bf16");
+  for (AttentionShape s : {AttentionShape{2, 70, 4, 2, 16}, AttentionShape{1, 33, 2, 1, 64},
+                           AttentionShape{1, 40, 2, 2, 100}, AttentionShape{2, 64, 4, 4, 32}}) {
+    SCOPED_TRACE(s.name());
+    std::printf("bf16 attention on the fp32 kernels, %s:\n", s.name().c_str());
+    const Bits qkv = bf16_random(s.qkv_elems(), 20, -2.f, 2.f),
+               dout = bf16_random(s.out_elems(), 21);
+    const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
+    const Bf16AttentionRun got = attention_bf16_on(*gpu, s, qkv, dout);
+    expect_bf16(got.out, want.out, 1e-4, "out");
+    expect_bf16(got.dqkv, want.dqkv, 1e-3, "dqkv");
+    const double e_lse = relative_l2(got.state, lse_reference(widen(qkv), s));
+    std::printf("  %-38s fp32: rel. L2 error %.2e against double\n", "logsumexp", e_lse);
+    EXPECT_LE(e_lse, 1e-5);
+  }
+}
+
+// bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1; head sizes 32, 64 and 128 — 128
+// only where a block may have 120.5 KiB of shared memory: not sm_86/sm_89 — with 16-byte aligned
+// tensors; the rest keep the fp32 kernels and must meet Bf16Attention's bounds) against the CPU's
+// widening reference. The kernels round P (forward and backward) and dS to bf16 for their
+// products: an emulation of those roundings on these shapes (exact arithmetic otherwise, both
+// sides rounded to bf16) gives relative L2 errors of 1.6–1.8e-3 for out and 2.6–2.7e-3 for dqkv;
+// bounds 1e-2 and 2e-2, and 2e-3 for the logsumexp against a double reference (computed from fp32
+// scores: far below). That the tensor cores ran: at least 3% of the bf16 entries of out and of
+// dqkv differ from the CPU's (the emulation: 28–34% and 39–41%, and 12% / 25% even at T = 2;
+// the fp32 kernels differ only where an fp32 error straddles a bf16 boundary, well under 1%) —
+// except at T = 1, where P = 1 exactly and out = V. T crosses the 64-row tiles or is below one
+// tile (down to one row); groups of 1, 2 and 4 query heads per key/value head; outputs poisoned
+// with NaN first; one call with every tensor 8 bytes off 16-byte alignment, which the tensor
+// cores must leave to the fp32 kernels.
+TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}});
+  gpu->set_precision("bf16");
+  const bool hd128 = cuda_tc_attention_takes(128);
+  EXPECT_TRUE(cuda_tc_attention_takes(32) && cuda_tc_attention_takes(64))
+      << "fits every sm_80+ device";
+  EXPECT_FALSE(cuda_tc_attention_takes(48) || cuda_tc_attention_takes(16));
+  struct Case {
+    AttentionShape s;
+    bool tensor_cores;  // expected to run there
+    int offset;         // elements into each buffer (4: 8 bytes)
+  };
+  const Case cases[] = {{{2, 130, 4, 2, 64}, true, 0}, {{1, 200, 2, 1, 128}, hd128, 0},
+                        {{2, 64, 4, 4, 32}, true, 0},  {{1, 257, 3, 3, 64}, true, 0},
+                        {{1, 37, 4, 1, 32}, true, 0},  {{2, 1, 2, 2, 64}, true, 0},
+                        {{1, 40, 2, 2, 48}, false, 0}, {{2, 70, 4, 2, 64}, false, 4}};
+  for (const Case& c : cases) {
+    const AttentionShape& s = c.s;
+    SCOPED_TRACE(s.name() + ", offset " + std::to_string(c.offset));
+    std::printf("bf16 attention, TRELLIS_TC_ATTENTION=1, %s, offset %d (%s):\n", s.name().c_str(),
+                c.offset, c.tensor_cores ? "tensor cores" : "fp32 kernels");
+    const Bits qkv = bf16_random(s.qkv_elems(), 90, -2.f, 2.f),
+               dout = bf16_random(s.out_elems(), 91);
+    const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
+    const Bf16AttentionRun got = attention_bf16_on(*gpu, s, qkv, dout, c.offset);
+    const double e_lse = relative_l2(got.state, lse_reference(widen(qkv), s));
+    std::printf("  %-38s fp32: rel. L2 error %.2e against double\n", "logsumexp", e_lse);
+    if (!c.tensor_cores) {
+      expect_bf16(got.out, want.out, 1e-4, "out");
+      expect_bf16(got.dqkv, want.dqkv, 1e-3, "dqkv");
+      EXPECT_LE(e_lse, 1e-5);
+      continue;
+    }
+    const Bf16Diff out = bf16_diff(got.out, want.out, 0.0),
+                   dqkv = bf16_diff(got.dqkv, want.dqkv, 0.0);
+    print_bf16("out", out, 0.0, got.out.size());
+    print_bf16("dqkv", dqkv, 0.0, got.dqkv.size());
+    EXPECT_LE(out.rel_l2, 1e-2);
+    EXPECT_LE(dqkv.rel_l2, 2e-2);
+    EXPECT_LE(e_lse, 2e-3);
+    if (s.T > 1) {
+      EXPECT_GE(out.differ, 0.03)
+          << "as close as the fp32 kernels: did the tensor-core forward run?";
+      EXPECT_GE(dqkv.differ, 0.03)
+          << "as close as the fp32 kernels: did the tensor-core backward run?";
+    }
+  }
+}
+
+// bf16 GELU (forward; backward in place of dout, as the model calls it) and add (in place of a) on
+// a count that is a multiple of nothing: the GELU to the fp32 bound 1e-5 plus one bf16 unit; add
+// is one fp32 addition of the same two values on both sides, rounded alike: the same bits.
+TEST_F(CudaBf16Kernels, Bf16ElementWise) {
+  gpu->set_precision("bf16");
+  const int64_t n = 100003;
+  const Bits x = bf16_random(n, 30, -6.f, 6.f), y = bf16_random(n, 31), d = bf16_random(n, 32);
+  Bits g(n), dg = d, sum = x;
+  cpu->gelu_forward(g.data(), x.data(), n);
+  cpu->gelu_backward(dg.data(), x.data(), dg.data(), n);
+  cpu->add(sum.data(), sum.data(), y.data(), n);
+  bf16_t *d_x = up(x), *d_y = up(y), *d_g = up(bf16_nan(n)), *d_dg = up(d), *d_sum = up(x);
+  gpu->gelu_forward(d_g, d_x, n);
+  gpu->gelu_backward(d_dg, d_x, d_dg, n);
+  gpu->add(d_sum, d_sum, d_y, n);
+  std::printf("bf16 element-wise, n = %lld:\n", (long long)n);
+  expect_bf16(down_bits(d_g, n), g, 1e-5, "gelu");
+  expect_bf16(down_bits(d_dg, n), dg, 1e-5, "gelu backward (in place of dout)");
+  expect_same_bits(down_bits(d_sum, n), sum, "add (in place of a)");
+}
+
+// bf16 embeddings: the token rows copied (other ranks' tokens: 0) into a poisoned out, then the
+// position rows added in fp32 and rounded — the same copy and the same single addition on both
+// sides: the same bits; dwte and dwpe fp32 (+=) from bf16 dout: 1e-5 (atomics add repeated token
+// rows in any order).
+TEST_F(CudaBf16Kernels, Bf16Embeddings) {
+  gpu->set_precision("bf16");
+  const int N = 50, C = 24, T = 10, vocab_begin = 5, vocab_count = 12, first_row = 3;
+  std::vector<int32_t> tokens(N);
+  for (int i = 0; i < N; ++i) tokens[i] = (i * 7 + 3) % 20;  // some outside this rank's rows
+  const Bits wte = bf16_random(size_t(vocab_count) * C, 40), wpe = bf16_random(size_t(T) * C, 41),
+             dout = bf16_random(size_t(N) * C, 42);
+  const auto dwte0 = random_vec(wte.size(), 43), dwpe0 = random_vec(wpe.size(), 44);
+  Bits out(size_t(N) * C);
+  std::vector<float> dwte = dwte0, dwpe = dwpe0;
+  cpu->embedding_forward(out.data(), tokens.data(), wte.data(), N, C, vocab_begin, vocab_count);
+  cpu->position_forward(out.data(), wpe.data(), N, T, C, first_row);
+  cpu->embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, vocab_begin, vocab_count);
+  cpu->position_backward(dwpe.data(), dout.data(), N, T, C, first_row);
+  int32_t* d_tok = up(tokens);
+  bf16_t *d_wte = up(wte), *d_wpe = up(wpe), *d_dout = up(dout), *d_out = up(bf16_nan(out.size()));
+  float *d_dwte = up(dwte0), *d_dwpe = up(dwpe0);
+  gpu->embedding_forward(d_out, d_tok, d_wte, N, C, vocab_begin, vocab_count);
+  gpu->position_forward(d_out, d_wpe, N, T, C, first_row);
+  gpu->embedding_backward(d_dwte, d_dout, d_tok, N, C, vocab_begin, vocab_count);
+  gpu->position_backward(d_dwpe, d_dout, N, T, C, first_row);
+  std::printf("bf16 embeddings:\n");
+  expect_same_bits(down_bits(d_out, out.size()), out, "embedding + position");
+  expect_f32(down(d_dwte, dwte.size()), dwte, 1e-5, "dwte (+=)");
+  expect_f32(down(d_dwpe, dwpe.size()), dwpe, 1e-5, "dwpe (+=)");
+}
+
+// The loss on bf16 logits (a rank's slice: 40 columns from global column 20, the last 7 padding;
+// targets inside, outside the slice and ignored): row max of the same bf16 values — the same
+// value; sumexp, the target logit and the losses fp32, 1e-5; dlogits written over the logits in
+// bf16, 1e-5 plus one bf16 unit (padding columns 0). With dloss = 0 (evaluation) only the losses:
+// the logits keep their bits.
+TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
+  gpu->set_precision("bf16");
+  const int N = 31, V = 40, valid = 33, vocab_begin = 20;
+  const Bits logits = bf16_random(size_t(N) * V, 50, -8.f, 8.f);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = i % 9 == 0 ? -1 : (i * 5) % 60;
+  Bits work = logits;
+  std::vector<float> row_max(N), sums(2 * N), losses(N);
+  const float dloss = 1.0f / N;
+  cpu->crossentropy_max(work.data(), row_max.data(), N, V, valid);
+  cpu->crossentropy_sums(work.data(), targets.data(), row_max.data(), sums.data(), sums.data() + N,
+                         N, V, valid, vocab_begin);
+  cpu->crossentropy_finish(work.data(), losses.data(), targets.data(), row_max.data(), sums.data(),
+                           sums.data() + N, N, V, valid, vocab_begin, dloss);
+  bf16_t* d_logits = up(logits);
+  int32_t* d_t = up(targets);
+  float *d_max = up(std::vector<float>(N, NAN)), *d_sums = up(std::vector<float>(2 * N, NAN)),
+        *d_losses = up(std::vector<float>(N, NAN));
+  std::printf("bf16 cross-entropy %dx%d (%d valid):\n", N, V, valid);
+  gpu->crossentropy_max(d_logits, d_max, N, V, valid);
+  gpu->crossentropy_sums(d_logits, d_t, d_max, d_sums, d_sums + N, N, V, valid, vocab_begin);
+  EXPECT_EQ(down(d_max, N), row_max) << "row max";
+  expect_f32(down(d_sums, 2 * N), sums, 1e-5, "sumexp, target logit");
+  gpu->crossentropy_finish(d_logits, d_losses, d_t, d_max, d_sums, d_sums + N, N, V, valid,
+                           vocab_begin, dloss);
+  expect_f32(down(d_losses, N), losses, 1e-5, "losses");
+  expect_bf16(down_bits(d_logits, work.size()), work, 1e-5, "dlogits (in place)");
+  // dloss = 0, from the CPU's statistics.
+  gpu->copy_from_host(d_logits, logits.data(), logits.size() * sizeof(bf16_t));
+  float *d_losses0 = up(std::vector<float>(N, NAN)), *d_cpu_sums = up(sums);
+  gpu->crossentropy_finish(d_logits, d_losses0, d_t, up(row_max), d_cpu_sums, d_cpu_sums + N, N, V,
+                           valid, vocab_begin, 0.0f);
+  expect_f32(down(d_losses0, N), losses, 1e-5, "losses with dloss = 0");
+  expect_same_bits(down_bits(d_logits, logits.size()), logits, "logits with dloss = 0");
+}
+
+// convert() on the device, both ways, bit for bit as the host reference (backend/bf16.hpp). fp32
+// → bf16 through the kernel taking four values a thread (16-byte aligned source and 8-byte
+// aligned destination; a count that leaves 3 for its tail) and through the one-a-thread kernel
+// (source 4 bytes, or destination 2 bytes, off): on ties (to even, both ways), just off a tie,
+// carries into the exponent and into Inf, ±Inf, ±0, subnormals (kept, not flushed: the build has
+// no -ftz), NaNs (which must stay NaNs; the device makes its own quiet NaN, so only that is
+// checked) and random bit patterns of every magnitude; the element before a shifted destination
+// is left alone. bf16 → fp32 on all 65536 bit patterns (exact), and back.
+TEST_F(CudaBf16Kernels, Bf16ConvertBitForBit) {
+  auto from_bits = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  std::vector<float> x;
+  for (uint32_t u :
+       {0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u, 0x3FFF8000u, 0xBF818000u, 0xBF808001u,
+        0x7E7F8000u, 0x7F7F7FFFu, 0x7F7F8000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xFF800000u,
+        0x00000000u, 0x80000000u, 0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x80018000u,
+        0x00808000u, 0x7FC00000u, 0x7F800001u, 0xFFC00001u, 0x0F123456u, 0xC0490FDBu, 0x3EAAAAABu})
+    x.push_back(from_bits(u));
+  std::mt19937 rng(99);
+  const size_t n = 4 * 1024 + 3;
+  while (x.size() < n) x.push_back(from_bits(uint32_t(rng())));
+  for (auto [src_off, dst_off] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "source " << src_off << " float(s) and destination "
+                                      << dst_off << " bf16 off alignment");
+    std::vector<float> src(src_off, 0.f);
+    src.insert(src.end(), x.begin(), x.end());
+    const float* d_src = up(src) + src_off;
+    bf16_t* d_dst = up(Bits(n + dst_off, bf16_t{0xABCD}));
+    gpu->convert(Ptr(d_dst + dst_off), CPtr(d_src), int64_t(n));
+    const Bits got = down_bits(d_dst, n + dst_off);
+    if (dst_off) {
+      EXPECT_EQ(got[0].bits, 0xABCD) << "written before its start";
+    }
+    int bad = 0, nans = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t g = got[i + dst_off].bits, want = float_to_bf16_bits(x[i]);
+      const bool ok = std::isnan(x[i]) ? (g & 0x7FFF) > 0x7F80 : g == want;
+      nans += std::isnan(x[i]);
+      if (!ok && ++bad <= 5) {
+        uint32_t u;
+        std::memcpy(&u, &x[i], 4);
+        ADD_FAILURE() << "fp32 0x" << std::hex << u << " → device 0x" << g << ", host 0x" << want;
+      }
+    }
+    std::printf("bf16 conversion, offsets %d/%d: %d of %zu values differ from the host (%d NaNs)\n",
+                src_off, dst_off, bad, n, nans);
+    EXPECT_EQ(bad, 0);
+  }
+  // Every bf16 bit pattern widened, and rounded back.
+  Bits all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i].bits = uint16_t(i);
+  float* d_wide = up(std::vector<float>(all.size(), 0.f));
+  gpu->convert(Ptr(d_wide), CPtr(up(all)), int64_t(all.size()));
+  const std::vector<float> wide = down(d_wide, all.size());
+  bf16_t* d_back = up(Bits(all.size()));
+  gpu->convert(Ptr(d_back), CPtr(d_wide), int64_t(all.size()));
+  const Bits back = down_bits(d_back, all.size());
+  int bad_wide = 0, bad_back = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = bf16_bits_to_float(uint16_t(i));
+    uint32_t g, w;
+    std::memcpy(&g, &wide[i], 4);
+    std::memcpy(&w, &want, 4);
+    const bool nan = std::isnan(want);
+    if (!(nan ? std::isnan(wide[i]) : g == w) && ++bad_wide <= 5)
+      ADD_FAILURE() << "bf16 0x" << std::hex << i << " → device fp32 0x" << g << ", host 0x" << w;
+    if (!(nan ? (back[i].bits & 0x7FFF) > 0x7F80 : back[i].bits == uint16_t(i)) && ++bad_back <= 5)
+      ADD_FAILURE() << "bf16 0x" << std::hex << i << " widened and rounded back: 0x"
+                    << back[i].bits;
+  }
+  std::printf(
+      "bf16 widening of all 65536 patterns: %d differ from the host; rounded back: %d "
+      "differ\n",
+      bad_wide, bad_back);
+  EXPECT_EQ(bad_wide, 0);
+  EXPECT_EQ(bad_back, 0);
+}
+
+}  // namespace
+#endif  // TRELLIS_HAVE_CUDA
