@@ -5,6 +5,7 @@
 // N = B·T rows. "+=" in a comment means the kernel accumulates into that output (gradients
 // accumulate over micro-batches); otherwise it overwrites.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -305,7 +306,7 @@ class Backend {
   /// total (widening_bytes()).
   class Widened {
    public:
-    explicit Widened(Backend& be) : be_(be), mark_(be.widen_used_) {}
+    explicit Widened(Backend& be) : be_(be), mark_(be.widen_used_) { ++be.widen_depth_; }
     ~Widened();
     Widened(const Widened&) = delete;
     Widened& operator=(const Widened&) = delete;
@@ -327,20 +328,24 @@ class Backend {
   };
 
  public:
-  /// Bytes of the widening arena so far: the largest total any one widened call has needed.
-  size_t widening_bytes() const { return widen_arena_.bytes(); }
+  /// Bytes of the widening arena so far: the largest total any one widened call has needed (or
+  /// reserve_widening asked for).
+  size_t widening_bytes() const { return std::max(widen_arena_.bytes(), widen_grow_to_); }
 
  private:
   DType dtype_ = DType::f32;
   // Widened's scratch: one arena, used from the start by each call and given back at its end. A
   // call that does not fit takes its slices from buffers of their own (widen_overflow_); when it
-  // ends the arena is replaced by one of the call's total, so the next such call fits.
+  // ends they and the arena are freed, and the next call allocates an arena of the call's total
+  // (widen_grow_to_), so that every later call fits.
   Buffer widen_arena_;
   size_t widen_used_ = 0;       // bytes of the arena the calls in progress hold
   size_t widen_call_peak_ = 0;  // the outermost call's total so far (arena and overflow)
+  size_t widen_grow_to_ = 0;    // the largest call's total: what the arena is to hold
+  int widen_depth_ = 0;         // Widened calls in progress (a bf16 default may call another)
   std::vector<Buffer> widen_overflow_;
   float* take_widening(size_t bytes);
-  void end_widening(size_t mark);
+  void end_widening(size_t mark) noexcept;
 };
 
 /// The backend a deck asks for ("cpu", or "cuda" where this build has it and a device is present).

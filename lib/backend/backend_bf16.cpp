@@ -18,6 +18,13 @@ size_t aligned(size_t bytes) { return (bytes + kWidenAlign - 1) / kWidenAlign * 
 
 float* Backend::take_widening(size_t bytes) {
   bytes = aligned(std::max<size_t>(bytes, 1));
+  // The first slice of an outermost call: grow the arena first if an earlier call outgrew it
+  // (here, not when that call ended: an allocation that fails must throw from a kernel call,
+  // never from a destructor).
+  if (widen_depth_ == 1 && widen_used_ == 0 && widen_grow_to_ > widen_arena_.bytes()) {
+    widen_arena_.reset();
+    widen_arena_ = Buffer(MemKind::Scratch, widen_grow_to_, allocator());
+  }
   widen_call_peak_ += bytes;
   if (widen_used_ + bytes <= widen_arena_.bytes()) {
     float* p = reinterpret_cast<float*>(static_cast<char*>(widen_arena_.data()) + widen_used_);
@@ -28,24 +35,25 @@ float* Backend::take_widening(size_t bytes) {
   return widen_overflow_.back().f32();
 }
 
-void Backend::end_widening(size_t mark) {
+void Backend::end_widening(size_t mark) noexcept {
   widen_used_ = mark;
-  if (mark != 0) return;  // (calls do not nest today; an inner one would end here)
+  if (--widen_depth_ > 0) return;  // a nested call: its overflow lives until the outermost ends
   if (!widen_overflow_.empty()) {
-    // The call did not fit: free its overflow buffers and the old arena, and keep one arena of
-    // the call's total. A device backend frees in stream order (kernels still reading the old
-    // buffers finish first); the CPU's kernels have finished.
+    // The call did not fit: free its overflow buffers and the old arena (a device backend frees
+    // in stream order: kernels still reading them finish first; the CPU's have finished), and
+    // let the next call allocate one arena of this call's total.
     widen_overflow_.clear();
     widen_arena_.reset();
-    widen_arena_ = Buffer(MemKind::Scratch, widen_call_peak_, allocator());
+    widen_grow_to_ = std::max(widen_grow_to_, widen_call_peak_);
   }
   widen_call_peak_ = 0;
 }
 
 void Backend::reserve_widening(size_t bytes) {
-  if (widen_used_ != 0 || bytes <= widen_arena_.bytes()) return;
+  if (widen_depth_ != 0 || bytes <= widen_arena_.bytes()) return;
   widen_arena_.reset();
   widen_arena_ = Buffer(MemKind::Scratch, bytes, allocator());
+  widen_grow_to_ = std::max(widen_grow_to_, bytes);
 }
 
 Backend::Widened::~Widened() { be_.end_widening(mark_); }

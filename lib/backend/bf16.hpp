@@ -1,7 +1,8 @@
 // bf16 (bfloat16) on the host: the upper 16 bits of an IEEE fp32 value (1 sign, 8 exponent, 7
-// mantissa bits), so fp32's exponent range with 8 significant bits. The CUDA backend rounds GEMM
-// operands to bf16 on the device (__float2bfloat16_rn); this is the host reference its tests
-// compare with, written from the bit layout rather than with CUDA's header.
+// mantissa bits), so fp32's exponent range with 8 significant bits. The rounding of every bf16
+// value this code stores: the CPU's conversions use it, the ZeRO store rounds master weights with
+// it, and it is the reference of the CUDA backend's (__float2bfloat16_rn) in the tests; written
+// from the bit layout rather than with CUDA's header.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -43,10 +43,9 @@
 // buffers stay fp32; what travels is bf16, half the bytes, as with NCCL's ncclBfloat16 all-reduce
 // in Megatron-LM and DeepSpeed:
 //   - each rank's fp32 input is rounded to bf16 (round to nearest, ties to even: backend/bf16.hpp);
-//   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and
-//   the
-//     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements,
-//     commutative; NCCL does the same for ncclBfloat16);
+//   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and the
+//     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements, commutative;
+//     NCCL does the same for ncclBfloat16);
 //   - the reduced bf16 result is widened back to fp32 into the output buffer.
 // So a result differs from the exact sum by the rounding of the p inputs and of the p − 1 partial
 // sums, each at most u = 2^-8 relative (8 significant bits):

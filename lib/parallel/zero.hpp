@@ -5,16 +5,18 @@
 //   stage 1  m, v sharded; gradients reduce-scattered, each rank updates its shard,
 //            parameters all-gathered after the step                             8Ψ + 8Ψ/N
 //   stage 2  as 1, and a bucket's gradients are freed once it is reduced:
-//            only the shard's gradients persist                                  4Ψ + 12Ψ/N (+
-//            buckets) (at most one bucket reducing while the next fills, plus the embeddings'
-//            bucket, which stays open from the LM head's backward to the encoder's)
+//            only the shard's gradients persist                                  4Ψ + 12Ψ/N (+ buckets)
+//            (at most one bucket reducing while the next fills, plus the embeddings' bucket,
+//            which stays open from the LM head's backward to the encoder's)
 //   stage 3  as 2, and parameters sharded too: each unit (embeddings, one block, final
 //            LayerNorm) all-gathered just before use and freed after; the next one
-//            prefetched                                                          16Ψ/N (+ units in
-//            flight)
+//            prefetched                                                          16Ψ/N (+ units in flight)
 //
 // Every buffer lives in the backend's memory (device memory for cuda); the host sees values only
 // through the gather_* / load_state copies.
+//
+// (The bytes are fp32's. bf16, below: 2Ψ + 4Ψ + 12Ψ at stage 0, 6Ψ + 12Ψ/N at 1, 2Ψ + 16Ψ/N at
+// 2, 18Ψ/N at 3.)
 //
 // Precision (the backend's dtype()): in an fp32 run the parameters the model reads are the
 // master weights AdamW updates. In a bf16 run the model reads a bf16 copy (stages 0-2: all of it,

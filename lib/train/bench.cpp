@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/bf16.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -15,25 +16,32 @@
 
 namespace trellis {
 
-/// Square operands for the reference sgemm: out (M,N) = A (M,K)·B (N,K)ᵀ through the backend (in its
-/// memory), timed as `calls` back-to-back calls.
+/// Operands for the reference GEMM: out (M,N) = A (M,K)·B (N,K)ᵀ through the backend (in its
+/// memory, of the run's type: an fp32 run's sgemm, a bf16 run's bf16 GEMM — like with like),
+/// timed as `calls` back-to-back calls.
 class ReferenceGemm {
  public:
   ReferenceGemm(Backend& be, int M, int N, int K)
-      : be_(be), M_(M), N_(N), K_(K), a_(MemKind::Scratch, sizeof(float) * M * K, be.allocator()),
-        b_(MemKind::Scratch, sizeof(float) * N * K, be.allocator()),
-        c_(MemKind::Scratch, sizeof(float) * M * N, be.allocator()) {
+      : be_(be),
+        t_(be.dtype()),
+        M_(M),
+        N_(N),
+        K_(K),
+        a_(MemKind::Scratch, dtype_bytes(t_) * M * K, be.allocator()),
+        b_(MemKind::Scratch, dtype_bytes(t_) * N * K, be.allocator()),
+        c_(MemKind::Scratch, dtype_bytes(t_) * M * N, be.allocator()) {
     std::vector<float> host(std::max(int64_t(M), int64_t(N)) * K);
     for (int64_t i = 0; i < int64_t(M) * K; ++i) host[i] = float((i * 7919) % 1000) * 1e-3f;
-    be.copy_from_host(a_.data(), host.data(), a_.bytes());
+    fill(a_, host, int64_t(M) * K);
     for (int64_t i = 0; i < int64_t(N) * K; ++i) host[i] = float((i * 104729) % 1000) * 1e-3f;
-    be.copy_from_host(b_.data(), host.data(), b_.bytes());
+    fill(b_, host, int64_t(N) * K);
     seconds(1);  // warm-up: first-touch of the output, BLAS buffers
   }
   /// Seconds for `calls` products in a row.
   double seconds(int calls) {
     const double t0 = now_seconds();
-    for (int c = 0; c < calls; ++c) be_.matmul_forward(c_.f32(), a_.f32(), b_.f32(), nullptr, M_, K_, N_);
+    for (int c = 0; c < calls; ++c)
+      be_.matmul_forward(c_.as(t_), a_.as(t_), b_.as(t_), nullptr, M_, K_, N_);
     be_.synchronize();  // a device backend returns before the GEMM is done
     return now_seconds() - t0;
   }
@@ -46,7 +54,15 @@ class ReferenceGemm {
   }
 
  private:
+  /// The first n host values into dst, in the run's type (bf16: rounded to nearest even).
+  void fill(Buffer& dst, const std::vector<float>& host, int64_t n) {
+    if (t_ == DType::f32) return be_.copy_from_host(dst.data(), host.data(), sizeof(float) * n);
+    std::vector<bf16_t> rounded(n);
+    for (int64_t i = 0; i < n; ++i) rounded[i].bits = float_to_bf16_bits(host[i]);
+    be_.copy_from_host(dst.data(), rounded.data(), sizeof(bf16_t) * n);
+  }
   Backend& be_;
+  DType t_;
   int M_, N_, K_;
   Buffer a_, b_, c_;  // (M,K), (N,K), (M,N)
 };
@@ -115,16 +131,20 @@ int bench_main(const std::vector<std::string>& args, World& world) {
       {"model", strfmt("L%d H%d C%d T%d B%d vocab %d", m.layers, m.heads, m.d_model, m.seq_len,
                        cfg.train.global_batch, m.vocab)},
       {"threads", cfg.system.threads ? std::to_string(cfg.system.threads) : "all"},
-      // bf16: the model's GEMMs and the "sgemm" rows below take bf16 operands (fp32 accumulation)
+      // bf16: the "sgemm" rows below are the backend's GEMM on bf16 tensors (fp32 accumulation)
       {"backend, precision", backend.name() + ", " + backend.precision()},
       {"backend details", backend.details().empty() ? "-" : backend.details()},
-      {strfmt("step (median round of %d; fastest of %d steps)", rounds, per_round), strfmt("%.1f ms", step_ms)},
+      {strfmt("step (median round of %d; fastest of %d steps)", rounds, per_round),
+       strfmt("%.1f ms", step_ms)},
       {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},
       {"training GFLOP/s (model FLOPs)", strfmt("%.1f", gflops)},
-      {strfmt("sgemm GFLOP/s, 2048³ (fastest of %d × %d calls)", per_round, calls), strfmt("%.1f", sgemm_square)},
-      {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape)", N, m.d_ff, m.d_model), strfmt("%.1f", sgemm_model)},
+      {strfmt("sgemm GFLOP/s, 2048³ (fastest of %d × %d calls)", per_round, calls),
+       strfmt("%.1f", sgemm_square)},
+      {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape)", N, m.d_ff, m.d_model),
+       strfmt("%.1f", sgemm_model)},
       {"step / sgemm 2048³ (median round)", strfmt("%.1f %%", 100 * mid.ratio)},
-      {"ratio range over rounds", strfmt("%.1f – %.1f %%", 100 * results.front().ratio, 100 * results.back().ratio)},
+      {"ratio range over rounds",
+       strfmt("%.1f – %.1f %%", 100 * results.front().ratio, 100 * results.back().ratio)},
   };
   const double peak_gflops = cfg.system.peak_gflops * world.size();
   const double peak_bytes = double(memory_stats().total_peak);

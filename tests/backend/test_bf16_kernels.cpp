@@ -5,10 +5,13 @@
 // old bf16 values, tensors passed twice (in place) share one widened copy, a mix of fp32 and bf16
 // tensors works, fp32 outputs (gradients, statistics) stay fp32, and a tensor of the wrong type is
 // a programming error.
+#include <cstdint>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "backend/bf16.hpp"
+#include "backend/cpu/cpu_backend.hpp"
 #include "backend_test_util.hpp"
 
 namespace trellis::test {
@@ -241,6 +244,67 @@ TEST_F(Bf16Kernels, ConvertRoundsAndWidens) {
   std::vector<float> copy(x.size());
   be->convert(copy.data(), x.data(), int64_t(x.size()));  // same type: a copy
   EXPECT_EQ(copy, x);
+}
+
+// The widening arena: a call that does not fit grows it once, to that call's total, for every
+// later call; a reservation holds it from the start; running out of memory inside a widened call
+// is a std::bad_alloc from that call (never from a destructor), after which smaller calls work.
+namespace {
+/// Host memory that refuses any one allocation above `limit` bytes.
+class LimitedAllocator : public Allocator {
+ public:
+  size_t limit = SIZE_MAX;
+  void* allocate(size_t bytes) override {
+    if (bytes > limit) throw std::bad_alloc();
+    return host_allocator().allocate(bytes);
+  }
+  void release(void* p) override { host_allocator().release(p); }
+  bool device() const override { return false; }
+};
+class LimitedCpu : public CpuBackend {
+ public:
+  Allocator* allocator() override { return &memory; }
+  LimitedAllocator memory;
+};
+
+/// out (N,OC) = x · wᵀ on bf16 tensors: widens x, w and out (4·(N·C + OC·C + N·OC) bytes, each
+/// slice 64-byte aligned).
+size_t widened_matmul(Backend& be, int N, int C, int OC) {
+  Bf16Vec X(bf16_values(size_t(N) * C, 1)), W(bf16_values(size_t(OC) * C, 2));
+  Bf16Vec Y{std::vector<float>(size_t(N) * OC)};
+  be.matmul_forward(Y.ptr(), X.ptr(), W.ptr(), nullptr, N, C, OC);
+  auto slice = [](size_t n) { return (4 * n + 63) / 64 * 64; };
+  return slice(size_t(N) * C) + slice(size_t(OC) * C) + slice(size_t(N) * OC);
+}
+}  // namespace
+
+TEST(WideningArena, GrowsOnceToTheLargestCall) {
+  CpuBackend be;
+  EXPECT_EQ(be.widening_bytes(), 0u);
+  const size_t small = widened_matmul(be, 8, 16, 4);
+  EXPECT_EQ(be.widening_bytes(), small);
+  const size_t big = widened_matmul(be, 64, 32, 48);
+  EXPECT_EQ(be.widening_bytes(), big);
+  widened_matmul(be, 8, 16, 4);  // fits: no growth
+  EXPECT_EQ(be.widening_bytes(), big);
+  CpuBackend reserved;
+  reserved.reserve_widening(1 << 20);
+  widened_matmul(reserved, 64, 32, 48);
+  EXPECT_EQ(reserved.widening_bytes(), size_t(1) << 20);
+}
+
+TEST(WideningArena, OutOfMemoryInsideACallIsAnExceptionOfThatCall) {
+  LimitedCpu be;
+  widened_matmul(be, 8, 16, 4);
+  be.memory.limit = 4096;  // the next call's slices (and its arena) cannot be had
+  EXPECT_THROW(widened_matmul(be, 64, 32, 48), std::bad_alloc);
+  // The arena is left consistent: a call that fits in what may still be allocated runs.
+  be.memory.limit = SIZE_MAX;
+  const size_t small = widened_matmul(be, 8, 16, 4);
+  EXPECT_GE(be.widening_bytes(), small);
+  const size_t big = widened_matmul(be, 64, 32, 48);
+  widened_matmul(be, 64, 32, 48);
+  EXPECT_EQ(be.widening_bytes(), big);
 }
 
 TEST(TypedPointers, TheWrongTypeIsAProgrammingError) {

@@ -162,9 +162,10 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
 // an unaligned bias cannot go through its epilogue (fp32: a kernel adds it to the GEMM's output;
 // bf16: it goes through the epilogue from an aligned copy, since adding it to the rounded output
 // would round twice). bf16: every tensor starts an odd number of elements (2 bytes off) into its
-// buffer, and the element before each output keeps its poison; the GELU's forward (whose aux
-// cannot be unaligned, and 36 is no multiple of 8) runs this backend's kernel, which reads the
-// bias where it is. Bounds as in Bf16MatmulMatchesTheCpu and MatmulWithGeluMatchesTheCpu.
+// buffer, and the element before each output keeps its poison; bf16 tensors that are not 16-byte
+// aligned go to the widening default (fp32 copies, 64-byte aligned: cuda_backend.cu, aligned16),
+// so this checks that path on the device. Bounds as in Bf16MatmulMatchesTheCpu and
+// MatmulWithGeluMatchesTheCpu.
 TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
   const int N = 40, C = 24, OC = 36;
   {

@@ -44,6 +44,17 @@ TEST(HostComm, Bf16BuffersEveryOperation) {
   check_device_bf16_buffers(plain, *cpu);
 }
 
+// Split into MPI calls of at most 3 values (every rank the same limit): the chunked paths of every
+// operation on bf16 buffers, host and staged.
+TEST_F(DeviceComm, Bf16BuffersBeyondTheCountLimit) {
+  const int64_t old = detail::set_max_mpi_count(3);
+  Comm plain(MPI_COMM_WORLD, "plain");
+  auto cpu = make_backend("cpu");
+  check_device_bf16_buffers(plain, *cpu);
+  check_device_bf16_buffers(comm, be);
+  detail::set_max_mpi_count(old);
+}
+
 TEST_F(DeviceComm, WithoutALinkEveryBufferIsHostMemory) {
   Comm plain(MPI_COMM_WORLD, "plain");
   EXPECT_EQ(plain.device_link(), nullptr);

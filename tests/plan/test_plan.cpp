@@ -180,44 +180,49 @@ class Bf16Params : public ParamStore {
   std::vector<float> grads_;    // (P)
 };
 
-// A bf16 run on the CPU: the backend's widening arena after a few steps (every kernel widened,
-// the arena grown to the largest call) is the planner's figure, which the trainer also reserves up
-// front — so the arena never grows during the run. For the stages of a two-stage pipeline with
-// tp 1 and 2 and sequence parallelism, each checked on its own one-rank stand-in: the formula
-// follows the shapes only.
+// A bf16 run on the CPU: the backend's widening arena (every kernel widened, the arena grown to
+// the largest call) is the planner's figure. Shapes chosen so that different calls are the
+// largest: the MLP's backward through the GELU (the default deck), the LM head (a large
+// vocabulary), attention's backward (d_ff = d_model), each with and without recomputation; a
+// fresh backend grows the arena call by call. Then a training run: the trainer reserves the
+// planner's figure up front and the arena never grows. (Multi-rank shapes — tp, sequence
+// parallelism, pipeline stages — are held to the measured peaks by tests/cli/test_plan.sh.)
 TEST(PlanMemory, WideningArenaIsTheLargestWidenedCall) {
-  for (const char* extra : {"--train.recompute=none", "--train.recompute=selective"}) {
-    SCOPED_TRACE(extra);
-    const Config cfg = load_config(
-        "inputs/default.deck",
-        {"--train.steps=2", "--system.precision=bf16", "--checkpoint.resume=never", extra}, 1);
-    const ParamTable table(cfg.model);
-    const double planned = widening_arena_bytes(arena_shape(cfg, table, 0, false), Widening::all);
-    auto be = make_backend("cpu");
-    Backend* raw = be.get();
-    {
-      Trainer t(cfg, MPI_COMM_SELF, std::move(be));
-      t.set_quiet(true);
-      EXPECT_EQ(double(raw->widening_bytes()), planned) << "reserved up front";
-      t.run();
-      EXPECT_EQ(double(raw->widening_bytes()), planned) << "and never grown";
+  for (std::vector<std::string> shape :
+       std::vector<std::vector<std::string>>{{}, {"--model.vocab=4096"}, {"--model.d_ff=64"}})
+    for (const char* recompute : {"none", "selective", "full"}) {
+      shape.push_back(std::string("--train.recompute=") + recompute);
+      std::string what;
+      for (const auto& o : shape) what += o + " ";
+      SCOPED_TRACE(what);
+      shape.push_back("--system.precision=bf16");
+      const Config cfg = load_config("inputs/default.deck", shape, 1);
+      shape.resize(shape.size() - 2);
+      const ParamTable table(cfg.model);
+      const double planned = widening_arena_bytes(arena_shape(cfg, table, 0, false), Widening::all);
+      auto cpu = make_backend("cpu");
+      cpu->set_precision("bf16");
+      Bf16Params store(table);  // bf16 weights, as a bf16 run's (an fp32 tensor is not widened)
+      GPT gpt(cfg.model, table, store, *cpu, cfg.train.micro_batch, nullptr, false, 1,
+              cfg.train.recompute);
+      std::vector<int32_t> tokens(size_t(cfg.train.micro_batch) * cfg.model.seq_len, 1);
+      gpt.forward(0, tokens.data(), tokens.data(), 1.0f);
+      gpt.backward(0);
+      EXPECT_EQ(double(cpu->widening_bytes()), planned);
     }
-  }
-  // Grown call by call from nothing (no reservation): it ends at the same size. (The weights must
-  // be bf16 as a bf16 run's are: an fp32 tensor is not widened.)
-  const Config cfg = load_config("inputs/default.deck", {"--system.precision=bf16"}, 1);
-  const ParamTable table(cfg.model);
-  auto cpu = make_backend("cpu");
-  cpu->set_precision("bf16");
-  Bf16Params store(table);
-  GPT gpt(cfg.model, table, store, *cpu, cfg.train.micro_batch);
-  std::vector<int32_t> tokens(size_t(cfg.train.micro_batch) * cfg.model.seq_len, 1);
-  gpt.forward(0, tokens.data(), tokens.data(), 1.0f);
-  gpt.backward(0);
-  EXPECT_EQ(double(cpu->widening_bytes()),
-            widening_arena_bytes(arena_shape(cfg, table, 0, false), Widening::all));
+  // The trainer reserves it (so the first step does not grow it call by call), and it stays.
+  const Config cfg =
+      load_config("inputs/default.deck",
+                  {"--train.steps=2", "--system.precision=bf16", "--checkpoint.resume=never"}, 1);
+  const double planned =
+      widening_arena_bytes(arena_shape(cfg, ParamTable(cfg.model), 0, false), Widening::all);
+  Trainer t(cfg, MPI_COMM_SELF);
+  t.set_quiet(true);
+  EXPECT_EQ(double(t.backend().widening_bytes()), planned) << "reserved up front";
+  t.run();
+  EXPECT_EQ(double(t.backend().widening_bytes()), planned) << "and never grown";
   // On a GPU only attention widens (without the tensor-core kernels): far less.
-  const ArenaShape s = arena_shape(cfg, table, 0, true);
+  const ArenaShape s = arena_shape(cfg, ParamTable(cfg.model), 0, true);
   EXPECT_LT(widening_arena_bytes(s, Widening::attention), widening_arena_bytes(s, Widening::all));
   EXPECT_EQ(widening_arena_bytes(s, Widening::none), 0.0);
 }

@@ -76,7 +76,7 @@ TEST_F(DeviceMemory, TrainingTouchesDeviceMemoryOnlyThroughTheBackend) {
 // A bf16 run (system.precision = bf16): the bf16 copies of the weights, the activations, the
 // widening scratch of every kernel and the conversions live in device memory as well.
 TEST_F(DeviceMemory, Bf16TrainingTouchesDeviceMemoryOnlyThroughTheBackend) {
-  for (const char* recompute : {"none", "full"}) {
+  for (const char* recompute : {"none", "selective", "full"}) {
     SCOPED_TRACE(recompute);
     const std::vector<std::string> o = {std::string("--train.recompute=") + recompute,
                                         "--system.precision=bf16"};

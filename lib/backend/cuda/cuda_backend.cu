@@ -447,6 +447,15 @@ bool all_bf16(std::initializer_list<CPtr> tensors) {
     if (t.data && t.dtype != DType::bf16) return false;
   return true;
 }
+/// Every non-null tensor 16-byte aligned: what this backend hands cuBLASLt in a bf16 run. A bf16
+/// tensor at an odd element offset (a parameter inside the flat buffer of a model whose sizes are
+/// not multiples of 8) goes to the widening default instead — its fp32 copies are 64-byte aligned
+/// — rather than risk cuBLASLt having no algorithm for 2-byte aligned operands.
+bool aligned16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  return true;
+}
 }  // namespace
 
 void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC) {
@@ -477,7 +486,7 @@ void CudaBackend::matmul_forward_f32(float* out, const float* inp, const float* 
 
 void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
                                       int OC) {
-  if (!all_bf16({out, inp, weight, bias}))
+  if (!all_bf16({out, inp, weight, bias}) || !aligned16({out, inp, weight}))
     return Backend::matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
   linear_forward(out, inp, weight, bias, N, C, OC);
 }
@@ -524,7 +533,7 @@ void CudaBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* i
 
 void CudaBackend::matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias,
                                            int N, int C, int OC) {
-  if (!all_bf16({pre, out, inp, weight, bias}))
+  if (!all_bf16({pre, out, inp, weight, bias}) || !aligned16({pre, out, inp, weight}))
     return Backend::matmul_gelu_forward_bf16(pre, out, inp, weight, bias, N, C, OC);
   linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
 }
@@ -536,7 +545,7 @@ void CudaBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias,
 
 void CudaBackend::matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
                                        CPtr weight, int N, int C, int OC) {
-  if (!all_bf16({dinp, dout, inp, weight}))
+  if (!all_bf16({dinp, dout, inp, weight}) || !aligned16({dinp, dout, inp, weight}))
     return Backend::matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
@@ -587,7 +596,8 @@ void CudaBackend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, flo
 void CudaBackend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight,
                                             float* dbias, CPtr dout, CPtr inp, CPtr pre,
                                             CPtr weight, int N, int C, int OC) {
-  if (!all_bf16({dpre, dinp_scratch, dout, inp, pre, weight}))
+  if (!all_bf16({dpre, dinp_scratch, dout, inp, pre, weight}) ||
+      !aligned16({dpre, dinp_scratch, dout, inp, pre, weight}))
     return Backend::matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre,
                                               weight, N, C, OC);
   linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
