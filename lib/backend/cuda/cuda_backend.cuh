@@ -29,8 +29,9 @@
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
 //
-// Files: cuda_backend.cu (device, memory, cuBLASLt GEMMs in fp32 and bf16, the bf16 conversions,
-// the factory), cuda_kernels.cu (embeddings, layernorm, GELU, cross-entropy, norms, AdamW),
+// Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
+// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_kernels.cu (embeddings,
+// layernorm, GELU, add), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
 // row's logsumexp), cuda_attention_tc.cu (the same on the tensor cores, bf16).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
@@ -49,6 +50,16 @@
 #include "backend/cuda/cuda_util.cuh"
 
 namespace trellis {
+
+namespace cuda {
+/// A failed cuBLASLt call is an internal failure (exit 1 on every rank).
+inline void lt_check(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt error ") + std::to_string(int(s)) + " in " +
+                             what + " (" + file + ":" + std::to_string(line) + ")");
+}
+}  // namespace cuda
+#define TRELLIS_LT(call) ::trellis::cuda::lt_check((call), #call, __FILE__, __LINE__)
 
 /// Device memory, zero-filled as host Buffers are. One for the process (a process uses one
 /// device), so that a Buffer may outlive the backend that made it.

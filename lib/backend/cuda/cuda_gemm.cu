@@ -1,0 +1,359 @@
+// CUDA backend: the GEMMs (cuBLASLt: plans per shape, type and alignment; bias and GELU
+// epilogues) and the linear layer built on them, in fp32 and on bf16 tensors (fp32 accumulation).
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <initializer_list>
+
+#include "backend/cuda/cuda_backend.cuh"
+#include "core/error.hpp"
+
+namespace trellis {
+
+// out (N,OC) += bias (OC) per row: for an fp32 bias the cuBLASLt epilogue cannot read
+// (unaligned). (A bf16 one is copied to aligned scratch instead: adding it to the rounded GEMM
+// output would round twice.)
+__global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * OC;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] += bias[i % OC];
+}
+
+// ---- GEMMs (cuBLASLt, column-major as BLAS; row-major tensors are their transposes) ----
+
+// The largest power of two (at most 256) that divides the address.
+static int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 2 && a % align != 0) align /= 2;
+  return align;
+}
+
+static cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, const void* aux) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, align_bias, align_aux,
+              in_t, out_t] = key;
+  (void)align_bias, (void)align_aux;  // the heuristic reads them from the pointers themselves
+  const DType in = DType(in_t), out = DType(out_t);
+  GemmPlan p;
+  // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
+  // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
+  const cublasComputeType_t compute =
+      in == DType::f32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  TRELLIS_LT(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
+  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h), as the GELU's auxiliary matrix (GELU's
+  // input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld = D's, a multiple of 8.
+  const cublasLtEpilogue_t lt_epi = epi == Epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
+                                    : epi == Epilogue::gelu_aux      ? CUBLASLT_EPILOGUE_GELU_AUX
+                                    : epi == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                    : epi == Epilogue::dgelu         ? CUBLASLT_EPILOGUE_DGELU
+                                                                     : CUBLASLT_EPILOGUE_DEFAULT;
+  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
+  // The heuristic reads the bias's and aux's alignment from the pointers (cublasLt.h): set them
+  // before it runs; run() points them at each call's buffers, of the same alignment (the key).
+  if (bias)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
+  if (aux) {
+    const int64_t ld_aux = ldd;
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+                                              sizeof(ld_aux)));
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &aux, sizeof(aux)));
+  }
+  // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, cuda_type(in), ta ? k : m, ta ? m : k, lda));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, cuda_type(in), tb ? n : k, tb ? k : n, ldb));
+  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out), m, n, ldd));
+  cublasLtMatmulPreference_t pref;
+  TRELLIS_LT(cublasLtMatmulPreferenceCreate(&pref));
+  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &workspace_bytes_, sizeof(workspace_bytes_)));
+  // cuBLASLt assumes 256-byte aligned pointers unless told otherwise; a tensor inside the flat
+  // parameter buffer may sit at any element offset.
+  const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+  const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+  for (int i = 0; i < 3; ++i)
+    TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
+  // C is D here (in place, beta = 1 accumulates).
+  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  // A combination cuBLASLt does not support may answer "not supported" rather than no result.
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
+  // A GELU epilogue cuBLASLt cannot do here (no algorithm, "not supported", or any other
+  // refusal): the caller takes the unfused way and the plan is kept as such; anything but "not
+  // supported" or no algorithm is said once on stderr (a fused path that has never run on a GPU
+  // must not stop a run). Without a GELU epilogue every error is one.
+  if (!fused_gelu) TRELLIS_LT(status);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) gelu_epilogue_failed(status, "choosing an algorithm");
+    found = 0;
+  }
+  if (found == 0 && !fused_gelu)
+    throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
+                             std::to_string(n) + "x" + std::to_string(k) + " GEMM of " +
+                             dtype_name(in) + " inputs and " + dtype_name(out) + " output");
+  p.algo = result.algo;
+  p.found = found > 0;
+  return plans_.emplace(key, p).first->second;
+}
+
+void CudaBackend::gelu_epilogue_failed(cublasStatus_t status, const char* when) {
+  if (gelu_epilogue_warned_) return;
+  gelu_epilogue_warned_ = true;
+  std::fprintf(stderr, "trellis: warning: cuBLASLt refused the GELU epilogue while %s (status %d); "
+               "the MLP's GELU runs as kernels of its own\n", when, int(status));
+}
+
+bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
+  if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+                                             sizeof(bias.data)) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux.data,
+                                     sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
+  const cublasStatus_t status =
+      cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data, p.d,
+                     &p.algo, workspace_, workspace_bytes_, stream_);
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  gelu_epilogue_failed(status, "running");
+  p.found = false;  // not again
+  return false;
+}
+
+void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
+  if (bias)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+                                              sizeof(bias.data)));
+  if (aux)
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &aux.data, sizeof(aux.data)));
+  const float alpha = 1.0f;
+  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d,
+                            D.data, p.d, &p.algo, workspace_, workspace_bytes_, stream_));
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B,
+                       int ldb, Ptr D, int ldd, float beta, CPtr bias) {
+  TRELLIS_CHECK(
+      A.dtype == B.dtype && (D.is_f32() || D.dtype == A.dtype) && (!bias || bias.dtype == D.dtype),
+      "GEMM of %s and %s into %s: unsupported types", dtype_name(A.dtype), dtype_name(B.dtype),
+      dtype_name(D.dtype));
+  GemmPlan& p =
+      plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
+            alignment(A.data), alignment(B.data), alignment(D.data),
+            bias ? alignment(bias.data) : 0, 0, int(A.dtype), int(D.dtype)},
+           bias.data);
+  run(p, A, B, D, beta, bias, nullptr);
+}
+
+CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
+                                              int n, int k, int lda, int ldb, int ldd, CPtr A,
+                                              CPtr B, Ptr D, CPtr bias, CPtr aux) {
+  if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux.data) < 16 ||
+      (bias && alignment(bias.data) < 16))
+    return nullptr;
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, alignment(A.data),
+                      alignment(B.data), alignment(D.data), bias ? alignment(bias.data) : 0,
+                      alignment(aux.data), int(A.dtype), int(D.dtype)},
+                     bias.data, aux.data);
+  return p.found ? &p : nullptr;
+}
+
+// ---- the linear layer, in either type ----
+
+namespace {
+// Every non-null tensor bf16: what the bf16 kernels of this backend take (a mix goes to the
+// Backend's widening default).
+bool all_bf16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && t.dtype != DType::bf16) return false;
+  return true;
+}
+/// Every non-null tensor 16-byte aligned: what this backend hands cuBLASLt in a bf16 run. A bf16
+/// tensor at an odd element offset (a parameter inside the flat buffer of a model whose sizes are
+/// not multiples of 8) goes to the widening default instead — its fp32 copies are 64-byte aligned
+/// — rather than risk cuBLASLt having no algorithm for 2-byte aligned operands.
+bool aligned16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  return true;
+}
+}  // namespace
+
+void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC) {
+  Profiled prof(*this, kGemm);
+  // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
+  // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
+  // A bf16 output must be rounded once, from the fp32 sum with the bias: an unaligned bf16 bias
+  // goes to the epilogue from an aligned copy in scratch (OC values; scratch is free here).
+  if (bias && !bias.is_f32() && alignment(bias.data) < 16) {
+    void* copy = scratch(bias.bytes(OC));
+    TRELLIS_CUDA(
+        cudaMemcpyAsync(copy, bias.data, bias.bytes(OC), cudaMemcpyDeviceToDevice, stream_));
+    bias = CPtr(copy, bias.dtype);
+  }
+  const bool fused = bias && alignment(bias.data) >= 16;
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, fused ? bias : CPtr());
+  if (bias && !fused) {  // fp32: the GEMM's output plus the bias, a second fp32 rounding
+    add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(
+        out.f32(), bias.f32(), N, OC);
+    TRELLIS_CUDA_LAUNCHED();
+  }
+}
+
+void CudaBackend::matmul_forward_f32(float* out, const float* inp, const float* weight,
+                                     const float* bias, int N, int C, int OC) {
+  linear_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
+                                      int OC) {
+  if (!all_bf16({out, inp, weight, bias}) || !aligned16({out, inp, weight}))
+    return Backend::matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
+  linear_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
+                                      int C, int OC) {
+  // The same GEMM as linear_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
+  // gelu(inp·weightᵀ + bias), its input kept in aux = pre ((OC,N) column-major, ld OC), both of
+  // D's type. Where there is no plan, or cuBLASLt refuses it: the GEMM, then the GELU kernel.
+  GemmPlan* p = gelu_plan(bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, true, false, OC, N,
+                          C, C, C, OC, weight, inp, out, bias, pre);
+  bool ran = false;
+  if (p) {
+    Profiled prof(*this, kGemm);
+    ran = try_run(*p, weight, inp, out, bias, pre);
+  }
+  if (ran) {
+    ++gelu_fused_;
+    return;
+  }
+  ++gelu_unfused_;
+  if (out.is_f32()) {
+    linear_forward(pre, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre, int64_t(N) * OC);
+    return;
+  }
+  // bf16: out is the GELU of the fp32 pre-activation, as the epilogue and the CPU compute it,
+  // not of pre rounded to bf16. The GEMM into fp32 scratch ((OC,N) column-major, ld OC), then one
+  // kernel adds the bias (of any alignment) and writes pre and out, each rounded once.
+  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * OC));  // (N,OC)
+  {
+    Profiled prof(*this, kGemm);
+    gemm(true, false, OC, N, C, weight, C, inp, C, acc, OC, 0.0f, nullptr);
+  }
+  launch_bias_gelu(cuda::dev(pre.bf16()), cuda::dev(out.bf16()), acc,
+                   bias ? cuda::dev(bias.bf16()) : nullptr, N, OC);
+}
+
+void CudaBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
+                                          const float* weight, const float* bias, int N, int C,
+                                          int OC) {
+  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias,
+                                           int N, int C, int OC) {
+  if (!all_bf16({pre, out, inp, weight, bias}) || !aligned16({pre, out, inp, weight}))
+    return Backend::matmul_gelu_forward_bf16(pre, out, inp, weight, bias, N, C, OC);
+  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                                      const float* inp, const float* weight, int N, int C, int OC) {
+  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                                       CPtr weight, int N, int C, int OC) {
+  if (!all_bf16({dinp, dout, inp, weight}) || !aligned16({dinp, dout, inp, weight}))
+    return Backend::matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                       CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
+                                       int OC) {
+  // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
+  // pre in D's shape ((C,N) column-major, ld C). Without a plan, or where cuBLASLt refuses it:
+  // the GEMM, then the GELU's backward kernel.
+  GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
+                          nullptr, pre);
+  bool fused = false;
+  if (p) {
+    Profiled prof(*this, kGemm);
+    fused = try_run(*p, weight, dout, dpre, nullptr, pre);
+  }
+  if (fused) {
+    ++gelu_fused_;
+    linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
+    return;
+  }
+  ++gelu_unfused_;
+  if (dpre.is_f32()) {
+    linear_backward(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
+    gelu_backward(dpre, pre, dinp_scratch, int64_t(N) * C);
+    return;
+  }
+  // bf16: gelu'(pre) times the unrounded dout·weight, rounded once (as the epilogue and the CPU):
+  // the GEMM into fp32 scratch ((C,N) column-major, ld C), the kernel, then dweight and dbias,
+  // whose column sums reuse the scratch after the kernel has read it (one stream).
+  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * C));  // (N,C)
+  {
+    Profiled prof(*this, kGemm);
+    gemm(false, false, C, N, OC, weight, C, dout, OC, acc, C, 0.0f, nullptr);
+  }
+  launch_gelu_backward_of_f32(cuda::dev(dpre.bf16()), cuda::dev(pre.bf16()), acc, int64_t(N) * C);
+  linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
+                                           float* dbias, const float* dout, const float* inp,
+                                           const float* pre, const float* weight, int N, int C,
+                                           int OC) {
+  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+}
+
+void CudaBackend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight,
+                                            float* dbias, CPtr dout, CPtr inp, CPtr pre,
+                                            CPtr weight, int N, int C, int OC) {
+  if (!all_bf16({dpre, dinp_scratch, dout, inp, pre, weight}) ||
+      !aligned16({dpre, dinp_scratch, dout, inp, pre, weight}))
+    return Backend::matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre,
+                                              weight, N, C, OC);
+  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
+}
+
+void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
+                                  CPtr weight, int N, int C, int OC) {
+  // dout (N,OC), inp (N,C), weight (OC,C), dinp (N,C): one type; dweight (OC,C) and dbias (OC)
+  // are fp32 (bf16 inputs: cuBLASLt accumulates in fp32 and adds into the fp32 dweight).
+  {
+    Profiled prof(*this, kGemm);
+    // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored
+    // (OC,N).
+    if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+    // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
+    gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  }
+  if (dbias) column_sums_add(dbias, dout, N, OC);
+}
+
+}  // namespace trellis
