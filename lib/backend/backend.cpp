@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
@@ -51,6 +52,14 @@ void Backend::to_bf16(bf16_t* dst, const float* src, int64_t n) {
 }
 void Backend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(src[i].bits);
+}
+
+void Backend::copy_from_host_as(Ptr dst, const float* host_src, int64_t n) {
+  if (n <= 0) return;
+  if (dst.is_f32()) return copy_from_host(dst.data, host_src, sizeof(float) * size_t(n));
+  std::vector<bf16_t> rounded(n);
+  for (int64_t i = 0; i < n; ++i) rounded[i].bits = float_to_bf16_bits(host_src[i]);
+  copy_from_host(dst.data, rounded.data(), sizeof(bf16_t) * size_t(n));
 }
 
 void Backend::convert(Ptr dst, CPtr src, int64_t n) {

@@ -65,6 +65,9 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes);
   virtual void copy(void* dst, const void* src, size_t bytes);  // within the backend's memory
   virtual void zero(void* dst, size_t bytes);
+  /// dst (n) = fp32 host values in dst's type (bf16: rounded to nearest even on the host, so half
+  /// the bytes cross), like copy_from_host.
+  void copy_from_host_as(Ptr dst, const float* host_src, int64_t n);
   /// dst (n) = src (n) in dst's type, both in the backend's memory: fp32 → bf16 rounds to nearest
   /// even (backend/bf16.hpp), bf16 → fp32 is exact, the same type copies.
   void convert(Ptr dst, CPtr src, int64_t n);

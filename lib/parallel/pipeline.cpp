@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/bf16.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -37,13 +36,7 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
     head_dwte_ = Buffer(MemKind::Grads, sizeof(float) * head_count_, be.allocator());
     std::vector<float> init(head_count_);  // (Vl, C) initialised on the host, then copied over
     init_parameters(full_table, model.seed, init.data(), wte.offset, wte.offset + wte.numel());
-    if (t == DType::f32) {
-      be.copy_from_host(head_wte_.data(), init.data(), sizeof(float) * head_count_);
-    } else {
-      std::vector<bf16_t> rounded(head_count_);
-      for (int64_t i = 0; i < head_count_; ++i) rounded[i].bits = float_to_bf16_bits(init[i]);
-      be.copy_from_host(head_wte_.data(), rounded.data(), sizeof(bf16_t) * head_count_);
-    }
+    be.copy_from_host_as(head_wte_.as(t), init.data(), head_count_);
     gpt_.set_head_copy(head_wte_.as(t), head_dwte_.f32());
   }
   if (first_ && !last_) {

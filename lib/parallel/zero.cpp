@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/bf16.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -86,17 +85,12 @@ Ptr ShardedParams::owned_params() {
 
 void ShardedParams::set_params_from_host(const float* values) {
   const int64_t held = stage_ == 3 ? shard_.size() : total_;
-  if (dt_ == DType::f32) {
-    be_.copy_from_host(params_.data(), values, sizeof(float) * held);
-    return;
-  }
-  // The master weights this rank keeps (stage 0: all; else the shard), and their bf16 rounding
-  // for the model: all it holds (stages 0-2) or the shard (3).
+  be_.copy_from_host_as(params_.as(dt_), values, held);
+  if (dt_ == DType::f32) return;
+  // A bf16 run's master weights: all of them (stage 0) or the shard; the copy above, their
+  // rounding, is what the model reads.
   const int64_t from = stage_ == 1 || stage_ == 2 ? shard_.begin : 0;
   be_.copy_from_host(master_.data(), values + from, master_.bytes());
-  std::vector<bf16_t> rounded(held);
-  for (int64_t i = 0; i < held; ++i) rounded[i].bits = float_to_bf16_bits(values[i]);
-  be_.copy_from_host(params_.data(), rounded.data(), sizeof(bf16_t) * held);
 }
 
 void ShardedParams::init_parameters(uint64_t seed) {

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/bf16.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -32,9 +31,9 @@ class ReferenceGemm {
         c_(MemKind::Scratch, dtype_bytes(t_) * M * N, be.allocator()) {
     std::vector<float> host(std::max(int64_t(M), int64_t(N)) * K);
     for (int64_t i = 0; i < int64_t(M) * K; ++i) host[i] = float((i * 7919) % 1000) * 1e-3f;
-    fill(a_, host, int64_t(M) * K);
+    be.copy_from_host_as(a_.as(t_), host.data(), int64_t(M) * K);
     for (int64_t i = 0; i < int64_t(N) * K; ++i) host[i] = float((i * 104729) % 1000) * 1e-3f;
-    fill(b_, host, int64_t(N) * K);
+    be.copy_from_host_as(b_.as(t_), host.data(), int64_t(N) * K);
     seconds(1);  // warm-up: first-touch of the output, BLAS buffers
   }
   /// Seconds for `calls` products in a row.
@@ -54,13 +53,6 @@ class ReferenceGemm {
   }
 
  private:
-  /// The first n host values into dst, in the run's type (bf16: rounded to nearest even).
-  void fill(Buffer& dst, const std::vector<float>& host, int64_t n) {
-    if (t_ == DType::f32) return be_.copy_from_host(dst.data(), host.data(), sizeof(float) * n);
-    std::vector<bf16_t> rounded(n);
-    for (int64_t i = 0; i < n; ++i) rounded[i].bits = float_to_bf16_bits(host[i]);
-    be_.copy_from_host(dst.data(), rounded.data(), sizeof(bf16_t) * n);
-  }
   Backend& be_;
   DType t_;
   int M_, N_, K_;

@@ -295,6 +295,17 @@ class CudaKernelTest : public ::testing::Test {
         }
     return lse;
   }
+  /// The vocab-parallel cross-entropy's three steps on `be` (one rank: no reductions between
+  /// them): row_max (N), sums (2,N) (Σexp, then the target's logit), losses (N); logits (N,V)
+  /// become dlogits in place unless dloss is 0.
+  static void crossentropy_on(Backend& be, Ptr logits, const int32_t* targets, float* row_max,
+                              float* sums, float* losses, int N, int V, int valid, int vocab_begin,
+                              float dloss) {
+    be.crossentropy_max(logits, row_max, N, V, valid);
+    be.crossentropy_sums(logits, targets, row_max, sums, sums + N, N, V, valid, vocab_begin);
+    be.crossentropy_finish(logits, losses, targets, row_max, sums, sums + N, N, V, valid,
+                           vocab_begin, dloss);
+  }
   static double gemm_rtol() {
     const char* tf32 = std::getenv("TRELLIS_TF32");
     return tf32 && std::strcmp(tf32, "0") != 0 ? 2e-2 : 1e-4;

@@ -283,22 +283,16 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
   Bits work = logits;
   std::vector<float> row_max(N), sums(2 * N), losses(N);
   const float dloss = 1.0f / N;
-  cpu->crossentropy_max(work.data(), row_max.data(), N, V, valid);
-  cpu->crossentropy_sums(work.data(), targets.data(), row_max.data(), sums.data(), sums.data() + N,
-                         N, V, valid, vocab_begin);
-  cpu->crossentropy_finish(work.data(), losses.data(), targets.data(), row_max.data(), sums.data(),
-                           sums.data() + N, N, V, valid, vocab_begin, dloss);
+  crossentropy_on(*cpu, work.data(), targets.data(), row_max.data(), sums.data(), losses.data(), N,
+                  V, valid, vocab_begin, dloss);
   bf16_t* d_logits = up(logits);
   int32_t* d_t = up(targets);
   float *d_max = up(std::vector<float>(N, NAN)), *d_sums = up(std::vector<float>(2 * N, NAN)),
         *d_losses = up(std::vector<float>(N, NAN));
   std::printf("bf16 cross-entropy %dx%d (%d valid):\n", N, V, valid);
-  gpu->crossentropy_max(d_logits, d_max, N, V, valid);
-  gpu->crossentropy_sums(d_logits, d_t, d_max, d_sums, d_sums + N, N, V, valid, vocab_begin);
+  crossentropy_on(*gpu, d_logits, d_t, d_max, d_sums, d_losses, N, V, valid, vocab_begin, dloss);
   EXPECT_EQ(down(d_max, N), row_max) << "row max";
   expect_f32(down(d_sums, 2 * N), sums, 1e-5, "sumexp, target logit");
-  gpu->crossentropy_finish(d_logits, d_losses, d_t, d_max, d_sums, d_sums + N, N, V, valid,
-                           vocab_begin, dloss);
   expect_f32(down(d_losses, N), losses, 1e-5, "losses");
   expect_bf16(down_bits(d_logits, work.size()), work, 1e-5, "dlogits (in place)");
   // dloss = 0, from the CPU's statistics.

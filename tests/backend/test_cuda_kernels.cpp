@@ -309,20 +309,14 @@ TEST_F(CudaKernels, CrossEntropyVocabParallel) {
   for (int i = 0; i < N; ++i) targets[i] = i % 9 == 0 ? -1 : (i * 5) % 60;
   std::vector<float> row_max(N), sums(2 * N), losses(N), work = logits;
   const float dloss = 1.0f / N;
-  cpu->crossentropy_max(work.data(), row_max.data(), N, V, valid);
-  cpu->crossentropy_sums(work.data(), targets.data(), row_max.data(), sums.data(), sums.data() + N,
-                         N, V, valid, vocab_begin);
-  cpu->crossentropy_finish(work.data(), losses.data(), targets.data(), row_max.data(), sums.data(),
-                           sums.data() + N, N, V, valid, vocab_begin, dloss);
+  crossentropy_on(*cpu, work.data(), targets.data(), row_max.data(), sums.data(), losses.data(), N,
+                  V, valid, vocab_begin, dloss);
   float* d_logits = up(logits);
   int32_t* d_t = up(targets);
   float *d_max = up(row_max), *d_sums = up(sums), *d_losses = up(losses);
-  gpu->crossentropy_max(d_logits, d_max, N, V, valid);
-  gpu->crossentropy_sums(d_logits, d_t, d_max, d_sums, d_sums + N, N, V, valid, vocab_begin);
+  crossentropy_on(*gpu, d_logits, d_t, d_max, d_sums, d_losses, N, V, valid, vocab_begin, dloss);
   expect_close(down(d_max, N), row_max, 1e-6, "row max");
   expect_close(down(d_sums, 2 * N), sums, 1e-5, "sumexp, target logit");
-  gpu->crossentropy_finish(d_logits, d_losses, d_t, d_max, d_sums, d_sums + N, N, V, valid,
-                           vocab_begin, dloss);
   expect_close(down(d_losses, N), losses, 1e-5, "losses");
   expect_close(down(d_logits, work.size()), work, 1e-5, "dlogits");
 }

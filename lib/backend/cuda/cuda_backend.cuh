@@ -250,6 +250,9 @@ class CudaBackend : public Backend {
   /// A GELU plan's GEMM (beta 0): false, with nothing launched, where cuBLASLt refuses it (the plan
   /// is then marked not found: the caller runs the unfused way, now and later).
   bool try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
+  /// A GELU plan's GEMM where there is a plan and cuBLASLt takes it (true), counted as a fused
+  /// or an unfused pass for the profile; false: the caller runs the GELU apart.
+  bool gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
   void gelu_epilogue_failed(cublasStatus_t status, const char* when);  // says so once, on stderr
   bool gelu_epilogue_warned_ = false;
   // The linear layer on tensors of one type (fp32, or bf16 with fp32 dweight and dbias): what the

@@ -229,6 +229,16 @@ void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias,
   linear_forward(out, inp, weight, bias, N, C, OC);
 }
 
+bool CudaBackend::gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
+  bool ran = false;
+  if (p) {
+    Profiled prof(*this, kGemm);
+    ran = try_run(*p, A, B, D, bias, aux);
+  }
+  ++(ran ? gelu_fused_ : gelu_unfused_);
+  return ran;
+}
+
 void CudaBackend::linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
                                       int C, int OC) {
   // The same GEMM as linear_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
@@ -236,16 +246,7 @@ void CudaBackend::linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, C
   // D's type. Where there is no plan, or cuBLASLt refuses it: the GEMM, then the GELU kernel.
   GemmPlan* p = gelu_plan(bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, true, false, OC, N,
                           C, C, C, OC, weight, inp, out, bias, pre);
-  bool ran = false;
-  if (p) {
-    Profiled prof(*this, kGemm);
-    ran = try_run(*p, weight, inp, out, bias, pre);
-  }
-  if (ran) {
-    ++gelu_fused_;
-    return;
-  }
-  ++gelu_unfused_;
+  if (gelu_gemm(p, weight, inp, out, bias, pre)) return;
   if (out.is_f32()) {
     linear_forward(pre, inp, weight, bias, N, C, OC);
     gelu_forward(out, pre, int64_t(N) * OC);
@@ -296,17 +297,10 @@ void CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweigh
   // the GEMM, then the GELU's backward kernel.
   GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
                           nullptr, pre);
-  bool fused = false;
-  if (p) {
-    Profiled prof(*this, kGemm);
-    fused = try_run(*p, weight, dout, dpre, nullptr, pre);
-  }
-  if (fused) {
-    ++gelu_fused_;
+  if (gelu_gemm(p, weight, dout, dpre, nullptr, pre)) {
     linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
     return;
   }
-  ++gelu_unfused_;
   if (dpre.is_f32()) {
     linear_backward(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
     gelu_backward(dpre, pre, dinp_scratch, int64_t(N) * C);
