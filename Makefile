@@ -154,6 +154,35 @@ bench:
 gpu-bundle: $(BUILD)/trellis $(BUILD)/unit_tests
 	@bash scripts/gpu-bundle.sh $(BUILD)
 
+# ---- the CUDA sources on an emulated GPU (tests/cuda_emu/cuda_emu.hpp) ---------------------------
+# Where nvcc exists: lib/**/*.cu rewritten (emulate.sed) and compiled by the host compiler against
+# the toolkit's headers, with AddressSanitizer and UBSan, and linked with an emulated runtime and
+# cuBLASLt into emu_tests, which runs the GPU tests (test_cuda_*.cpp) with every kernel on the CPU.
+ifneq ($(HAVE_CUDA),)
+EMU_DIR      := tests/cuda_emu
+EMU_CU_SRC   := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
+EMU_CU_OBJ   := $(EMU_CU_SRC:%.cu=$(BUILD)/emu/%.o)
+EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
+EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp)) $(TEST_MAIN_OBJ)
+EMU_FLAGS    := -std=c++20 -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=all -Wall -Wextra -Wno-unknown-pragmas -Ilib -I$(EMU_DIR) \
+                $(CPPFLAGS) -isystem $(CUDA_HOME)/include
+$(BUILD)/emu/%.cpp: %.cu $(EMU_DIR)/emulate.sed
+	@mkdir -p $(@D)
+	sed -f $(EMU_DIR)/emulate.sed $< > $@
+$(BUILD)/emu/lib/%.o: $(BUILD)/emu/lib/%.cpp $(EMU_DIR)/cuda_emu.hpp Makefile
+	$(CXX) $(EMU_FLAGS) -include cuda_emu.hpp -MMD -MP -c $< -o $@
+$(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
+	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ \
+	  $(filter-out -lcublasLt -lcudart,$(LDLIBS)) -lgtest
+.PRECIOUS: $(BUILD)/emu/%.cpp
+tests: $(BUILD)/emu_tests
+-include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d)
+endif
+
 # ---- fuzzing (libFuzzer, clang): the deck parser and the checkpoint reader -----------------------
 # Each target runs FUZZ_SECONDS (scripts/fuzz.sh); new inputs go to $(BUILD)/fuzz/corpus-*, seeds
 # in tests/fuzz/corpus, earlier findings (replayed first) in tests/fuzz/findings.

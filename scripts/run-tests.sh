@@ -70,6 +70,19 @@ run "mpi-np8" 8 600 -- "$build/mpi_tests" --gtest_filter='Grid3D*:Restart.Chain*
 
 run_asan
 
+# The GPU tests on the emulated GPU (Makefile: emu_tests, where nvcc exists; tests/cuda_emu): every
+# CUDA kernel runs on the CPU, under AddressSanitizer and UBSan. A training run there takes about
+# 30 s on one core: the two tests that only repeat runs of kernels the others run (recomputation
+# modes; bf16 against fp32) are left to `emu_tests` alone (2.6 min more).
+if [ -x "$build/emu_tests" ]; then
+  export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+  run emulated-gpu 1 1200 -- "$build/emu_tests" \
+    --gtest_filter='-CudaTrain.RecomputationGivesTheSameLosses:CudaTrain.Bf16TracksFp32'
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+else
+  echo "=== emulated-gpu: SKIPPED ($build/emu_tests not built: no nvcc, so no CUDA sources)"
+fi
+
 # Shell tests (tests/cli/*.sh): whole-program behaviour under mpirun; each ends with
 # "NAME: N passed, M failed".
 for script in tests/cli/*.sh; do

@@ -295,6 +295,61 @@ class CudaKernelTest : public ::testing::Test {
         }
     return lse;
   }
+  /// dqkv (B,T,(H+2KV)·hd) in double from qkv, dout (B,T,H·hd) and out (B,T,H·hd) as a GPU
+  /// computes it: P from the scores and their logsumexp, dS = P∘(dP − D) with D = Σ_d dout·out of
+  /// the out it is given — the stored one (bf16 in a bf16 run), as FlashAttention does. (The CPU
+  /// keeps P and sums P·dP instead: the unrounded out. In a bf16 run the two differ by what
+  /// rounding out moves D, which dP − D, a difference of near values, magnifies: about 2e-3 in
+  /// relative L2 on these shapes, single entries by several bf16 units.)
+  static std::vector<double> attention_backward_reference(const std::vector<float>& qkv,
+                                                          const std::vector<float>& dout,
+                                                          const std::vector<float>& out,
+                                                          const AttentionShape& s) {
+    const std::vector<double> lse = lse_reference(qkv, s);
+    const int64_t R = int64_t(s.H + 2 * s.KV) * s.hd, O = int64_t(s.H) * s.hd;
+    const double scale = 1.0 / std::sqrt(double(s.hd));
+    std::vector<double> dqkv(qkv.size(), 0.0);
+    for (int b = 0; b < s.B; ++b)
+      for (int h = 0; h < s.H; ++h) {
+        const int64_t qc = int64_t(h) * s.hd, g = h / (s.H / s.KV);
+        const int64_t kc = int64_t(s.H + g) * s.hd, vc = int64_t(s.H + s.KV + g) * s.hd;
+        for (int t = 0; t < s.T; ++t) {
+          const int64_t rt = (int64_t(b) * s.T + t) * R, ot = (int64_t(b) * s.T + t) * O + qc;
+          double D = 0.0;
+          for (int d = 0; d < s.hd; ++d) D += double(dout[ot + d]) * out[ot + d];
+          for (int j = 0; j <= t; ++j) {
+            const int64_t rj = (int64_t(b) * s.T + j) * R;
+            double dot = 0.0, dP = 0.0;
+            for (int d = 0; d < s.hd; ++d) {
+              dot += double(qkv[rt + qc + d]) * qkv[rj + kc + d];
+              dP += double(dout[ot + d]) * qkv[rj + vc + d];
+            }
+            const double P = std::exp(dot * scale - lse[(size_t(b) * s.H + h) * s.T + t]);
+            const double dS = P * (dP - D);
+            for (int d = 0; d < s.hd; ++d) {
+              dqkv[rt + qc + d] += scale * dS * qkv[rj + kc + d];
+              dqkv[rj + kc + d] += scale * dS * qkv[rt + qc + d];
+              dqkv[rj + vc + d] += P * dout[ot + d];
+            }
+          }
+        }
+      }
+    return dqkv;
+  }
+  /// A bf16 attention run on the fp32 kernels (widened) against the CPU's: out to the fp32 bound
+  /// 1e-4 plus one bf16 unit; dqkv to 1e-3 plus one unit against the double reference from the
+  /// stored out (attention_backward_reference), and within 1e-2 relative L2 of the CPU's.
+  static void expect_widened_attention(const Bf16AttentionRun& got, const Bf16AttentionRun& want,
+                                       const Bits& qkv, const Bits& dout, const AttentionShape& s) {
+    expect_bf16(got.out, want.out, 1e-4, "out");
+    const std::vector<double> ref =
+        attention_backward_reference(widen(qkv), widen(dout), widen(got.out), s);
+    expect_bf16(got.dqkv, bits_of(std::vector<float>(ref.begin(), ref.end())), 1e-3,
+                "dqkv (double, D of the stored out)");
+    const Bf16Diff cpu_d = bf16_diff(got.dqkv, want.dqkv, 1e-3);
+    print_bf16("dqkv against the CPU's", cpu_d, 1e-3, got.dqkv.size());
+    EXPECT_LE(cpu_d.rel_l2, 1e-2) << "dqkv against the CPU's";
+  }
   /// The vocab-parallel cross-entropy's three steps on `be` (one rank: no reductions between
   /// them): row_max (N), sums (2,N) (Σexp, then the target's logit), losses (N); logits (N,V)
   /// become dlogits in place unless dloss is 0.

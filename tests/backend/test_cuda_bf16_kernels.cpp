@@ -133,8 +133,12 @@ TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
 // bf16 attention on the fp32 kernels: what every bf16 call runs without TRELLIS_TC_ATTENTION=1
 // (set to 0 here, whatever the process has) — the Backend's widening default: qkv, dout and out
 // widened into fp32 scratch, the fp32 kernels, out and dqkv rounded back. The fp32 bounds (1e-4
-// out, 1e-3 dqkv) plus one bf16 unit; the logsumexp (fp32 state) against a double reference,
-// relative L2 ≤ 1e-5 (fp32 arithmetic: ≈ 1e-7). The shapes of the fp32 test.
+// out, 1e-3 dqkv) plus one bf16 unit — dqkv against a double reference that takes D = Σ dout·out
+// from the stored bf16 out, as the GPU must (the CPU keeps P: see attention_backward_reference;
+// the first run, on the emulated GPU, found the two 1.4–2.1e-3 apart in relative L2, beyond one
+// rounding, which the test had asked for) — and within 1e-2 of the CPU's; the logsumexp (fp32
+// state) against a double reference, relative L2 ≤ 1e-5 (fp32 arithmetic: ≈ 1e-7). The shapes of
+// the fp32 test.
 TEST_F(CudaBf16Kernels, Bf16Attention) {
   fresh_gpu({{"TRELLIS_TC_ATTENTION", "0"}});
   gpu->set_precision("bf16");
@@ -146,8 +150,7 @@ TEST_F(CudaBf16Kernels, Bf16Attention) {
                dout = bf16_random(s.out_elems(), 21);
     const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
     const Bf16AttentionRun got = attention_bf16_on(*gpu, s, qkv, dout);
-    expect_bf16(got.out, want.out, 1e-4, "out");
-    expect_bf16(got.dqkv, want.dqkv, 1e-3, "dqkv");
+    expect_widened_attention(got, want, qkv, dout, s);
     const double e_lse = relative_l2(got.state, lse_reference(widen(qkv), s));
     std::printf("  %-38s fp32: rel. L2 error %.2e against double\n", "logsumexp", e_lse);
     EXPECT_LE(e_lse, 1e-5);
@@ -196,8 +199,7 @@ TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) {
     const double e_lse = relative_l2(got.state, lse_reference(widen(qkv), s));
     std::printf("  %-38s fp32: rel. L2 error %.2e against double\n", "logsumexp", e_lse);
     if (!c.tensor_cores) {
-      expect_bf16(got.out, want.out, 1e-4, "out");
-      expect_bf16(got.dqkv, want.dqkv, 1e-3, "dqkv");
+      expect_widened_attention(got, want, qkv, dout, s);
       EXPECT_LE(e_lse, 1e-5);
       continue;
     }

@@ -1,0 +1,324 @@
+// An emulated GPU for tests: the CUDA backend's own .cu sources, compiled by the host compiler,
+// run on the CPU, so that every build can check kernels that only a GPU would otherwise run.
+//
+// How: the Makefile rewrites each lib/**/*.cu (tests/cuda_emu/emulate.sed: a kernel launch
+// `k<<<grid, block, smem, stream>>>(args)` becomes `trellis_emu::Launch(k, grid, block, smem,
+// stream)(args)`, `extern __shared__ T name[];` a pointer to the block's dynamic shared memory),
+// compiles it with g++ with this header forced in first (-include), and links it with the
+// emulated CUDA runtime (emu_runtime.cpp, emu_device.cpp) and cuBLASLt (emu_cublaslt.cpp). The
+// toolkit's own headers give every type and declaration, so the sources compile against the real
+// API; only the functions behind them are ours.
+//
+// The device: every CUDA thread of a block is a fiber (ucontext) with its own stack, run one at a
+// time on the calling thread, in descending thread order (the order a race would most likely
+// expose: a warp or lane that reads what another has not written yet reads garbage); blocks run
+// one after the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a
+// barrier that can never be reached by every live thread is reported as a deadlock. Shared and
+// device memory are fresh allocations filled with NaN bits (0xff), checked by AddressSanitizer
+// (the emulated objects are built with it and UBSan: an out-of-bounds or misaligned access aborts
+// the test with the kernel's source line). WMMA fragments hold the whole 16×16 tile in each lane;
+// loads and stores check the alignment the API demands (256-bit pointers, ldm a multiple of 16
+// bytes). Launches check the block size, grid limits and dynamic shared memory (above 48 KiB only
+// after cudaFuncSetAttribute, never above the device's 227 KiB).
+//
+// What it cannot tell: speed, the hardware's order of floating-point accumulation, memory-model
+// subtleties beyond barriers, and whether cuBLASLt itself accepts a configuration (the emulated
+// cuBLASLt implements the documented semantics of the attributes the backend sets).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// ---- the CUDA C++ qualifiers, for the host compiler ----
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __align__
+#undef __restrict__
+#define __global__
+#define __device__
+#define __host__
+// A block's static shared variables: one object shared by the block's fibers (blocks run one at
+// a time). Not zeroed between blocks on a GPU, and a kernel must not count on it here either.
+#define __shared__ static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__ __restrict
+
+namespace trellis_emu {
+
+struct Index {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+/// The running fiber's indices.
+const Index& index();
+/// The running block's dynamic shared memory (the launch's smem bytes).
+void* dynamic_shared();
+/// Barriers: every live thread of the block, of the running thread's warp.
+void sync_block();
+void sync_warp();
+/// The 32 exchange slots (8 bytes a lane) of the running lane's next shuffle (cuda_emu's shuffle).
+uint64_t* warp_slots();
+int lane();
+/// The products a warp's mma_sync calls computed, by call number: every lane of a warp makes the
+/// same calls on the same tiles (WMMA is warp-wide), so the first lane to make call n computes it
+/// and the others, finding the same operands, copy the result — 1/32 of the work.
+struct MmaMemo {
+  std::vector<std::vector<float>> operands, results;
+};
+MmaMemo& warp_mma_memo();
+/// The running lane's next mma_sync call number (from 0 at the block's start).
+size_t next_mma_call();
+/// Reports a misuse of the device API with the caller's message and stops the process.
+[[noreturn]] void fault(const char* what);
+
+/// Runs body in every thread of every block of the grid, or, where the launch's configuration is
+/// invalid, nothing (cudaGetLastError then reports it). kernel: its address, or null if unknown.
+void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                const std::function<void()>& body);
+
+// `k<D><<<grid, block, smem, stream>>>(args)` becomes Launch(k<D>, grid, block, smem, stream)(args):
+// the arguments are copied at the launch, as CUDA does, converted to the kernel's parameters.
+template <typename... P>
+struct Launcher {
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+  template <typename... A>
+  void operator()(A&&... args) const {
+    static_assert(sizeof...(A) == sizeof...(P), "a kernel launch with the wrong argument count");
+    std::tuple<std::decay_t<P>...> copies(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
+    auto* k = kernel;
+    run_kernel(reinterpret_cast<const void*>(k), grid, block, smem,
+               [&copies, k] { std::apply(k, copies); });
+  }
+};
+template <typename... P>
+Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
+                      cudaStream_t = nullptr) {
+  return Launcher<P...>{kernel, grid, block, smem};
+}
+
+// `k<<<grid, block, smem, stream>>>(args)` becomes Launch(grid, block, smem, stream)(call)(args),
+// call = [](auto... a) { k(a...); }: k's template arguments are deduced from the arguments, as
+// nvcc does. Its address is unknown here, so above 48 KiB of dynamic shared memory such a launch
+// fails (name the kernel's template arguments to opt in).
+template <typename Call>
+struct CallLauncher {
+  Call call;
+  dim3 grid, block;
+  size_t smem;
+  template <typename... A>
+  void operator()(A&&... args) const {
+    std::tuple<std::decay_t<A>...> copies(std::forward<A>(args)...);
+    const Call& c = call;
+    run_kernel(nullptr, grid, block, smem, [&copies, &c] { std::apply(c, copies); });
+  }
+};
+struct Configuration {
+  dim3 grid, block;
+  size_t smem;
+  template <typename Call>
+  CallLauncher<Call> operator()(Call call) const {
+    return CallLauncher<Call>{call, grid, block, smem};
+  }
+};
+inline Configuration Launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
+  return Configuration{grid, block, smem};
+}
+
+// A shuffle: each lane writes its value, one warp barrier, each reads its source's. Two sets of
+// slots, alternating: a lane writes a set again only two shuffles later, past a barrier every
+// lane reaches only after it has read that set.
+template <typename T>
+T shuffle(T v, int src) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
+  uint64_t* slots = warp_slots();
+  std::memcpy(&slots[lane()], &v, sizeof(T));
+  sync_warp();
+  T r;
+  std::memcpy(&r, &slots[src], sizeof(T));
+  return r;
+}
+
+}  // namespace trellis_emu
+
+// nvcc's cuda_runtime.h takes a kernel itself (a template over its type); the C function a pointer.
+template <typename... P>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// ---- built-in variables and functions of device code ----
+#define threadIdx (::trellis_emu::index().thread)
+#define blockIdx (::trellis_emu::index().block)
+#define blockDim (::trellis_emu::index().block_dim)
+#define gridDim (::trellis_emu::index().grid_dim)
+#define warpSize 32
+
+inline void __syncthreads() { trellis_emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { trellis_emu::sync_warp(); }
+
+// Every lane of the warp takes part (the backend's kernels always pass the full mask).
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const int l = trellis_emu::lane();
+  return trellis_emu::shuffle(v, (l & ~(width - 1)) | ((l ^ lane_mask) & (width - 1)));
+}
+template <typename T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int l = trellis_emu::lane();
+  return trellis_emu::shuffle(v, (l / width) * width + src % width);
+}
+
+// One fiber runs at a time: an atomic is a plain read-modify-write.
+template <typename T>
+T atomicAdd(T* address, T v) {
+  const T old = *address;
+  *address = old + v;
+  return old;
+}
+
+// CUDA's integer min and max of device code (overloads for each integer type).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// ---- WMMA (mma.h): a fragment is the whole tile, in every lane ----
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K>
+struct Shape;
+template <int M, int N, int K>
+struct Shape<matrix_a, M, N, K> {
+  static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K>
+struct Shape<matrix_b, M, N, K> {
+  static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K>
+struct Shape<accumulator, M, N, K> {
+  static constexpr int rows = M, cols = N;
+};
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int rows = Shape<Use, M, N, K>::rows, cols = Shape<Use, M, N, K>::cols;
+  static constexpr int num_elements = rows * cols;
+  // Row-major (row, col) of the tile, as fp32 values (a bf16 tile's are exact in fp32): loads
+  // widen once, mma_sync multiplies floats. (Kernels reach elements only through the API.)
+  float x[rows * cols];
+};
+
+namespace detail {
+template <typename T>
+void check(const void* p, unsigned ldm) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    trellis_emu::fault("wmma load/store: the pointer is not 256-bit aligned");
+  if ((ldm * sizeof(T)) % 16 != 0)
+    trellis_emu::fault("wmma load/store: ldm is not a multiple of 16 bytes");
+}
+inline float value(float v) { return v; }
+inline float value(__nv_bfloat16 v) { return __bfloat162float(v); }
+}  // namespace detail
+
+template <typename Use, int M, int N, int K, typename T, typename L, typename V>
+void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
+  for (auto& e : f.x) e = detail::value(T(v));
+}
+
+// Loads read memory in each lane: what one lane wrote another reads only after a __syncwarp.
+template <typename Use, int M, int N, int K, typename T, typename L>
+void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+  using F = fragment<Use, M, N, K, T, L>;
+  detail::check<T>(p, ldm);
+  constexpr bool col = std::is_same_v<L, col_major>;
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = detail::value(col ? p[c * ldm + r] : p[r * ldm + c]);
+}
+template <int M, int N, int K, typename T>
+void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm,
+                      layout_t layout) {
+  detail::check<T>(p, ldm);
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      f.x[r * N + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
+}
+// Lane 0 stores (every lane holds the same tile): the other lanes see it after a __syncwarp.
+template <int M, int N, int K, typename T>
+void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
+                       layout_t layout) {
+  detail::check<T>(p, ldm);
+  if (trellis_emu::lane() != 0) return;
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * N + c];
+}
+template <int M, int N, int K, typename TA, typename LA, typename TB, typename LB, typename TC>
+void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+              const fragment<matrix_b, M, N, K, TB, LB>& b,
+              const fragment<accumulator, M, N, K, TC>& c) {
+  fragment<accumulator, M, N, K, TC> out;
+  trellis_emu::MmaMemo& memo = trellis_emu::warp_mma_memo();
+  const size_t call = trellis_emu::next_mma_call();
+  std::vector<float> operands;
+  operands.reserve(std::size(a.x) + std::size(b.x) + std::size(c.x));
+  operands.insert(operands.end(), std::begin(a.x), std::end(a.x));
+  operands.insert(operands.end(), std::begin(b.x), std::end(b.x));
+  operands.insert(operands.end(), std::begin(c.x), std::end(c.x));
+  if (call < memo.operands.size() && memo.operands[call] == operands) {
+    std::copy(memo.results[call].begin(), memo.results[call].end(), d.x);
+    return;
+  }
+  for (int i = 0; i < M; ++i) {
+    float row[N];
+    for (int j = 0; j < N; ++j) row[j] = c.x[i * N + j];
+    for (int p = 0; p < K; ++p) {
+      const float av = a.x[i * K + p];
+      for (int j = 0; j < N; ++j) row[j] += av * b.x[p * N + j];
+    }
+    for (int j = 0; j < N; ++j) out.x[i * N + j] = row[j];
+  }
+  if (memo.operands.size() <= call) {
+    memo.operands.resize(call + 1);
+    memo.results.resize(call + 1);
+  }
+  memo.operands[call] = std::move(operands);
+  memo.results[call].assign(std::begin(out.x), std::end(out.x));
+  d = out;
+}
+}  // namespace nvcuda::wmma

@@ -1,0 +1,324 @@
+// The emulated GPU's device side (cuda_emu.hpp): a kernel's threads as fibers, their barriers,
+// and the checks of a launch's configuration.
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda_emu.hpp"
+#include "emu_internal.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+// Fiber switches are not announced to AddressSanitizer (__sanitizer_start_switch_fiber): that
+// took a third of the emulator's time, and it only matters for code that unwinds a stack without
+// returning (exceptions, longjmp), which kernels never do. Its one other effect, stale poison
+// where a new fiber reuses a stack, is cleared when the fiber is made (run_block).
+#include <sanitizer/asan_interface.h>
+#define TRELLIS_EMU_ASAN 1
+#endif
+
+// Switching fibers. On x86-64 a switch of our own: the callee-saved registers pushed on the old
+// stack, the stack pointer swapped, popped from the new one — no system call, where glibc's
+// swapcontext makes two (the signal mask) and AddressSanitizer's wrapper of it clears the whole
+// stack's shadow each time (together 80 % of a training test's time). Elsewhere: ucontext.
+#if defined(__x86_64__)
+asm(R"(
+  .text
+  .globl trellis_emu_switch
+  .type trellis_emu_switch, @function
+trellis_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size trellis_emu_switch, .-trellis_emu_switch
+)");
+extern "C" void trellis_emu_switch(void** save_sp, void* sp);
+#endif
+
+namespace trellis_emu {
+
+namespace {
+
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc;
+#endif
+};
+
+// Saves the running context in `from` and runs `to`.
+void switch_context(Context& from, Context& to) {
+#if defined(__x86_64__)
+  trellis_emu_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+}
+
+// A context that, switched to, calls start() on the given stack (start never returns).
+void prepare(Context& c, char* stack, size_t bytes, void (*start)()) {
+#if defined(__x86_64__)
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                              // start's return address (it never returns)
+  *--sp = reinterpret_cast<void*>(start);       // what trellis_emu_switch's ret jumps to
+  for (int r = 0; r < 6; ++r) *--sp = nullptr;  // rbp, rbx, r12–r15
+  c.sp = sp;
+#else
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, start, 0);
+#endif
+}
+
+constexpr size_t kStackBytes = 256 << 10;  // per fiber: WMMA fragments are whole tiles here
+constexpr int kMaxThreads = 1024;
+constexpr size_t kUnpoisonBytes = 16 << 10;  // the top of a reused stack: see run_block
+
+enum class State { runnable, at_block_barrier, at_warp_barrier, done };
+
+struct Fiber {
+  Context context;
+  State state = State::done;
+  Index index;
+  int linear = 0;  // the thread's index in its block (x fastest), fixed at the block's start
+  size_t mma_calls = 0;
+  int shuffles = 0;  // the lane's shuffles so far: its next one's set of slots
+};
+
+struct Warp {
+  int alive = 0, arrived = 0;
+  uint64_t slots[2][32];
+  MmaMemo mma;
+};
+
+struct Machine {
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  char* stacks = nullptr;  // kMaxThreads stacks, mapped once (pages are touched as used)
+  Context scheduler;
+  Fiber* current = nullptr;
+  int alive = 0, arrived = 0;  // the block's live threads, and those at __syncthreads
+  void* shared = nullptr;
+  const std::function<void()>* body = nullptr;
+};
+
+Machine the_machine;  // one emulated device, driven from one host thread at a time
+inline Machine& machine() { return the_machine; }
+
+Fiber& current() {
+  Machine& m = machine();
+  if (!m.current) fault("device code called outside a kernel");
+  return *m.current;
+}
+
+int linear(const Fiber& f) { return f.linear; }
+
+char* stack_of(int i) { return machine().stacks + size_t(i) * kStackBytes; }
+
+// The fiber f gives the processor back to the scheduler; returns when it is resumed.
+// The fiber f stops (at a barrier, or finished): the next runnable lane of its warp runs,
+// switched to directly (a warp's lanes take turns at each shuffle: no detour through the
+// scheduler), else the scheduler. Returns when f is resumed.
+void yield(Fiber& f) {
+  Machine& m = machine();
+  const int first = f.linear - f.linear % 32, n = int(m.fibers.size());
+  for (int k = 1; k < 32; ++k) {
+    const int i = first + (f.linear - first - k + 32) % 32;  // descending, wrapping in the warp
+    if (i >= n || m.fibers[i].state != State::runnable) continue;
+    m.current = &m.fibers[i];
+    switch_context(f.context, m.fibers[i].context);
+    return;
+  }
+  switch_context(f.context, m.scheduler);
+}
+
+void resume(Fiber& f, int i) {
+  Machine& m = machine();
+  m.current = &f;
+  (void)i;
+  switch_context(m.scheduler, f.context);
+  m.current = nullptr;
+}
+
+Warp& warp_of(const Fiber& f) { return machine().warps[linear(f) / 32]; }
+
+// Lets every fiber waiting at the block's (or w's) barrier go on, once all live ones are there.
+void release_block_if_complete() {
+  Machine& m = machine();
+  if (m.arrived == 0 || m.arrived < m.alive) return;
+  m.arrived = 0;
+  for (Fiber& f : m.fibers)
+    if (f.state == State::at_block_barrier) f.state = State::runnable;
+}
+void release_warp_if_complete(int w) {
+  Machine& m = machine();
+  Warp& warp = m.warps[w];
+  if (warp.arrived == 0 || warp.arrived < warp.alive) return;
+  warp.arrived = 0;
+  const int end = std::min<int>(int(m.fibers.size()), (w + 1) * 32);
+  for (int i = w * 32; i < end; ++i)
+    if (m.fibers[i].state == State::at_warp_barrier) m.fibers[i].state = State::runnable;
+}
+
+void entry() {
+  Machine& m = machine();
+  Fiber& f = *m.current;
+  (*m.body)();
+  f.state = State::done;
+  --m.alive;
+  const int w = linear(f) / 32;
+  --m.warps[w].alive;
+  release_warp_if_complete(w);
+  release_block_if_complete();
+  yield(f);
+  fault("a finished fiber was resumed");
+}
+
+std::string describe(const Machine& m) {
+  std::string s;
+  for (size_t i = 0; i < m.fibers.size(); ++i) {
+    const State st = m.fibers[i].state;
+    if (st == State::done) continue;
+    s += " thread " + std::to_string(i) +
+         (st == State::at_block_barrier ? " at __syncthreads;" : " at a warp barrier;");
+    if (s.size() > 400) return s + " ...";
+  }
+  return s;
+}
+
+void run_block(const Index& block, const std::function<void()>& body) {
+  Machine& m = machine();
+  const int n = int(block.block_dim.x * block.block_dim.y * block.block_dim.z);
+  m.fibers.assign(n, Fiber{});
+  m.warps.assign((n + 31) / 32, Warp{});
+  m.body = &body;
+  m.alive = n;
+  m.arrived = 0;
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = m.fibers[i];
+    f.index = block;
+    f.linear = i;
+    f.index.thread =
+        uint3{unsigned(i % block.block_dim.x), unsigned(i / block.block_dim.x % block.block_dim.y),
+              unsigned(i / (block.block_dim.x * block.block_dim.y))};
+    f.state = State::runnable;
+    ++m.warps[i / 32].alive;
+#ifdef TRELLIS_EMU_ASAN
+    // The previous fiber on this stack died inside yield(): its frames' poison would be stale.
+    ASAN_UNPOISON_MEMORY_REGION(stack_of(i) + kStackBytes - kUnpoisonBytes, kUnpoisonBytes);
+#endif
+    prepare(f.context, stack_of(i), kStackBytes, entry);
+  }
+  while (m.alive > 0) {
+    bool ran = false;
+    for (int i = n - 1; i >= 0; --i)  // descending: see cuda_emu.hpp
+      if (m.fibers[i].state == State::runnable) {
+        resume(m.fibers[i], i);
+        ran = true;
+      }
+    if (!ran && m.alive > 0) {
+      const std::string where = describe(m);
+      std::fprintf(stderr, "emulated GPU: block (%u,%u,%u) cannot go on:%s\n", block.block.x,
+                   block.block.y, block.block.z, where.c_str());
+      fault("deadlock: a barrier that not every live thread of the block (or warp) reaches");
+    }
+  }
+}
+
+}  // namespace
+
+const Index& index() { return current().index; }
+void* dynamic_shared() {
+  current();
+  return machine().shared;
+}
+int lane() { return linear(current()) % 32; }
+uint64_t* warp_slots() {
+  Fiber& f = current();
+  return warp_of(f).slots[f.shuffles++ & 1];
+}
+MmaMemo& warp_mma_memo() { return warp_of(current()).mma; }
+size_t next_mma_call() { return current().mma_calls++; }
+
+void sync_block() {
+  Machine& m = machine();
+  Fiber& f = current();
+  f.state = State::at_block_barrier;
+  ++m.arrived;
+  release_block_if_complete();
+  if (f.state != State::runnable) yield(f);
+}
+
+void sync_warp() {
+  Fiber& f = current();
+  const int w = linear(f) / 32;
+  f.state = State::at_warp_barrier;
+  ++machine().warps[w].arrived;
+  release_warp_if_complete(w);
+  if (f.state != State::runnable) yield(f);
+}
+
+void fault(const char* what) {
+  std::fprintf(stderr, "emulated GPU: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                const std::function<void()>& body) {
+  Machine& m = machine();
+  if (m.current) fault("a kernel launched from device code");
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreads || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return set_error(cudaErrorInvalidConfiguration);
+  if (smem > kSharedOptin || (smem > kSharedDefault && smem > max_dynamic_shared(kernel)))
+    return set_error(cudaErrorInvalidValue);
+  if (!m.stacks) {
+    void* p = mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fault("no memory for the fibers' stacks");
+    m.stacks = static_cast<char*>(p);
+  }
+  Index idx{};
+  idx.block_dim = block;
+  idx.grid_dim = grid;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        // Fresh shared memory of exactly the launch's size (AddressSanitizer sees past its end),
+        // holding NaN bits, as a GPU's holds whatever was there.
+        void* shared = nullptr;
+        if (smem > 0) {
+          if (posix_memalign(&shared, 128, smem) != 0) fault("no memory for shared memory");
+          std::memset(shared, 0xff, smem);
+        }
+        m.shared = shared;
+        idx.block = uint3{x, y, z};
+        run_block(idx, body);
+        std::free(shared);
+        m.shared = nullptr;
+      }
+  count_launch();
+}
+
+}  // namespace trellis_emu

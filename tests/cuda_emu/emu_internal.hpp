@@ -1,0 +1,22 @@
+// What the emulated runtime's parts (emu_device.cpp, emu_runtime.cpp, emu_cublaslt.cpp) share.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace trellis_emu {
+
+constexpr size_t kSharedDefault = 48 << 10;  // dynamic shared memory without opting in
+constexpr size_t kSharedOptin = 232448;      // an H100/H200's most per block (227 KiB)
+
+/// The error cudaGetLastError reports next (a launch's configuration).
+void set_error(cudaError_t e);
+/// What cudaFuncSetAttribute allowed the kernel (0 if nothing).
+size_t max_dynamic_shared(const void* kernel);
+/// Kernels launched so far (cuBLASLt's products count too).
+void count_launch();
+/// Whether [p, p + bytes) lies inside one live device allocation.
+bool is_device_range(const void* p, size_t bytes);
+
+}  // namespace trellis_emu

@@ -1,0 +1,272 @@
+// The emulated GPU's runtime (cuda_emu.hpp): the CUDA runtime functions the backend calls, with
+// the toolkit's own declarations. One device of host memory; every stream is one in-order queue
+// that runs each call as it is made, so any ordering a stream, an event or a wait asks for holds.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "emu_internal.hpp"
+
+struct CUstream_st {
+  int id;
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point when{};
+  bool recorded = false;
+};
+struct CUmemPoolHandle_st {
+  int id;
+};
+
+namespace trellis_emu {
+
+namespace {
+
+struct State {
+  std::mutex mutex;  // host threads (the comm's progress thread) may allocate too
+  std::map<uintptr_t, size_t> allocations;  // device allocations: start → bytes
+  std::map<const void*, size_t> dynamic_shared;
+  cudaError_t last_error = cudaSuccess;
+  int device = 0;
+  uint64_t launches = 0;
+  CUmemPoolHandle_st pool{0};
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+cudaError_t allocate(void** p, size_t bytes) {
+  if (!p) return cudaErrorInvalidValue;
+  // 256-byte aligned as cudaMalloc's; NaN bits, as memory nobody has written holds garbage.
+  void* q = nullptr;
+  if (posix_memalign(&q, 256, bytes == 0 ? 1 : bytes) != 0) return cudaErrorMemoryAllocation;
+  std::memset(q, 0xff, bytes);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().allocations[reinterpret_cast<uintptr_t>(q)] = bytes;
+  *p = q;
+  return cudaSuccess;
+}
+
+cudaError_t release(void* p) {
+  if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto it = state().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == state().allocations.end()) return cudaErrorInvalidDevicePointer;
+  state().allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+void set_error(cudaError_t e) { state().last_error = e; }
+
+size_t max_dynamic_shared(const void* kernel) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto it = state().dynamic_shared.find(kernel);
+  return it == state().dynamic_shared.end() ? 0 : it->second;
+}
+
+void count_launch() { ++state().launches; }
+
+bool is_device_range(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = state().allocations.upper_bound(a);
+  if (it == state().allocations.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+}  // namespace trellis_emu
+
+using trellis_emu::state;
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  state().device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = state().device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = int(trellis_emu::kSharedOptin);
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = int(trellis_emu::kSharedDefault);
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  *total = size_t(141) << 30;
+  size_t used = 0;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    for (const auto& [start, bytes] : state().allocations) used += bytes;
+  }
+  *free = *total > used ? *total - used : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = state().last_error;
+  state().last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return state().last_error; }
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error (emulated GPU)";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulated GPU)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulated GPU)";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument (emulated GPU)";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer (emulated GPU)";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal (emulated GPU)";
+    case cudaErrorNotReady:
+      return "device not ready (emulated GPU)";
+    default:
+      return "error (emulated GPU)";
+  }
+}
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return trellis_emu::allocate(devPtr, size); }
+cudaError_t cudaFree(void* devPtr) { return trellis_emu::release(devPtr); }
+cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t) {
+  return trellis_emu::allocate(devPtr, size);
+}
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t) { return trellis_emu::release(devPtr); }
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *memPool = &state().pool;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, enum cudaMemPoolAttr, void*) {
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+  *attributes = cudaPointerAttributes{};
+  const bool device = trellis_emu::is_device_range(ptr, 1);
+  attributes->type = device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  attributes->device = device ? 0 : -2;
+  attributes->devicePointer = device ? const_cast<void*>(ptr) : nullptr;
+  attributes->hostPointer = device ? nullptr : const_cast<void*>(ptr);
+  return cudaSuccess;
+}
+
+// Copies check that the device side lies inside a live allocation (what a GPU would fault on).
+static cudaError_t copy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (count == 0) return cudaSuccess;
+  if ((dst_dev && !trellis_emu::is_device_range(dst, count)) ||
+      (src_dev && !trellis_emu::is_device_range(src, count)))
+    return cudaErrorInvalidValue;
+  std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  return copy(dst, src, count, kind);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return copy(dst, src, count, kind);
+}
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  if (count && !trellis_emu::is_device_range(devPtr, count)) return cudaErrorInvalidValue;
+  std::memset(devPtr, value, count);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t) {
+  return cudaMemset(devPtr, value, count);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
+  *pStream = new CUstream_st{1};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int) {
+  return cudaStreamCreate(pStream);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  return cudaEventCreate(event);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->when = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start->recorded || !end->recorded) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || size_t(value) > trellis_emu::kSharedOptin) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().dynamic_shared[func] = size_t(value);
+  return cudaSuccess;
+}
+
+}  // extern "C"
