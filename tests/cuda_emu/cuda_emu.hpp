@@ -10,8 +10,8 @@
 // API; only the functions behind them are ours.
 //
 // The device: every CUDA thread of a block is a fiber (ucontext) with its own stack, run one at a
-// time on the calling thread, in descending thread order (the order a race would most likely
-// expose: a warp or lane that reads what another has not written yet reads garbage); blocks run
+// time on the calling thread, in descending thread order (a thread that reads, without the
+// barrier it needs, what a lower-numbered thread or lane writes, reads garbage); blocks run
 // one after the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a
 // barrier that can never be reached by every live thread is reported as a deadlock. Shared and
 // device memory are fresh allocations filled with NaN bits (0xff), checked by AddressSanitizer

@@ -1,0 +1,178 @@
+// The emulated GPU's own tests (in emu_tests): that barriers, shuffles, shared memory and WMMA do
+// what CUDA's do, that launches are checked as a GPU checks them, and that a missing barrier
+// shows (the point of running threads in descending order on NaN-filled memory).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuda_emu.hpp"
+#include "emu_internal.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace nvcuda;
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+// out[block] = Σ of the block's values: a shared array, a tree with __syncthreads between levels.
+__global__ void block_sums(float* out, const float* in) {
+  __shared__ float s[256];
+  const int t = threadIdx.x + blockDim.x * threadIdx.y;
+  const int n = blockDim.x * blockDim.y;
+  const int block = blockIdx.x + gridDim.x * blockIdx.y;
+  s[t] = in[block * n + t];
+  __syncthreads();
+  for (int half = n / 2; half > 0; half /= 2) {
+    if (t < half) s[t] += s[t + half];
+    __syncthreads();
+  }
+  if (t == 0) out[block] = s[0];
+}
+
+TEST(EmulatedGpu, BarriersOrderSharedMemoryAcrossWarps) {
+  const int per_block = 256, blocks = 6;  // blocks (3,2) of (32,8) threads
+  std::vector<float> in(size_t(per_block) * blocks);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 97);
+  float* d_in = device_copy(in);
+  float* d_out = device_copy(std::vector<float>(blocks, NAN));
+  trellis_emu::Launch(block_sums, dim3(3, 2), dim3(32, 8))(d_out, d_in);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> out(blocks);
+  cudaMemcpy(out.data(), d_out, sizeof(float) * blocks, cudaMemcpyDeviceToHost);
+  for (int b = 0; b < blocks; ++b) {
+    double want = 0;
+    for (int i = 0; i < per_block; ++i) want += in[size_t(b) * per_block + i];
+    EXPECT_EQ(out[b], float(want)) << "block " << b;
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+// A thread reads what its neighbour wrote to shared memory, with or without a barrier between.
+__global__ void neighbour(float* out, bool barrier) {
+  float* s = static_cast<float*>(trellis_emu::dynamic_shared());
+  const int t = threadIdx.x;
+  s[t] = float(t);
+  if (barrier) __syncthreads();
+  out[t] = s[(t + blockDim.x - 1) % blockDim.x];
+}
+
+TEST(EmulatedGpu, AMissingBarrierReadsMemoryNobodyWroteYet) {
+  float* d_out = device_copy(std::vector<float>(64, 0.0f));
+  std::vector<float> out(64);
+  trellis_emu::Launch(neighbour, 1, 64, 64 * sizeof(float))(d_out, true);
+  cudaMemcpy(out.data(), d_out, sizeof(out[0]) * 64, cudaMemcpyDeviceToHost);
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(out[t], float((t + 63) % 64));
+  trellis_emu::Launch(neighbour, 1, 64, 64 * sizeof(float))(d_out, false);
+  cudaMemcpy(out.data(), d_out, sizeof(out[0]) * 64, cudaMemcpyDeviceToHost);
+  // Threads run last to first: each but thread 0 (whose neighbour, 63, ran first) read before
+  // its lower neighbour wrote.
+  int garbage = 0;
+  for (int t = 0; t < 64; ++t) garbage += std::isnan(out[t]);
+  EXPECT_EQ(garbage, 63);
+  cudaFree(d_out);
+}
+
+// Butterfly sums and broadcasts across a warp (two warps: each its own).
+__global__ void warp_ops(float* sums, float* firsts, const float* in) {
+  const int t = threadIdx.x;
+  float v = in[t];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  sums[t] = v;
+  firsts[t] = __shfl_sync(0xffffffffu, in[t], 3);
+}
+
+TEST(EmulatedGpu, ShufflesExchangeWithinAWarp) {
+  std::vector<float> in(64);
+  for (int i = 0; i < 64; ++i) in[i] = float(i * i % 13);
+  float* d_in = device_copy(in);
+  float *d_sums = device_copy(std::vector<float>(64)),
+        *d_firsts = device_copy(std::vector<float>(64));
+  trellis_emu::Launch(warp_ops, 1, 64)(d_sums, d_firsts, d_in);
+  std::vector<float> sums(64), firsts(64);
+  cudaMemcpy(sums.data(), d_sums, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+  cudaMemcpy(firsts.data(), d_firsts, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+  for (int w = 0; w < 2; ++w) {
+    float want = 0;
+    for (int l = 0; l < 32; ++l) want += in[w * 32 + l];
+    for (int l = 0; l < 32; ++l) {
+      EXPECT_EQ(sums[w * 32 + l], want);
+      EXPECT_EQ(firsts[w * 32 + l], in[w * 32 + 3]);
+    }
+  }
+}
+
+// C (16,16) = A (16,16) · B, B stored column-major (as Bᵀ rows), through WMMA.
+__global__ void wmma_product(float* c, const bf16* a, const bf16* b) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  wmma::fill_fragment(fc, 1.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+
+TEST(EmulatedGpu, WmmaMultipliesTiles) {
+  std::vector<bf16> a(256), bt(256);
+  for (int i = 0; i < 256; ++i) {
+    a[i] = __float2bfloat16_rn(float(i % 7) - 3.0f);
+    bt[i] = __float2bfloat16_rn(float(i % 5) * 0.5f);
+  }
+  bf16 *d_a = device_copy(a), *d_b = device_copy(bt);
+  float* d_c = device_copy(std::vector<float>(256, NAN));
+  trellis_emu::Launch(wmma_product, 1, 32)(d_c, d_a, d_b);
+  std::vector<float> c(256);
+  cudaMemcpy(c.data(), d_c, sizeof(float) * 256, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float want = 1.0f;  // col-major B: B(k, j) at bt[j * 16 + k]
+      for (int k = 0; k < 16; ++k)
+        want += __bfloat162float(a[i * 16 + k]) * __bfloat162float(bt[j * 16 + k]);
+      EXPECT_EQ(c[i * 16 + j], want) << i << "," << j;
+    }
+}
+
+__global__ void nothing(int) {}
+
+TEST(EmulatedGpu, LaunchesAreCheckedAsOnAGpu) {
+  trellis_emu::Launch(nothing, 1, 1025)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration) << "1025 threads a block";
+  trellis_emu::Launch(nothing, dim3(1, 65536), 32)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration) << "grid.y 65536";
+  trellis_emu::Launch(nothing, 1, 32, 64 << 10)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "64 KiB without opting in";
+  ASSERT_EQ(cudaFuncSetAttribute(nothing, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+            cudaSuccess);
+  trellis_emu::Launch(nothing, 1, 32, 64 << 10)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "64 KiB after cudaFuncSetAttribute";
+  trellis_emu::Launch(nothing, 1, 32, trellis_emu::kSharedOptin + 1)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "above the device's most";
+  EXPECT_EQ(cudaFuncSetAttribute(nothing, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(trellis_emu::kSharedOptin) + 1),
+            cudaErrorInvalidValue);
+}
+
+TEST(EmulatedGpu, CopiesStayInsideDeviceAllocations) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 100), cudaSuccess);
+  std::vector<char> host(200);
+  EXPECT_EQ(cudaMemcpy(host.data(), p, 100, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host[0], char(0xff)) << "fresh device memory holds NaN bits";
+  EXPECT_EQ(cudaMemcpy(host.data(), p, 101, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), 101, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaErrorInvalidDevicePointer) << "freed twice";
+}
+
+}  // namespace
