@@ -162,7 +162,7 @@ ifneq ($(HAVE_CUDA),)
 EMU_DIR      := tests/cuda_emu
 EMU_CU_SRC   := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
 EMU_CU_OBJ   := $(EMU_CU_SRC:%.cu=$(BUILD)/emu/%.o)
-EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
+EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_selftest.cpp,$(wildcard $(EMU_DIR)/*.cpp)))
 EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp)) $(TEST_MAIN_OBJ)
 EMU_FLAGS    := -std=c++20 -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -Wall -Wextra -Wno-unknown-pragmas -Ilib -I$(EMU_DIR) \
@@ -175,11 +175,15 @@ $(BUILD)/emu/lib/%.o: $(BUILD)/emu/lib/%.cpp $(EMU_DIR)/cuda_emu.hpp Makefile
 $(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
+$(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.o $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ \
 	  $(filter-out -lcublasLt -lcudart,$(LDLIBS)) -lgtest
+# The application on the emulated GPU: system.backend = cuda runs there (tests/cli/test_emulated_gpu.sh).
+$(BUILD)/trellis-emu: $(APP_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
+	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ \
+	  $(filter-out -lcublasLt -lcudart,$(LDLIBS))
 .PRECIOUS: $(BUILD)/emu/%.cpp
-tests: $(BUILD)/emu_tests
+tests: $(BUILD)/emu_tests $(BUILD)/trellis-emu
 -include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d)
 endif
 

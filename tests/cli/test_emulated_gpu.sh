@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The application with system.backend = cuda on the emulated GPU (build/trellis-emu: the CUDA
+# sources on the CPU, tests/cuda_emu), at 1, 2 and 4 ranks sharing the one emulated device
+# (TRELLIS_SHARE_GPUS=1; device buffers cross ranks by the staged link, as on a GPU without NCCL):
+# the layouts gpu-check.sh runs on a real GPU, each step's loss against the one-rank emulated run
+# (relative 1e-4 in fp32; 2e-3 in bf16, with the tensor-core attention: head size 32), and the
+# one-rank emulated run against the CPU's (1e-3; bf16 5e-3). Built where nvcc exists; elsewhere
+# this test says it skipped. Usage: test_emulated_gpu.sh BUILD_DIR. Ends with
+# "emulated_gpu: N passed, M failed".
+set -u
+build=${1:-build}
+source "$(dirname "$0")/lib/common.sh"
+if [ ! -x "$build/trellis-emu" ]; then
+  echo "SKIP: $build/trellis-emu not built (no nvcc, so no CUDA sources)"
+  echo "emulated_gpu: 0 passed, 0 failed"
+  exit 0
+fi
+work=$(mktemp -d /tmp/trellis-emugpu-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+cat > "$work/tiny.deck" <<'DECK'
+[model]
+layers = 2
+d_model = 128
+heads = 4
+kv_heads = 2
+d_ff = 96
+seq_len = 16
+vocab = 37
+[train]
+steps = 4
+global_batch = 8
+micro_batch = 2
+lr = 1e-2
+warmup_steps = 1
+decay = constant
+[parallel]
+bucket_mb = 0.002
+[checkpoint]
+resume = never
+[data]
+source = synthetic
+synthetic_tokens = 16384
+[log]
+every = 1
+DECK
+
+# train NAME BINARY NP OVERRIDES...: one run into $work/NAME; its status.
+train() {
+  local name=$1 bin=$2 np=$3; shift 3
+  check_log="$work/$name.log"
+  TRELLIS_SHARE_GPUS=1 TRELLIS_TC_ATTENTION=1 timeout 300 mpirun "${flags[@]}" \
+    -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_SHARE_GPUS -x TRELLIS_TC_ATTENTION -np "$np" \
+    "$bin" train "$work/tiny.deck" --run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1
+}
+# close A B RTOL: every step's loss of run A within RTOL (relative) of run B's, and 4 steps.
+close() {
+  awk -F, -v rtol="$3" 'NR == FNR { if (FNR > 1) ref[$1] = $2; next }
+    FNR > 1 { n++; d = $2 - ref[$1]; if (d < 0) d = -d; r = d / (ref[$1] < 0 ? -ref[$1] : ref[$1]);
+              if (!($1 in ref) || r > rtol || r != r) bad = 1; if (r > worst) worst = r }
+    END { printf "    max relative difference %.2e (bound %s)\n", worst, rtol > "/dev/stderr";
+          exit (bad || n != 4) }' "$work/$2/metrics.csv" "$work/$1/metrics.csv"
+}
+
+for precision in fp32 bf16; do
+  rtol=1e-4 cpu_rtol=1e-3
+  [ "$precision" = bf16 ] && rtol=2e-3 cpu_rtol=5e-3
+  train "cpu-$precision" "$build/trellis" 1 --system.precision="$precision"
+  train "one-$precision" "$build/trellis-emu" 1 --system.backend=cuda --system.precision="$precision"
+  status=$?
+  check "$precision: one rank on the emulated GPU runs" "[ $status -eq 0 ]"
+  check "$precision: one rank on the emulated GPU against the CPU" \
+    "close one-$precision cpu-$precision $cpu_rtol"
+  layouts=("2 dp=2 zero=1" "2 dp=2 zero=3" "2 tp=2 sequence_parallel=true" "2 pp=2 schedule=1f1b"
+           "4 dp=2 tp=2 zero=2")
+  [ "$precision" = bf16 ] && layouts=("2 dp=2 zero=1" "2 tp=2" "2 pp=2 schedule=1f1b")
+  for layout in "${layouts[@]}"; do
+    read -r np settings <<< "$layout"
+    args=() name=$precision
+    for kv in $settings; do args+=("--parallel.$kv"); name+="-${kv//=/}"; done
+    train "$name" "$build/trellis-emu" "$np" --system.backend=cuda --system.precision="$precision" \
+      "${args[@]}"
+    status=$?
+    check "$precision $settings ($np ranks) on the emulated GPU: the one-rank losses" \
+      "[ $status -eq 0 ] && close $name one-$precision $rtol"
+  done
+done
+
+echo "emulated_gpu: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
