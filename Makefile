@@ -160,13 +160,18 @@ gpu-bundle: $(BUILD)/trellis $(BUILD)/unit_tests
 # cuBLASLt into emu_tests, which runs the GPU tests (test_cuda_*.cpp) with every kernel on the CPU.
 ifneq ($(HAVE_CUDA),)
 EMU_DIR      := tests/cuda_emu
-EMU_CU_SRC   := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
-EMU_CU_OBJ   := $(EMU_CU_SRC:%.cu=$(BUILD)/emu/%.o)
-EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_selftest.cpp,$(wildcard $(EMU_DIR)/*.cpp)))
-EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp)) $(TEST_MAIN_OBJ)
+EMU_CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/emu/%.o)
+EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_selftest.cpp \
+                  $(EMU_DIR)/emu_nccl_lib.cpp,$(wildcard $(EMU_DIR)/*.cpp)))
+# The emulated NCCL, a library the emulated NCCL link opens (over MPI between the processes).
+EMU_NCCL     := $(abspath $(BUILD))/emu/libnccl-emu.so
+EMU_EXPORT   := -Wl,--export-dynamic-symbol=trellis_emu_register_nccl  # for the emulated NCCL
+EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp \
+                  tests/comm/test_nccl_link.cpp)) $(TEST_MAIN_OBJ)
 EMU_FLAGS    := -std=c++20 -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -Wall -Wextra -Wno-unknown-pragmas -Ilib -I$(EMU_DIR) \
-                $(CPPFLAGS) -isystem $(CUDA_HOME)/include
+                $(CPPFLAGS) -isystem $(CUDA_HOME)/include -isystem $(NCCL_HOME)/include \
+                -DTRELLIS_EMU_NCCL_LIBRARY='"$(EMU_NCCL)"'
 $(BUILD)/emu/%.cpp: %.cu $(EMU_DIR)/emulate.sed
 	@mkdir -p $(@D)
 	sed -f $(EMU_DIR)/emulate.sed $< > $@
@@ -175,12 +180,17 @@ $(BUILD)/emu/lib/%.o: $(BUILD)/emu/lib/%.cpp $(EMU_DIR)/cuda_emu.hpp Makefile
 $(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) -MMD -MP -c $< -o $@
+$(EMU_NCCL): $(EMU_DIR)/emu_nccl_lib.cpp Makefile
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O2 -g -fPIC -shared -Wall -Wextra $(CPPFLAGS) -isystem $(CUDA_HOME)/include \
+	  -isystem $(NCCL_HOME)/include $< -o $@ -L$(MPI_HOME)/lib -lmpi
+$(BUILD)/emu_tests $(BUILD)/trellis-emu: | $(EMU_NCCL)
 $(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.o $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
-	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ \
+	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \
 	  $(filter-out -lcublasLt -lcudart,$(LDLIBS)) -lgtest
 # The application on the emulated GPU: system.backend = cuda runs there (tests/cli/test_emulated_gpu.sh).
 $(BUILD)/trellis-emu: $(APP_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
-	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ \
+	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \
 	  $(filter-out -lcublasLt -lcudart,$(LDLIBS))
 .PRECIOUS: $(BUILD)/emu/%.cpp
 tests: $(BUILD)/emu_tests $(BUILD)/trellis-emu

@@ -170,6 +170,10 @@ Request Comm::in_flight(Request r, double started) {
   return r;
 }
 
+bool Comm::empty_block(const std::vector<int64_t>& counts) const {
+  return size_t(rank_) < counts.size() && counts[size_t(rank_)] == 0;
+}
+
 bool Comm::on_device(std::initializer_list<const void*> buffers, const char* op) const {
   if (!link_) return false;
   int device = 0, host = 0;
@@ -325,7 +329,7 @@ Request Comm::start_reduce_scatter_any(CPtr in, Ptr out, const std::vector<int64
   check_types(in, out, op);
   double t0 = now_seconds();
   Request r;
-  if (on_device({in.data, out.data}, op)) {
+  if (on_device({in.data, empty_block(counts) ? nullptr : out.data}, op)) {
     check_counts(counts, op);
     begin_op();
     count_payload(static_cast<double>(sum_of(counts)),
@@ -397,7 +401,7 @@ void Comm::start_all_gather(Request& r, CPtr in, Ptr out, const std::vector<int6
 void Comm::all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts) {
   check_types(in, out, "all_gather");
   double t0 = now_seconds();
-  if (on_device({in.data, out.data}, "all_gather")) {
+  if (on_device({empty_block(counts) ? nullptr : in.data, out.data}, "all_gather")) {
     check_counts(counts, "all_gather");
     begin_op();
     count_payload(static_cast<double>(sum_of(counts)), dtype_bytes(out.dtype));
@@ -413,7 +417,7 @@ void Comm::all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts) {
 Request Comm::iall_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts) {
   check_types(in, out, "iall_gather");
   double t0 = now_seconds();
-  if (on_device({in.data, out.data}, "iall_gather")) {
+  if (on_device({empty_block(counts) ? nullptr : in.data, out.data}, "iall_gather")) {
     check_counts(counts, "iall_gather");
     begin_op();
     count_payload(static_cast<double>(sum_of(counts)), dtype_bytes(out.dtype));

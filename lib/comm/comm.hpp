@@ -203,6 +203,10 @@ class Comm {
   /// True when the buffers (null ones skipped) are device memory: all of them; false when all are
   /// host memory; a mix throws. Always false without a link.
   bool on_device(std::initializer_list<const void*> buffers, const char* op) const;
+  /// Whether this rank's block of `counts` is empty: then its buffer (nothing reads or writes it;
+  /// it may point just past an allocation, which a device's pointer query calls host memory)
+  /// does not decide between the device link and MPI.
+  bool empty_block(const std::vector<int64_t>& counts) const;
   /// A device link's operation: blocking (waited for here) or in flight.
   void link_blocking(std::unique_ptr<Completion> c, double started);
   Request link_in_flight(std::unique_ptr<Completion> c, double started);

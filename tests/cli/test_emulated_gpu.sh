@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The application with system.backend = cuda on the emulated GPU (build/trellis-emu: the CUDA
-# sources on the CPU, tests/cuda_emu), at 1, 2 and 4 ranks sharing the one emulated device
-# (TRELLIS_SHARE_GPUS=1; device buffers cross ranks by the staged link, as on a GPU without NCCL):
+# sources on the CPU, tests/cuda_emu), at 1, 2 and 4 ranks, device buffers crossing ranks by the
+# staged link (ranks sharing one emulated device, TRELLIS_SHARE_GPUS=1) or by the NCCL link (the
+# emulated NCCL over MPI, a device per rank, TRELLIS_EMU_DEVICES):
 # the layouts gpu-check.sh runs on a real GPU, each step's loss against the one-rank emulated run
 # (relative 1e-4 in fp32; 2e-3 in bf16, with the tensor-core attention: head size 32), and the
 # one-rank emulated run against the CPU's (1e-3; bf16 5e-3). Built where nvcc exists; elsewhere
@@ -49,8 +50,11 @@ DECK
 train() {
   local name=$1 bin=$2 np=$3; shift 3
   check_log="$work/$name.log"
-  TRELLIS_SHARE_GPUS=1 TRELLIS_TC_ATTENTION=1 timeout 300 mpirun "${flags[@]}" \
-    -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_SHARE_GPUS -x TRELLIS_TC_ATTENTION -np "$np" \
+  local devices=1 share=1
+  [[ " $* " == *" --system.device_comm=nccl "* ]] && devices=$np share=0
+  TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share TRELLIS_TC_ATTENTION=1 timeout 300 \
+    mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
+    -x TRELLIS_SHARE_GPUS -x TRELLIS_TC_ATTENTION -np "$np" \
     "$bin" train "$work/tiny.deck" --run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1
 }
 # close A B RTOL: every step's loss of run A within RTOL (relative) of run B's, and 4 steps.
@@ -71,18 +75,22 @@ for precision in fp32 bf16; do
   check "$precision: one rank on the emulated GPU runs" "[ $status -eq 0 ]"
   check "$precision: one rank on the emulated GPU against the CPU" \
     "close one-$precision cpu-$precision $cpu_rtol"
-  layouts=("2 dp=2 zero=1" "2 dp=2 zero=3" "2 tp=2 sequence_parallel=true" "2 pp=2 schedule=1f1b"
-           "4 dp=2 tp=2 zero=2")
-  [ "$precision" = bf16 ] && layouts=("2 dp=2 zero=1" "2 tp=2" "2 pp=2 schedule=1f1b")
+  # "NP LINK SETTINGS": device buffers through the staged link (ranks sharing the one device) or
+  # through NCCL (the emulated one, over MPI: a device per rank, as NCCL wants).
+  layouts=("2 staged dp=2 zero=3" "2 staged tp=2 sequence_parallel=true" "2 nccl dp=2 zero=1"
+           "2 nccl tp=2 sequence_parallel=true" "2 nccl pp=2 schedule=1f1b"
+           "4 nccl dp=2 tp=2 zero=2")
+  [ "$precision" = bf16 ] &&
+    layouts=("2 staged dp=2 zero=1" "2 nccl tp=2" "2 nccl pp=2 schedule=1f1b")
   for layout in "${layouts[@]}"; do
-    read -r np settings <<< "$layout"
-    args=() name=$precision
+    read -r np link settings <<< "$layout"
+    args=(--system.device_comm="$link") name=$precision-$link
     for kv in $settings; do args+=("--parallel.$kv"); name+="-${kv//=/}"; done
     train "$name" "$build/trellis-emu" "$np" --system.backend=cuda --system.precision="$precision" \
       "${args[@]}"
     status=$?
-    check "$precision $settings ($np ranks) on the emulated GPU: the one-rank losses" \
-      "[ $status -eq 0 ] && close $name one-$precision $rtol"
+    check "$precision $settings ($np ranks, $link link) on the emulated GPU: the one-rank losses" \
+      "[ $status -eq 0 ] && close $name one-$precision $rtol && grep -q 'through the $link link' $work/$name.log"
   done
 done
 

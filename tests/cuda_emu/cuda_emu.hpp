@@ -90,7 +90,7 @@ size_t next_mma_call();
 
 /// Runs body in every thread of every block of the grid, or, where the launch's configuration is
 /// invalid, nothing (cudaGetLastError then reports it). kernel: its address, or null if unknown.
-void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem,
+void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 const std::function<void()>& body);
 
 // `k<D><<<grid, block, smem, stream>>>(args)` becomes Launch(k<D>, grid, block, smem, stream)(args):
@@ -100,19 +100,20 @@ struct Launcher {
   void (*kernel)(P...);
   dim3 grid, block;
   size_t smem;
+  cudaStream_t stream;
   template <typename... A>
   void operator()(A&&... args) const {
     static_assert(sizeof...(A) == sizeof...(P), "a kernel launch with the wrong argument count");
     std::tuple<std::decay_t<P>...> copies(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
     auto* k = kernel;
-    run_kernel(reinterpret_cast<const void*>(k), grid, block, smem,
+    run_kernel(reinterpret_cast<const void*>(k), grid, block, smem, stream,
                [&copies, k] { std::apply(k, copies); });
   }
 };
 template <typename... P>
 Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
-                      cudaStream_t = nullptr) {
-  return Launcher<P...>{kernel, grid, block, smem};
+                      cudaStream_t stream = nullptr) {
+  return Launcher<P...>{kernel, grid, block, smem, stream};
 }
 
 // `k<<<grid, block, smem, stream>>>(args)` becomes Launch(grid, block, smem, stream)(call)(args),
@@ -124,23 +125,25 @@ struct CallLauncher {
   Call call;
   dim3 grid, block;
   size_t smem;
+  cudaStream_t stream;
   template <typename... A>
   void operator()(A&&... args) const {
     std::tuple<std::decay_t<A>...> copies(std::forward<A>(args)...);
     const Call& c = call;
-    run_kernel(nullptr, grid, block, smem, [&copies, &c] { std::apply(c, copies); });
+    run_kernel(nullptr, grid, block, smem, stream, [&copies, &c] { std::apply(c, copies); });
   }
 };
 struct Configuration {
   dim3 grid, block;
   size_t smem;
+  cudaStream_t stream;
   template <typename Call>
   CallLauncher<Call> operator()(Call call) const {
-    return CallLauncher<Call>{call, grid, block, smem};
+    return CallLauncher<Call>{call, grid, block, smem, stream};
   }
 };
-inline Configuration Launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
-  return Configuration{grid, block, smem};
+inline Configuration Launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = nullptr) {
+  return Configuration{grid, block, smem, stream};
 }
 
 // A shuffle: each lane writes its value, one warp barrier, each reads its source's. Two sets of

@@ -246,7 +246,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
                               const void* A, cublasLtMatrixLayout_t Adesc, const void* B,
                               cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C,
                               cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,
-                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t,
+                              cudaStream_t stream) {
   const Desc& d = desc(computeDesc);
   const Layout &a = layout(Adesc), &b = layout(Bdesc), &c = layout(Cdesc), &dl = layout(Ddesc);
   if (!algo) return CUBLAS_STATUS_INVALID_VALUE;
@@ -267,6 +268,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
        (!d.aux || !trellis_emu::is_device_range(
                       d.aux, (size_t((n - 1) * d.aux_ld) + m) * bytes_of(dl.type)))))
     return refuse("a matrix, bias or aux outside device memory");
+  trellis_emu::stream_order(stream);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const bool tf = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type == CUDA_R_32F;
   // op(A) (m,k) and op(B) (k,n) as fp32, row-major copies.

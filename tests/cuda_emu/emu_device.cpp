@@ -283,7 +283,7 @@ void fault(const char* what) {
   std::abort();
 }
 
-void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem,
+void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 const std::function<void()>& body) {
   Machine& m = machine();
   if (m.current) fault("a kernel launched from device code");
@@ -293,6 +293,7 @@ void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem,
     return set_error(cudaErrorInvalidConfiguration);
   if (smem > kSharedOptin || (smem > kSharedDefault && smem > max_dynamic_shared(kernel)))
     return set_error(cudaErrorInvalidValue);
+  stream_order(stream);
   if (!m.stacks) {
     void* p = mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

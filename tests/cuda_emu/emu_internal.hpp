@@ -16,7 +16,11 @@ void set_error(cudaError_t e);
 size_t max_dynamic_shared(const void* kernel);
 /// Kernels launched so far (cuBLASLt's products count too).
 void count_launch();
-/// Whether [p, p + bytes) lies inside one live device allocation.
+/// Completes what must come before the next operation on `stream` (null: on every stream): the
+/// emulated NCCL's point-to-point operations still in flight there.
+void stream_order(cudaStream_t stream);
+/// Whether [p, p + bytes) lies inside one live device allocation (bytes 0: whether p points into
+/// one, or at the start of one of no bytes).
 bool is_device_range(const void* p, size_t bytes);
 
 }  // namespace trellis_emu

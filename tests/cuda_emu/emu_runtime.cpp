@@ -17,6 +17,8 @@ struct CUstream_st {
 struct CUevent_st {
   std::chrono::steady_clock::time_point when{};
   bool recorded = false;
+  cudaStream_t stream = nullptr;  // where it was recorded, and the NCCL operations before it
+  uint64_t nccl_upto = 0;
 };
 struct CUmemPoolHandle_st {
   int id;
@@ -81,21 +83,48 @@ bool is_device_range(const void* p, size_t bytes) {
   auto it = state().allocations.upper_bound(a);
   if (it == state().allocations.begin()) return false;
   --it;
+  // bytes 0: the address alone, which may start an allocation of no bytes.
+  if (bytes == 0) return a == it->first || a < it->first + it->second;
   return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+// The emulated NCCL's point-to-point operations complete in stream order (emu_nccl_lib.cpp):
+// it registers how when it is loaded.
+namespace {
+bool (*nccl_complete)(cudaStream_t, uint64_t, bool) = nullptr;
+uint64_t (*nccl_mark)() = nullptr;
+}  // namespace
+
+void stream_order(cudaStream_t stream) {
+  if (nccl_complete) nccl_complete(stream, 0, true);
 }
 
 }  // namespace trellis_emu
 
+extern "C" void trellis_emu_register_nccl(bool (*complete)(cudaStream_t, uint64_t, bool),
+                                          uint64_t (*mark)()) {
+  trellis_emu::nccl_complete = complete;
+  trellis_emu::nccl_mark = mark;
+}
+
 using trellis_emu::state;
+using trellis_emu::stream_order;
 
 extern "C" {
 
+// TRELLIS_EMU_DEVICES (default 1) devices: each process has its own memory whichever it picks, so
+// that N ranks of a node can each take one (NCCL's one GPU a rank).
+static int device_count() {
+  const char* env = std::getenv("TRELLIS_EMU_DEVICES");
+  const int n = env ? std::atoi(env) : 1;
+  return n > 0 ? n : 1;
+}
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   state().device = device;
   return cudaSuccess;
 }
@@ -104,7 +133,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   switch (attr) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = int(trellis_emu::kSharedOptin);
@@ -132,7 +161,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  stream_order(nullptr);
+  return cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   *total = size_t(141) << 30;
   size_t used = 0;
@@ -172,13 +204,19 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) { return trellis_emu::allocate(devPtr, size); }
-cudaError_t cudaFree(void* devPtr) { return trellis_emu::release(devPtr); }
+cudaError_t cudaFree(void* devPtr) {
+  stream_order(nullptr);
+  return trellis_emu::release(devPtr);
+}
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t) {
   return trellis_emu::allocate(devPtr, size);
 }
-cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t) { return trellis_emu::release(devPtr); }
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
+  stream_order(stream);
+  return trellis_emu::release(devPtr);
+}
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   *memPool = &state().pool;
   return cudaSuccess;
 }
@@ -188,7 +226,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, enum cudaMemPoolAttr, void*) 
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
   *attributes = cudaPointerAttributes{};
-  const bool device = trellis_emu::is_device_range(ptr, 1);
+  const bool device = trellis_emu::is_device_range(ptr, 0);
   attributes->type = device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
   attributes->device = device ? 0 : -2;
   attributes->devicePointer = device ? const_cast<void*>(ptr) : nullptr;
@@ -208,19 +246,26 @@ static cudaError_t copy(void* dst, const void* src, size_t count, enum cudaMemcp
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  stream_order(nullptr);
   return copy(dst, src, count, kind);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
+  stream_order(stream);
   return copy(dst, src, count, kind);
 }
-cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+static cudaError_t fill(void* devPtr, int value, size_t count) {
   if (count && !trellis_emu::is_device_range(devPtr, count)) return cudaErrorInvalidValue;
   std::memset(devPtr, value, count);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t) {
-  return cudaMemset(devPtr, value, count);
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  stream_order(nullptr);
+  return fill(devPtr, value, count);
+}
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+  stream_order(stream);
+  return fill(devPtr, value, count);
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
@@ -234,8 +279,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  stream_order(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+  return cudaEventSynchronize(event);
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;
@@ -248,13 +298,24 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->when = std::chrono::steady_clock::now();
   event->recorded = true;
+  event->stream = stream;
+  event->nccl_upto = trellis_emu::nccl_mark ? trellis_emu::nccl_mark() : 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (trellis_emu::nccl_complete && event->nccl_upto)
+    trellis_emu::nccl_complete(event->stream, event->nccl_upto, true);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (trellis_emu::nccl_complete && event->nccl_upto &&
+      !trellis_emu::nccl_complete(event->stream, event->nccl_upto, false))
+    return cudaErrorNotReady;
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start->recorded || !end->recorded) return cudaErrorInvalidResourceHandle;
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
