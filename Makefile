@@ -184,7 +184,9 @@ $(EMU_NCCL): $(EMU_DIR)/emu_nccl_lib.cpp Makefile
 	@mkdir -p $(@D)
 	$(CXX) -std=c++20 -O2 -g -fPIC -shared -Wall -Wextra $(CPPFLAGS) -isystem $(CUDA_HOME)/include \
 	  -isystem $(NCCL_HOME)/include $< -o $@ -L$(MPI_HOME)/lib -lmpi
+ifneq ($(HAVE_NCCL),)
 $(BUILD)/emu_tests $(BUILD)/trellis-emu: | $(EMU_NCCL)
+endif
 $(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.o $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \
 	  $(filter-out -lcublasLt -lcudart,$(LDLIBS)) -lgtest
