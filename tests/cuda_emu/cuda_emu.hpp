@@ -9,7 +9,7 @@
 // toolkit's own headers give every type and declaration, so the sources compile against the real
 // API; only the functions behind them are ours.
 //
-// The device: every CUDA thread of a block is a fiber (ucontext) with its own stack, run one at a
+// The device: every CUDA thread of a block is a fiber with its own stack, run one at a
 // time on the calling thread, in descending thread order (a thread that reads, without the
 // barrier it needs, what a lower-numbered thread or lane writes, reads garbage); blocks run
 // one after the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a

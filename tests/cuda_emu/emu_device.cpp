@@ -134,7 +134,6 @@ int linear(const Fiber& f) { return f.linear; }
 
 char* stack_of(int i) { return machine().stacks + size_t(i) * kStackBytes; }
 
-// The fiber f gives the processor back to the scheduler; returns when it is resumed.
 // The fiber f stops (at a barrier, or finished): the next runnable lane of its warp runs,
 // switched to directly (a warp's lanes take turns at each shuffle: no detour through the
 // scheduler), else the scheduler. Returns when f is resumed.
@@ -151,10 +150,10 @@ void yield(Fiber& f) {
   switch_context(f.context, m.scheduler);
 }
 
-void resume(Fiber& f, int i) {
+// The scheduler runs f until some fiber of the block switches back to it.
+void resume(Fiber& f) {
   Machine& m = machine();
   m.current = &f;
-  (void)i;
   switch_context(m.scheduler, f.context);
   m.current = nullptr;
 }
@@ -232,7 +231,7 @@ void run_block(const Index& block, const std::function<void()>& body) {
     bool ran = false;
     for (int i = n - 1; i >= 0; --i)  // descending: see cuda_emu.hpp
       if (m.fibers[i].state == State::runnable) {
-        resume(m.fibers[i], i);
+        resume(m.fibers[i]);
         ran = true;
       }
     if (!ran && m.alive > 0) {
@@ -319,7 +318,6 @@ void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
         std::free(shared);
         m.shared = nullptr;
       }
-  count_launch();
 }
 
 }  // namespace trellis_emu

@@ -14,8 +14,6 @@ constexpr size_t kSharedOptin = 232448;      // an H100/H200's most per block (2
 void set_error(cudaError_t e);
 /// What cudaFuncSetAttribute allowed the kernel (0 if nothing).
 size_t max_dynamic_shared(const void* kernel);
-/// Kernels launched so far (cuBLASLt's products count too).
-void count_launch();
 /// Completes what must come before the next operation on `stream` (null: on every stream): the
 /// emulated NCCL's point-to-point operations still in flight there.
 void stream_order(cudaStream_t stream);

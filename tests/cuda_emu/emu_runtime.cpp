@@ -34,7 +34,6 @@ struct State {
   std::map<const void*, size_t> dynamic_shared;
   cudaError_t last_error = cudaSuccess;
   int device = 0;
-  uint64_t launches = 0;
   CUmemPoolHandle_st pool{0};
 };
 
@@ -74,8 +73,6 @@ size_t max_dynamic_shared(const void* kernel) {
   auto it = state().dynamic_shared.find(kernel);
   return it == state().dynamic_shared.end() ? 0 : it->second;
 }
-
-void count_launch() { ++state().launches; }
 
 bool is_device_range(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(state().mutex);
