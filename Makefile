@@ -196,7 +196,7 @@ $(BUILD)/trellis-emu: $(APP_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	  $(filter-out -lcublasLt -lcudart,$(LDLIBS))
 .PRECIOUS: $(BUILD)/emu/%.cpp
 tests: $(BUILD)/emu_tests $(BUILD)/trellis-emu
--include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d)
+-include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.d
 endif
 
 # ---- fuzzing (libFuzzer, clang): the deck parser and the checkpoint reader -----------------------

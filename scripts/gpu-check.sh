@@ -14,9 +14,10 @@
 #   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
 #      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16
 #      activations and weights, fp32 master weights, gradients and AdamW state, fp32 accumulation)
-#      and attention on the tensor cores (TRELLIS_TC_ATTENTION=1, row "bf16+tc"); for comparison
-#      gpt2-124m in bf16 with the fp32 attention kernels (on widened copies of its bf16 tensors),
-#      and in fp32 with TF32 GEMMs;
+#      and attention on the tensor cores (TRELLIS_TC_ATTENTION=1, the mma.sync kernels, row
+#      "bf16+tc"); for comparison gpt2-124m in bf16 with the WMMA tensor-core kernels
+#      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
+#      copies of its bf16 tensors), and in fp32 with TF32 GEMMs;
 #      tokens/s, MFU against the device's dense bf16 peak (for every row, TF32's too), peak
 #      memory, device time per kernel class;
 #   3. a short table of all that, last.
@@ -206,11 +207,12 @@ echo "gpu-check: several ranks on one GPU: $layout_summary"
 # Each run: a deck, a precision and the attention kernels. bf16 keeps activations and the
 # weights the model reads in bf16 (fp32 master weights, gradients, AdamW state, statistics and
 # losses; every kernel computes in fp32: README "GPUs"); tc 1 puts its attention on the tensor
-# cores, tc 0 runs the fp32 attention kernels on widened copies. MFU is against the bf16 peak for
-# every row, TF32's too.
+# cores (the mma.sync kernels; tc wmma: the WMMA ones, for comparison), tc 0 runs the fp32
+# attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
 rows=()
 bench_failed=0
-for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
+for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 wmma" "gpt2-124m bf16 0" \
+           "gpt2-124m fp32 0"; do
   read -r name precision tc <<< "$run"
   deck=inputs/$name.deck
   tf32=0
@@ -234,7 +236,8 @@ for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 0" "gpt2-124m f
     B=0
   done
   label=$precision
-  (( tc )) && label=bf16+tc
+  [[ $tc == 1 ]] && label=bf16+tc
+  [[ $tc == wmma ]] && label=bf16+wmma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
   if (( B >= 1 )) && [[ -n $line ]]; then
@@ -250,7 +253,7 @@ done
 
 # ---- 3. the table ----
 echo
-echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores"
+echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels)"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
 echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"

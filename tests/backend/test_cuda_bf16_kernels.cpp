@@ -8,7 +8,11 @@
 
 namespace {
 
-class CudaBf16Kernels : public CudaKernelTest {};
+class CudaBf16Kernels : public CudaKernelTest {
+ protected:
+  /// Bf16AttentionOnTensorCores's checks with TRELLIS_TC_ATTENTION=kernels.
+  void attention_on_tensor_cores(const char* kernels);
+};
 
 // bf16 GEMMs (cuBLASLt: bf16 A and B, fp32 accumulation; out and dinp bf16, the bias bf16 added
 // in fp32 by the epilogue before out is rounded; dweight and dbias fp32, accumulated into) against
@@ -157,9 +161,10 @@ TEST_F(CudaBf16Kernels, Bf16Attention) {
   }
 }
 
-// bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1; head sizes 32, 64 and 128 — 128
-// only where a block may have 120.5 KiB of shared memory: not sm_86/sm_89 — with 16-byte aligned
-// tensors; the rest keep the fp32 kernels and must meet Bf16Attention's bounds) against the CPU's
+// bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1: the mma.sync kernels; =wmma: the
+// WMMA ones; head sizes 32, 64 and 128 — with WMMA 128 only where a block may have 120.5 KiB of
+// shared memory: not sm_86/sm_89 — with 16-byte aligned tensors; the rest keep the fp32 kernels
+// and must meet Bf16Attention's bounds) against the CPU's
 // widening reference. The kernels round P (forward and backward) and dS to bf16 for their
 // products: an emulation of those roundings on these shapes (exact arithmetic otherwise, both
 // sides rounded to bf16) gives relative L2 errors of 1.6–1.8e-3 for out and 2.6–2.7e-3 for dqkv;
@@ -171,13 +176,13 @@ TEST_F(CudaBf16Kernels, Bf16Attention) {
 // tile (down to one row); groups of 1, 2 and 4 query heads per key/value head; outputs poisoned
 // with NaN first; one call with every tensor 8 bytes off 16-byte alignment, which the tensor
 // cores must leave to the fp32 kernels.
-TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) {
-  fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}});
+void CudaBf16Kernels::attention_on_tensor_cores(const char* kernels) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", kernels}});
   gpu->set_precision("bf16");
-  const bool hd128 = cuda_tc_attention_takes(128);
-  EXPECT_TRUE(cuda_tc_attention_takes(32) && cuda_tc_attention_takes(64))
+  const bool hd128 = cuda_tc_attention_takes(128, kernels);
+  EXPECT_TRUE(cuda_tc_attention_takes(32, kernels) && cuda_tc_attention_takes(64, kernels))
       << "fits every sm_80+ device";
-  EXPECT_FALSE(cuda_tc_attention_takes(48) || cuda_tc_attention_takes(16));
+  EXPECT_FALSE(cuda_tc_attention_takes(48, kernels) || cuda_tc_attention_takes(16, kernels));
   struct Case {
     AttentionShape s;
     bool tensor_cores;  // expected to run there
@@ -190,8 +195,8 @@ TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) {
   for (const Case& c : cases) {
     const AttentionShape& s = c.s;
     SCOPED_TRACE(s.name() + ", offset " + std::to_string(c.offset));
-    std::printf("bf16 attention, TRELLIS_TC_ATTENTION=1, %s, offset %d (%s):\n", s.name().c_str(),
-                c.offset, c.tensor_cores ? "tensor cores" : "fp32 kernels");
+    std::printf("bf16 attention, TRELLIS_TC_ATTENTION=%s, %s, offset %d (%s):\n", kernels,
+                s.name().c_str(), c.offset, c.tensor_cores ? "tensor cores" : "fp32 kernels");
     const Bits qkv = bf16_random(s.qkv_elems(), 90, -2.f, 2.f),
                dout = bf16_random(s.out_elems(), 91);
     const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
@@ -218,6 +223,9 @@ TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) {
     }
   }
 }
+
+TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) { attention_on_tensor_cores("1"); }
+TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }
 
 // bf16 GELU (forward; backward in place of dout, as the model calls it) and add (in place of a) on
 // a count that is a multiple of nothing: the GELU to the fp32 bound 1e-5 plus one bf16 unit; add

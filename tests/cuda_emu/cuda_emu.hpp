@@ -18,13 +18,18 @@
 // (the emulated objects are built with it and UBSan: an out-of-bounds or misaligned access aborts
 // the test with the kernel's source line). WMMA fragments hold the whole 16×16 tile in each lane;
 // loads and stores check the alignment the API demands (256-bit pointers, ldm a multiple of 16
-// bytes). Launches check the block size, grid limits and dynamic shared memory (above 48 KiB only
-// after cudaFuncSetAttribute, never above the device's 227 KiB).
+// bytes). The PTX instructions ldmatrix and mma.sync m16n8k16 (cuda_mma.cuh) are warp-wide
+// exchanges implementing the register layouts the PTX ISA documents. Launches check the block
+// size, grid limits and dynamic shared memory (above 48 KiB only after cudaFuncSetAttribute,
+// never above the device's 227 KiB).
 //
 // What it cannot tell: speed, the hardware's order of floating-point accumulation, memory-model
 // subtleties beyond barriers, and whether cuBLASLt itself accepts a configuration (the emulated
 // cuBLASLt implements the documented semantics of the attributes the backend sets).
 #pragma once
+// Sources that reach the device through instructions this header emulates by name (cuda_mma.cuh)
+// take the emulated versions.
+#define TRELLIS_EMULATED_GPU 1
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -73,8 +78,12 @@ void* dynamic_shared();
 /// Barriers: every live thread of the block, of the running thread's warp.
 void sync_block();
 void sync_warp();
-/// The 32 exchange slots (8 bytes a lane) of the running lane's next shuffle (cuda_emu's shuffle).
-uint64_t* warp_slots();
+/// The exchange area of the running lane's next warp-collective operation (a shuffle, ldmatrix,
+/// mma.sync): 32 lanes × kExchangeBytes, lane l's at l × (the operation's bytes per lane).
+constexpr size_t kExchangeBytes = 32;
+void* warp_exchange();
+/// Whether [p, p + bytes) lies inside the running block's dynamic shared memory.
+bool in_shared(const void* p, size_t bytes);
 int lane();
 /// The products a warp's mma_sync calls computed, by call number: every lane of a warp makes the
 /// same calls on the same tiles (WMMA is warp-wide), so the first lane to make call n computes it
@@ -146,18 +155,83 @@ inline Configuration Launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t
   return Configuration{grid, block, smem, stream};
 }
 
-// A shuffle: each lane writes its value, one warp barrier, each reads its source's. Two sets of
-// slots, alternating: a lane writes a set again only two shuffles later, past a barrier every
-// lane reaches only after it has read that set.
+// A shuffle: each lane writes its value, one warp barrier, each reads its source's. Two exchange
+// sets, alternating: a lane writes a set again only two collective operations later, past a
+// barrier every lane reaches only after it has read that set.
 template <typename T>
 T shuffle(T v, int src) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
-  uint64_t* slots = warp_slots();
+  auto* slots = static_cast<uint64_t*>(warp_exchange());
   std::memcpy(&slots[lane()], &v, sizeof(T));
   sync_warp();
   T r;
   std::memcpy(&r, &slots[src], sizeof(T));
   return r;
+}
+
+// ---- the warp-level matrix instructions the backend writes in PTX (cuda_mma.cuh), as the PTX
+//      ISA specifies them; every lane of the warp takes part ----
+
+inline float bf16_bits_to_float(uint32_t bits) {
+  const uint32_t widened = bits << 16;
+  float f;
+  std::memcpy(&f, &widened, sizeof(f));
+  return f;
+}
+
+// ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 (PTX ISA, "ldmatrix"): N 8×8 matrices of
+// 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte
+// aligned, in shared memory). Each lane receives, of matrix j in r[j], the elements (l/4, 2(l%4))
+// and (l/4, 2(l%4) + 1), the first in the low half — with .trans, (2(l%4), l/4) and
+// (2(l%4) + 1, l/4): the matrix read column-major.
+template <int N>
+void ldmatrix(uint32_t (&r)[N], const void* row, bool trans) {
+  static_assert(N == 1 || N == 2 || N == 4);
+  const int l = lane();
+  if (l < 8 * N && reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    fault("ldmatrix: a row address is not 16-byte aligned");
+  if (l < 8 * N && !in_shared(row, 16)) fault("ldmatrix: a row outside the block's shared memory");
+  auto* rows = static_cast<const uint16_t**>(warp_exchange());
+  rows[l] = static_cast<const uint16_t*>(row);
+  sync_warp();
+  const int g = l / 4, t = l % 4;
+  for (int j = 0; j < N; ++j) {
+    const uint32_t lo = trans ? rows[8 * j + 2 * t][g] : rows[8 * j + g][2 * t];
+    const uint32_t hi = trans ? rows[8 * j + 2 * t + 1][g] : rows[8 * j + g][2 * t + 1];
+    r[j] = lo | hi << 16;
+  }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 d, a, b, d (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"): D (16×8) += A (16×16) · B (16×8). With g = l/4 and
+// t = l%4, lane l holds, low half first, A's (g, 2t..2t+1) in a[0], (g+8, 2t..) in a[1],
+// (g, 2t+8..) in a[2], (g+8, 2t+8..) in a[3]; B's (2t..2t+1, g) in b[0], (2t+8.., g) in b[1];
+// D's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) in d[0..3]. fp32 sums in k order.
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Registers {
+    uint32_t a[4], b[2];
+  };
+  static_assert(sizeof(Registers) <= kExchangeBytes);
+  auto* all = static_cast<Registers*>(warp_exchange());
+  const int l = lane();
+  std::memcpy(all[l].a, a, sizeof(all[l].a));
+  std::memcpy(all[l].b, b, sizeof(all[l].b));
+  sync_warp();
+  const auto A = [all](int row, int col) {
+    const uint32_t w = all[(row % 8) * 4 + (col % 8) / 2].a[(row >= 8) + 2 * (col >= 8)];
+    return bf16_bits_to_float(col % 2 ? w >> 16 : w & 0xffffu);
+  };
+  const auto B = [all](int k, int n) {
+    const uint32_t w = all[n * 4 + (k % 8) / 2].b[k >= 8];
+    return bf16_bits_to_float(k % 2 ? w >> 16 : w & 0xffffu);
+  };
+  const int g = l / 4, t = l % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i >= 2), col = 2 * t + (i & 1);
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
+    d[i] = sum;
+  }
 }
 
 }  // namespace trellis_emu

@@ -101,12 +101,14 @@ struct Fiber {
   Index index;
   int linear = 0;  // the thread's index in its block (x fastest), fixed at the block's start
   size_t mma_calls = 0;
-  int shuffles = 0;  // the lane's shuffles so far: its next one's set of slots
+  int shuffles = 0;  // the lane's collective operations so far: its next one's exchange set
 };
 
 struct Warp {
   int alive = 0, arrived = 0;
-  uint64_t slots[2][32];
+  // The exchange areas of the warp's collective operations (shuffles, ldmatrix, mma.sync): two
+  // sets, alternating (cuda_emu.hpp's shuffle), each 32 lanes × kExchangeBytes.
+  alignas(16) unsigned char exchange[2][32 * kExchangeBytes];
   MmaMemo mma;
 };
 
@@ -118,6 +120,7 @@ struct Machine {
   Fiber* current = nullptr;
   int alive = 0, arrived = 0;  // the block's live threads, and those at __syncthreads
   void* shared = nullptr;
+  size_t shared_bytes = 0;
   const std::function<void()>* body = nullptr;
 };
 
@@ -251,9 +254,15 @@ void* dynamic_shared() {
   return machine().shared;
 }
 int lane() { return linear(current()) % 32; }
-uint64_t* warp_slots() {
+void* warp_exchange() {
   Fiber& f = current();
-  return warp_of(f).slots[f.shuffles++ & 1];
+  return warp_of(f).exchange[f.shuffles++ & 1];
+}
+bool in_shared(const void* p, size_t bytes) {
+  const Machine& m = machine();
+  const auto* c = static_cast<const char*>(p);
+  const auto* shared = static_cast<const char*>(m.shared);
+  return shared && c >= shared && c + bytes <= shared + m.shared_bytes;
 }
 MmaMemo& warp_mma_memo() { return warp_of(current()).mma; }
 size_t next_mma_call() { return current().mma_calls++; }
@@ -313,10 +322,12 @@ void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
           std::memset(shared, 0xff, smem);
         }
         m.shared = shared;
+        m.shared_bytes = smem;
         idx.block = uint3{x, y, z};
         run_block(idx, body);
         std::free(shared);
         m.shared = nullptr;
+        m.shared_bytes = 0;
       }
 }
 

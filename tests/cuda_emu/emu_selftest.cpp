@@ -143,6 +143,69 @@ TEST(EmulatedGpu, WmmaMultipliesTiles) {
     }
 }
 
+// The PTX register layouts, written out here from the PTX ISA's tables for the test's own use
+// (g = lane/4, t = lane%4; register r holds two bf16, the lower-indexed element in the low half):
+// A (16,16) register r: row g + 8·(r % 2), columns 2t + 8·(r / 2) and one more; B (16,8)
+// register r: rows 2t + 8r and one more, column g; D (16,8) element i: row g + 8·(i / 2), column
+// 2t + i % 2.
+__device__ uint32_t pair(const bf16* m, int stride, int r0, int c0, int dr, int dc) {
+  uint16_t lo, hi;
+  std::memcpy(&lo, &m[r0 * stride + c0], 2);
+  std::memcpy(&hi, &m[(r0 + dr) * stride + c0 + dc], 2);
+  return uint32_t(lo) | uint32_t(hi) << 16;
+}
+
+// d (16,8) = 1 + a (16,16) · b (16,8) through mma.sync, the fragments built by the formulas above
+// from row-major a and b in device memory; then the same fragments through ldmatrix from shared
+// memory: `same` counts the fragments ldmatrix gave as the formulas do (a: .x4 over its four 8×8
+// quarters, 4 registers; b, stored (k, n) row-major: .x4 .trans over its two 8-row halves, twice,
+// the first two registers as one).
+__global__ void mma_product(float* d, int* same, const bf16* a, const bf16* b) {
+  const int l = threadIdx.x, g = l / 4, t = l % 4;
+  uint32_t fa[4], fb[2];
+  for (int r = 0; r < 4; ++r) fa[r] = pair(a, 16, g + 8 * (r % 2), 2 * t + 8 * (r / 2), 0, 1);
+  for (int r = 0; r < 2; ++r) fb[r] = pair(b, 8, 2 * t + 8 * r, g, 1, 0);
+  float acc[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  trellis_emu::mma_m16n8k16_bf16(acc, fa, fb);
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = acc[i];
+
+  bf16* sa = static_cast<bf16*>(trellis_emu::dynamic_shared());  // (16,16), then b (16,8)
+  bf16* sb = sa + 256;
+  for (int i = l; i < 256; i += 32) sa[i] = a[i];
+  for (int i = l; i < 128; i += 32) sb[i] = b[i];
+  __syncwarp();
+  uint32_t la[4], lb[4];
+  trellis_emu::ldmatrix(la, sa + (l % 16) * 16 + (l / 16) * 8, false);
+  trellis_emu::ldmatrix(lb, sb + (l % 16) * 8, true);  // matrices: b rows 0-7, 8-15 (twice)
+  int n = 0;
+  for (int r = 0; r < 4; ++r) n += la[r] == fa[r];
+  n += lb[0] == fb[0] && lb[1] == fb[1];
+  same[l] = n;
+}
+
+TEST(EmulatedGpu, MmaSyncAndLdmatrixFollowThePtxLayouts) {
+  std::vector<bf16> a(256), b(128);
+  for (int i = 0; i < 256; ++i) a[i] = __float2bfloat16_rn(float(i % 11) - 5.0f);
+  for (int i = 0; i < 128; ++i) b[i] = __float2bfloat16_rn(float(i % 7) * 0.25f);
+  bf16 *d_a = device_copy(a), *d_b = device_copy(b);
+  float* d_d = device_copy(std::vector<float>(128, NAN));
+  int* d_same = device_copy(std::vector<int>(32, 0));
+  trellis_emu::Launch(mma_product, 1, 32, 384 * sizeof(bf16))(d_d, d_same, d_a, d_b);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> d(128);
+  std::vector<int> same(32);
+  cudaMemcpy(d.data(), d_d, sizeof(float) * 128, cudaMemcpyDeviceToHost);
+  cudaMemcpy(same.data(), d_same, sizeof(int) * 32, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      float want = 1.0f;  // small integers and quarters: exact in any order
+      for (int k = 0; k < 16; ++k)
+        want += __bfloat162float(a[i * 16 + k]) * __bfloat162float(b[k * 8 + j]);
+      EXPECT_EQ(d[i * 8 + j], want) << i << "," << j;
+    }
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(same[l], 5) << "lane " << l << ": ldmatrix's fragments";
+}
+
 __global__ void nothing(int) {}
 
 TEST(EmulatedGpu, LaunchesAreCheckedAsOnAGpu) {

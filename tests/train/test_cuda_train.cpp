@@ -244,7 +244,7 @@ TEST_F(CudaTrain, Bf16CheckpointResumesOnTheCpu) {
 // 2.3e-4 on average, 7.1e-4 and 7.0e-3 at most); at the first step the tensor cores should stand
 // out (printed).
 TEST_F(CudaTrain, Bf16WithTensorCoreAttentionMatchesTheCpuInBf16) {
-  if (!cuda_tc_attention_takes(32)) GTEST_SKIP() << "the tensor-core attention does not fit here";
+  if (!cuda_tc_attention_takes(32, "1")) GTEST_SKIP() << "the tensor-core attention does not fit here";
   const auto cpu = train({"--system.backend=cpu", "--system.precision=bf16", kHeads, kKvHeads});
   std::vector<StepResult> fp32_kernels, tensor_cores;
   {

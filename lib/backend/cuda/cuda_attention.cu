@@ -8,9 +8,13 @@
 // other tile, so the 32 dot products of a row run in parallel across the warp; each lane also
 // owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs: correct and
 // deterministic (no atomics: dQ and dK/dV are separate kernels), not FlashAttention's speed.
-// With bf16 tensors (system.precision = bf16), TRELLIS_TC_ATTENTION=1 and head sizes 32, 64 or
-// 128 the tensor-core kernels of cuda_attention_tc.cu run instead (same layout, same logsumexp
-// state); other bf16 calls are widened to these fp32 kernels (the Backend's default).
+// With bf16 tensors (system.precision = bf16), TRELLIS_TC_ATTENTION=1 (or =wmma) and head sizes
+// 32, 64 or 128 the tensor-core kernels of cuda_attention_mma.cu (cuda_attention_wmma.cu) run
+// instead (same layout, same logsumexp state); other bf16 calls are widened to these fp32 kernels
+// (the Backend's default).
+#include <cstring>
+#include <initializer_list>
+
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
@@ -424,32 +428,43 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
                                          int hd) {
   // The tensor cores where they take the call (TRELLIS_TC_ATTENTION=1, hd 32/64/128, aligned),
   // else the fp32 kernels on widened copies.
-  if (!tc_attention_ || out.is_f32() || qkv.is_f32() ||
-      !cuda::tc_attention_fits(hd, {out.data, qkv.data}))
+  if (out.is_f32() || qkv.is_f32() || !tc_attention_takes(hd, {out.data, qkv.data}))
     return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
-  cuda::tc_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
-                             stream_);
+  (tc_attention_ == TcAttention::mma ? cuda::mma_attention_forward : cuda::wmma_attention_forward)(
+      cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd, stream_);
 }
 
 void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,
                                           int B, int T, int H, int KV, int hd) {
   bool bf16 = true;
   for (CPtr t : {CPtr(dqkv), dout, qkv, out}) bf16 = bf16 && !t.is_f32();
-  if (!tc_attention_ || !bf16 || !cuda::tc_attention_fits(hd, {dqkv.data, dout.data, qkv.data}))
+  if (!bf16 || !tc_attention_takes(hd, {dqkv.data, dout.data, qkv.data}))
     return Backend::attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
   attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
-  cuda::tc_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()), cuda::dev(qkv.bf16()),
-                              att, dsum, B, T, H, KV, hd, stream_);
+  (tc_attention_ == TcAttention::mma ? cuda::mma_attention_backward
+                                     : cuda::wmma_attention_backward)(
+      cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()), cuda::dev(qkv.bf16()), att, dsum, B, T, H,
+      KV, hd, stream_);
+}
+
+bool CudaBackend::tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const {
+  switch (tc_attention_) {
+    case TcAttention::mma: return cuda::mma_attention_fits(hd, pointers);
+    case TcAttention::wmma: return cuda::wmma_attention_fits(hd, pointers);
+    default: return false;
+  }
 }
 
 Widening CudaBackend::widened_calls(int head_dim) const {
-  return tc_attention_ && cuda::tc_attention_fits(head_dim, {}) ? Widening::none
-                                                                : Widening::attention;
+  return tc_attention_takes(head_dim, {}) ? Widening::none : Widening::attention;
 }
 
-bool cuda_tc_attention_takes(int hd) { return cuda::tc_attention_fits(hd, {}); }
+bool cuda_tc_attention_takes(int hd, const char* kernels) {
+  return std::strcmp(kernels, "wmma") == 0 ? cuda::wmma_attention_fits(hd, {})
+                                           : cuda::mma_attention_fits(hd, {});
+}
 
 }  // namespace trellis

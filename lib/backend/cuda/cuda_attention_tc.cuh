@@ -2,7 +2,9 @@
 // tensors (qkv (B,T,(H+2KV)·hd), out (B,T,H·hd), dout, dqkv), fp32 statistics (lse, dsum
 // (B,H,T)), the same function and layout as the fp32 kernels of cuda_attention.cu. The
 // operands of the products — Q·Kᵀ, P·V, and in backward dS·K, Pᵀ·dO, dSᵀ·Q, dO·Vᵀ — are bf16
-// (P and dS rounded to bf16), accumulation, softmax and its statistics fp32. Only
+// (P and dS rounded to bf16), accumulation, softmax and its statistics fp32. Two implementations
+// of the same plan: mma.sync with scores in registers (cuda_attention_mma.cu, the default) and
+// WMMA with scores in shared memory (cuda_attention_wmma.cu, TRELLIS_TC_ATTENTION=wmma). Only
 // cuda_attention.cu includes this header.
 #pragma once
 #include <cuda_bf16.h>
@@ -13,17 +15,22 @@
 
 namespace trellis::cuda {
 
-/// Whether the tensor-core kernels take this head size and these pointers (hd 32, 64 or 128,
-/// every pointer 16-byte aligned: tiles are read 16 bytes at a time).
-bool tc_attention_fits(int hd, std::initializer_list<const void*> pointers);
-
-/// out (B,T,H·hd), lse (B,H,T): written. qkv (B,T,(H+2KV)·hd).
-void tc_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                          int H, int KV, int hd, cudaStream_t stream);
-
-/// dqkv (B,T,(H+2KV)·hd) overwritten; dout (B,T,H·hd); lse, dsum (B,H,T) (dsum = Σ_d dout·out).
-void tc_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                           const float* lse, const float* dsum, int B, int T, int H, int KV, int hd,
-                           cudaStream_t stream);
+// The functions of each: whether the kernels take this head size and these pointers (hd 32, 64
+// or 128, every pointer 16-byte aligned: tiles are read 16 bytes at a time) and their shared
+// memory fits the device; forward: out (B,T,H·hd), lse (B,H,T) written from qkv (B,T,(H+2KV)·hd);
+// backward: dqkv (B,T,(H+2KV)·hd) overwritten from dout (B,T,H·hd), lse and dsum (B,H,T)
+// (dsum = Σ_d dout·out).
+bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers);
+void mma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
+                           int H, int KV, int hd, cudaStream_t stream);
+void mma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                            const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
+                            int T, int H, int KV, int hd, cudaStream_t stream);
+bool wmma_attention_fits(int hd, std::initializer_list<const void*> pointers);
+void wmma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
+                            int H, int KV, int hd, cudaStream_t stream);
+void wmma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                             const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
+                             int T, int H, int KV, int hd, cudaStream_t stream);
 
 }  // namespace trellis::cuda

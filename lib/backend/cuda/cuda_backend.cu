@@ -77,7 +77,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
   profiling_ = profile && std::strcmp(profile, "0") != 0;
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
-  tc_attention_ = tc && std::strcmp(tc, "0") != 0;
+  if (tc && std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
+  else if (tc && std::strcmp(tc, "0") != 0) tc_attention_ = TcAttention::mma;
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
 }

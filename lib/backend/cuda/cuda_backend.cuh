@@ -16,8 +16,8 @@
 //         bf16; a call with a mix of types goes to the Backend's widening default, as does
 //         attention unless TRELLIS_TC_ATTENTION=1 (experimental: not yet run on a GPU, README
 //         "GPUs") with head sizes 32, 64 or 128 and 16-byte aligned tensors puts it on the tensor
-//         cores (cuda_attention_tc.cu: bf16 operands of its products — P and dS rounded to bf16 —
-//         fp32 softmax and accumulation).
+//         cores (cuda_attention_mma.cu; =wmma: cuda_attention_wmma.cu; bf16 operands of its
+//         products — P and dS rounded to bf16 — fp32 softmax and accumulation).
 //
 // The MLP's GELU rides on its GEMMs where cuBLASLt has an algorithm for it (any precision): the
 // first layer's GEMM writes gelu(x·Wᵀ + b) and keeps its input (GELU_AUX_BIAS epilogue), the
@@ -33,7 +33,8 @@
 // cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_kernels.cu (embeddings,
 // layernorm, GELU, add), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
-// row's logsumexp), cuda_attention_tc.cu (the same on the tensor cores, bf16).
+// row's logsumexp), cuda_attention_mma.cu and cuda_attention_wmma.cu (the same on the tensor
+// cores, bf16: mma.sync with the scores in registers, WMMA with them in shared memory).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -335,7 +336,12 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
-  bool tc_attention_ = false;  // TRELLIS_TC_ATTENTION=1: bf16 attention on the tensor cores
+  // TRELLIS_TC_ATTENTION: bf16 attention on the tensor cores — 1: the mma.sync kernels, wmma: the
+  // WMMA ones (cuda_attention_tc.cuh); unset or 0: the fp32 kernels on widened copies.
+  enum class TcAttention { off, mma, wmma };
+  TcAttention tc_attention_ = TcAttention::off;
+  /// Whether the tensor-core kernels chosen take the head size and pointers (false when off).
+  bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
   bool gelu_epilogue_ = true;  // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;

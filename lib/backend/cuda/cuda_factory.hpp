@@ -12,9 +12,10 @@ namespace trellis {
 /// The number of CUDA devices this process sees (0 when there is no driver or no device).
 int cuda_device_count();
 
-/// Whether the tensor-core attention (system.precision = bf16, TRELLIS_TC_ATTENTION=1) takes head
-/// size hd on the current device (its kernels' shared memory fits the device's limit): for tests.
-bool cuda_tc_attention_takes(int hd);
+/// Whether the tensor-core attention (system.precision = bf16) with `kernels` (a value of
+/// TRELLIS_TC_ATTENTION: "wmma", else the mma.sync kernels) takes head size hd on the current
+/// device (its kernels' shared memory fits the device's limit): for tests.
+bool cuda_tc_attention_takes(int hd, const char* kernels);
 
 /// A CudaBackend on device `local_rank` mod the device count (one GPU per rank on a node), or
 /// null with the reason in *why (no device, no driver).

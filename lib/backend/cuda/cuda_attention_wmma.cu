@@ -1,6 +1,8 @@
 // CUDA backend: fused causal attention on the tensor cores (WMMA, bf16 operands, fp32
 // accumulators), FlashAttention-2's plan (Dao 2023) in its plainest form. Nothing of size (T,T)
-// reaches global memory.
+// reaches global memory. The first tensor-core attention, kept beside its successor
+// (cuda_attention_mma.cu, which keeps scores in registers) until a GPU has timed both:
+// TRELLIS_TC_ATTENTION=wmma selects it.
 //
 // Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
 // dK/dV) and streams 64-row tiles of the other side through shared memory (bf16 in memory, so
@@ -17,6 +19,7 @@
 #include <initializer_list>
 
 #include "backend/cuda/cuda_attention_tc.cuh"
+#include "backend/cuda/cuda_attention_tiles.cuh"
 #include "backend/cuda/cuda_util.cuh"
 
 namespace trellis::cuda {
@@ -26,8 +29,11 @@ namespace {
 using bf16 = __nv_bfloat16;
 using namespace nvcuda;
 
-constexpr int kRows = 64;        // rows per block, and rows per streamed tile
-constexpr int kWarps = 4;        // a warp owns 16 of the block's rows
+using tiles::Heads;
+using tiles::kRows;
+using tiles::kWarps;
+using tiles::load_tile;
+
 constexpr int kPW = kRows + 8;   // row stride of a warp's bf16 (16,64) tile (P, dS)
 constexpr int kSW = kRows + 4;   // row stride of a warp's fp32 (16,64) scores
 constexpr unsigned kFull = 0xffffffffu;
@@ -36,25 +42,6 @@ using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // rows as Bᵀ
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// qkv (B,T,(H+2KV)·hd): the column of query head h, key head g, value head g in a row.
-struct Heads {
-  int T, H, KV, group;  // group = H / KV query heads per key/value head
-  int64_t row;          // (H+2KV)·hd
-};
-
-// Rows [t0, t0+64) of a (·, row) bf16 tensor, columns [col, col+D), into a bf16 (64, D+8) tile;
-// rows at or past T are zero. Every thread of the block takes part, 8 values (16 bytes) each.
-template <int D>
-__device__ void load_tile(bf16* tile, const bf16* base, int64_t row, int64_t col, int t0, int T) {
-  constexpr int V = D / 8;  // 16-byte vectors per row
-  for (int e = threadIdx.x; e < kRows * V; e += blockDim.x) {
-    const int r = e / V, c = (e % V) * 8, t = t0 + r;
-    const uint4 x = t < T ? *reinterpret_cast<const uint4*>(base + int64_t(t) * row + col + c)
-                          : make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(tile + r * (D + 8) + c) = x;
-  }
-}
 
 // Four fp32 values rounded to bf16 (nearest even) and stored with one 8-byte store at y.
 __device__ inline void store4(bf16* y, float a, float b, float c, float d) {
@@ -311,11 +298,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
       load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
       load_tile<D>(sdO, dout_b, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows, T);
-      if (threadIdx.x < kRows) {
-        const int t = qt * kRows + threadIdx.x;
-        sL[threadIdx.x] = t < T ? lse_bh[t] : 0.0f;
-        sD[threadIdx.x] = t < T ? dsum_bh[t] : 0.0f;
-      }
+      tiles::load_row_stats(sL, sD, lse_bh, dsum_bh, qt * kRows, T);
       __syncthreads();
       FragA a[D / 16];
       load_fragments<D>(a, sK + warp * 16 * (D + 8));
@@ -370,42 +353,35 @@ void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, c
   TRELLIS_CUDA_LAUNCHED();
 }
 
-Heads heads(int T, int H, int KV, int hd) { return Heads{T, H, KV, H / KV, int64_t(H + 2 * KV) * hd}; }
-
 }  // namespace
 
-bool tc_attention_fits(int hd, std::initializer_list<const void*> pointers) {
-  if (hd != 32 && hd != 64 && hd != 128) return false;
-  for (const void* p : pointers)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+bool wmma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
   // The dK/dV kernel needs the most shared memory: 120.5 KiB at hd 128, over what a block may
   // have on sm_86/sm_89 (99 KiB), which run the sm_80 binary.
-  const size_t need = hd == 32    ? smem_bytes<32>(4, 32 * kSW, 2, 2 * kRows)
-                      : hd == 64  ? smem_bytes<64>(4, 32 * kSW, 2, 2 * kRows)
-                                  : smem_bytes<128>(4, 32 * kSW, 2, 2 * kRows);
-  int device = 0, optin = 0;
-  TRELLIS_CUDA(cudaGetDevice(&device));
-  TRELLIS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return need <= size_t(optin);
+  return tiles::fits(hd, pointers, [](int hd) {
+    return tiles::with_head_size(hd, [](auto d) {
+      return smem_bytes<decltype(d)::value>(4, 32 * kSW, 2, 2 * kRows);
+    });
+  });
 }
 
-void tc_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
-                          int hd, cudaStream_t stream) {
-  const Heads hs = heads(T, H, KV, hd);
+void wmma_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
+                            int hd, cudaStream_t stream) {
+  const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
-  if (hd == 32) forward<32>(out, lse, qkv, B, T, hs, scale, stream);
-  else if (hd == 64) forward<64>(out, lse, qkv, B, T, hs, scale, stream);
-  else forward<128>(out, lse, qkv, B, T, hs, scale, stream);
+  tiles::with_head_size(hd, [&](auto d) {
+    forward<decltype(d)::value>(out, lse, qkv, B, T, hs, scale, stream);
+  });
 }
 
-void tc_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                           const float* dsum, int B, int T, int H, int KV, int hd,
-                           cudaStream_t stream) {
-  const Heads hs = heads(T, H, KV, hd);
+void wmma_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                             const float* dsum, int B, int T, int H, int KV, int hd,
+                             cudaStream_t stream) {
+  const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
-  if (hd == 32) backward<32>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
-  else if (hd == 64) backward<64>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
-  else backward<128>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  tiles::with_head_size(hd, [&](auto d) {
+    backward<decltype(d)::value>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  });
 }
 
 }  // namespace trellis::cuda

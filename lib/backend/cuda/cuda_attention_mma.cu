@@ -1,0 +1,391 @@
+// CUDA backend: fused causal attention on the tensor cores with mma.sync (bf16 operands, fp32
+// accumulators): FlashAttention-2's plan (Dao 2023), the default tensor-core attention. Nothing
+// of size (T,T) reaches global memory, and — unlike the WMMA kernels of cuda_attention_wmma.cu,
+// whose fragment layouts are opaque — scores never pass through shared memory either: with the
+// documented register layouts of cuda_mma.cuh each lane applies the mask and the softmax to the
+// score accumulators it holds, and the bf16 probabilities (or dS) it packs from them are, as they
+// stand, its A fragments for the next product.
+//
+// Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
+// dK/dV) and streams 64-row tiles of the other side through shared memory (ldmatrix reads them
+// into B fragments); each warp owns 16 of the block's rows. A lane holds, of every 8-column
+// n-tile, two columns of two rows (g and g+8, g = lane/4): the four lanes of a quad share a row,
+// so row maxima and sums are two shuffles. Forward keeps O in registers and rescales it per tile
+// (online softmax); each lane sums its own share of P and the quad adds the shares at the end.
+// Backward runs two kernels, as the fp32 path: dQ per query tile and dK/dV per key tile (every
+// query head of the group), so no atomics and the same bits run to run.
+#include <cuda_bf16.h>
+
+#include <initializer_list>
+
+#include "backend/cuda/cuda_attention_tc.cuh"
+#include "backend/cuda/cuda_attention_tiles.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_util.cuh"
+
+namespace trellis::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using tiles::Heads;
+using tiles::kRows;
+using tiles::kWarps;
+using tiles::load_tile;
+
+constexpr int kN = kRows / 8;   // 8-column n-tiles across a streamed tile's 64 rows
+constexpr int kK = kRows / 16;  // 16-column k-steps across them
+constexpr unsigned kFull = 0xffffffffu;
+
+// A (16, D): rows row0 .. row0+15 of a shared (64, D+8) tile, as D/16 A fragments.
+template <int D>
+__device__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)  // lanes 0-15 rows 0-15 at column 0, lanes 16-31 at column 8
+    ldmatrix_x4(a[k], tile + (row0 + (lane & 15)) * (D + 8) + k * 16 + (lane >> 4) * 8);
+}
+
+// s (16, 64) = A (16, D) · Bᵀ, where B's 64 rows of D sit in a shared (64, D+8) tile: s[j] is
+// n-tile j (columns 8j .. 8j+7) in the accumulator layout.
+template <int D>
+__device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], const bf16* b_tile) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+#pragma unroll
+    for (int j = 0; j < kN; j += 2) {
+      // Matrices: rows of n-tiles j (lanes 0-15) and j+1 (16-31), columns k·16 (lanes 0-7,
+      // 16-23) and k·16+8: b[0..1] B of n-tile j, b[2..3] of n-tile j+1.
+      uint32_t b[4];
+      ldmatrix_x4(b, b_tile + (j * 8 + (lane & 7) + (lane >> 4) * 8) * (D + 8) + k * 16 +
+                         ((lane >> 3) & 1) * 8);
+      mma_bf16_16816(s[j], a[k], b[0], b[1]);
+      mma_bf16_16816(s[j + 1], a[k], b[2], b[3]);
+    }
+  }
+}
+
+// acc (16, D) += P (16, 64) · B (64, D): P as the A fragments of its four k-steps, B a shared
+// (64, D+8) tile read column-major (ldmatrix .trans).
+template <int D>
+__device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], const bf16* b_tile) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      // Matrices: rows k·16 (lanes 0-7, 16-23) and k·16+8, columns of n-tiles n (lanes 0-15)
+      // and n+1: b[0..1] B of n-tile n, b[2..3] of n-tile n+1.
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_tile + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (D + 8) +
+                               n * 8 + (lane >> 4) * 8);
+      mma_bf16_16816(acc[n], p[k], b[0], b[1]);
+      mma_bf16_16816(acc[n + 1], p[k], b[2], b[3]);
+    }
+  }
+}
+
+// The A fragments of a (16, 64) matrix held in the accumulator layout (v[j]: n-tile j), rounded
+// to bf16: k-step k is n-tiles 2k and 2k+1, whose registers are already where A wants them.
+__device__ inline void pack_a(uint32_t (&p)[kK][4], const float (&v)[kN][4]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    p[k][0] = pack_bf16x2(v[2 * k][0], v[2 * k][1]);          // row g,   columns 2t, 2t+1
+    p[k][1] = pack_bf16x2(v[2 * k][2], v[2 * k][3]);          // row g+8
+    p[k][2] = pack_bf16x2(v[2 * k + 1][0], v[2 * k + 1][1]);  // row g,   columns 2t+8, 2t+9
+    p[k][3] = pack_bf16x2(v[2 * k + 1][2], v[2 * k + 1][3]);  // row g+8
+  }
+}
+
+// The quad's (four lanes of a row) maximum and sum.
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFull, v, 2));
+}
+__device__ inline float quad_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 1);
+  return v + __shfl_xor_sync(kFull, v, 2);
+}
+
+// Writes a warp's accumulators (16, D) times `scale`, rounded to bf16, to rows row0 + r (those
+// before T) of the tensor whose row 0 is `first` (row stride `row`): two values a store.
+template <int D>
+__device__ void store_rows(bf16* first, int row0, int T, int64_t row, const float (&acc)[D / 8][4],
+                           float scale) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 + g + 8 * half;
+    if (r >= T) continue;  // (no pointer past the buffer is formed for rows past T)
+    bf16* y = first + int64_t(r) * row + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(y + n * 8) =
+          pack_bf16x2(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
+  }
+}
+
+// ---- forward: one block per (query tile, b·H + h) ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    mma_forward_kernel(bf16* out, float* lse, const bf16* qkv, Heads hs, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
+  bf16* sK = sQ + kRows * (D + 8);           // (64, D+8)
+  bf16* sV = sK + kRows * (D + 8);           // (64, D+8)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int T = hs.T;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, kv = h / hs.group;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
+  load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  __syncthreads();
+  uint32_t q[D / 16][4];  // this warp's 16 query rows
+  load_a<D>(q, sQ, warp * 16);
+
+  const int row0 = qt * kRows + warp * 16;
+  const int rows[2] = {row0 + g, row0 + g + 8};  // this lane's rows: registers 0-1, 2-3
+  float m[2] = {-INFINITY, -INFINITY};           // running maximum of the scaled scores, per row
+  float l[2] = {0.0f, 0.0f};                     // this lane's share of the running Σ P
+  float o[D / 8][4];                             // unnormalised O (16, D)
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+    __syncthreads();
+    load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+    __syncthreads();
+    float s[kN][4];  // S (16, 64)
+    product_abt<D>(s, q, sK);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = kt * kRows + j * 8 + 2 * t + (i & 1);
+        float v = s[j][i] * scale;
+        if (kt == qt && key > rows[i >> 1]) v = -INFINITY;
+        s[j][i] = v;
+        mx[i >> 1] = fmaxf(mx[i >> 1], v);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mnew = quad_max(mx[r]);  // finite: key kt·64 is at or before every row
+      corr[r] = __expf(m[r] - mnew);
+      m[r] = mnew;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[n][i] *= corr[i >> 1];
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // P rounded to bf16 once, and summed as P·V multiplies it
+        const float p = __bfloat162float(__float2bfloat16_rn(__expf(s[j][i] - m[i >> 1])));
+        s[j][i] = p;
+        l[i >> 1] += p;
+      }
+    uint32_t p[kK][4];
+    pack_a(p, s);
+    product_pb<D>(o, p, sV);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = quad_sum(l[r]);
+    if (t == 0 && rows[r] < T) lse[(int64_t(b) * hs.H + h) * T + rows[r]] = m[r] + logf(l[r]);
+  }
+  // O / l, row by row: a lane's registers 0-1 are row g's, 2-3 row g+8's.
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] /= l[i >> 1];
+  store_rows<D>(out + int64_t(b) * T * hs.H * D + int64_t(h) * D, row0, T, int64_t(hs.H) * D, o,
+                1.0f);
+}
+
+// ---- dQ: one block per (query tile, b·H + h); dQ = scale · Σ_keys dS·K, dS = P∘(dP − Dsum) ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    mma_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                  const float* dsum, Heads hs, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // (64, D+8); first Q's tile
+  bf16* sV = sK + kRows * (D + 8);           // (64, D+8); first dO's tile
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int T = hs.T;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, kv = h / hs.group;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
+  load_tile<D>(sK, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  load_tile<D>(sV, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows,
+               T);
+  __syncthreads();
+  uint32_t q[D / 16][4], dO[D / 16][4];  // this warp's 16 rows of Q and dO
+  load_a<D>(q, sK, warp * 16);
+  load_a<D>(dO, sV, warp * 16);
+  const int row0 = qt * kRows + warp * 16;
+  const int rows[2] = {row0 + g, row0 + g + 8};
+  float lse_r[2], dsum_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t stat = (int64_t(b) * hs.H + h) * T + rows[r];
+    lse_r[r] = rows[r] < T ? lse[stat] : 0.0f;
+    dsum_r[r] = rows[r] < T ? dsum[stat] : 0.0f;
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // (the first time: every warp has its Q and dO fragments)
+    load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+    __syncthreads();
+    float s[kN][4], dp[kN][4];  // S and dP = dO·Vᵀ (16, 64)
+    product_abt<D>(s, q, sK);
+    product_abt<D>(dp, dO, sV);
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = kt * kRows + j * 8 + 2 * t + (i & 1), r = i >> 1;
+        const float p = kt < qt || key <= rows[r] ? __expf(s[j][i] * scale - lse_r[r]) : 0.0f;
+        s[j][i] = p * (dp[j][i] - dsum_r[r]);  // dS
+      }
+    uint32_t ds[kK][4];
+    pack_a(ds, s);
+    product_pb<D>(dq, ds, sK);
+  }
+  store_rows<D>(dqkv + int64_t(b) * T * hs.row + int64_t(h) * D, row0, T, hs.row, dq, scale);
+}
+
+// ---- dK, dV: one block per (key tile, b·KV + g); sums over every query row at or after the
+// key, of every query head of the group. dV = Σ Pᵀ·dO, dK = scale · Σ dSᵀ·Q ----
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    mma_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                   const float* dsum, Heads hs, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);                     // (64, D+8) this block's keys
+  bf16* sV = sK + kRows * (D + 8);                              // (64, D+8) and values
+  bf16* sQ = sV + kRows * (D + 8);                              // (64, D+8) a tile of query rows
+  bf16* sdO = sQ + kRows * (D + 8);                             // (64, D+8) and of dO
+  float* sL = reinterpret_cast<float*>(sdO + kRows * (D + 8));  // (64) the queries' lse
+  float* sD = sL + kRows;                                       // (64) and Dsum
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int T = hs.T, kt = blockIdx.x;
+  const int b = blockIdx.y / hs.KV, kv = blockIdx.y % hs.KV;
+  const bf16* base = qkv + int64_t(b) * T * hs.row;
+  const bf16* dout_b = dout + int64_t(b) * T * hs.H * D;
+  load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+  load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+  const int row0 = kt * kRows + warp * 16;
+  const int keys[2] = {row0 + g, row0 + g + 8};  // this lane's keys (rows of Sᵀ)
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+  const int qtiles = (T + kRows - 1) / kRows;
+  for (int h = kv * hs.group; h < (kv + 1) * hs.group; ++h) {
+    const float* lse_bh = lse + (int64_t(b) * hs.H + h) * T;
+    const float* dsum_bh = dsum + (int64_t(b) * hs.H + h) * T;
+    for (int qt = kt; qt < qtiles; ++qt) {  // causal: query tiles from the diagonal on
+      __syncthreads();
+      load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+      load_tile<D>(sdO, dout_b, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows, T);
+      tiles::load_row_stats(sL, sD, lse_bh, dsum_bh, qt * kRows, T);
+      __syncthreads();
+      float st[kN][4], dpt[kN][4];  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys, 64 queries)
+      {
+        uint32_t a[D / 16][4];  // (read again per tile: registers go to the accumulators)
+        load_a<D>(a, sK, warp * 16);
+        product_abt<D>(st, a, sQ);
+        load_a<D>(a, sV, warp * 16);
+        product_abt<D>(dpt, a, sdO);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = j * 8 + 2 * t + (i & 1), tq = qt * kRows + c;
+          const float p = tq < T && tq >= keys[i >> 1] ? __expf(st[j][i] * scale - sL[c]) : 0.0f;
+          st[j][i] = p;                         // Pᵀ
+          dpt[j][i] = p * (dpt[j][i] - sD[c]);  // dSᵀ
+        }
+      uint32_t a[kK][4];
+      pack_a(a, st);
+      product_pb<D>(dv, a, sdO);
+      pack_a(a, dpt);
+      product_pb<D>(dk, a, sQ);
+    }
+  }
+  bf16* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
+  store_rows<D>(first + int64_t(hs.H + kv) * D, row0, T, hs.row, dk, scale);
+  store_rows<D>(first + int64_t(hs.H + hs.KV + kv) * D, row0, T, hs.row, dv, 1.0f);
+}
+
+// Shared memory of each kernel: bf16 (64, D+8) tiles, and the dK/dV kernel's 2 × 64 floats.
+template <int D>
+constexpr size_t tiles_bytes(int tiles, int floats = 0) {
+  return size_t(tiles) * kRows * (D + 8) * sizeof(bf16) + size_t(floats) * sizeof(float);
+}
+
+template <int D>
+void forward(bf16* out, float* lse, const bf16* qkv, int B, int T, Heads hs, float scale,
+             cudaStream_t st) {
+  const size_t smem = tiles_bytes<D>(3);
+  allow_shared(mma_forward_kernel<D>, smem);
+  const dim3 grid((T + kRows - 1) / kRows, B * hs.H);
+  mma_forward_kernel<D><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+template <int D>
+void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+              int B, int T, Heads hs, float scale, cudaStream_t st) {
+  const dim3 grid_q((T + kRows - 1) / kRows, B * hs.H), grid_kv(grid_q.x, B * hs.KV);
+  const size_t smem_q = tiles_bytes<D>(2);
+  allow_shared(mma_dq_kernel<D>, smem_q);
+  mma_dq_kernel<D><<<grid_q, kWarps * 32, smem_q, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+  const size_t smem_kv = tiles_bytes<D>(4, 2 * kRows);
+  allow_shared(mma_dkv_kernel<D>, smem_kv);
+  mma_dkv_kernel<D><<<grid_kv, kWarps * 32, smem_kv, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
+  // The dK/dV kernel needs the most shared memory: 70 KiB at hd 128, within every sm_80+ device.
+  return tiles::fits(hd, pointers, [](int hd) {
+    return tiles::with_head_size(
+        hd, [](auto d) { return tiles_bytes<decltype(d)::value>(4, 2 * kRows); });
+  });
+}
+
+void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
+                           int hd, cudaStream_t stream) {
+  const Heads hs = tiles::heads(T, H, KV, hd);
+  const float scale = 1.0f / sqrtf(float(hd));
+  tiles::with_head_size(
+      hd, [&](auto d) { forward<decltype(d)::value>(out, lse, qkv, B, T, hs, scale, stream); });
+}
+
+void mma_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                            const float* dsum, int B, int T, int H, int KV, int hd,
+                            cudaStream_t stream) {
+  const Heads hs = tiles::heads(T, H, KV, hd);
+  const float scale = 1.0f / sqrtf(float(hd));
+  tiles::with_head_size(hd, [&](auto d) {
+    backward<decltype(d)::value>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  });
+}
+
+}  // namespace trellis::cuda

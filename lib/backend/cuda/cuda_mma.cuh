@@ -1,0 +1,69 @@
+// CUDA backend: the warp-level tensor-core instructions the attention kernels use, in PTX
+// (sm_80 and later): ldmatrix (8×8 tiles of 16-bit elements from shared memory into registers)
+// and mma.sync m16n8k16 with bf16 operands and fp32 accumulators. Unlike WMMA, whose fragment
+// layouts are opaque, these have the register layouts the PTX ISA documents ("Matrix Fragments
+// for mma.m16n8k16 with floating point type"; "ldmatrix"), so that a kernel can apply the softmax
+// to the scores where the product left them and feed them to the next product without a trip
+// through shared memory (FlashAttention-2's plan). With g = lane / 4 and t = lane % 4:
+//   A (16×16, row-major), 4 registers of two bf16 (low half first): (g, 2t..2t+1), (g+8, 2t..),
+//     (g, 2t+8..), (g+8, 2t+8..);
+//   B (16×8, k × n), 2 registers: (2t..2t+1, g), (2t+8.., g);
+//   C/D (16×8, fp32), 4 registers: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+// On the emulated GPU (tests/cuda_emu/cuda_emu.hpp) the same functions run the emulator's
+// implementations of the two instructions, written from the same documented layouts.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace trellis::cuda {
+
+/// Two floats rounded to bf16 (nearest even), `lo` in the low half: one register of a fragment.
+__device__ inline uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+#if defined(TRELLIS_EMULATED_GPU)
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  trellis_emu::ldmatrix(r, row, false);
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  trellis_emu::ldmatrix(r, row, true);
+}
+__device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) {
+  const uint32_t b[2] = {b0, b1};
+  trellis_emu::mma_m16n8k16_bf16(d, a, b);
+}
+#else
+/// Four 8×8 matrices: lane l gives the shared-memory address of row l % 8 of matrix l / 8 (16
+/// bytes, 16-byte aligned); r[j] receives matrix j's (g, 2t) and (g, 2t+1).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// The same, each matrix read column-major: r[j] receives matrix j's (2t, g) and (2t+1, g).
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// d (16×8, fp32) += a (16×16, bf16) · b (16×8, bf16: registers b0, b1).
+__device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+}  // namespace trellis::cuda
