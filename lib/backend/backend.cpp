@@ -233,6 +233,15 @@ void Backend::crossentropy_finish(Ptr logits, float* losses, const int32_t* targ
                           vocab_begin, dloss);
 }
 
+void Backend::crossentropy(Ptr logits, float* losses, const int32_t* targets, float* row_max,
+                           float* sumexp, float* target_logit, int N, int V, int valid,
+                           float dloss) {
+  crossentropy_max(logits, row_max, N, V, valid);
+  crossentropy_sums(logits, targets, row_max, sumexp, target_logit, N, V, valid, 0);
+  crossentropy_finish(logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, 0,
+                      dloss);
+}
+
 namespace {
 /// Host threads a CPU rank uses by default (system.threads = 0): the cores it may run on — all of
 /// them when it is bound to its own (srun --cpu-bind, mpirun's default binding), else its share

@@ -193,6 +193,12 @@ class Backend {
   void crossentropy_finish(Ptr logits, float* losses, const int32_t* targets, const float* row_max,
                            const float* sumexp, const float* target_logit, int N, int V, int valid,
                            int vocab_begin, float dloss);
+  /// The three steps where one rank holds the whole vocabulary (tp = 1, vocab_begin 0), with
+  /// nothing to reduce between them: the same statistics, losses and dlogits (the same bits) as
+  /// the three calls, which is what this default makes. A backend may fuse them (CUDA: one kernel,
+  /// so that each row of logits is read from memory once, not three times).
+  virtual void crossentropy(Ptr logits, float* losses, const int32_t* targets, float* row_max,
+                            float* sumexp, float* target_logit, int N, int V, int valid, float dloss);
 
   // ---- optimizer and norms (fp32: gradients, master weights, AdamW's state) ----
   /// Σ x² over n values, accumulated in double.

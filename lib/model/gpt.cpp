@@ -228,6 +228,9 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
 void GPT::loss(Slot& s, float dloss) {
   float* sumexp = s.row_sums;
   float* target_logit = s.row_sums + N_;
+  if (tp_size_ == 1)  // the whole vocabulary here: nothing travels, the backend may fuse the steps
+    return be_.crossentropy(s.logits, s.losses, s.targets, s.row_max, sumexp, target_logit, N_,
+                            Vl_, vocab_valid_, dloss);
   be_.crossentropy_max(s.logits, s.row_max, N_, Vl_, vocab_valid_);
   if (tp_size_ > 1) tp_->all_reduce_max(s.row_max, N_);
   be_.crossentropy_sums(s.logits, s.targets, s.row_max, sumexp, target_logit, N_, Vl_, vocab_valid_,

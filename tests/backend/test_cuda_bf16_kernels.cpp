@@ -314,6 +314,77 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
   expect_same_bits(down_bits(d_logits, logits.size()), logits, "logits with dloss = 0");
 }
 
+// The fused cross-entropy (Backend::crossentropy: one rank, the whole vocabulary) against the
+// three steps it fuses, on the GPU: the same bits for the statistics, the losses and the dlogits
+// (they run the same device code), fp32 and bf16 logits, dloss 1/N and 0 (logits untouched), with
+// ignored targets and padding columns; and against the CPU's fused default (the three steps):
+// 1e-5 (fp32 sums in other orders; bf16 outputs one rounding apart). Rows of 50304 columns, as
+// GPT-2's padded vocabulary.
+TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
+  const int N = 7, V = 50304, valid = 50257;
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
+  targets[5] = valid - 1;
+  int32_t* d_t = up(targets);
+  for (const char* precision : {"fp32", "bf16"}) {
+    gpu->set_precision(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    SCOPED_TRACE(precision);
+    for (float dloss : {1.0f / N, 0.0f}) {
+      std::printf("cross-entropy %dx%d (%d valid), %s logits, dloss %g: fused against three steps\n",
+                  N, V, valid, precision, dloss);
+      const std::vector<float> x = random_vec(size_t(N) * V, 60, -6.f, 6.f);
+      const Bits xb = bits_of(x);
+      // Each run: its own copy of the logits (overwritten by dlogits) and statistics.
+      auto run = [&](bool fused, Backend& be, std::vector<float>& out, Bits& out_b,
+                     std::vector<float>& stats, std::vector<float>& losses) {
+        const bool dev = &be == gpu.get();
+        std::vector<float> row_max(N, NAN), sums(2 * N, NAN), loss(N, NAN);
+        std::vector<float> xf = x;
+        Bits xbf = xb;
+        float *p_max = row_max.data(), *p_sums = sums.data(), *p_loss = loss.data();
+        int32_t* p_t = targets.data();
+        Ptr logits = bf16 ? Ptr(xbf.data()) : Ptr(xf.data());
+        if (dev) {
+          p_max = up(row_max), p_sums = up(sums), p_loss = up(loss), p_t = d_t;
+          logits = bf16 ? Ptr(up(xb)) : Ptr(up(x));
+        }
+        if (fused)
+          be.crossentropy(logits, p_loss, p_t, p_max, p_sums, p_sums + N, N, V, valid, dloss);
+        else
+          crossentropy_on(be, logits, p_t, p_max, p_sums, p_loss, N, V, valid, 0, dloss);
+        if (dev) {
+          row_max = down(p_max, N), sums = down(p_sums, 2 * N), loss = down(p_loss, N);
+          if (bf16) xbf = down_bits(logits.bf16(), xb.size());
+          else xf = down(logits.f32(), x.size());
+        }
+        stats = row_max;
+        stats.insert(stats.end(), sums.begin(), sums.end());
+        losses = loss;
+        out = xf, out_b = xbf;
+      };
+      std::vector<float> fused_out, steps_out, cpu_out, fs, ss, cs, fl, sl, cl;
+      Bits fused_b, steps_b, cpu_b;
+      run(true, *gpu, fused_out, fused_b, fs, fl);
+      run(false, *gpu, steps_out, steps_b, ss, sl);
+      run(true, *cpu, cpu_out, cpu_b, cs, cl);
+      EXPECT_EQ(fs, ss) << "statistics";
+      EXPECT_EQ(fl, sl) << "losses";
+      if (bf16) {
+        expect_same_bits(fused_b, steps_b, "dlogits, fused against three steps");
+        if (dloss == 0.0f) expect_same_bits(fused_b, xb, "logits with dloss = 0");
+        else expect_bf16(fused_b, cpu_b, 1e-5, "dlogits against the CPU");
+      } else {
+        EXPECT_EQ(fused_out, steps_out) << "dlogits, fused against three steps";
+        if (dloss == 0.0f) EXPECT_EQ(fused_out, x) << "logits with dloss = 0";
+        else expect_f32(fused_out, cpu_out, 1e-5, "dlogits against the CPU");
+      }
+      expect_f32(fs, cs, 1e-5, "statistics against the CPU");
+      expect_f32(fl, cl, 1e-5, "losses against the CPU");
+    }
+  }
+}
+
 // convert() on the device, both ways, bit for bit as the host reference (backend/bf16.hpp). fp32
 // → bf16 through the kernel taking four values a thread (16-byte aligned source and 8-byte
 // aligned destination; a count that leaves 3 for its tail) and through the one-a-thread kernel

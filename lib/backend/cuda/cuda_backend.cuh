@@ -109,6 +109,11 @@ class CudaBackend : public Backend {
   int64_t attention_state_elems(int B, int T, int H) const override { return int64_t(B) * H * T; }
   void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,
                         int H, int KV, int hd) override;
+  /// The cross-entropy's three steps in one kernel (fp32 or bf16 logits): each row read from
+  /// memory once (its other passes hit L2), the same bits as the three kernels.
+  void crossentropy(Ptr logits, float* losses, const int32_t* targets, float* row_max,
+                    float* sumexp, float* target_logit, int N, int V, int valid,
+                    float dloss) override;
   void scale(float* x, float s, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,

@@ -17,14 +17,54 @@ using cuda::load;
 using cuda::store;
 
 // ---- cross-entropy: one block per row; logits of type T, statistics and losses fp32 ----
+// The three steps on row l (V) of logits, every thread of the block taking part: the separate
+// kernels (vocab-parallel: reductions over the tensor-parallel group between them) and the fused
+// one (the whole vocabulary on this rank: the row read from memory once, again from L2) run the
+// same code, so they give the same bits.
+
+// The maximum over the valid columns, in every thread.
+template <typename T>
+__device__ float row_max_of(const T* l, int valid, float* shared) {
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < valid; v += blockDim.x) m = fmaxf(m, load(l + v));
+  return cuda::block_max(m, shared);
+}
+
+// Σ exp(logit − m) over the valid columns, fp32 exponentials added in double as the CPU does, in
+// every thread.
+template <typename T>
+__device__ float row_sumexp(const T* l, int valid, float m, double* shared) {
+  double s = 0.0;
+  for (int v = threadIdx.x; v < valid; v += blockDim.x) s += double(expf(load(l + v) - m));
+  return float(cuda::block_sum(s, shared));
+}
+
+// The target's logit where this rank holds it (target t, relative to vocab_begin), else 0.
+template <typename T>
+__device__ float row_target_logit(const T* l, int target, int t, int valid) {
+  return target >= 0 && t >= 0 && t < valid ? load(l + t) : 0.0f;
+}
+
+// The row's loss (thread 0 writes it) and, with dloss ≠ 0, the row become dlogits.
+template <typename T>
+__device__ void row_finish(T* l, float* loss, int target, int t, float m, float sumexp,
+                           float target_logit, int V, int valid, float dloss) {
+  const bool ignored = target < 0;
+  if (threadIdx.x == 0) *loss = ignored ? 0.f : float(log(double(sumexp)) + m - target_logit);
+  if (dloss == 0.f) return;
+  const float inv = 1.0f / sumexp;
+  const int live = ignored ? 0 : valid;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    // Each column is read and written by one thread: in place is safe.
+    const float p = v < live ? expf(load(l + v) - m) * inv : 0.0f;
+    store(l + v, (v == t && v < live ? p - 1.0f : p) * dloss);
+  }
+}
 
 template <typename T>
 __global__ void crossentropy_max_kernel(const T* logits, float* row_max, int V, int valid) {
   __shared__ float shared[32];
-  const T* l = logits + int64_t(blockIdx.x) * V;  // (V)
-  float m = -INFINITY;
-  for (int v = threadIdx.x; v < valid; v += blockDim.x) m = fmaxf(m, load(l + v));
-  m = cuda::block_max(m, shared);
+  const float m = row_max_of(logits + int64_t(blockIdx.x) * V, valid, shared);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
@@ -35,14 +75,10 @@ __global__ void crossentropy_sums_kernel(const T* logits, const int32_t* targets
   __shared__ double shared[32];
   const int n = blockIdx.x;
   const T* l = logits + int64_t(n) * V;  // (V)
-  const float m = row_max[n];
-  double s = 0.0;  // as the CPU: fp32 exponentials added in double
-  for (int v = threadIdx.x; v < valid; v += blockDim.x) s += double(expf(load(l + v) - m));
-  s = cuda::block_sum(s, shared);
+  const float s = row_sumexp(l, valid, row_max[n], shared);
   if (threadIdx.x == 0) {
-    sumexp[n] = float(s);
-    const int t = targets[n] - vocab_begin;
-    target_logit[n] = targets[n] >= 0 && t >= 0 && t < valid ? load(l + t) : 0.0f;
+    sumexp[n] = s;
+    target_logit[n] = row_target_logit(l, targets[n], targets[n] - vocab_begin, valid);
   }
 }
 
@@ -52,19 +88,26 @@ __global__ void crossentropy_finish_kernel(T* logits, float* losses, const int32
                                            const float* target_logit, int V, int valid,
                                            int vocab_begin, float dloss) {
   const int n = blockIdx.x;
+  row_finish(logits + int64_t(n) * V, losses + n, targets[n], targets[n] - vocab_begin, row_max[n],
+             sumexp[n], target_logit[n], V, valid, dloss);
+}
+
+// All three on a row of the whole vocabulary (vocab_begin 0), the statistics written as well.
+template <typename T>
+__global__ void crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets,
+                                          float* row_max, float* sumexp, float* target_logit,
+                                          int V, int valid, float dloss) {
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  const int n = blockIdx.x, target = targets[n];
   T* l = logits + int64_t(n) * V;  // (V)
-  const bool ignored = targets[n] < 0;
-  if (threadIdx.x == 0)
-    losses[n] = ignored ? 0.f : float(log(double(sumexp[n])) + row_max[n] - target_logit[n]);
-  if (dloss == 0.f) return;
-  const float m = row_max[n], inv = 1.0f / sumexp[n];
-  const int t = targets[n] - vocab_begin;
-  const int live = ignored ? 0 : valid;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    // Each column is read and written by one thread: in place is safe.
-    const float p = v < live ? expf(load(l + v) - m) * inv : 0.0f;
-    store(l + v, (v == t && v < live ? p - 1.0f : p) * dloss);
-  }
+  const float m = row_max_of(l, valid, shared_max);
+  // Every thread reads the target's logit before the barriers of the sum: past them, the thread
+  // that owns that column overwrites it with its dlogit.
+  const float tl = row_target_logit(l, target, target, valid);
+  const float s = row_sumexp(l, valid, m, shared_sum);
+  if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
+  row_finish(l, losses + n, target, target, m, s, tl, V, valid, dloss);
 }
 
 // ---- norms and AdamW ----
@@ -127,6 +170,21 @@ void CudaBackend::launch_crossentropy_finish(T* logits, float* losses, const int
   if (N == 0) return;
   crossentropy_finish_kernel<<<N, 512, 0, stream_>>>(logits, losses, targets, row_max, sumexp,
                                                      target_logit, V, valid, vocab_begin, dloss);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+void CudaBackend::crossentropy(Ptr logits, float* losses, const int32_t* targets, float* row_max,
+                               float* sumexp, float* target_logit, int N, int V, int valid,
+                               float dloss) {
+  Profiled prof(*this, kLoss);
+  if (N == 0) return;
+  if (logits.is_f32())
+    crossentropy_fused_kernel<<<N, 512, 0, stream_>>>(logits.f32(), losses, targets, row_max,
+                                                      sumexp, target_logit, V, valid, dloss);
+  else
+    crossentropy_fused_kernel<<<N, 512, 0, stream_>>>(cuda::dev(logits.bf16()), losses, targets,
+                                                      row_max, sumexp, target_logit, V, valid,
+                                                      dloss);
   TRELLIS_CUDA_LAUNCHED();
 }
 
