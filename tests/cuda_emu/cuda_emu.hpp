@@ -84,6 +84,17 @@ constexpr size_t kExchangeBytes = 32;
 void* warp_exchange();
 /// Whether [p, p + bytes) lies inside the running block's dynamic shared memory.
 bool in_shared(const void* p, size_t bytes);
+/// cp.async{.cg}.shared.global dst, src, size, src_size (PTX ISA "cp.async"): the source's
+/// src_size bytes are read now (the rest of size is zeros); dst, in shared memory, holds NaN bits
+/// from now and the data only once the issuing thread waits for its group (cp.async.wait_group):
+/// a thread reading a tile before its copiers waited and the block met at a barrier, or still
+/// reading the old tile after another thread issued the next one into it, reads NaN.
+void copy_async(void* dst, const void* src, size_t size, size_t src_size);
+/// cp.async.commit_group: the copies issued since the last commit become a group (possibly none).
+void copy_async_commit();
+/// cp.async.wait_group pending: completes every group of the running thread but the `pending`
+/// newest.
+void copy_async_wait(int pending);
 int lane();
 /// The products a warp's mma_sync calls computed, by call number: every lane of a warp makes the
 /// same calls on the same tiles (WMMA is warp-wide), so the first lane to make call n computes it

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,13 @@ constexpr size_t kUnpoisonBytes = 16 << 10;  // the top of a reused stack: see r
 
 enum class State { runnable, at_block_barrier, at_warp_barrier, done };
 
+// A cp.async copy issued and not yet waited for: its source bytes, read at the issue.
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+  size_t size;
+};
+
 struct Fiber {
   Context context;
   State state = State::done;
@@ -102,6 +110,9 @@ struct Fiber {
   int linear = 0;  // the thread's index in its block (x fastest), fixed at the block's start
   size_t mma_calls = 0;
   int shuffles = 0;  // the lane's collective operations so far: its next one's exchange set
+  // cp.async: the committed groups (oldest first) and the copies issued since the last commit.
+  std::vector<std::vector<AsyncCopy>> copy_groups;
+  std::vector<AsyncCopy> copies;
 };
 
 struct Warp {
@@ -266,6 +277,39 @@ bool in_shared(const void* p, size_t bytes) {
 }
 MmaMemo& warp_mma_memo() { return warp_of(current()).mma; }
 size_t next_mma_call() { return current().mma_calls++; }
+
+void copy_async(void* dst, const void* src, size_t size, size_t src_size) {
+  Fiber& f = current();
+  if (size > 16 || src_size > size) fault("cp.async: more than 16 bytes, or src-size over cp-size");
+  if (reinterpret_cast<uintptr_t>(dst) % size != 0 || reinterpret_cast<uintptr_t>(src) % size != 0)
+    fault("cp.async: an address not aligned to the copy's size");
+  if (!in_shared(dst, size)) fault("cp.async: a destination outside the block's shared memory");
+  AsyncCopy c{dst, {}, size};
+  if (src_size > 0) {
+    if (!is_device_range(src, src_size)) fault("cp.async: a source outside device memory");
+    std::memcpy(c.bytes, src, src_size);  // the rest of cp-size is filled with zeros
+  }
+  // Between the issue and the wait the destination holds neither old nor new bytes on a GPU's
+  // terms: NaN bits from now, the data at the wait. A thread still reading the old tile when
+  // another issues the next one into it (no barrier between), and a thread reading the new one
+  // before its copier waited and the block met, both read NaN.
+  std::memset(dst, 0xff, size);
+  f.copies.push_back(c);
+}
+
+void copy_async_commit() {
+  Fiber& f = current();
+  f.copy_groups.push_back(std::move(f.copies));
+  f.copies.clear();
+}
+
+void copy_async_wait(int pending) {
+  Fiber& f = current();
+  while (int(f.copy_groups.size()) > pending) {
+    for (const AsyncCopy& c : f.copy_groups.front()) std::memcpy(c.dst, c.bytes, c.size);
+    f.copy_groups.erase(f.copy_groups.begin());
+  }
+}
 
 void sync_block() {
   Machine& m = machine();

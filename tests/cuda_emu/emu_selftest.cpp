@@ -206,6 +206,38 @@ TEST(EmulatedGpu, MmaSyncAndLdmatrixFollowThePtxLayouts) {
   for (int l = 0; l < 32; ++l) EXPECT_EQ(same[l], 5) << "lane " << l << ": ldmatrix's fragments";
 }
 
+// cp.async as the emulator models it: the destination is NaN from the issue to the wait, the data
+// (or zeros, for src-size 0) after; the second group stays in flight through wait_group 1.
+__global__ void async_copies(float* seen, const float* src) {
+  float* s = static_cast<float*>(trellis_emu::dynamic_shared());  // (12)
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < 12; ++i) s[i] = -1.0f;
+  trellis_emu::copy_async(s, src, 16, 16);      // group 0: src[0..3]
+  trellis_emu::copy_async(s + 4, src, 16, 0);   //          zeros
+  trellis_emu::copy_async_commit();
+  trellis_emu::copy_async(s + 8, src + 4, 16, 16);  // group 1: src[4..7]
+  trellis_emu::copy_async_commit();
+  seen[0] = s[0];  // in flight
+  trellis_emu::copy_async_wait(1);
+  seen[1] = s[0], seen[2] = s[4], seen[3] = s[8];  // group 0 landed, group 1 not
+  trellis_emu::copy_async_wait(0);
+  seen[4] = s[11];
+}
+
+TEST(EmulatedGpu, AsyncCopiesLandAtTheirWait) {
+  const std::vector<float> src = {1, 2, 3, 4, 5, 6, 7, 8};
+  float* d_src = device_copy(src);
+  float* d_seen = device_copy(std::vector<float>(5, 0.0f));
+  trellis_emu::Launch(async_copies, 1, 32, 12 * sizeof(float))(d_seen, d_src);
+  std::vector<float> seen(5);
+  cudaMemcpy(seen.data(), d_seen, sizeof(float) * 5, cudaMemcpyDeviceToHost);
+  EXPECT_TRUE(std::isnan(seen[0])) << "before the wait: NaN, not the old -1 nor the data";
+  EXPECT_EQ(seen[1], 1.0f);
+  EXPECT_EQ(seen[2], 0.0f) << "src-size 0 fills zeros";
+  EXPECT_TRUE(std::isnan(seen[3])) << "the newest group is still in flight after wait_group 1";
+  EXPECT_EQ(seen[4], 8.0f);
+}
+
 __global__ void nothing(int) {}
 
 TEST(EmulatedGpu, LaunchesAreCheckedAsOnAGpu) {

@@ -31,7 +31,9 @@ using bf16 = __nv_bfloat16;
 using tiles::Heads;
 using tiles::kRows;
 using tiles::kWarps;
-using tiles::load_tile;
+using tiles::copy_async_commit;
+using tiles::copy_async_wait;
+using tiles::load_tile_async;
 
 constexpr int kN = kRows / 8;   // 8-column n-tiles across a streamed tile's 64 rows
 constexpr int kK = kRows / 16;  // 16-column k-steps across them
@@ -133,18 +135,24 @@ template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_forward_kernel(bf16* out, float* lse, const bf16* qkv, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kTile = kRows * (D + 8);
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
-  bf16* sK = sQ + kRows * (D + 8);           // (64, D+8)
-  bf16* sV = sK + kRows * (D + 8);           // (64, D+8)
+  bf16* sK = sQ + kTile;                     // 2 × (64, D+8): key tile kt in buffer kt % 2
+  bf16* sV = sK + 2 * kTile;                 // 2 × (64, D+8)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int T = hs.T;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, kv = h / hs.group;
   const bf16* base = qkv + int64_t(b) * T * hs.row;
-  load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
-  __syncthreads();
+  const auto issue = [&](int kt) {  // key and value tile kt, one group of copies
+    load_tile_async<D>(sK + (kt & 1) * kTile, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+    load_tile_async<D>(sV + (kt & 1) * kTile, base, hs.row, int64_t(hs.H + hs.KV + kv) * D,
+                       kt * kRows, T);
+    copy_async_commit();
+  };
+  load_tile_async<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  issue(0);               // (with Q)
   uint32_t q[D / 16][4];  // this warp's 16 query rows
-  load_a<D>(q, sQ, warp * 16);
 
   const int row0 = qt * kRows + warp * 16;
   const int rows[2] = {row0 + g, row0 + g + 8};  // this lane's rows: registers 0-1, 2-3
@@ -154,12 +162,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
-    __syncthreads();
-    load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
-    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
-    __syncthreads();
+    // The next tile's copies fly while this one is computed on.
+    if (kt < qt)
+      issue(kt + 1);
+    else
+      copy_async_commit();  // (an empty group: the wait below leaves one in flight either way)
+    copy_async_wait<1>();
+    __syncthreads();  // tile kt (and Q) in shared memory, every thread's copies
+    if (kt == 0) load_a<D>(q, sQ, warp * 16);
+    const bf16* sKt = sK + (kt & 1) * kTile;
+    const bf16* sVt = sV + (kt & 1) * kTile;
     float s[kN][4];  // S (16, 64)
-    product_abt<D>(s, q, sK);
+    product_abt<D>(s, q, sKt);
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int j = 0; j < kN; ++j)
@@ -193,7 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     uint32_t p[kK][4];
     pack_a(p, s);
-    product_pb<D>(o, p, sV);
+    product_pb<D>(o, p, sVt);
+    __syncthreads();  // every warp is done with buffer kt % 2 before tile kt+2 is issued into it
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -215,20 +230,31 @@ __global__ void __launch_bounds__(kWarps * 32)
     mma_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                   const float* dsum, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sK = reinterpret_cast<bf16*>(smem);  // (64, D+8); first Q's tile
-  bf16* sV = sK + kRows * (D + 8);           // (64, D+8); first dO's tile
+  constexpr int kTile = kRows * (D + 8);
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // 2 × (64, D+8): key tile kt in buffer kt % 2
+  bf16* sV = sK + 2 * kTile;                 // 2 × (64, D+8)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int T = hs.T;
   const int qt = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, kv = h / hs.group;
   const bf16* base = qkv + int64_t(b) * T * hs.row;
-  load_tile<D>(sK, base, hs.row, int64_t(h) * D, qt * kRows, T);
-  load_tile<D>(sV, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows,
-               T);
+  const auto issue = [&](int kt) {
+    load_tile_async<D>(sK + (kt & 1) * kTile, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+    load_tile_async<D>(sV + (kt & 1) * kTile, base, hs.row, int64_t(hs.H + hs.KV + kv) * D,
+                       kt * kRows, T);
+    copy_async_commit();
+  };
+  // Q and dO pass through the second buffers on their way to registers, with key tile 0.
+  load_tile_async<D>(sK + kTile, base, hs.row, int64_t(h) * D, qt * kRows, T);
+  load_tile_async<D>(sV + kTile, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D,
+                     int64_t(h) * D, qt * kRows, T);
+  issue(0);
+  copy_async_wait<0>();
   __syncthreads();
   uint32_t q[D / 16][4], dO[D / 16][4];  // this warp's 16 rows of Q and dO
-  load_a<D>(q, sK, warp * 16);
-  load_a<D>(dO, sV, warp * 16);
+  load_a<D>(q, sK + kTile, warp * 16);
+  load_a<D>(dO, sV + kTile, warp * 16);
+  __syncthreads();  // every warp has them before key tile 1 lands there
   const int row0 = qt * kRows + warp * 16;
   const int rows[2] = {row0 + g, row0 + g + 8};
   float lse_r[2], dsum_r[2];
@@ -242,13 +268,17 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // (the first time: every warp has its Q and dO fragments)
-    load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
-    load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+    if (kt < qt)
+      issue(kt + 1);
+    else
+      copy_async_commit();
+    copy_async_wait<1>();
     __syncthreads();
+    const bf16* sKt = sK + (kt & 1) * kTile;
+    const bf16* sVt = sV + (kt & 1) * kTile;
     float s[kN][4], dp[kN][4];  // S and dP = dO·Vᵀ (16, 64)
-    product_abt<D>(s, q, sK);
-    product_abt<D>(dp, dO, sV);
+    product_abt<D>(s, q, sKt);
+    product_abt<D>(dp, dO, sVt);
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
@@ -259,7 +289,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     uint32_t ds[kK][4];
     pack_a(ds, s);
-    product_pb<D>(dq, ds, sK);
+    product_pb<D>(dq, ds, sKt);
+    __syncthreads();  // buffer kt % 2 free for tile kt+2
   }
   store_rows<D>(dqkv + int64_t(b) * T * hs.row + int64_t(h) * D, row0, T, hs.row, dq, scale);
 }
@@ -271,19 +302,50 @@ __global__ void __launch_bounds__(kWarps * 32)
     mma_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                    const float* dsum, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sK = reinterpret_cast<bf16*>(smem);                     // (64, D+8) this block's keys
-  bf16* sV = sK + kRows * (D + 8);                              // (64, D+8) and values
-  bf16* sQ = sV + kRows * (D + 8);                              // (64, D+8) a tile of query rows
-  bf16* sdO = sQ + kRows * (D + 8);                             // (64, D+8) and of dO
-  float* sL = reinterpret_cast<float*>(sdO + kRows * (D + 8));  // (64) the queries' lse
-  float* sD = sL + kRows;                                       // (64) and Dsum
+  constexpr int kTile = kRows * (D + 8);
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // (64, D+8) this block's keys
+  bf16* sV = sK + kTile;                     // (64, D+8) and values
+  bf16* sQ = sV + kTile;                     // 2 × (64, D+8): query tiles, alternating
+  bf16* sdO = sQ + 2 * kTile;                // 2 × (64, D+8) and dO's
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kTile);  // 2 × (64) the queries' lse
+  float* sD = sL + 2 * kRows;                             // 2 × (64) and Dsum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int T = hs.T, kt = blockIdx.x;
   const int b = blockIdx.y / hs.KV, kv = blockIdx.y % hs.KV;
   const bf16* base = qkv + int64_t(b) * T * hs.row;
   const bf16* dout_b = dout + int64_t(b) * T * hs.H * D;
-  load_tile<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
-  load_tile<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+  // The tiles to visit, i = 0 .. steps-1: each query head h of the group, query tiles from the
+  // diagonal on (causal): h = first head + i / nq, qt = kt + i % nq.
+  const int nq = (T + kRows - 1) / kRows - kt, steps = hs.group * nq;
+  const auto head_of = [&](int i) { return kv * hs.group + i / nq; };
+  const auto tile_of = [&](int i) { return kt + i % nq; };
+  const auto issue = [&](int i) {  // query and dO tile i into buffer i % 2, one group
+    const int h = head_of(i), t0 = tile_of(i) * kRows;
+    load_tile_async<D>(sQ + (i & 1) * kTile, base, hs.row, int64_t(h) * D, t0, T);
+    load_tile_async<D>(sdO + (i & 1) * kTile, dout_b, int64_t(hs.H) * D, int64_t(h) * D, t0, T);
+    copy_async_commit();
+  };
+  // Tile i's lse and Dsum: fetched into registers of threads 0-63 early, kept in shared memory
+  // (buffer i % 2) late, so that the loads' latency hides behind a tile's products.
+  float fetched_l = 0.0f, fetched_d = 0.0f;
+  const auto fetch_stats = [&](int i) {
+    const int tq = tile_of(i) * kRows + int(threadIdx.x);
+    fetched_l = fetched_d = 0.0f;
+    if (threadIdx.x >= kRows || tq >= T) return;
+    const int64_t at = (int64_t(b) * hs.H + head_of(i)) * T + tq;
+    fetched_l = lse[at];
+    fetched_d = dsum[at];
+  };
+  const auto keep_stats = [&](int i) {
+    if (threadIdx.x >= kRows) return;
+    sL[(i & 1) * kRows + threadIdx.x] = fetched_l;
+    sD[(i & 1) * kRows + threadIdx.x] = fetched_d;
+  };
+  load_tile_async<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
+  load_tile_async<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+  issue(0);  // (with K and V)
+  fetch_stats(0);
+  keep_stats(0);
   const int row0 = kt * kRows + warp * 16;
   const int keys[2] = {row0 + g, row0 + g + 8};  // this lane's keys (rows of Sᵀ)
   float dk[D / 8][4], dv[D / 8][4];
@@ -291,39 +353,44 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
-  const int qtiles = (T + kRows - 1) / kRows;
-  for (int h = kv * hs.group; h < (kv + 1) * hs.group; ++h) {
-    const float* lse_bh = lse + (int64_t(b) * hs.H + h) * T;
-    const float* dsum_bh = dsum + (int64_t(b) * hs.H + h) * T;
-    for (int qt = kt; qt < qtiles; ++qt) {  // causal: query tiles from the diagonal on
-      __syncthreads();
-      load_tile<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
-      load_tile<D>(sdO, dout_b, int64_t(hs.H) * D, int64_t(h) * D, qt * kRows, T);
-      tiles::load_row_stats(sL, sD, lse_bh, dsum_bh, qt * kRows, T);
-      __syncthreads();
-      float st[kN][4], dpt[kN][4];  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys, 64 queries)
-      {
-        uint32_t a[D / 16][4];  // (read again per tile: registers go to the accumulators)
-        load_a<D>(a, sK, warp * 16);
-        product_abt<D>(st, a, sQ);
-        load_a<D>(a, sV, warp * 16);
-        product_abt<D>(dpt, a, sdO);
-      }
-#pragma unroll
-      for (int j = 0; j < kN; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = j * 8 + 2 * t + (i & 1), tq = qt * kRows + c;
-          const float p = tq < T && tq >= keys[i >> 1] ? __expf(st[j][i] * scale - sL[c]) : 0.0f;
-          st[j][i] = p;                         // Pᵀ
-          dpt[j][i] = p * (dpt[j][i] - sD[c]);  // dSᵀ
-        }
-      uint32_t a[kK][4];
-      pack_a(a, st);
-      product_pb<D>(dv, a, sdO);
-      pack_a(a, dpt);
-      product_pb<D>(dk, a, sQ);
+  for (int i = 0; i < steps; ++i) {
+    if (i + 1 < steps) {
+      issue(i + 1);
+      fetch_stats(i + 1);
+    } else {
+      copy_async_commit();
     }
+    copy_async_wait<1>();
+    __syncthreads();  // tile i (and K, V) in shared memory, and its statistics
+    const int q0 = tile_of(i) * kRows;
+    const bf16* sQi = sQ + (i & 1) * kTile;
+    const bf16* sdOi = sdO + (i & 1) * kTile;
+    const float* sLi = sL + (i & 1) * kRows;
+    const float* sDi = sD + (i & 1) * kRows;
+    float st[kN][4], dpt[kN][4];  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys, 64 queries)
+    {
+      uint32_t a[D / 16][4];  // (read again per tile: registers go to the accumulators)
+      load_a<D>(a, sK, warp * 16);
+      product_abt<D>(st, a, sQi);
+      load_a<D>(a, sV, warp * 16);
+      product_abt<D>(dpt, a, sdOi);
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int c = j * 8 + 2 * t + (r & 1), tq = q0 + c;
+        const float p = tq < T && tq >= keys[r >> 1] ? __expf(st[j][r] * scale - sLi[c]) : 0.0f;
+        st[j][r] = p;                          // Pᵀ
+        dpt[j][r] = p * (dpt[j][r] - sDi[c]);  // dSᵀ
+      }
+    uint32_t a[kK][4];
+    pack_a(a, st);
+    product_pb<D>(dv, a, sdOi);
+    pack_a(a, dpt);
+    product_pb<D>(dk, a, sQi);
+    if (i + 1 < steps) keep_stats(i + 1);  // (buffer (i+1) % 2: tile i-1's, which all have read)
+    __syncthreads();                       // buffers i % 2 free for tile i+2
   }
   bf16* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
   store_rows<D>(first + int64_t(hs.H + kv) * D, row0, T, hs.row, dk, scale);
@@ -339,7 +406,7 @@ constexpr size_t tiles_bytes(int tiles, int floats = 0) {
 template <int D>
 void forward(bf16* out, float* lse, const bf16* qkv, int B, int T, Heads hs, float scale,
              cudaStream_t st) {
-  const size_t smem = tiles_bytes<D>(3);
+  const size_t smem = tiles_bytes<D>(5);  // Q, two key and two value tiles
   allow_shared(mma_forward_kernel<D>, smem);
   const dim3 grid((T + kRows - 1) / kRows, B * hs.H);
   mma_forward_kernel<D><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
@@ -350,11 +417,11 @@ template <int D>
 void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
               int B, int T, Heads hs, float scale, cudaStream_t st) {
   const dim3 grid_q((T + kRows - 1) / kRows, B * hs.H), grid_kv(grid_q.x, B * hs.KV);
-  const size_t smem_q = tiles_bytes<D>(2);
+  const size_t smem_q = tiles_bytes<D>(4);  // two key and two value tiles
   allow_shared(mma_dq_kernel<D>, smem_q);
   mma_dq_kernel<D><<<grid_q, kWarps * 32, smem_q, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
-  const size_t smem_kv = tiles_bytes<D>(4, 2 * kRows);
+  const size_t smem_kv = tiles_bytes<D>(6, 4 * kRows);  // K, V, 2 × (Q, dO); 2 × (lse, Dsum)
   allow_shared(mma_dkv_kernel<D>, smem_kv);
   mma_dkv_kernel<D><<<grid_kv, kWarps * 32, smem_kv, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
@@ -363,10 +430,11 @@ void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, c
 }  // namespace
 
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
-  // The dK/dV kernel needs the most shared memory: 70 KiB at hd 128, within every sm_80+ device.
+  // The dK/dV kernel needs the most shared memory: 105 KiB at hd 128, over what a block may have
+  // on sm_86/sm_89 (99 KiB; 55 KiB at hd 64).
   return tiles::fits(hd, pointers, [](int hd) {
     return tiles::with_head_size(
-        hd, [](auto d) { return tiles_bytes<decltype(d)::value>(4, 2 * kRows); });
+        hd, [](auto d) { return tiles_bytes<decltype(d)::value>(6, 4 * kRows); });
   });
 }
 

@@ -39,6 +39,52 @@ __device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_
   }
 }
 
+// ---- asynchronous copies (cp.async, sm_80+): global to shared memory without a detour through
+//      registers, so that a block loads its next tile while it computes on the current one ----
+
+/// 16 bytes from global memory at src to shared memory at dst (both 16-byte aligned), or 16 zero
+/// bytes where !fill (src must still be a valid address); lands after copy_async_wait.
+__device__ inline void copy_async16(void* dst, const void* src, bool fill) {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async(dst, src, 16, fill ? 16 : 0);
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(fill ? 16 : 0)
+               : "memory");
+#endif
+}
+/// Closes the group of copies this thread issued since the last call (possibly none).
+__device__ inline void copy_async_commit() {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most `Pending` of this thread's newest groups are still in flight. Other
+/// threads' copies are visible after each has waited and the block has met at a barrier.
+template <int Pending>
+__device__ inline void copy_async_wait() {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async_wait(Pending);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+
+// load_tile, asynchronously: the copies join this thread's open group.
+template <int D>
+__device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row,
+                                int64_t col, int t0, int T) {
+  constexpr int V = D / 8;  // 16-byte vectors per row
+  for (int e = threadIdx.x; e < kRows * V; e += blockDim.x) {
+    const int r = e / V, c = (e % V) * 8, t = t0 + r;
+    // (rows past T: zeros, from a valid address)
+    copy_async16(tile + r * (D + 8) + c, base + (t < T ? int64_t(t) * row + col + c : 0), t < T);
+  }
+}
+
 // sL, sD (64) = lse_bh, dsum_bh (T) at rows [t0, t0+64): one query tile's logsumexp and
 // Σ dout·out of one (b, h), for the dK/dV kernels; rows at or past T are 0. Threads 0-63 copy.
 __device__ inline void load_row_stats(float* sL, float* sD, const float* lse_bh,
