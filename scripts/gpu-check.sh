@@ -235,6 +235,7 @@ for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 wmma" "gpt2-124
     fi
     B=0
   done
+  [[ $name == gpt2-124m && $tc == 1 ]] && main_log=$log  # its kernel classes go in the summary
   label=$precision
   [[ $tc == 1 ]] && label=bf16+tc
   [[ $tc == wmma ]] && label=bf16+wmma
@@ -259,7 +260,11 @@ echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
 echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
 printf '%-10s %-9s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
-echo "(time per kernel class: the 'CUDA device time per kernel class' tables above; logs in $OUTDIR)"
+if [[ -n ${main_log:-} ]] && grep -q 'CUDA device time per kernel class' "$main_log"; then
+  echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
+  awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
+fi
+echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
 # Success means: a device was there, every GPU test passed, every layout that ran matched the
 # one-rank run, and every benchmark ran.
 [[ $test_status -eq 0 && $no_device -eq 0 && $layouts_failed -eq 0 && $bench_failed -eq 0 ]]

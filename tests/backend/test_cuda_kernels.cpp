@@ -2,6 +2,9 @@
 // tests' bf16 cases of the GELU epilogue and of unaligned pointers); the bf16 kernels are in
 // test_cuda_bf16_kernels.cpp, the bounds of both in cuda_test_util.hpp. Each test skips when no
 // CUDA device is present and prints what it measured.
+#include <cctype>
+#include <sstream>
+
 #include "cuda_test_util.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
@@ -336,6 +339,55 @@ TEST_F(CudaKernels, SumSquaresAndAdamW) {
   expect_close(down(d_x, n), x, 1e-5, "param");
   expect_close(down(d_m, n), m, 1e-5, "m");
   expect_close(down(d_v, n), v, 1e-5, "v");
+}
+
+// TRELLIS_CUDA_PROFILE=1: each kernel class's time, and its rate on the least work its calls must
+// do — a GEMM's 2·m·n·k FLOPs, a layer norm's bytes (input read, output written once, statistics):
+// the rate column says TFLOP/s for GEMMs, GB/s for layer norms, and the counted work itself is
+// what the shapes say (rate × time, read back from the report, within its printed rounding).
+TEST_F(CudaKernels, ProfileReportsRatesOnTheLeastWork) {
+  fresh_gpu({{"TRELLIS_CUDA_PROFILE", "1"}});
+  const int N = 64, C = 96, OC = 80;
+  float *d_out = up(std::vector<float>(size_t(N) * OC)), *d_ln = up(std::vector<float>(size_t(N) * C));
+  float *d_mean = up(std::vector<float>(N)), *d_rstd = up(std::vector<float>(N));
+  const auto x = random_vec(size_t(N) * C, 70), w = random_vec(size_t(OC) * C, 71),
+             g = random_vec(C, 72), b = random_vec(C, 73);
+  float *d_x = up(x), *d_w = up(w), *d_g = up(g), *d_b = up(b);
+  for (int i = 0; i < 3; ++i) {
+    gpu->matmul_forward(d_out, d_x, d_w, nullptr, N, C, OC);
+    gpu->layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_g, d_b, N, C);
+  }
+  const std::string report = gpu->profile_report();
+  std::printf("%s", report.c_str());
+  auto row = [&](const std::string& name) {
+    const size_t at = report.find(name);
+    return at == std::string::npos ? std::string() : report.substr(at, report.find('\n', at) - at);
+  };
+  const std::string gemm = row("GEMM (cuBLASLt)"), ln = row("layer norm");
+  ASSERT_FALSE(gemm.empty() || ln.empty()) << report;
+  EXPECT_NE(gemm.find("TFLOP/s"), std::string::npos) << gemm;
+  EXPECT_NE(ln.find("GB/s"), std::string::npos) << ln;
+  // Work = rate × time, from the row's numbers: ms, share, calls, rate.
+  auto work = [](std::string r, double unit) {
+    r = r.substr(r.find("│ ", 4));  // past the class's name
+    for (char& c : r)
+      if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == '-')) c = ' ';
+    std::istringstream in(r);
+    double ms = 0, share = 0, calls = 0, rate = 0;
+    in >> ms >> share >> calls >> rate;
+    return std::pair<double, double>(rate * unit * ms / 1e3, ms);
+  };
+  const auto [gemm_flops, gemm_ms] = work(gemm, 1e12);
+  const auto [ln_bytes, ln_ms] = work(ln, 1e9);
+  const double want_flops = 3 * 2.0 * N * C * OC, want_bytes = 3 * (2.0 * N * C * 4 + 8.0 * N);
+  std::printf("counted work: GEMM %.3g FLOPs (shapes: %.3g), layer norm %.3g bytes (%.3g)\n",
+              gemm_flops, want_flops, ln_bytes, want_bytes);
+  if (gemm_ms >= 0.1) {
+    EXPECT_NEAR(gemm_flops / want_flops, 1.0, 0.5);
+  }
+  if (ln_ms >= 0.1) {
+    EXPECT_NEAR(ln_bytes / want_bytes, 1.0, 0.5);
+  }
 }
 
 TEST_F(CudaKernels, MemoryIsOnTheDeviceAndCounted) {

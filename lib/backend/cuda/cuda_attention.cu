@@ -377,6 +377,12 @@ __global__ void attention_cached_kernel(float* out, const float* k_cache, const 
 
 }  // namespace
 
+// The products of causal attention, for the profile: per head, row t meets t+1 keys, 2·hd FLOPs
+// each for Q·Kᵀ and for P·V in forward; backward recomputes S and forms dP, dV, dK and dQ: 2.5×.
+static double attention_forward_flops(int B, int T, int H, int hd) {
+  return 2.0 * B * H * hd * double(T) * (T + 1);
+}
+
 void CudaBackend::attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv,
                                    int M, int p0, int H, int KV, int hd) {
   Profiled prof(*this, kAttention);
@@ -395,6 +401,7 @@ void CudaBackend::attention_cached(float* out, float* k_cache, float* v_cache, c
 void CudaBackend::attention_forward_f32(float* out, float* att, const float* qkv, int B, int T,
                                         int H, int KV, int hd) {
   Profiled prof(*this, kAttention);
+  add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
   // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
   const dim3 grid((T + kTile - 1) / kTile, B * H);
   dispatch_dpl<LaunchForward>(hd, grid, stream_, out, att, qkv, heads(T, H, KV, hd),
@@ -415,6 +422,7 @@ void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const f
                                          const float* out, const float* att, int B, int T, int H,
                                          int KV, int hd) {
   Profiled prof(*this, kAttention);
+  add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
   // dqkv (B,T,(H+2KV)·hd) overwritten, dout (B,T,H·hd), out (B,T,H·hd), att = logsumexp (B,H,T)
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
   attention_dsum(dsum, dout, out, B, T, H, hd, stream_);
@@ -431,6 +439,7 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
   if (out.is_f32() || qkv.is_f32() || !tc_attention_takes(hd, {out.data, qkv.data}))
     return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
+  add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
   (tc_attention_ == TcAttention::mma ? cuda::mma_attention_forward : cuda::wmma_attention_forward)(
       cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd, stream_);
 }
@@ -442,6 +451,7 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
   if (!bf16 || !tc_attention_takes(hd, {dqkv.data, dout.data, qkv.data}))
     return Backend::attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
+  add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
   attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
   (tc_attention_ == TcAttention::mma ? cuda::mma_attention_backward

@@ -102,6 +102,7 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
   Profiled prof(*this, kCopy);
+  add_work(kCopy, 0, double(bytes));
   if (!bytes) return;
   TRELLIS_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   TRELLIS_CUDA(cudaStreamSynchronize(stream_));  // the caller may reuse host_src at once
@@ -109,6 +110,7 @@ void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) 
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   Profiled prof(*this, kCopy);
+  add_work(kCopy, 0, double(bytes));
   if (!bytes) return;
   TRELLIS_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   TRELLIS_CUDA(cudaStreamSynchronize(stream_));
@@ -116,11 +118,13 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
 
 void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
   Profiled prof(*this, kCopy);
+  add_work(kCopy, 0, 2.0 * double(bytes));
   if (bytes) TRELLIS_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::zero(void* dst, size_t bytes) {
   Profiled prof(*this, kCopy);
+  add_work(kCopy, 0, double(bytes));
   if (bytes) TRELLIS_CUDA(cudaMemsetAsync(dst, 0, bytes, stream_));
 }
 
@@ -195,23 +199,33 @@ std::string CudaBackend::profile_report() {
   double total = 0;
   for (double ms : class_ms_) total += ms;
   std::vector<std::vector<std::string>> rows;
-  char buf[3][64];
+  char buf[4][64];
   for (int c = 0; c < kClasses; ++c) {
     if (class_calls_[c] == 0) continue;
     std::snprintf(buf[0], sizeof buf[0], "%.1f", class_ms_[c]);
     std::snprintf(buf[1], sizeof buf[1], "%.1f%%", total > 0 ? 100 * class_ms_[c] / total : 0.0);
     std::snprintf(buf[2], sizeof buf[2], "%lld", (long long)class_calls_[c]);
-    rows.push_back({names[c], buf[0], buf[1], buf[2]});
+    // The rate on the least work: TFLOP/s where the class multiplies, else GB/s.
+    const double s = class_ms_[c] / 1e3;
+    if (s <= 0 || (class_flops_[c] == 0 && class_bytes_[c] == 0))
+      std::snprintf(buf[3], sizeof buf[3], "-");
+    else if (class_flops_[c] > 0)
+      std::snprintf(buf[3], sizeof buf[3], "%.3g TFLOP/s", class_flops_[c] / s / 1e12);
+    else
+      std::snprintf(buf[3], sizeof buf[3], "%.3g GB/s", class_bytes_[c] / s / 1e9);
+    rows.push_back({names[c], buf[0], buf[1], buf[2], buf[3]});
   }
   std::snprintf(buf[0], sizeof buf[0], "%.1f", total);
-  rows.push_back({"total", buf[0], "100%", ""});
+  rows.push_back({"total", buf[0], "100%", "", ""});
   if (gelu_fused_ + gelu_unfused_ > 0) {  // (in the GEMM row when fused)
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)gelu_fused_,
                   (long long)(gelu_fused_ + gelu_unfused_));
-    rows.push_back({"MLP GELU passes fused into GEMMs", "", "", buf[0]});
+    rows.push_back({"MLP GELU passes fused into GEMMs", "", "", buf[0], ""});
   }
+  // rate: on the least work — the products' FLOPs, or each input read and each output written
+  // once (add_work).
   return format_table("CUDA device time per kernel class (TRELLIS_CUDA_PROFILE=1)",
-                      {"kernel class", "ms", "share", "calls"}, rows);
+                      {"kernel class", "ms", "share", "calls", "rate on least work"}, rows);
 }
 
 // ---- bf16 conversions ----
@@ -248,6 +262,7 @@ __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, int64_t n
 
 void CudaBackend::to_bf16(bf16_t* dst_, const float* src, int64_t n) {
   Profiled prof(*this, kCast);
+  add_work(kCast, 0, 6.0 * double(n));
   if (n <= 0) return;
   __nv_bfloat16* dst = cuda::dev(dst_);
   if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0)
@@ -259,6 +274,7 @@ void CudaBackend::to_bf16(bf16_t* dst_, const float* src, int64_t n) {
 
 void CudaBackend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
   Profiled prof(*this, kCast);
+  add_work(kCast, 0, 6.0 * double(n));
   if (n <= 0) return;
   from_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, cuda::dev(src), n);
   TRELLIS_CUDA_LAUNCHED();

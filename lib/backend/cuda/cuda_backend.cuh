@@ -217,12 +217,22 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
 
   /// With TRELLIS_CUDA_PROFILE=1: device time per kernel class, measured with events around every
-  /// call (which costs a little); empty otherwise.
+  /// call (which costs a little), and the rate each class reached on the least work its calls
+  /// must do (add_work): TFLOP/s of the products for GEMMs and attention, GB/s for the rest
+  /// (every input read once, every output written once) — what to hold against the device's
+  /// ceilings; empty otherwise.
   std::string profile_report() override;
 
   // Kernel classes for the profile.
   enum KernelClass { kGemm, kCast, kAttention, kLayerNorm, kGelu, kElementwise, kEmbedding, kLoss,
                      kOptimizer, kCopy, kClasses };
+  /// Adds to a class's least work for the profile (when profiling): floating-point operations of
+  /// its products, bytes it must move through device memory.
+  void add_work(KernelClass cls, double flops, double bytes) {
+    if (!profiling_) return;
+    class_flops_[cls] += flops;
+    class_bytes_[cls] += bytes;
+  }
   /// Records device time from construction to destruction under a class (when profiling).
   class Profiled {
    public:
@@ -326,6 +336,7 @@ class CudaBackend : public Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
+    double flops = 0;    // 2·m·n·k, for the profile
   };
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in
   //  bytes (0: none), DType of A and B, DType of D)
@@ -365,6 +376,7 @@ class CudaBackend : public Backend {
   std::vector<PendingTime> pending_;
   std::vector<cudaEvent_t> free_events_;
   double class_ms_[kClasses] = {};
+  double class_flops_[kClasses] = {}, class_bytes_[kClasses] = {};
   int64_t class_calls_[kClasses] = {};
 };
 

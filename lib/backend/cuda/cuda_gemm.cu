@@ -39,6 +39,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   (void)align_bias, (void)align_aux;  // the heuristic reads them from the pointers themselves
   const DType in = DType(in_t), out = DType(out_t);
   GemmPlan p;
+  p.flops = 2.0 * m * n * k;
   // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
   // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
   const cublasComputeType_t compute =
@@ -130,7 +131,10 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr au
   const cublasStatus_t status =
       cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data, p.d,
                      &p.algo, workspace_, workspace_bytes_, stream_);
-  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    add_work(kGemm, p.flops, 0);
+    return true;
+  }
   gelu_epilogue_failed(status, "running");
   p.found = false;  // not again
   return false;
@@ -146,6 +150,7 @@ void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias,
   const float alpha = 1.0f;
   TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d,
                             D.data, p.d, &p.algo, workspace_, workspace_bytes_, stream_));
+  add_work(kGemm, p.flops, 0);
 }
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B,

@@ -263,6 +263,7 @@ template <typename T>
 void CudaBackend::launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N,
                                            int C, int vocab_begin, int vocab_count) {
   Profiled prof(*this, kEmbedding);
+  add_work(kEmbedding, 0, double(N) * C * 2 * sizeof(T));
   embedding_forward_kernel<<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
       out, tokens, wte, N, C, vocab_begin, vocab_count);
   TRELLIS_CUDA_LAUNCHED();
@@ -272,6 +273,7 @@ template <typename T>
 void CudaBackend::launch_embedding_backward(float* dwte, const T* dout, const int32_t* tokens,
                                             int N, int C, int vocab_begin, int vocab_count) {
   Profiled prof(*this, kEmbedding);
+  add_work(kEmbedding, 0, double(N) * C * (sizeof(T) + 8));
   embedding_backward_kernel<<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
       dwte, dout, tokens, N, C, vocab_begin, vocab_count);
   TRELLIS_CUDA_LAUNCHED();
@@ -281,6 +283,7 @@ template <typename T>
 void CudaBackend::launch_position_forward(T* out, const T* wpe, int rows, int T_, int C,
                                           int first_row) {
   Profiled prof(*this, kEmbedding);
+  add_work(kEmbedding, 0, double(rows) * C * 3 * sizeof(T));
   position_forward_kernel<<<blocks_for(int64_t(rows) * C), kThreads, 0, stream_>>>(
       out, wpe, rows, T_, C, first_row);
   TRELLIS_CUDA_LAUNCHED();
@@ -290,6 +293,7 @@ template <typename T>
 void CudaBackend::launch_position_backward(float* dwpe, const T* dout, int rows, int T_, int C,
                                            int first_row) {
   Profiled prof(*this, kEmbedding);
+  add_work(kEmbedding, 0, double(rows) * C * sizeof(T) + 8.0 * T_ * C);
   position_backward_kernel<<<blocks_for(int64_t(T_) * C), kThreads, 0, stream_>>>(dwpe, dout, rows,
                                                                                   T_, C, first_row);
   TRELLIS_CUDA_LAUNCHED();
@@ -299,6 +303,7 @@ template <typename T>
 void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp,
                                            const T* weight, const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
   layernorm_forward_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp, weight,
                                                                    bias, N, C);
   TRELLIS_CUDA_LAUNCHED();
@@ -309,6 +314,7 @@ void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean,
                                                     const T* a, const T* b, const T* weight,
                                                     const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
   residual_layernorm_forward_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean, rstd, a,
                                                                             b, weight, bias, N, C);
   TRELLIS_CUDA_LAUNCHED();
@@ -319,6 +325,7 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
                                             const T* inp, const T* weight, const float* mean,
                                             const float* rstd, int N, int C) {
   Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
   layernorm_backward_inp_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp, weight,
                                                                         mean, rstd, N, C);
   TRELLIS_CUDA_LAUNCHED();
@@ -337,6 +344,7 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
 template <typename T>
 void CudaBackend::launch_gelu_forward(T* out, const T* inp, int64_t n) {
   Profiled prof(*this, kGelu);
+  add_work(kGelu, 0, double(n) * 2 * sizeof(T));
   gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
   TRELLIS_CUDA_LAUNCHED();
 }
@@ -344,6 +352,7 @@ void CudaBackend::launch_gelu_forward(T* out, const T* inp, int64_t n) {
 template <typename T>
 void CudaBackend::launch_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   Profiled prof(*this, kGelu);
+  add_work(kGelu, 0, double(n) * 3 * sizeof(T));
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
   TRELLIS_CUDA_LAUNCHED();
 }
@@ -351,6 +360,7 @@ void CudaBackend::launch_gelu_backward(T* dinp, const T* inp, const T* dout, int
 void CudaBackend::launch_bias_gelu(__nv_bfloat16* pre, __nv_bfloat16* out, const float* acc,
                                    const __nv_bfloat16* bias, int N, int OC) {
   Profiled prof(*this, kGelu);
+  add_work(kGelu, 0, double(N) * OC * (4 + 2 * 2));
   bias_gelu_kernel<<<blocks_for(int64_t(N) * OC), kThreads, 0, stream_>>>(pre, out, acc, bias, N,
                                                                           OC);
   TRELLIS_CUDA_LAUNCHED();
@@ -359,6 +369,7 @@ void CudaBackend::launch_bias_gelu(__nv_bfloat16* pre, __nv_bfloat16* out, const
 void CudaBackend::launch_gelu_backward_of_f32(__nv_bfloat16* dinp, const __nv_bfloat16* inp,
                                               const float* dout, int64_t n) {
   Profiled prof(*this, kGelu);
+  add_work(kGelu, 0, double(n) * (2 + 4 + 2));
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
   TRELLIS_CUDA_LAUNCHED();
 }
@@ -366,6 +377,7 @@ void CudaBackend::launch_gelu_backward_of_f32(__nv_bfloat16* dinp, const __nv_bf
 template <typename T>
 void CudaBackend::launch_add(T* out, const T* a, const T* b, int64_t n) {
   Profiled prof(*this, kElementwise);
+  add_work(kElementwise, 0, double(n) * 3 * sizeof(T));
   add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
   TRELLIS_CUDA_LAUNCHED();
 }
@@ -489,6 +501,7 @@ void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
 
 void CudaBackend::scale(float* x, float s, int64_t n) {
   Profiled prof(*this, kElementwise);
+  add_work(kElementwise, 0, 8.0 * double(n));
   scale_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, s, n);
   TRELLIS_CUDA_LAUNCHED();
 }

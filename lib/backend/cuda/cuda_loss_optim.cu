@@ -192,6 +192,7 @@ template <typename T>
 void CudaBackend::launch_crossentropy_max(const T* logits, float* row_max, int N, int V,
                                           int valid) {
   Profiled prof(*this, kLoss);
+  add_work(kLoss, 0, double(N) * valid * sizeof(T));
   if (N == 0) return;
   crossentropy_max_kernel<<<N, 512, 0, stream_>>>(logits, row_max, V, valid);
   TRELLIS_CUDA_LAUNCHED();
@@ -202,6 +203,7 @@ void CudaBackend::launch_crossentropy_sums(const T* logits, const int32_t* targe
                                            const float* row_max, float* sumexp, float* target_logit,
                                            int N, int V, int valid, int vocab_begin) {
   Profiled prof(*this, kLoss);
+  add_work(kLoss, 0, double(N) * valid * sizeof(T));
   if (N == 0) return;
   crossentropy_sums_kernel<<<N, 512, 0, stream_>>>(logits, targets, row_max, sumexp, target_logit,
                                                    V, valid, vocab_begin);
@@ -214,6 +216,7 @@ void CudaBackend::launch_crossentropy_finish(T* logits, float* losses, const int
                                              const float* target_logit, int N, int V, int valid,
                                              int vocab_begin, float dloss) {
   Profiled prof(*this, kLoss);
+  add_work(kLoss, 0, double(N) * V * 2 * sizeof(T));
   if (N == 0) return;
   crossentropy_finish_kernel<<<N, 512, 0, stream_>>>(logits, losses, targets, row_max, sumexp,
                                                      target_logit, V, valid, vocab_begin, dloss);
@@ -224,6 +227,7 @@ void CudaBackend::crossentropy(Ptr logits, float* losses, const int32_t* targets
                                float* sumexp, float* target_logit, int N, int V, int valid,
                                float dloss) {
   Profiled prof(*this, kLoss);
+  add_work(kLoss, 0, double(N) * V * 2 * (logits.is_f32() ? 4 : 2));
   if (N == 0) return;
   if (logits.is_f32())
     crossentropy_fused_kernel<<<N, 512, 0, stream_>>>(logits.f32(), losses, targets, row_max,
@@ -280,6 +284,7 @@ void CudaBackend::crossentropy_finish_bf16(Ptr logits, float* losses, const int3
 
 double CudaBackend::sum_squares(const float* x, int64_t n) {
   Profiled prof(*this, kOptimizer);
+  add_work(kOptimizer, 0, 4.0 * double(n));
   if (n == 0) return 0.0;
   double* partial = static_cast<double*>(scratch(sizeof(double) * kSumBlocks));
   sum_squares_kernel<<<kSumBlocks, kThreads, 0, stream_>>>(partial, x, n);
@@ -295,6 +300,7 @@ void CudaBackend::adamw(float* param, const float* grad, float* m, float* v, int
                         float beta1, float beta2, float eps, float weight_decay, float bc1,
                         float bc2, float grad_scale) {
   Profiled prof(*this, kOptimizer);
+  add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
   adamw_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1, beta2,
                                                         eps, weight_decay, bc1, bc2, grad_scale);
   TRELLIS_CUDA_LAUNCHED();
