@@ -98,40 +98,45 @@ TEST_F(CudaBf16Kernels, PrecisionNamesTheTypeAndFp32TensorsStayFp32) {
 // bits; the norm as the plain one.
 TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
   gpu->set_precision("bf16");
-  const int N = 67, C = 96;
-  const Bits x = bf16_random(size_t(N) * C, 10, -3.f, 3.f), w = bf16_random(C, 11),
-             b = bf16_random(C, 12), dout = bf16_random(size_t(N) * C, 13),
-             dinp0 = bf16_random(size_t(N) * C, 14);  // accumulated into
-  const auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
-  Bits out(x.size()), dinp = dinp0;
-  std::vector<float> mean(N), rstd(N), dw = dw0, db = db0;
-  cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), N, C);
-  bf16_t *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout),
-         *d_out = up(bf16_nan(x.size())), *d_dinp = up(dinp0);
-  float *d_mean = up(std::vector<float>(N, NAN)), *d_rstd = up(std::vector<float>(N, NAN)),
-        *d_dw = up(dw0), *d_db = up(db0);
-  std::printf("bf16 layer norm %dx%d:\n", N, C);
-  gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
-  expect_bf16(down_bits(d_out, out.size()), out, 1e-5, "out");
-  expect_f32(down(d_mean, N), mean, 1e-5, "mean");
-  expect_f32(down(d_rstd, N), rstd, 1e-5, "rstd");
-  gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, up(mean), up(rstd), N, C);
-  expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 1e-5, "dinp (+=)");
-  expect_f32(down(d_dw, C), dw, 1e-5, "dweight (+=)");
-  expect_f32(down(d_db, C), db, 1e-5, "dbias (+=)");
-  // The fused residual add + layer norm, the sum written over its first operand.
-  Bits sum = x, rout(x.size());
-  std::vector<float> rmean(N), rrstd(N);
-  cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), sum.data(),
-                                  dout.data(), w.data(), b.data(), N, C);
-  bf16_t *d_a = up(x), *d_rout = up(bf16_nan(x.size()));
-  gpu->residual_layernorm_forward(d_a, d_rout, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
-  expect_same_bits(down_bits(d_a, sum.size()), sum, "residual sum (over a)");
-  expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
-  expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
-  expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+  for (const int C : {96, 100, 768}) {  // 16-byte chunks at 96 and 768, one value a time at 100
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int N = 67;
+    const Bits x = bf16_random(size_t(N) * C, 10, -3.f, 3.f), w = bf16_random(C, 11),
+               b = bf16_random(C, 12), dout = bf16_random(size_t(N) * C, 13),
+               dinp0 = bf16_random(size_t(N) * C, 14);  // accumulated into
+    const auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+    Bits out(x.size()), dinp = dinp0;
+    std::vector<float> mean(N), rstd(N), dw = dw0, db = db0;
+    cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                           C);
+    cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
+    bf16_t *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout),
+           *d_out = up(bf16_nan(x.size())), *d_dinp = up(dinp0);
+    float *d_mean = up(std::vector<float>(N, NAN)), *d_rstd = up(std::vector<float>(N, NAN)),
+          *d_dw = up(dw0), *d_db = up(db0);
+    std::printf("bf16 layer norm %dx%d (%s):\n", N, C,
+                C % 8 == 0 ? "16-byte chunks" : "one value at a time");
+    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    expect_bf16(down_bits(d_out, out.size()), out, 1e-5, "out");
+    expect_f32(down(d_mean, N), mean, 1e-5, "mean");
+    expect_f32(down(d_rstd, N), rstd, 1e-5, "rstd");
+    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, up(mean), up(rstd), N, C);
+    expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 1e-5, "dinp (+=)");
+    expect_f32(down(d_dw, C), dw, 1e-5, "dweight (+=)");
+    expect_f32(down(d_db, C), db, 1e-5, "dbias (+=)");
+    // The fused residual add + layer norm, the sum written over its first operand.
+    Bits sum = x, rout(x.size());
+    std::vector<float> rmean(N), rrstd(N);
+    cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), sum.data(),
+                                    dout.data(), w.data(), b.data(), N, C);
+    bf16_t *d_a = up(x), *d_rout = up(bf16_nan(x.size()));
+    gpu->residual_layernorm_forward(d_a, d_rout, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+    expect_same_bits(down_bits(d_a, sum.size()), sum, "residual sum (over a)");
+    expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
+    expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
+    expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+  }
 }
 
 // bf16 attention on the fp32 kernels: what every bf16 call runs without TRELLIS_TC_ATTENTION=1
@@ -331,8 +336,9 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
     const bool bf16 = std::string(precision) == "bf16";
     SCOPED_TRACE(precision);
     for (float dloss : {1.0f / N, 0.0f}) {
-      std::printf("cross-entropy %dx%d (%d valid), %s logits, dloss %g: fused against three steps\n",
-                  N, V, valid, precision, dloss);
+      std::printf(
+          "cross-entropy %dx%d (%d valid), %s logits, dloss %g: fused against three steps\n", N, V,
+          valid, precision, dloss);
       const std::vector<float> x = random_vec(size_t(N) * V, 60, -6.f, 6.f);
       const Bits xb = bits_of(x);
       // Each run: its own copy of the logits (overwritten by dlogits) and statistics.
@@ -355,8 +361,10 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
           crossentropy_on(be, logits, p_t, p_max, p_sums, p_loss, N, V, valid, 0, dloss);
         if (dev) {
           row_max = down(p_max, N), sums = down(p_sums, 2 * N), loss = down(p_loss, N);
-          if (bf16) xbf = down_bits(logits.bf16(), xb.size());
-          else xf = down(logits.f32(), x.size());
+          if (bf16)
+            xbf = down_bits(logits.bf16(), xb.size());
+          else
+            xf = down(logits.f32(), x.size());
         }
         stats = row_max;
         stats.insert(stats.end(), sums.begin(), sums.end());
@@ -372,12 +380,16 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
       EXPECT_EQ(fl, sl) << "losses";
       if (bf16) {
         expect_same_bits(fused_b, steps_b, "dlogits, fused against three steps");
-        if (dloss == 0.0f) expect_same_bits(fused_b, xb, "logits with dloss = 0");
-        else expect_bf16(fused_b, cpu_b, 1e-5, "dlogits against the CPU");
+        if (dloss == 0.0f)
+          expect_same_bits(fused_b, xb, "logits with dloss = 0");
+        else
+          expect_bf16(fused_b, cpu_b, 1e-5, "dlogits against the CPU");
       } else {
         EXPECT_EQ(fused_out, steps_out) << "dlogits, fused against three steps";
-        if (dloss == 0.0f) EXPECT_EQ(fused_out, x) << "logits with dloss = 0";
-        else expect_f32(fused_out, cpu_out, 1e-5, "dlogits against the CPU");
+        if (dloss == 0.0f)
+          EXPECT_EQ(fused_out, x) << "logits with dloss = 0";
+        else
+          expect_f32(fused_out, cpu_out, 1e-5, "dlogits against the CPU");
       }
       expect_f32(fs, cs, 1e-5, "statistics against the CPU");
       expect_f32(fl, cl, 1e-5, "losses against the CPU");

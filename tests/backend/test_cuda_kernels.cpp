@@ -215,36 +215,42 @@ TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
   expect_f32(tail(got_db), tail(db), 1e-5, "dbias (+=)");
 }
 
+// Widths C = 96 and 768 (GPT-2's) take 16-byte chunks, C = 37 one value at a time.
 TEST_F(CudaKernels, LayerNorm) {
-  const int N = 67, C = 96;
-  auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11), b = random_vec(C, 12);
-  auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
-  auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
-  std::vector<float> out(x.size()), mean(N), rstd(N), dinp = dinp0, dw = dw0, db = db0;
-  cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), N, C);
-  float *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
-        *d_mean = up(mean), *d_rstd = up(rstd), *d_dinp = up(dinp0), *d_dw = up(dw0),
-        *d_db = up(db0);
-  gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
-  gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-  expect_close(down(d_out, out.size()), out, 1e-5, "out");
-  expect_close(down(d_mean, N), mean, 1e-5, "mean");
-  expect_close(down(d_rstd, N), rstd, 1e-5, "rstd");
-  expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
-  expect_close(down(d_dw, C), dw, 1e-5, "dweight");
-  expect_close(down(d_db, C), db, 1e-5, "dbias");
-  // The fused residual add + layer norm, the sum written over its first operand.
-  std::vector<float> sum(x.size()), rout(x.size()), rmean(N), rrstd(N);
-  cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), x.data(),
-                                  dout.data(), w.data(), b.data(), N, C);
-  float* d_a = up(x);
-  gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
-  expect_close(down(d_a, sum.size()), sum, 1e-6, "residual sum");
-  expect_close(down(d_out, rout.size()), rout, 1e-5, "residual layernorm out");
-  expect_close(down(d_mean, N), rmean, 1e-5, "residual layernorm mean");
-  expect_close(down(d_rstd, N), rrstd, 1e-5, "residual layernorm rstd");
+  for (const int C : {96, 37, 768}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int N = 67;
+    auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11), b = random_vec(C, 12);
+    auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
+    auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+    std::vector<float> out(x.size()), mean(N), rstd(N), dinp = dinp0, dw = dw0, db = db0;
+    cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                           C);
+    cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
+    float *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
+          *d_mean = up(mean), *d_rstd = up(rstd), *d_dinp = up(dinp0), *d_dw = up(dw0),
+          *d_db = up(db0);
+    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+    expect_close(down(d_out, out.size()), out, 1e-5, "out");
+    expect_close(down(d_mean, N), mean, 1e-5, "mean");
+    expect_close(down(d_rstd, N), rstd, 1e-5, "rstd");
+    expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
+    // (Σ over N rows in another order: an entry that cancels, e.g. 1.5e-5 off at C = 37.)
+    expect_close(down(d_dw, C), dw, 1e-4, "dweight");
+    expect_close(down(d_db, C), db, 1e-5, "dbias");
+    // The fused residual add + layer norm, the sum written over its first operand.
+    std::vector<float> sum(x.size()), rout(x.size()), rmean(N), rrstd(N);
+    cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), x.data(),
+                                    dout.data(), w.data(), b.data(), N, C);
+    float* d_a = up(x);
+    gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+    expect_close(down(d_a, sum.size()), sum, 1e-6, "residual sum");
+    expect_close(down(d_out, rout.size()), rout, 1e-5, "residual layernorm out");
+    expect_close(down(d_mean, N), rmean, 1e-5, "residual layernorm mean");
+    expect_close(down(d_rstd, N), rrstd, 1e-5, "residual layernorm rstd");
+  }
 }
 
 TEST_F(CudaKernels, Attention) {
@@ -348,7 +354,8 @@ TEST_F(CudaKernels, SumSquaresAndAdamW) {
 TEST_F(CudaKernels, ProfileReportsRatesOnTheLeastWork) {
   fresh_gpu({{"TRELLIS_CUDA_PROFILE", "1"}});
   const int N = 64, C = 96, OC = 80;
-  float *d_out = up(std::vector<float>(size_t(N) * OC)), *d_ln = up(std::vector<float>(size_t(N) * C));
+  float *d_out = up(std::vector<float>(size_t(N) * OC)),
+        *d_ln = up(std::vector<float>(size_t(N) * C));
   float *d_mean = up(std::vector<float>(N)), *d_rstd = up(std::vector<float>(N));
   const auto x = random_vec(size_t(N) * C, 70), w = random_vec(size_t(OC) * C, 71),
              g = random_vec(C, 72), b = random_vec(C, 73);
@@ -371,7 +378,8 @@ TEST_F(CudaKernels, ProfileReportsRatesOnTheLeastWork) {
   auto work = [](std::string r, double unit) {
     r = r.substr(r.find("│ ", 4));  // past the class's name
     for (char& c : r)
-      if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == '-')) c = ' ';
+      if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == '-'))
+        c = ' ';
     std::istringstream in(r);
     double ms = 0, share = 0, calls = 0, rate = 0;
     in >> ms >> share >> calls >> rate;

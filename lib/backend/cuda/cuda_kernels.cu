@@ -76,22 +76,37 @@ __global__ void position_backward_kernel(float* dwpe, const T* dout, int rows, i
 }
 
 // ---- layer norm: one warp per row ----
+// Each lane takes chunks of W values (cuda::Chunk: 16 bytes where the rows allow, else one value)
+// at columns lane·W, lane·W + 32·W, ...; W = 1 is the column order of one value a lane.
 
 // The layer norm of one row x (C) by one warp, from each lane's partial sum of x: out (C) and the
 // row's mean and rstd.
-template <typename T>
+template <typename T, int W>
 __device__ void layernorm_row_warp(T* o, float* mean, float* rstd, const T* x, float lane_sum,
                                    const T* weight, const T* bias, int C, int lane) {
+  using V = cuda::Chunk<T, W>;
   const float m = cuda::warp_sum(lane_sum) / float(C);
   float v = 0.0f;
-  for (int c = lane; c < C; c += 32) v += (load(x + c) - m) * (load(x + c) - m);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V xc;
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v += (xc[k] - m) * (xc[k] - m);
+  }
   const float r = rsqrtf(cuda::warp_sum(v) / float(C) + 1e-5f);
-  for (int c = lane; c < C; c += 32)
-    store(o + c, (r * (load(x + c) - m)) * load(weight + c) + load(bias + c));
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V xc, wc, bc, oc;
+    xc.load_from(x + c);
+    wc.load_from(weight + c);
+    bc.load_from(bias + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) oc.set(k, (r * (xc[k] - m)) * wc[k] + bc[k]);
+    oc.store_to(o + c);
+  }
   if (lane == 0) *mean = m, *rstd = r;
 }
 
-template <typename T>
+template <typename T, int W>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
                                          const T* weight, const T* bias, int N, int C) {
   const int lane = threadIdx.x & 31;
@@ -99,14 +114,19 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   if (row >= N) return;
   const T* x = inp + row * C;  // (C)
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += load(x + c);
-  layernorm_row_warp(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    cuda::Chunk<T, W> xc;
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) s += xc[k];
+  }
+  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
 }
 
 // res = a + b (res may alias a or b), then the layer norm of res: one warp per row, the sums
 // written by each lane and read back by the same lane (no other thread touches them). The norm
 // reads the sum as stored (rounded, for bf16).
-template <typename T>
+template <typename T, int W>
 __global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, float* rstd,
                                                   const T* a, const T* b, const T* weight,
                                                   const T* bias, int N, int C) {
@@ -115,16 +135,24 @@ __global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, f
   if (row >= N) return;
   T* x = res + row * C;  // (C)
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    store(x + c, load(a + row * C + c) + load(b + row * C + c));
-    s += load(x + c);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    cuda::Chunk<T, W> ac, bc, xc;
+    ac.load_from(a + row * C + c);
+    bc.load_from(b + row * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      xc.set(k, ac[k] + bc[k]);
+      s += xc[k];
+    }
+    xc.store_to(x + c);
   }
-  layernorm_row_warp<T>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
 }
 
-template <typename T>
+template <typename T, int W>
 __global__ void layernorm_backward_inp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
                                               const float* mean, const float* rstd, int N, int C) {
+  using V = cuda::Chunk<T, W>;
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
@@ -133,15 +161,30 @@ __global__ void layernorm_backward_inp_kernel(T* dinp, const T* dout, const T* i
   T* di = dinp + row * C;       // (C)
   const float m = mean[row], r = rstd[row];
   float a1 = 0.0f, a2 = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float dn = load(weight + c) * load(d + c);
-    a1 += dn;
-    a2 += dn * ((load(x + c) - m) * r);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V wc, dc, xc;
+    wc.load_from(weight + c);
+    dc.load_from(d + c);
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float dn = wc[k] * dc[k];
+      a1 += dn;
+      a2 += dn * ((xc[k] - m) * r);
+    }
   }
   const float dn_mean = cuda::warp_sum(a1) / float(C), dnx_mean = cuda::warp_sum(a2) / float(C);
-  for (int c = lane; c < C; c += 32)
-    store(di + c, load(di + c) + r * (load(weight + c) * load(d + c) - dn_mean -
-                                      ((load(x + c) - m) * r) * dnx_mean));
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V wc, dc, xc, ic;
+    wc.load_from(weight + c);
+    dc.load_from(d + c);
+    xc.load_from(x + c);
+    ic.load_from(di + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      ic.set(k, ic[k] + r * (wc[k] * dc[k] - dn_mean - ((xc[k] - m) * r) * dnx_mean));
+    ic.store_to(di + c);
+  }
 }
 
 // partial (chunks, 2C): per chunk of kRowChunk rows, Σ dout (dbias) then Σ xhat·dout (dweight).
@@ -304,8 +347,13 @@ void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, con
                                            const T* weight, const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
-  layernorm_forward_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp, weight,
-                                                                   bias, N, C);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {out, inp, weight, bias}))
+    layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
+        weight, bias, N, C);
+  else
+    layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
+        weight, bias, N, C);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -315,8 +363,13 @@ void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean,
                                                     const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
-  residual_layernorm_forward_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean, rstd, a,
-                                                                            b, weight, bias, N, C);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {res, out, a, b, weight, bias}))
+    residual_layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
+        rstd, a, b, weight, bias, N, C);
+  else
+    residual_layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
+        rstd, a, b, weight, bias, N, C);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -326,8 +379,13 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
                                             const float* rstd, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
-  layernorm_backward_inp_kernel<<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp, weight,
-                                                                        mean, rstd, N, C);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {dinp, dout, inp, weight}))
+    layernorm_backward_inp_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
+        weight, mean, rstd, N, C);
+  else
+    layernorm_backward_inp_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
+        weight, mean, rstd, N, C);
   TRELLIS_CUDA_LAUNCHED();
   const int chunks = (N + kRowChunk - 1) / kRowChunk;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));  // (chunks, 2C)
@@ -337,7 +395,8 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   TRELLIS_CUDA_LAUNCHED();
   const unsigned cols = (C + kThreads - 1) / kThreads;
   add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dbias, partial, chunks, 2 * int64_t(C), C);
-  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dweight, partial + C, chunks, 2 * int64_t(C), C);
+  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dweight, partial + C, chunks, 2 * int64_t(C),
+      C);
   TRELLIS_CUDA_LAUNCHED();
 }
 

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -46,6 +48,45 @@ __device__ inline float load(const float* p) { return *p; }
 __device__ inline float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ inline void store(float* p, float v) { *p = v; }
 __device__ inline void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+/// W consecutive values of a row, loaded and stored together: 16 bytes (one vector access: 8 bf16
+/// or 4 fp32, W = kWide<T>) where the row's length and alignment allow it, one value (W = 1)
+/// elsewhere. Element-wise passes over memory at 2 or 4 bytes an access leave much of a GPU's
+/// bandwidth unused. Values go through load/store above (fp32 arithmetic, one rounding).
+template <typename T>
+constexpr int kWide = 16 / int(sizeof(T));
+template <typename T, int W>
+struct Chunk {
+  static_assert(W == 1 || W == kWide<T>);
+  T e[W];
+  __device__ void load_from(const T* p) {
+    if constexpr (W == 1) {
+      e[0] = *p;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p);
+      memcpy(static_cast<void*>(e), &raw, sizeof(raw));
+    }
+  }
+  __device__ void store_to(T* p) const {
+    if constexpr (W == 1) {
+      *p = e[0];
+    } else {
+      uint4 raw;
+      memcpy(&raw, static_cast<const void*>(e), sizeof(raw));
+      *reinterpret_cast<uint4*>(p) = raw;
+    }
+  }
+  __device__ float operator[](int k) const { return load(e + k); }
+  __device__ void set(int k, float v) { store(e + k, v); }
+};
+/// Whether rows of C values of type T at these pointers (null: skipped) take 16-byte chunks.
+template <typename T>
+inline bool wide_rows(int64_t C, std::initializer_list<const void*> pointers) {
+  if (C % kWide<T> != 0) return false;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 /// A backend's bf16 tensor as CUDA's type (the same 16 bits).
 inline __nv_bfloat16* dev(bf16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
