@@ -3,7 +3,6 @@
 // (cpu/cpu_vocab_parallel.cpp, cpu/cpu_loss_optim.cpp).
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.cuh"
@@ -24,47 +23,40 @@ using cuda::store;
 // one (the whole vocabulary on this rank: the row read from memory once, again from L2) run the
 // same code, so they give the same bits.
 
-// Values a thread reads or writes at once: 16 bytes (8 bf16 or 4 fp32), where the row is 16-byte
-// aligned (GPT-2's padded vocabulary, 50304 columns, keeps every row aligned); a pass over the
-// row at 2 bytes a load would leave most of the memory's bandwidth unused.
-template <typename T>
-constexpr int kVec = 16 / sizeof(T);
+// A row is read and written in 16-byte chunks (cuda::Chunk) where it is 16-byte aligned (GPT-2's
+// padded vocabulary, 50304 columns, keeps every row aligned), its last values one at a time.
 
-// f(column, value) for the first n values of row l, this thread's share: whole vectors while they
-// fit (where the row is aligned), then one value at a time.
+// f(column, value) for the first n values of row l, this thread's share.
 template <typename T, typename F>
 __device__ void for_each_value(const T* l, int n, F&& f) {
+  constexpr int W = cuda::kWide<T>;
   int done = 0;
   if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
-    const int vectors = n / kVec<T>;
-    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
-      const uint4 raw = reinterpret_cast<const uint4*>(l)[i];
-      T e[kVec<T>];
-      memcpy(static_cast<void*>(e), &raw, sizeof(raw));
+    done = n / W * W;
+    for (int c = threadIdx.x * W; c < done; c += blockDim.x * W) {
+      cuda::Chunk<T, W> x;
+      x.load_from(l + c);
 #pragma unroll
-      for (int k = 0; k < kVec<T>; ++k) f(i * kVec<T> + k, load(e + k));
+      for (int k = 0; k < W; ++k) f(c + k, x[k]);
     }
-    done = vectors * kVec<T>;
   }
   for (int v = done + threadIdx.x; v < n; v += blockDim.x) f(v, load(l + v));
 }
 
-// x[v] = g(v, x[v]) for every column of row l, this thread's share, vectors as above.
+// x[v] = g(v, x[v]) for every column of row l, this thread's share.
 template <typename T, typename G>
 __device__ void update_each_value(T* l, int n, G&& g) {
+  constexpr int W = cuda::kWide<T>;
   int done = 0;
   if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
-    const int vectors = n / kVec<T>;
-    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
-      uint4 raw = reinterpret_cast<const uint4*>(l)[i];
-      T e[kVec<T>];
-      memcpy(static_cast<void*>(e), &raw, sizeof(raw));
+    done = n / W * W;
+    for (int c = threadIdx.x * W; c < done; c += blockDim.x * W) {
+      cuda::Chunk<T, W> x;
+      x.load_from(l + c);
 #pragma unroll
-      for (int k = 0; k < kVec<T>; ++k) store(e + k, g(i * kVec<T> + k, load(e + k)));
-      memcpy(&raw, static_cast<const void*>(e), sizeof(raw));
-      reinterpret_cast<uint4*>(l)[i] = raw;
+      for (int k = 0; k < W; ++k) x.set(k, g(c + k, x[k]));
+      x.store_to(l + c);
     }
-    done = vectors * kVec<T>;
   }
   for (int v = done + threadIdx.x; v < n; v += blockDim.x) store(l + v, g(v, load(l + v)));
 }
