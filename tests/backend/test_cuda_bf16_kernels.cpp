@@ -167,10 +167,10 @@ TEST_F(CudaBf16Kernels, Bf16Attention) {
 }
 
 // bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1: the mma.sync kernels; =wmma: the
-// WMMA ones; head sizes 32, 64 and 128 — with WMMA 128 only where a block may have 120.5 KiB of
-// shared memory: not sm_86/sm_89 — with 16-byte aligned tensors; the rest keep the fp32 kernels
-// and must meet Bf16Attention's bounds) against the CPU's
-// widening reference. The kernels round P (forward and backward) and dS to bf16 for their
+// WMMA ones; head sizes 32, 64 and 128 — 128 only where a block may have 103 KiB of shared
+// memory (mma.sync; 120.5 KiB WMMA): not sm_86/sm_89 — with 16-byte aligned tensors; the rest
+// keep the fp32 kernels and must meet Bf16Attention's bounds) against the CPU's widening
+// reference. The kernels round P (forward and backward) and dS to bf16 for their
 // products: an emulation of those roundings on these shapes (exact arithmetic otherwise, both
 // sides rounded to bf16) gives relative L2 errors of 1.6–1.8e-3 for out and 2.6–2.7e-3 for dqkv;
 // bounds 1e-2 and 2e-2, and 2e-3 for the logsumexp against a double reference (computed from fp32

@@ -430,7 +430,7 @@ void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, c
 }  // namespace
 
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
-  // The dK/dV kernel needs the most shared memory: 105 KiB at hd 128, over what a block may have
+  // The dK/dV kernel needs the most shared memory: 103 KiB at hd 128, over what a block may have
   // on sm_86/sm_89 (99 KiB; 55 KiB at hd 64).
   return tiles::fits(hd, pointers, [](int hd) {
     return tiles::with_head_size(
