@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -235,10 +236,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   const cublasStatus_t s =
       validate(desc(operationDesc), layout(Adesc), layout(Bdesc), layout(Cdesc), layout(Ddesc));
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  heuristicResultsArray[0] = cublasLtMatmulHeuristicResult_t{};
-  heuristicResultsArray[0].state = CUBLAS_STATUS_SUCCESS;
-  heuristicResultsArray[0].wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  // Up to three "algorithms" (as the real one offers several), which compute alike here: a caller
+  // that times them (TRELLIS_GEMM_TUNE) may keep any.
+  const int n = std::min(requestedAlgoCount, 3);
+  for (int i = 0; i < n; ++i) {
+    heuristicResultsArray[i] = cublasLtMatmulHeuristicResult_t{};
+    heuristicResultsArray[i].algo.data[0] = uint64_t(i);
+    heuristicResultsArray[i].state = CUBLAS_STATUS_SUCCESS;
+    heuristicResultsArray[i].wavesCount = 1.0f;
+  }
+  *returnAlgoCount = n;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -79,6 +79,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
   if (tc && std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
   else if (tc && std::strcmp(tc, "0") != 0) tc_attention_ = TcAttention::mma;
+  const char* tune = std::getenv("TRELLIS_GEMM_TUNE");
+  tune_gemms_ = tune && std::strcmp(tune, "0") != 0;
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
 }
@@ -217,6 +219,20 @@ std::string CudaBackend::profile_report() {
   }
   std::snprintf(buf[0], sizeof buf[0], "%.1f", total);
   rows.push_back({"total", buf[0], "100%", "", ""});
+  if (tune_gemms_) {  // what timing the heuristic's candidates changed, weighted by calls
+    int tuned = 0, changed = 0;
+    double first = 0, chosen = 0;
+    for (const auto& [key, p] : plans_) {
+      if (!p.tuned || p.ncandidates < 2) continue;
+      ++tuned;
+      changed += p.chosen != 0;
+      first += double(p.calls) * p.first_ms;
+      chosen += double(p.calls) * p.chosen_ms;
+    }
+    std::snprintf(buf[0], sizeof buf[0], "%d of %d plans", changed, tuned);
+    std::snprintf(buf[1], sizeof buf[1], "%.1f%% of GEMM time", first > 0 ? 100 * (1 - chosen / first) : 0.0);
+    rows.push_back({"GEMM algorithms changed by timing", "", "", buf[0], buf[1]});
+  }
   if (gelu_fused_ + gelu_unfused_ > 0) {  // (in the GEMM row when fused)
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)gelu_fused_,
                   (long long)(gelu_fused_ + gelu_unfused_));

@@ -337,7 +337,21 @@ class CudaBackend : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
     double flops = 0;    // 2·m·n·k, for the profile
+    size_t d_bytes = 0;  // D's extent (ldd · n values of its type)
+    // TRELLIS_GEMM_TUNE=1: the heuristic's candidates, best first; once timed (at the plan's first
+    // call), algo is the fastest, and the times of the first and of it are kept for the profile.
+    static constexpr int kMaxCandidates = 8;
+    cublasLtMatmulAlgo_t candidates[kMaxCandidates] = {};
+    int ncandidates = 0;
+    bool tuned = false;
+    int chosen = 0;
+    float first_ms = 0, chosen_ms = 0;
+    int64_t calls = 0;
   };
+  /// Times the plan's candidates on this call's operands (D put back between trials where beta
+  /// makes it an input) and keeps the fastest: TRELLIS_GEMM_TUNE=1, once per plan.
+  void tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta);
+  bool tune_gemms_ = false;
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in
   //  bytes (0: none), DType of A and B, DType of D)
   using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int,

@@ -31,6 +31,7 @@ static int alignment(const void* p) {
 
 static cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
+
 CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, const void* aux) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -40,6 +41,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   const DType in = DType(in_t), out = DType(out_t);
   GemmPlan p;
   p.flops = 2.0 * m * n * k;
+  p.d_bytes = size_t(ldd) * n * (out == DType::f32 ? 4 : 2);
   // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
   // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
   const cublasComputeType_t compute =
@@ -87,11 +89,13 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
     TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
   // C is D here (in place, beta = 1 accumulates).
   TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
-  cublasLtMatmulHeuristicResult_t result{};
+  // One algorithm, the heuristic's best; with TRELLIS_GEMM_TUNE=1 its best few, to be timed.
+  cublasLtMatmulHeuristicResult_t results[GemmPlan::kMaxCandidates] = {};
   int found = 0;
   // A combination cuBLASLt does not support may answer "not supported" rather than no result.
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  const int wanted = tune_gemms_ ? GemmPlan::kMaxCandidates : 1;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d,
+                                                               pref, wanted, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
   // A GELU epilogue cuBLASLt cannot do here (no algorithm, "not supported", or any other
@@ -107,16 +111,64 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
                              std::to_string(n) + "x" + std::to_string(k) + " GEMM of " +
                              dtype_name(in) + " inputs and " + dtype_name(out) + " output");
-  p.algo = result.algo;
+  p.algo = results[0].algo;
   p.found = found > 0;
+  for (int i = 0; i < found; ++i) p.candidates[i] = results[i].algo;
+  p.ncandidates = found;
   return plans_.emplace(key, p).first->second;
 }
 
 void CudaBackend::gelu_epilogue_failed(cublasStatus_t status, const char* when) {
   if (gelu_epilogue_warned_) return;
   gelu_epilogue_warned_ = true;
-  std::fprintf(stderr, "trellis: warning: cuBLASLt refused the GELU epilogue while %s (status %d); "
-               "the MLP's GELU runs as kernels of its own\n", when, int(status));
+  std::fprintf(stderr,
+               "trellis: warning: cuBLASLt refused the GELU epilogue while %s (status %d); "
+               "the MLP's GELU runs as kernels of its own\n",
+               when, int(status));
+}
+
+void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta) {
+  p.tuned = true;
+  if (p.ncandidates < 2) return;
+  // With beta ≠ 0, D is an input too: kept aside, put back before each trial and at the end.
+  void* saved = nullptr;
+  if (beta != 0.0f) {
+    TRELLIS_CUDA(cudaMallocAsync(&saved, p.d_bytes, stream_));
+    TRELLIS_CUDA(cudaMemcpyAsync(saved, D.data, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  cudaEvent_t start, stop;
+  TRELLIS_CUDA(cudaEventCreate(&start));
+  TRELLIS_CUDA(cudaEventCreate(&stop));
+  const float alpha = 1.0f;
+  float best = 0;
+  for (int i = 0; i < p.ncandidates; ++i) {
+    float total = 0;  // two timed runs after one to warm up
+    bool ok = true;
+    for (int rep = 0; rep < 3 && ok; ++rep) {
+      if (saved)
+        TRELLIS_CUDA(cudaMemcpyAsync(D.data, saved, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
+      TRELLIS_CUDA(cudaEventRecord(start, stream_));
+      ok = cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data,
+                          p.d, &p.candidates[i], workspace_, workspace_bytes_,
+                          stream_) == CUBLAS_STATUS_SUCCESS;
+      TRELLIS_CUDA(cudaEventRecord(stop, stream_));
+      TRELLIS_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      TRELLIS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (rep > 0) total += ms;
+    }
+    if (!ok) continue;  // (a candidate this configuration refuses: not a choice)
+    if (i == 0) p.first_ms = total / 2;
+    if (best == 0 || total / 2 < best) best = total / 2, p.chosen = i;
+  }
+  if (best > 0) p.algo = p.candidates[p.chosen], p.chosen_ms = best;
+  if (p.first_ms == 0) p.first_ms = best;  // (the first refused: judged against the chosen)
+  if (saved) {
+    TRELLIS_CUDA(cudaMemcpyAsync(D.data, saved, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
+    TRELLIS_CUDA(cudaFreeAsync(saved, stream_));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
 }
 
 bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
@@ -126,6 +178,8 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr au
   if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux.data,
                                      sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
+  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, 0.0f);
+  ++p.calls;
   const float alpha = 1.0f, beta = 0.0f;
   // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
   const cublasStatus_t status =
@@ -147,6 +201,8 @@ void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias,
   if (aux)
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &aux.data, sizeof(aux.data)));
+  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta);
+  ++p.calls;
   const float alpha = 1.0f;
   TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d,
                             D.data, p.d, &p.algo, workspace_, workspace_bytes_, stream_));
