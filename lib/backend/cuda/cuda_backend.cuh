@@ -352,6 +352,7 @@ class CudaBackend : public Backend {
   /// makes it an input) and keeps the fastest: TRELLIS_GEMM_TUNE=1, once per plan.
   void tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta);
   bool tune_gemms_ = false;
+  double tuning_ms_ = 0;  // the trials' device time, inside the GEMM calls' profile intervals
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in
   //  bytes (0: none), DType of A and B, DType of D)
   using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int,
