@@ -3,6 +3,7 @@
 // (cpu/cpu_vocab_parallel.cpp, cpu/cpu_loss_optim.cpp).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.cuh"
@@ -26,46 +27,37 @@ using cuda::store;
 // A row is read and written in 16-byte chunks (cuda::Chunk) where it is 16-byte aligned (GPT-2's
 // padded vocabulary, 50304 columns, keeps every row aligned), its last values one at a time.
 
-// f(column, value) for the first n values of row l, this thread's share.
-template <typename T, typename F>
-__device__ void for_each_value(const T* l, int n, F&& f) {
-  constexpr int W = cuda::kWide<T>;
+// One pass over the first n values of row l, this thread's share: f(column, value) for each —
+// and with Write, the value becomes what f returns.
+template <bool Write, typename T, typename F>
+__device__ void row_pass(T* l, int n, F&& f) {
+  using E = std::remove_const_t<T>;
+  constexpr int W = cuda::kWide<E>;
   int done = 0;
   if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
     done = n / W * W;
     for (int c = threadIdx.x * W; c < done; c += blockDim.x * W) {
-      cuda::Chunk<T, W> x;
+      cuda::Chunk<E, W> x;
       x.load_from(l + c);
 #pragma unroll
-      for (int k = 0; k < W; ++k) f(c + k, x[k]);
+      for (int k = 0; k < W; ++k) {
+        if constexpr (Write) x.set(k, f(c + k, x[k]));
+        else f(c + k, x[k]);
+      }
+      if constexpr (Write) x.store_to(l + c);
     }
   }
-  for (int v = done + threadIdx.x; v < n; v += blockDim.x) f(v, load(l + v));
-}
-
-// x[v] = g(v, x[v]) for every column of row l, this thread's share.
-template <typename T, typename G>
-__device__ void update_each_value(T* l, int n, G&& g) {
-  constexpr int W = cuda::kWide<T>;
-  int done = 0;
-  if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
-    done = n / W * W;
-    for (int c = threadIdx.x * W; c < done; c += blockDim.x * W) {
-      cuda::Chunk<T, W> x;
-      x.load_from(l + c);
-#pragma unroll
-      for (int k = 0; k < W; ++k) x.set(k, g(c + k, x[k]));
-      x.store_to(l + c);
-    }
+  for (int v = done + threadIdx.x; v < n; v += blockDim.x) {
+    if constexpr (Write) store(l + v, f(v, load(l + v)));
+    else f(v, load(l + v));
   }
-  for (int v = done + threadIdx.x; v < n; v += blockDim.x) store(l + v, g(v, load(l + v)));
 }
 
 // The maximum over the valid columns, in every thread.
 template <typename T>
 __device__ float row_max_of(const T* l, int valid, float* shared) {
   float m = -INFINITY;
-  for_each_value(l, valid, [&m](int, float x) { m = fmaxf(m, x); });
+  row_pass<false>(l, valid, [&m](int, float x) { m = fmaxf(m, x); });
   return cuda::block_max(m, shared);
 }
 
@@ -74,7 +66,7 @@ __device__ float row_max_of(const T* l, int valid, float* shared) {
 template <typename T>
 __device__ float row_sumexp(const T* l, int valid, float m, double* shared) {
   double s = 0.0;
-  for_each_value(l, valid, [&s, m](int, float x) { s += double(expf(x - m)); });
+  row_pass<false>(l, valid, [&s, m](int, float x) { s += double(expf(x - m)); });
   return float(cuda::block_sum(s, shared));
 }
 
@@ -94,7 +86,7 @@ __device__ void row_finish(T* l, float* loss, int target, int t, float m, float 
   const float inv = 1.0f / sumexp;
   const int live = ignored ? 0 : valid;
   // Each column is read and written by one thread: in place is safe.
-  update_each_value(l, V, [=](int v, float x) {
+  row_pass<true>(l, V, [=](int v, float x) {
     const float p = v < live ? expf(x - m) * inv : 0.0f;
     return (v == t && v < live ? p - 1.0f : p) * dloss;
   });
