@@ -114,9 +114,13 @@ bool fits(int hd, std::initializer_list<const void*> pointers, Smem smem) {
   if (hd != 32 && hd != 64 && hd != 128) return false;
   for (const void* p : pointers)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  int device = 0, optin = 0;
-  TRELLIS_CUDA(cudaGetDevice(&device));
-  TRELLIS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // The device's limit, read once (asked before every attention call: not a driver query each).
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    TRELLIS_CUDA(cudaGetDevice(&device));
+    TRELLIS_CUDA(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
   return smem(hd) <= size_t(optin);
 }
 
