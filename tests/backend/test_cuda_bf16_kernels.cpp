@@ -229,6 +229,19 @@ void CudaBf16Kernels::attention_on_tensor_cores(const char* kernels) {
   }
 }
 
+// The register layouts the mma.sync attention assumes (cuda_mma.cuh), checked on the device one
+// register half at a time: the three ldmatrix patterns the kernels issue and mma.sync's placement
+// of A, B and C/D. On the emulated GPU this shows the check and the emulator read the PTX tables
+// alike; on a GPU, whether that reading is the hardware's (where it is not, the lines name the
+// instruction, lane, register and the element it holds instead).
+TEST_F(CudaBf16Kernels, TensorCoreFragmentsFollowThePtxLayouts) {
+  const std::vector<std::string> errors = cuda_fragment_layout_errors();
+  for (size_t i = 0; i < errors.size() && i < 24; ++i) ADD_FAILURE() << errors[i];
+  std::printf("fragment layouts: %zu of %d register halves and accumulators off\n", errors.size(),
+              3 * 32 * 8 + 32 * 4);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " off";
+}
+
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) { attention_on_tensor_cores("1"); }
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }
 

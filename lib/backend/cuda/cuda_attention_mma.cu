@@ -42,28 +42,27 @@ constexpr unsigned kFull = 0xffffffffu;
 // A (16, D): rows row0 .. row0+15 of a shared (64, D+8) tile, as D/16 A fragments.
 template <int D>
 __device__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0) {
-  const int lane = threadIdx.x & 31;
+  const LaneOffset at = a_fragment_offset(threadIdx.x & 31);
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k)  // lanes 0-15 rows 0-15 at column 0, lanes 16-31 at column 8
-    ldmatrix_x4(a[k], tile + (row0 + (lane & 15)) * (D + 8) + k * 16 + (lane >> 4) * 8);
+  for (int k = 0; k < D / 16; ++k)
+    ldmatrix_x4(a[k], tile + (row0 + at.row) * (D + 8) + k * 16 + at.col);
 }
 
 // s (16, 64) = A (16, D) · Bᵀ, where B's 64 rows of D sit in a shared (64, D+8) tile: s[j] is
 // n-tile j (columns 8j .. 8j+7) in the accumulator layout.
 template <int D>
 __device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], const bf16* b_tile) {
-  const int lane = threadIdx.x & 31;
+  const LaneOffset at = bt_fragment_offset(threadIdx.x & 31);
 #pragma unroll
   for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
 #pragma unroll
     for (int j = 0; j < kN; j += 2) {
-      // Matrices: rows of n-tiles j (lanes 0-15) and j+1 (16-31), columns k·16 (lanes 0-7,
-      // 16-23) and k·16+8: b[0..1] B of n-tile j, b[2..3] of n-tile j+1.
+      // The block of rows 8j .. 8j+15 (n-tiles j, j+1), columns 16k .. 16k+15: b[0..1] B of
+      // n-tile j, b[2..3] of n-tile j+1.
       uint32_t b[4];
-      ldmatrix_x4(b, b_tile + (j * 8 + (lane & 7) + (lane >> 4) * 8) * (D + 8) + k * 16 +
-                         ((lane >> 3) & 1) * 8);
+      ldmatrix_x4(b, b_tile + (j * 8 + at.row) * (D + 8) + k * 16 + at.col);
       mma_bf16_16816(s[j], a[k], b[0], b[1]);
       mma_bf16_16816(s[j + 1], a[k], b[2], b[3]);
     }
@@ -74,16 +73,15 @@ __device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], c
 // (64, D+8) tile read column-major (ldmatrix .trans).
 template <int D>
 __device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], const bf16* b_tile) {
-  const int lane = threadIdx.x & 31;
+  const LaneOffset at = b_fragment_offset(threadIdx.x & 31);
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
-      // Matrices: rows k·16 (lanes 0-7, 16-23) and k·16+8, columns of n-tiles n (lanes 0-15)
-      // and n+1: b[0..1] B of n-tile n, b[2..3] of n-tile n+1.
+      // The block of rows 16k .. 16k+15, columns 8n .. 8n+15 (n-tiles n, n+1): b[0..1] B of
+      // n-tile n, b[2..3] of n-tile n+1.
       uint32_t b[4];
-      ldmatrix_x4_trans(b, b_tile + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (D + 8) +
-                               n * 8 + (lane >> 4) * 8);
+      ldmatrix_x4_trans(b, b_tile + (k * 16 + at.row) * (D + 8) + n * 8 + at.col);
       mma_bf16_16816(acc[n], p[k], b[0], b[1]);
       mma_bf16_16816(acc[n + 1], p[k], b[2], b[3]);
     }

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.hpp"
 
@@ -16,6 +17,12 @@ int cuda_device_count();
 /// TRELLIS_TC_ATTENTION: "wmma", else the mma.sync kernels) takes head size hd on the current
 /// device (its kernels' shared memory fits the device's limit): for tests.
 bool cuda_tc_attention_takes(int hd, const char* kernels);
+
+/// On the current device, the register layouts the mma.sync attention assumes (cuda_mma.cuh):
+/// one line per register (half) that ldmatrix or mma.sync fills otherwise than the kernels
+/// expect, naming the instruction, lane, register and the element it holds; empty when all
+/// agree. For tests (needs sm_80 or later).
+std::vector<std::string> cuda_fragment_layout_errors();
 
 /// A CudaBackend on device `local_rank` mod the device count (one GPU per rank on a node), or
 /// null with the reason in *why (no device, no driver).

@@ -66,4 +66,23 @@ __device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uin
 }
 #endif
 
+// Where a lane points ldmatrix_x4 inside a 16×16 block of a row-major shared tile (a row and a
+// column of the block, the lane's row address being its first 16 bytes), for the three ways the
+// attention reads fragments. cuda_mma_check.cu checks each on the device against the tables.
+struct LaneOffset {
+  int row, col;
+};
+/// ldmatrix_x4 → one A fragment of the block (rows 0-15: lanes 0-15 at column 0, 16-31 at 8).
+__device__ inline LaneOffset a_fragment_offset(int lane) { return {lane & 15, (lane >> 4) * 8}; }
+/// ldmatrix_x4 → B fragments of two n-tiles of B = blockᵀ (the block's rows 0-7 are n-tile 0's
+/// columns, rows 8-15 n-tile 1's; its columns are k): r[0..1] n-tile 0, r[2..3] n-tile 1.
+__device__ inline LaneOffset bt_fragment_offset(int lane) {
+  return {(lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8};
+}
+/// ldmatrix_x4_trans → B fragments of two n-tiles of B = the block (rows k, columns 0-7 n-tile
+/// 0, 8-15 n-tile 1): r[0..1] n-tile 0, r[2..3] n-tile 1.
+__device__ inline LaneOffset b_fragment_offset(int lane) {
+  return {(lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8};
+}
+
 }  // namespace trellis::cuda
