@@ -28,11 +28,11 @@ namespace trellis::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using tiles::copy_async_commit;
+using tiles::copy_async_wait;
 using tiles::Heads;
 using tiles::kRows;
 using tiles::kWarps;
-using tiles::copy_async_commit;
-using tiles::copy_async_wait;
 using tiles::load_tile_async;
 
 constexpr int kN = kRows / 8;   // 8-column n-tiles across a streamed tile's 64 rows
@@ -110,6 +110,23 @@ __device__ inline float quad_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 2);
 }
 
+// Scores (16, 64) of a warp's rows (the lane's rows[0] in registers 0-1, rows[1] in 2-3) against
+// the columns col0 .. col0+63 of a streamed tile: -inf where keep(row, col) is false, so that
+// their exponentials are 0. Only tiles some of whose entries go are masked (a uniform branch), so
+// that the others spend no instruction on it.
+template <typename Keep>
+__device__ inline void mask_scores(float (&s)[kN][4], int col0, const int (&rows)[2], Keep keep) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (!keep(rows[i >> 1], col0 + j * 8 + 2 * t + (i & 1))) s[j][i] = -INFINITY;
+}
+struct Causal {  // a query sees the keys at and before it
+  __device__ bool operator()(int query, int key) const { return key <= query; }
+};
+
 // Writes a warp's accumulators (16, D) times `scale`, rounded to bf16, to rows row0 + r (those
 // before T) of the tensor whose row 0 is `first` (row stride `row`): two values a store.
 template <int D>
@@ -154,9 +171,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   const int row0 = qt * kRows + warp * 16;
   const int rows[2] = {row0 + g, row0 + g + 8};  // this lane's rows: registers 0-1, 2-3
-  float m[2] = {-INFINITY, -INFINITY};           // running maximum of the scaled scores, per row
-  float l[2] = {0.0f, 0.0f};                     // this lane's share of the running Σ P
-  float o[D / 8][4];                             // unnormalised O (16, D)
+  const float scale_log2 = scale * kLog2e;       // P = 2^(S·scale·log2 e − max·scale·log2 e)
+  float m[2] = {-INFINITY, -INFINITY};  // running maximum of the scores (unscaled), per row
+  float l[2] = {0.0f, 0.0f};            // this lane's share of the running Σ P
+  float o[D / 8][4];                    // unnormalised O (16, D)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
@@ -172,23 +190,19 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bf16* sVt = sV + (kt & 1) * kTile;
     float s[kN][4];  // S (16, 64)
     product_abt<D>(s, q, sKt);
+    if (kt == qt) mask_scores(s, kt * kRows, rows, Causal());  // the diagonal tile
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = kt * kRows + j * 8 + 2 * t + (i & 1);
-        float v = s[j][i] * scale;
-        if (kt == qt && key > rows[i >> 1]) v = -INFINITY;
-        s[j][i] = v;
-        mx[i >> 1] = fmaxf(mx[i >> 1], v);
-      }
-    float corr[2];
+      for (int i = 0; i < 4; ++i) mx[i >> 1] = fmaxf(mx[i >> 1], s[j][i]);
+    float corr[2], ms[2];  // ms: the row's maximum · scale · log2 e
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float mnew = quad_max(mx[r]);  // finite: key kt·64 is at or before every row
-      corr[r] = __expf(m[r] - mnew);
+      corr[r] = exp2_approx((m[r] - mnew) * scale_log2);
       m[r] = mnew;
+      ms[r] = mnew * scale_log2;
       l[r] *= corr[r];
     }
 #pragma unroll
@@ -198,20 +212,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // P rounded to bf16 once, and summed as P·V multiplies it
-        const float p = __bfloat162float(__float2bfloat16_rn(__expf(s[j][i] - m[i >> 1])));
-        s[j][i] = p;
-        l[i >> 1] += p;
-      }
+      for (int i = 0; i < 4; ++i) s[j][i] = exp2_approx(fmaf(s[j][i], scale_log2, -ms[i >> 1]));
     uint32_t p[kK][4];
-    pack_a(p, s);
+    pack_a(p, s);  // P rounded to bf16 once, and summed as P·V multiplies it
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      l[0] += packed_sum(p[k][0]) + packed_sum(p[k][2]);  // row g
+      l[1] += packed_sum(p[k][1]) + packed_sum(p[k][3]);  // row g+8
+    }
     product_pb<D>(o, p, sVt);
     __syncthreads();  // every warp is done with buffer kt % 2 before tile kt+2 is issued into it
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
-    if (t == 0 && rows[r] < T) lse[(int64_t(b) * hs.H + h) * T + rows[r]] = m[r] + logf(l[r]);
+    if (t == 0 && rows[r] < T)
+      lse[(int64_t(b) * hs.H + h) * T + rows[r]] = m[r] * scale + logf(l[r]);
   }
   // O / l, row by row: a lane's registers 0-1 are row g's, 2-3 row g+8's.
 #pragma unroll
@@ -231,7 +247,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kTile = kRows * (D + 8);
   bf16* sK = reinterpret_cast<bf16*>(smem);  // 2 × (64, D+8): key tile kt in buffer kt % 2
   bf16* sV = sK + 2 * kTile;                 // 2 × (64, D+8)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int T = hs.T;
   const int qt = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / hs.H, h = blockIdx.y % hs.H, kv = h / hs.group;
@@ -259,9 +275,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t stat = (int64_t(b) * hs.H + h) * T + rows[r];
-    lse_r[r] = rows[r] < T ? lse[stat] : 0.0f;
+    lse_r[r] = rows[r] < T ? lse[stat] * kLog2e : 0.0f;  // (base 2)
     dsum_r[r] = rows[r] < T ? dsum[stat] : 0.0f;
   }
+  const float scale_log2 = scale * kLog2e;  // P = 2^(S·scale·log2 e − lse·log2 e)
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -277,12 +294,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     float s[kN][4], dp[kN][4];  // S and dP = dO·Vᵀ (16, 64)
     product_abt<D>(s, q, sKt);
     product_abt<D>(dp, dO, sVt);
+    if (kt == qt) mask_scores(s, kt * kRows, rows, Causal());  // the diagonal tile
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = kt * kRows + j * 8 + 2 * t + (i & 1), r = i >> 1;
-        const float p = kt < qt || key <= rows[r] ? __expf(s[j][i] * scale - lse_r[r]) : 0.0f;
+        const int r = i >> 1;
+        const float p = exp2_approx(fmaf(s[j][i], scale_log2, -lse_r[r]));
         s[j][i] = p * (dp[j][i] - dsum_r[r]);  // dS
       }
     uint32_t ds[kK][4];
@@ -331,7 +349,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     fetched_l = fetched_d = 0.0f;
     if (threadIdx.x >= kRows || tq >= T) return;
     const int64_t at = (int64_t(b) * hs.H + head_of(i)) * T + tq;
-    fetched_l = lse[at];
+    fetched_l = lse[at] * kLog2e;  // (base 2)
     fetched_d = dsum[at];
   };
   const auto keep_stats = [&](int i) {
@@ -346,6 +364,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   keep_stats(0);
   const int row0 = kt * kRows + warp * 16;
   const int keys[2] = {row0 + g, row0 + g + 8};  // this lane's keys (rows of Sᵀ)
+  const float scale_log2 = scale * kLog2e;       // Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e)
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
@@ -373,12 +392,16 @@ __global__ void __launch_bounds__(kWarps * 32)
       load_a<D>(a, sV, warp * 16);
       product_abt<D>(dpt, a, sdOi);
     }
+    // The diagonal tile, and one that ends past T (its rows there add nothing either way, their Q
+    // and dO being zero, but P stays 0 there as everywhere outside the causal triangle).
+    if (q0 == kt * kRows || q0 + kRows > T)
+      mask_scores(st, q0, keys, [T](int key, int query) { return query < T && query >= key; });
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int c = j * 8 + 2 * t + (r & 1), tq = q0 + c;
-        const float p = tq < T && tq >= keys[r >> 1] ? __expf(st[j][r] * scale - sLi[c]) : 0.0f;
+        const int c = j * 8 + 2 * t + (r & 1);
+        const float p = exp2_approx(fmaf(st[j][r], scale_log2, -sLi[c]));
         st[j][r] = p;                          // Pᵀ
         dpt[j][r] = p * (dpt[j][r] - sDi[c]);  // dSᵀ
       }
