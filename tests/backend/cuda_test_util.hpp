@@ -11,6 +11,7 @@
 //   GEMMs (cuBLASLt, fp32 compute)       1e-4;  with TRELLIS_TF32=1 (10-bit mantissa)  2e-2
 //   attention out / dqkv                 1e-4 / 1e-3 (online softmax vs two-pass)
 //   layer norm, GELU, element-wise       1e-5
+//   layer norm dweight / dbias           1e-4 (column sums over rows in another order)
 //   cross-entropy losses / dlogits       1e-5
 //   sum of squares (double accumulate)   1e-10
 //   AdamW                                1e-5

@@ -59,6 +59,13 @@ inline void lt_check(cublasStatus_t s, const char* what, const char* file, int l
     throw std::runtime_error(std::string("cuBLASLt error ") + std::to_string(int(s)) + " in " +
                              what + " (" + file + ":" + std::to_string(line) + ")");
 }
+/// Every non-null tensor bf16: what the bf16 kernels of this backend take (a mix of types goes
+/// to the Backend's widening default).
+inline bool all_bf16(std::initializer_list<CPtr> tensors) {
+  for (CPtr t : tensors)
+    if (t.data && t.dtype != DType::bf16) return false;
+  return true;
+}
 }  // namespace cuda
 #define TRELLIS_LT(call) ::trellis::cuda::lt_check((call), #call, __FILE__, __LINE__)
 

@@ -242,14 +242,9 @@ CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool t
 
 // ---- the linear layer, in either type ----
 
+using cuda::all_bf16;
+
 namespace {
-// Every non-null tensor bf16: what the bf16 kernels of this backend take (a mix goes to the
-// Backend's widening default).
-bool all_bf16(std::initializer_list<CPtr> tensors) {
-  for (CPtr t : tensors)
-    if (t.data && t.dtype != DType::bf16) return false;
-  return true;
-}
 /// Every non-null tensor 16-byte aligned: what this backend hands cuBLASLt in a bf16 run. A bf16
 /// tensor at an odd element offset (a parameter inside the flat buffer of a model whose sizes are
 /// not multiples of 8) goes to the widening default instead — its fp32 copies are 64-byte aligned

@@ -1,0 +1,431 @@
+// CUDA backend: layer norm (forward, with the residual add fused, and backward) and the
+// deterministic column sums over rows (the layer norm's dweight and dbias, the bias gradients):
+// fixed-order partial sums per chunk of rows, then the chunks added in order, so that the same
+// inputs give the same bits every run. The formulas are the CPU backend's (cpu/*.cpp).
+#include <cmath>
+#include <initializer_list>
+
+#include "backend/cuda/cuda_backend.cuh"
+
+namespace trellis {
+
+using cuda::kThreads;
+
+namespace {
+
+// Rows per partial sum in the deterministic column reductions.
+constexpr int kRowChunk = 256;
+
+using cuda::load;
+using cuda::store;
+
+// ---- layer norm: one warp per row ----
+// Each lane takes chunks of W values (cuda::Chunk: 16 bytes where the rows allow, else one value)
+// at columns lane·W, lane·W + 32·W, ...; W = 1 is the column order of one value a lane.
+
+// The layer norm of one row x (C) by one warp, from each lane's partial sum of x: out (C) and the
+// row's mean and rstd.
+template <typename T, int W>
+__device__ void layernorm_row_warp(T* o, float* mean, float* rstd, const T* x, float lane_sum,
+                                   const T* weight, const T* bias, int C, int lane) {
+  using V = cuda::Chunk<T, W>;
+  const float m = cuda::warp_sum(lane_sum) / float(C);
+  float v = 0.0f;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V xc;
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v += (xc[k] - m) * (xc[k] - m);
+  }
+  const float r = rsqrtf(cuda::warp_sum(v) / float(C) + 1e-5f);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    V xc, wc, bc, oc;
+    xc.load_from(x + c);
+    wc.load_from(weight + c);
+    bc.load_from(bias + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) oc.set(k, (r * (xc[k] - m)) * wc[k] + bc[k]);
+    oc.store_to(o + c);
+  }
+  if (lane == 0) *mean = m, *rstd = r;
+}
+
+template <typename T, int W>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
+                                         const T* weight, const T* bias, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  const T* x = inp + row * C;  // (C)
+  float s = 0.0f;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    cuda::Chunk<T, W> xc;
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) s += xc[k];
+  }
+  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+}
+
+// res = a + b (res may alias a or b), then the layer norm of res: one warp per row, the sums
+// written by each lane and read back by the same lane (no other thread touches them). The norm
+// reads the sum as stored (rounded, for bf16).
+template <typename T, int W>
+__global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, float* rstd,
+                                                  const T* a, const T* b, const T* weight,
+                                                  const T* bias, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  T* x = res + row * C;  // (C)
+  float s = 0.0f;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    cuda::Chunk<T, W> ac, bc, xc;
+    ac.load_from(a + row * C + c);
+    bc.load_from(b + row * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      xc.set(k, ac[k] + bc[k]);
+      s += xc[k];
+    }
+    xc.store_to(x + c);
+  }
+  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+}
+
+// The row means the input gradient needs, by one warp over row d (dout) and x (input) of C:
+// mean of weight·dout, and of weight·dout·xhat (xhat = (x − m)·r). Lanes take their chunks at
+// columns lane·W + 32·W·j: J of them unrolled (J ≥ C / (32·W)), or J = 0: as many as C needs.
+template <typename T, int W, int J>
+__device__ void ln_backward_row_means(float& dn_mean, float& dnx_mean, const T* d, const T* x,
+                                      const T* weight, float m, float r, int C, int lane) {
+  using V = cuda::Chunk<T, W>;
+  float a1 = 0.0f, a2 = 0.0f;
+  const auto add = [&](int c) {
+    V wc, dc, xc;
+    wc.load_from(weight + c);
+    dc.load_from(d + c);
+    xc.load_from(x + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float dn = wc[k] * dc[k];
+      a1 += dn;
+      a2 += dn * ((xc[k] - m) * r);
+    }
+  };
+  if constexpr (J == 0) {
+    for (int c = lane * W; c < C; c += 32 * W) add(c);
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane * W + 32 * W * j;
+      if (c >= C) break;
+      add(c);
+    }
+  }
+  dn_mean = cuda::warp_sum(a1) / float(C);
+  dnx_mean = cuda::warp_sum(a2) / float(C);
+}
+
+// dinp's chunk at column c += the input gradient, r·(w·dout − dn_mean − xhat·dnx_mean); then
+// each(k, xhat, dout) for the chunk's values (the fused kernel's column sums).
+template <typename T, int W, typename Each>
+__device__ void ln_backward_chunk(T* di, const T* d, const T* x, const T* weight, int c, float m,
+                                  float r, float dn_mean, float dnx_mean, Each each) {
+  cuda::Chunk<T, W> wc, dc, xc, ic;
+  wc.load_from(weight + c);
+  dc.load_from(d + c);
+  xc.load_from(x + c);
+  ic.load_from(di + c);
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const float xhat = (xc[k] - m) * r;
+    ic.set(k, ic[k] + r * (wc[k] * dc[k] - dn_mean - xhat * dnx_mean));
+    each(k, xhat, dc[k]);
+  }
+  ic.store_to(di + c);
+}
+
+template <typename T, int W>
+__global__ void layernorm_backward_inp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                              const float* mean, const float* rstd, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= N) return;
+  const T* x = inp + row * C;   // (C)
+  const T* d = dout + row * C;  // (C)
+  T* di = dinp + row * C;       // (C)
+  const float m = mean[row], r = rstd[row];
+  float dn_mean, dnx_mean;
+  ln_backward_row_means<T, W, 0>(dn_mean, dnx_mean, d, x, weight, m, r, C, lane);
+  for (int c = lane * W; c < C; c += 32 * W)
+    ln_backward_chunk<T, W>(di, d, x, weight, c, m, r, dn_mean, dnx_mean, [](int, float, float) {});
+}
+
+// partial (chunks, 2C): per chunk of kRowChunk rows, Σ dout (dbias) then Σ xhat·dout (dweight).
+template <typename T>
+__global__ void layernorm_backward_partials_kernel(float* partial, const T* dout, const T* inp,
+                                                   const float* mean, const float* rstd, int N,
+                                                   int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t r0 = int64_t(blockIdx.y) * kRowChunk, r1 = min(int64_t(N), r0 + kRowChunk);
+  float db = 0.0f, dw = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float d = load(dout + r * C + c);
+    db += d;
+    dw += ((load(inp + r * C + c) - mean[r]) * rstd[r]) * d;
+  }
+  partial[int64_t(blockIdx.y) * 2 * C + c] = db;
+  partial[int64_t(blockIdx.y) * 2 * C + C + c] = dw;
+}
+
+// The two above in one pass, where a lane's columns fit its registers (C ≤ 32·W·J): a block takes
+// kLnFusedRows rows, each warp one row at a time (dinp as layernorm_backward_inp_kernel), every
+// lane adding dout and xhat·dout into registers for its columns c = lane·W + 32·W·j (j < J), so
+// that dout and inp are read from memory once, not again by a column pass. The block then adds
+// its warps' sums in warp order (through shared memory: 2C floats) into partial (blocks, 2C):
+// Σ dout (dbias), then Σ xhat·dout (dweight). A fixed order everywhere: the same bits every run.
+constexpr int kLnFusedRows = 64;
+template <typename T, int W, int J>
+__global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T* dout,
+                                                const T* inp, const T* weight, const float* mean,
+                                                const float* rstd, int N, int C) {
+  extern __shared__ float block_sums[];  // (2C)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float db[J][W], dw[J][W];  // this lane's columns lane·W + 32·W·j + k
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int k = 0; k < W; ++k) db[j][k] = dw[j][k] = 0.0f;
+  const int64_t r1 = min(int64_t(N), int64_t(blockIdx.x + 1) * kLnFusedRows);
+  for (int64_t row = int64_t(blockIdx.x) * kLnFusedRows + warp; row < r1; row += warps) {
+    const T* x = inp + row * C;   // (C)
+    const T* d = dout + row * C;  // (C)
+    T* di = dinp + row * C;       // (C)
+    const float m = mean[row], r = rstd[row];
+    float dn_mean, dnx_mean;
+    ln_backward_row_means<T, W, J>(dn_mean, dnx_mean, d, x, weight, m, r, C, lane);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane * W + 32 * W * j;
+      if (c >= C) break;
+      ln_backward_chunk<T, W>(di, d, x, weight, c, m, r, dn_mean, dnx_mean,
+                              [&](int k, float xhat, float dv) {
+                                db[j][k] += dv;
+                                dw[j][k] += xhat * dv;
+                              });
+    }
+  }
+  for (int w = 0; w < warps; ++w) {  // warp w adds its sums after warps 0 .. w-1 have
+    if (warp == w) {
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c = lane * W + 32 * W * j;
+        if (c >= C) break;
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          block_sums[c + k] = w == 0 ? db[j][k] : block_sums[c + k] + db[j][k];
+          block_sums[C + c + k] = w == 0 ? dw[j][k] : block_sums[C + c + k] + dw[j][k];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x)
+    partial[int64_t(blockIdx.x) * 2 * C + c] = block_sums[c];
+}
+
+// dst (width) += Σ over chunks of partial (chunks, stride) columns [0, width), in chunk order.
+__global__ void add_partials_kernel(float* dst, const float* partial, int chunks, int64_t stride,
+                                    int width) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  float acc = 0.0f;
+  for (int k = 0; k < chunks; ++k) acc += partial[k * stride + c];
+  dst[c] += acc;
+}
+
+// partial (chunks, C): per chunk of kRowChunk rows, the column sums of src (N,C).
+template <typename T>
+__global__ void column_partials_kernel(float* partial, const T* src, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t r0 = int64_t(blockIdx.y) * kRowChunk, r1 = min(int64_t(N), r0 + kRowChunk);
+  float acc = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) acc += load(src + r * C + c);
+  partial[int64_t(blockIdx.y) * C + c] = acc;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The launches, for tensors of type T (float*, or __nv_bfloat16* from cuda::dev).
+
+namespace {
+constexpr int kLnRowsPerBlock = kThreads / 32;  // one warp per row
+unsigned ln_blocks(int N) { return unsigned((N + kLnRowsPerBlock - 1) / kLnRowsPerBlock); }
+}  // namespace
+
+template <typename T>
+void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp,
+                                           const T* weight, const T* bias, int N, int C) {
+  Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {out, inp, weight, bias}))
+    layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
+        weight, bias, N, C);
+  else
+    layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
+        weight, bias, N, C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+template <typename T>
+void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean, float* rstd,
+                                                    const T* a, const T* b, const T* weight,
+                                                    const T* bias, int N, int C) {
+  Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {res, out, a, b, weight, bias}))
+    residual_layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
+        rstd, a, b, weight, bias, N, C);
+  else
+    residual_layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
+        rstd, a, b, weight, bias, N, C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+namespace {
+// The fused layer norm backward for rows of W-value chunks: J column steps a lane, the fewest of
+// 2, 4, 8 that cover C, or 0 where none does (C > 256·W: the two-pass kernels then).
+template <int W>
+int ln_fused_steps(int C) {
+  for (int J : {2, 4, 8})
+    if (32 * W * J >= C) return J;
+  return 0;
+}
+template <typename T, int W, int J>
+void launch_ln_fused(cudaStream_t stream, T* dinp, float* partial, const T* dout, const T* inp,
+                     const T* weight, const float* mean, const float* rstd, int N, int C) {
+  const unsigned blocks = unsigned((N + kLnFusedRows - 1) / kLnFusedRows);
+  const size_t smem = 2 * size_t(C) * sizeof(float);  // at most 16 KiB (C ≤ 2048)
+  layernorm_backward_fused_kernel<T, W, J><<<blocks, kThreads, smem, stream>>>(dinp, partial, dout,
+      inp, weight, mean, rstd, N, C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+template <typename T, int W>
+void launch_ln_fused(int J, cudaStream_t stream, T* dinp, float* partial, const T* dout,
+                     const T* inp, const T* weight, const float* mean, const float* rstd, int N,
+                     int C) {
+  if (J == 2)
+    launch_ln_fused<T, W, 2>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  else if (J == 4)
+    launch_ln_fused<T, W, 4>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  else
+    launch_ln_fused<T, W, 8>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+}
+}  // namespace
+
+template <typename T>
+void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout,
+                                            const T* inp, const T* weight, const float* mean,
+                                            const float* rstd, int N, int C) {
+  Profiled prof(*this, kLayerNorm);
+  add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
+  constexpr int W = cuda::kWide<T>;
+  const bool wide = cuda::wide_rows<T>(C, {dinp, dout, inp, weight});
+  const int J = wide ? ln_fused_steps<W>(C) : ln_fused_steps<1>(C);
+  // partial (chunks, 2C): Σ dout, then Σ xhat·dout, per chunk of rows.
+  const int rows = J > 0 ? kLnFusedRows : kRowChunk;
+  const int chunks = (N + rows - 1) / rows;
+  float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
+  if (J > 0 && wide) {
+    launch_ln_fused<T, W>(J, stream_, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  } else if (J > 0) {
+    launch_ln_fused<T, 1>(J, stream_, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  } else {  // wider rows than a lane's registers hold: dinp, then a pass over the columns
+    if (wide)
+      layernorm_backward_inp_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
+          weight, mean, rstd, N, C);
+    else
+      layernorm_backward_inp_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
+          weight, mean, rstd, N, C);
+    TRELLIS_CUDA_LAUNCHED();
+    const dim3 grid((C + kThreads - 1) / kThreads, chunks);
+    layernorm_backward_partials_kernel<<<grid, kThreads, 0, stream_>>>(partial, dout, inp, mean,
+                                                                      rstd, N, C);
+    TRELLIS_CUDA_LAUNCHED();
+  }
+  const unsigned cols = (C + kThreads - 1) / kThreads;
+  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dbias, partial, chunks, 2 * int64_t(C), C);
+  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dweight, partial + C, chunks, 2 * int64_t(C),
+      C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+// ---- fp32 ----
+
+void CudaBackend::layernorm_forward_f32(float* out, float* mean, float* rstd, const float* inp,
+                                        const float* weight, const float* bias, int N, int C) {
+  launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+void CudaBackend::residual_layernorm_forward_f32(float* res, float* out, float* mean, float* rstd,
+                                                 const float* a, const float* b,
+                                                 const float* weight, const float* bias, int N,
+                                                 int C) {
+  launch_residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C);
+}
+void CudaBackend::layernorm_backward_f32(float* dinp, float* dweight, float* dbias,
+                                         const float* dout, const float* inp, const float* weight,
+                                         const float* mean, const float* rstd, int N, int C) {
+  launch_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+// ---- bf16: every tensor bf16, else the Backend's widening default ----
+
+using cuda::all_bf16;
+using cuda::dev;
+
+void CudaBackend::layernorm_forward_bf16(Ptr out, float* mean, float* rstd, CPtr inp, CPtr weight,
+                                         CPtr bias, int N, int C) {
+  if (!all_bf16({out, inp, weight, bias}))
+    return Backend::layernorm_forward_bf16(out, mean, rstd, inp, weight, bias, N, C);
+  launch_layernorm_forward(dev(out.bf16()), mean, rstd, dev(inp.bf16()), dev(weight.bf16()),
+                           dev(bias.bf16()), N, C);
+}
+void CudaBackend::residual_layernorm_forward_bf16(Ptr res, Ptr out, float* mean, float* rstd,
+                                                  CPtr a, CPtr b, CPtr weight, CPtr bias, int N,
+                                                  int C) {
+  if (!all_bf16({res, out, a, b, weight, bias}))
+    return Backend::residual_layernorm_forward_bf16(res, out, mean, rstd, a, b, weight, bias, N, C);
+  launch_residual_layernorm_forward(dev(res.bf16()), dev(out.bf16()), mean, rstd, dev(a.bf16()),
+                                    dev(b.bf16()), dev(weight.bf16()), dev(bias.bf16()), N, C);
+}
+void CudaBackend::layernorm_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout,
+                                          CPtr inp, CPtr weight, const float* mean,
+                                          const float* rstd, int N, int C) {
+  if (!all_bf16({dinp, dout, inp, weight}))
+    return Backend::layernorm_backward_bf16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
+                                            C);
+  launch_layernorm_backward(dev(dinp.bf16()), dweight, dbias, dev(dout.bf16()), dev(inp.bf16()),
+                            dev(weight.bf16()), mean, rstd, N, C);
+}
+// ---- column sums (fp32 out; either type in) ----
+
+void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
+  const int chunks = (N + kRowChunk - 1) / kRowChunk;
+  float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * C));  // (chunks, C)
+  const unsigned cols = (C + kThreads - 1) / kThreads;
+  if (src.is_f32())
+    column_partials_kernel<<<dim3(cols, chunks), kThreads, 0, stream_>>>(partial, src.f32(), N, C);
+  else
+    column_partials_kernel<<<dim3(cols, chunks), kThreads, 0, stream_>>>(partial, dev(src.bf16()),
+                                                                         N, C);
+  TRELLIS_CUDA_LAUNCHED();
+  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dst, partial, chunks, C, C);
+  TRELLIS_CUDA_LAUNCHED();
+}
+
+}  // namespace trellis
