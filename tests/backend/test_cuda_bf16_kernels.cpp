@@ -246,24 +246,27 @@ TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) { attention_on_tensor_cores(
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }
 
 // bf16 GELU (forward; backward in place of dout, as the model calls it) and add (in place of a) on
-// a count that is a multiple of nothing: the GELU to the fp32 bound 1e-5 plus one bf16 unit; add
-// is one fp32 addition of the same two values on both sides, rounded alike: the same bits.
+// a count that is a multiple of nothing, and one of 8: the GELU to the fp32 bound 1e-5 plus one
+// bf16 unit; add is one fp32 addition of the same two values on both sides, rounded alike: the
+// same bits.
 TEST_F(CudaBf16Kernels, Bf16ElementWise) {
   gpu->set_precision("bf16");
-  const int64_t n = 100003;
-  const Bits x = bf16_random(n, 30, -6.f, 6.f), y = bf16_random(n, 31), d = bf16_random(n, 32);
-  Bits g(n), dg = d, sum = x;
-  cpu->gelu_forward(g.data(), x.data(), n);
-  cpu->gelu_backward(dg.data(), x.data(), dg.data(), n);
-  cpu->add(sum.data(), sum.data(), y.data(), n);
-  bf16_t *d_x = up(x), *d_y = up(y), *d_g = up(bf16_nan(n)), *d_dg = up(d), *d_sum = up(x);
-  gpu->gelu_forward(d_g, d_x, n);
-  gpu->gelu_backward(d_dg, d_x, d_dg, n);
-  gpu->add(d_sum, d_sum, d_y, n);
-  std::printf("bf16 element-wise, n = %lld:\n", (long long)n);
-  expect_bf16(down_bits(d_g, n), g, 1e-5, "gelu");
-  expect_bf16(down_bits(d_dg, n), dg, 1e-5, "gelu backward (in place of dout)");
-  expect_same_bits(down_bits(d_sum, n), sum, "add (in place of a)");
+  for (const int64_t n : {int64_t(100003), int64_t(100000)}) {  // (the second: 16-byte chunks)
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const Bits x = bf16_random(n, 30, -6.f, 6.f), y = bf16_random(n, 31), d = bf16_random(n, 32);
+    Bits g(n), dg = d, sum = x;
+    cpu->gelu_forward(g.data(), x.data(), n);
+    cpu->gelu_backward(dg.data(), x.data(), dg.data(), n);
+    cpu->add(sum.data(), sum.data(), y.data(), n);
+    bf16_t *d_x = up(x), *d_y = up(y), *d_g = up(bf16_nan(n)), *d_dg = up(d), *d_sum = up(x);
+    gpu->gelu_forward(d_g, d_x, n);
+    gpu->gelu_backward(d_dg, d_x, d_dg, n);
+    gpu->add(d_sum, d_sum, d_y, n);
+    std::printf("bf16 element-wise, n = %lld:\n", (long long)n);
+    expect_bf16(down_bits(d_g, n), g, 1e-5, "gelu");
+    expect_bf16(down_bits(d_dg, n), dg, 1e-5, "gelu backward (in place of dout)");
+    expect_same_bits(down_bits(d_sum, n), sum, "add (in place of a)");
+  }
 }
 
 // bf16 embeddings: the token rows copied (other ranks' tokens: 0) into a poisoned out, then the

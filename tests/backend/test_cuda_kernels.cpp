@@ -288,24 +288,27 @@ TEST_F(CudaKernels, Attention) {
   }
 }
 
+// A count that is a multiple of nothing (one value at a time), and one of 16-byte chunks (add).
 TEST_F(CudaKernels, ElementWise) {
-  const int64_t n = 100003;
-  auto x = random_vec(n, 30, -6.f, 6.f), y = random_vec(n, 31), d = random_vec(n, 32);
-  std::vector<float> g(n), dg(n), sum(n), sc = x;
-  cpu->gelu_forward(g.data(), x.data(), n);
-  cpu->gelu_backward(dg.data(), x.data(), d.data(), n);
-  cpu->add(sum.data(), x.data(), y.data(), n);
-  cpu->scale(sc.data(), 0.37f, n);
-  float *d_x = up(x), *d_y = up(y), *d_d = up(d), *d_g = up(g), *d_dg = up(dg), *d_sum = up(sum),
-        *d_sc = up(x);
-  gpu->gelu_forward(d_g, d_x, n);
-  gpu->gelu_backward(d_dg, d_x, d_d, n);
-  gpu->add(d_sum, d_x, d_y, n);
-  gpu->scale(d_sc, 0.37f, n);
-  expect_close(down(d_g, n), g, 1e-5, "gelu");
-  expect_close(down(d_dg, n), dg, 1e-5, "gelu backward");
-  expect_close(down(d_sum, n), sum, 1e-6, "add");
-  expect_close(down(d_sc, n), sc, 1e-6, "scale");
+  for (const int64_t n : {int64_t(100003), int64_t(100000)}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    auto x = random_vec(n, 30, -6.f, 6.f), y = random_vec(n, 31), d = random_vec(n, 32);
+    std::vector<float> g(n), dg(n), sum(n), sc = x;
+    cpu->gelu_forward(g.data(), x.data(), n);
+    cpu->gelu_backward(dg.data(), x.data(), d.data(), n);
+    cpu->add(sum.data(), x.data(), y.data(), n);
+    cpu->scale(sc.data(), 0.37f, n);
+    float *d_x = up(x), *d_y = up(y), *d_d = up(d), *d_g = up(g), *d_dg = up(dg), *d_sum = up(sum),
+          *d_sc = up(x);
+    gpu->gelu_forward(d_g, d_x, n);
+    gpu->gelu_backward(d_dg, d_x, d_d, n);
+    gpu->add(d_sum, d_x, d_y, n);
+    gpu->scale(d_sc, 0.37f, n);
+    expect_close(down(d_g, n), g, 1e-5, "gelu");
+    expect_close(down(d_dg, n), dg, 1e-5, "gelu backward");
+    expect_close(down(d_sum, n), sum, 1e-6, "add");
+    expect_close(down(d_sc, n), sc, 1e-6, "scale");
+  }
 }
 
 TEST_F(CudaKernels, Embeddings) {

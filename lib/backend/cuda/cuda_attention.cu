@@ -118,20 +118,30 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
   }
 }
 
-// Dsum (B,H,T): Σ_d dout·out per row, the softmax backward's correction term. One warp per row.
-// dout and out fp32 or bf16 (T), the sum fp32.
-template <typename T_>
+// Dsum (B,H,T): Σ_d dout·out per row of hd values (row = (b, t, h)), the softmax backward's
+// correction term; dout and out fp32 or bf16 (T_), the sum fp32. L lanes a row (a power of two
+// dividing 32: 32 / L rows a warp), each reading W values at a time (16 bytes where hd and the
+// pointers allow, cuda::Chunk), then the L lanes' sums added by shuffles: at head size 64 in bf16
+// a row is 8 lanes' one 16-byte load each, not 32 lanes' two 2-byte loads and a warp's sum.
+template <typename T_, int W>
 __global__ void attention_dsum_kernel(float* dsum, const T_* dout, const T_* out, int B, int T,
-                                      int H, int hd) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;  // (b, t, h)
-  if (row >= int64_t(B) * T * H) return;
+                                      int H, int hd, int L) {
+  const int64_t rows = int64_t(B) * T * H;
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / L;
+  const int part = int(threadIdx.x) % L;  // this lane's place in its row
   float s = 0.0f;
-  for (int d = lane; d < hd; d += 32)
-    s += cuda::load(dout + row * hd + d) * cuda::load(out + row * hd + d);
-  s = cuda::warp_sum(s);
+  if (row < rows)  // (every lane takes part in the shuffles below)
+    for (int d = part * W; d < hd; d += L * W) {
+      cuda::Chunk<T_, W> a, b;
+      a.load_from(dout + row * hd + d);
+      b.load_from(out + row * hd + d);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += a[k] * b[k];
+    }
+  for (int o = L / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (part != 0 || row >= rows) return;
   const int64_t h = row % H, bt = row / H, t = bt % T, b = bt / T;
-  if (lane == 0) dsum[(b * H + h) * T + t] = s;
+  dsum[(b * H + h) * T + t] = s;
 }
 
 // dQ for a tile of 32 query rows of one head: Σ over keys of dS·K, dS = P·(dP − Dsum).
@@ -414,7 +424,15 @@ template <typename T_>
 static void attention_dsum(float* dsum, const T_* dout, const T_* out, int B, int T, int H, int hd,
                            cudaStream_t stream) {
   const int64_t rows = int64_t(B) * T * H;
-  attention_dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(dsum, dout, out, B, T, H, hd);
+  constexpr int W = cuda::kWide<T_>;
+  const bool wide = cuda::wide_rows<T_>(hd, {dout, out});
+  int L = 1;  // lanes a row: enough for one chunk each, at most a warp
+  while (L < 32 && L * (wide ? W : 1) < hd) L *= 2;
+  const unsigned blocks = unsigned((rows * L + 255) / 256);
+  if (wide)
+    attention_dsum_kernel<T_, W><<<blocks, 256, 0, stream>>>(dsum, dout, out, B, T, H, hd, L);
+  else
+    attention_dsum_kernel<T_, 1><<<blocks, 256, 0, stream>>>(dsum, dout, out, B, T, H, hd, L);
   TRELLIS_CUDA_LAUNCHED();
 }
 

@@ -116,11 +116,18 @@ __global__ void bias_gelu_kernel(T* pre, T* out, const float* acc, const T* bias
   }
 }
 
-template <typename T>
+// out (n) = a + b, W values (cuda::Chunk) at a time: n / W chunks.
+template <typename T, int W>
 __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    store(out + i, load(a + i) + load(b + i));
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * W) {
+    cuda::Chunk<T, W> x, y;
+    x.load_from(a + i);
+    y.load_from(b + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.set(k, x[k] + y[k]);
+    x.store_to(out + i);
+  }
 }
 
 __global__ void scale_kernel(float* x, float s, int64_t n) {
@@ -211,7 +218,11 @@ template <typename T>
 void CudaBackend::launch_add(T* out, const T* a, const T* b, int64_t n) {
   Profiled prof(*this, kElementwise);
   add_work(kElementwise, 0, double(n) * 3 * sizeof(T));
-  add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(n, {out, a, b}))
+    add_kernel<T, W><<<blocks_for(n / W), kThreads, 0, stream_>>>(out, a, b, n);
+  else
+    add_kernel<T, 1><<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
   TRELLIS_CUDA_LAUNCHED();
 }
 
