@@ -81,7 +81,9 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # ---- 1. GPU tests ----
 # Two processes: a kernel that faults leaves its CUDA context unusable for every later test in
 # the process, so the tensor-core attention (not yet run on a GPU) gets one of its own: its tests
-# are the ones named *TensorCore* (CudaBf16Kernels.Bf16AttentionOnTensorCores,
+# are the ones named *TensorCore* (CudaBf16Kernels.TensorCoreFragmentsFollowThePtxLayouts — the
+# register layouts the mma.sync kernels assume, checked one register half at a time —,
+# CudaBf16Kernels.Bf16AttentionOnTensorCores and its Wmma twin,
 # CudaTrain.Bf16WithTensorCoreAttentionMatchesTheCpuInBf16). They set TRELLIS_TC_ATTENTION
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.
@@ -118,6 +120,9 @@ if (( test_status != 0 )) && command -v compute-sanitizer >/dev/null; then
   fi
 fi
 tests_line=$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | tr -s ' \n' ' ')
+failed_tests=$(cat "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' |
+               awk '{print $4}' | sort -u | paste -sd' ' -)
+fragment_line=$(grep -h '^fragment layouts:' "$OUTDIR/tests-tc.log" | tail -1)
 no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
@@ -262,6 +267,8 @@ echo
 echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
+[[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
+echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
 echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
 printf '%-10s %-12s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
