@@ -234,13 +234,15 @@ TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
   expect_f32(tail(got_db), tail(db), 1e-5, "dbias (+=)");
 }
 
-// Widths C = 96 and 768 (GPT-2's) take 16-byte chunks, C = 37 one value at a time; C = 1100 is
-// wider than the fused backward's registers hold (1024 fp32 values a warp), so its backward takes
-// the two passes (dinp, then the column sums).
+// Widths C = 96 and 768 (GPT-2's) take 16-byte chunks, C = 37 and 201 one value at a time (the
+// fused backward with 2 and 8 values a lane); C = 1100 is wider than the fused backward's
+// registers hold (1024 fp32 values a warp), so its backward takes the two passes (dinp, then the
+// column sums). N = 2200 rows make 35 blocks' partial sums: more than the 32 rows of threads that
+// add them up, so that some add two.
 TEST_F(CudaKernels, LayerNorm) {
-  for (const int C : {96, 37, 768, 1100}) {
-    SCOPED_TRACE("C = " + std::to_string(C));
-    const int N = 67;
+  for (const auto& [C, N] : {std::pair{96, 67}, std::pair{37, 67}, std::pair{768, 67},
+                            std::pair{1100, 67}, std::pair{201, 67}, std::pair{96, 2200}}) {
+    SCOPED_TRACE("C = " + std::to_string(C) + ", N = " + std::to_string(N));
     auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11), b = random_vec(C, 12);
     auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
     auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);

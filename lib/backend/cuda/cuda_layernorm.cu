@@ -236,14 +236,37 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
     partial[int64_t(blockIdx.x) * 2 * C + c] = block_sums[c];
 }
 
-// dst (width) += Σ over chunks of partial (chunks, stride) columns [0, width), in chunk order.
-__global__ void add_partials_kernel(float* dst, const float* partial, int chunks, int64_t stride,
-                                    int width) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= width) return;
+// dst (width) += Σ over chunks of partial (chunks, stride) columns [0, width); columns from
+// `split` on go to dst_hi[c − split] instead (the layer norm's dbias and dweight in one launch).
+// A block takes 32 columns; its 32 rows of threads each add the chunks k ≡ y (mod 32) in order,
+// then row 0 adds the 32 sums in y order: a fixed order (the same bits every run), with 32 times
+// the loads in flight of one thread a column walking a thousand chunks.
+constexpr int kPartialRows = 32;
+__global__ void add_partials_kernel(float* dst, float* dst_hi, int split, const float* partial,
+                                    int chunks, int64_t stride, int width) {
+  __shared__ float sums[kPartialRows][33];  // (+1: the rows' same column in other banks)
+  const int c = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
   float acc = 0.0f;
-  for (int k = 0; k < chunks; ++k) acc += partial[k * stride + c];
-  dst[c] += acc;
+  if (c < width)
+    for (int k = y; k < chunks; k += kPartialRows) acc += partial[k * stride + c];
+  sums[y][threadIdx.x] = acc;
+  __syncthreads();
+  if (y != 0 || c >= width) return;
+  float total = 0.0f;
+  for (int r = 0; r < kPartialRows; ++r) total += sums[r][threadIdx.x];
+  if (c < split)
+    dst[c] += total;
+  else
+    dst_hi[c - split] += total;
+}
+/// The launch: dst (width) += the column sums of partial (chunks, stride), columns ≥ split into
+/// dst_hi.
+void add_partials(cudaStream_t stream, float* dst, float* dst_hi, int split, const float* partial,
+                  int chunks, int64_t stride, int width) {
+  const unsigned blocks = unsigned((width + 31) / 32);
+  add_partials_kernel<<<blocks, dim3(32, kPartialRows), 0, stream>>>(dst, dst_hi, split, partial,
+      chunks, stride, width);
+  TRELLIS_CUDA_LAUNCHED();
 }
 
 // partial (chunks, C): per chunk of kRowChunk rows, the column sums of src (N,C).
@@ -359,11 +382,7 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
                                                                       rstd, N, C);
     TRELLIS_CUDA_LAUNCHED();
   }
-  const unsigned cols = (C + kThreads - 1) / kThreads;
-  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dbias, partial, chunks, 2 * int64_t(C), C);
-  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dweight, partial + C, chunks, 2 * int64_t(C),
-      C);
-  TRELLIS_CUDA_LAUNCHED();
+  add_partials(stream_, dbias, dweight, C, partial, chunks, 2 * int64_t(C), 2 * C);
 }
 
 // ---- fp32 ----
@@ -424,8 +443,7 @@ void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
     column_partials_kernel<<<dim3(cols, chunks), kThreads, 0, stream_>>>(partial, dev(src.bf16()),
                                                                          N, C);
   TRELLIS_CUDA_LAUNCHED();
-  add_partials_kernel<<<cols, kThreads, 0, stream_>>>(dst, partial, chunks, C, C);
-  TRELLIS_CUDA_LAUNCHED();
+  add_partials(stream_, dst, nullptr, C, partial, chunks, C, C);
 }
 
 }  // namespace trellis

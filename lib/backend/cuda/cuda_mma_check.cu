@@ -71,9 +71,10 @@ float bf16_bits_to_float(uint32_t bits16) {
 
 // "(r, c)" of a block element from its value r·16 + c, or the value where it is no element.
 std::string element(float v) {
-  const int e = int(v);
   std::ostringstream s;
-  if (float(e) != v || e < 0 || e >= 256)
+  const bool in_block = std::isfinite(v) && v >= 0.0f && v < 256.0f && v == std::floor(v);
+  const int e = in_block ? int(v) : -1;
+  if (!in_block)
     s << "value " << v;
   else
     s << "(" << e / 16 << "," << e % 16 << ")";
