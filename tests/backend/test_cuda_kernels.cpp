@@ -14,11 +14,15 @@ class CudaKernels : public CudaKernelTest {};
 
 // Also with TRELLIS_GEMM_TUNE=1: each GEMM's first call times the heuristic's candidates on its
 // own operands (the accumulating dweight GEMM's D put back between trials) and keeps the fastest —
-// the same results either way (and the profile says what timing changed).
+// the same results either way (and the profile says what timing changed). dbias comes from the
+// dweight GEMM's bias-gradient epilogue (BGRADB, written to scratch, then added), and with
+// TRELLIS_BGRAD_EPILOGUE=0 from the column-sum kernels.
 TEST_F(CudaKernels, MatmulForwardAndBackward) {
-  for (const char* tune : {"0", "1"}) {
-    fresh_gpu({{"TRELLIS_GEMM_TUNE", tune}, {"TRELLIS_CUDA_PROFILE", tune}});
-    SCOPED_TRACE(std::string("TRELLIS_GEMM_TUNE=") + tune);
+  for (auto [tune, bgrad] : {std::pair{"0", "1"}, std::pair{"1", "1"}, std::pair{"0", "0"}}) {
+    fresh_gpu({{"TRELLIS_GEMM_TUNE", tune},
+               {"TRELLIS_CUDA_PROFILE", tune},
+               {"TRELLIS_BGRAD_EPILOGUE", bgrad}});
+    SCOPED_TRACE(std::string("TRELLIS_GEMM_TUNE=") + tune + ", TRELLIS_BGRAD_EPILOGUE=" + bgrad);
     // Odd sizes: no dimension a multiple of the GEMM tiles.
     for (auto [N, C, OC] : {std::tuple{37, 29, 53}, std::tuple{256, 64, 192}}) {
       SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC);
@@ -54,6 +58,11 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
       const std::string report = gpu->profile_report();
       std::printf("%s", report.c_str());
       EXPECT_NE(report.find("GEMM algorithms changed by timing"), std::string::npos) << report;
+      // Every backward's dbias from its GEMM (4: two shapes, twice each).
+      const size_t row = report.find("bias gradients fused into GEMMs");
+      ASSERT_NE(row, std::string::npos) << report;
+      EXPECT_NE(report.substr(row, report.find('\n', row) - row).find("4 of 4"), std::string::npos)
+          << report;
     }
   }
 }

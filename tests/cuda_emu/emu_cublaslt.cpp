@@ -2,7 +2,10 @@
 // semantics cublasLt.h documents for the attributes it sets. Column-major, as cuBLAS:
 //   D (m,n) = epilogue(alpha · op(A) (m,k) · op(B) (k,n) + beta · C + bias),
 // bias one value per row of D; GELU_AUX(_BIAS) stores its input (the sum) in aux and GELU of it
-// in D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form). Inputs fp32 or bf16, C/D
+// in D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form); BGRADB leaves D as DEFAULT
+// does and writes B's bias gradient — Σ over k of op(B) (k,n), in k order, one value per column
+// of D, of B's values as stored (TF32 rounds only the product's operands) — to the bias pointer (alpha 1 only: whether alpha scales it, this emulation does not
+// guess). Inputs fp32 or bf16, C/D
 // fp32 or bf16, fp32 accumulation (TF32 compute rounds fp32 inputs to 10 mantissa bits first).
 // A call whose descriptors disagree, or that names an attribute this emulation does not know,
 // is refused — loudly, on stderr — rather than guessed at.
@@ -88,6 +91,7 @@ bool has_bias(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
          e == CUBLASLT_EPILOGUE_GELU_BIAS;
 }
+bool writes_bias_gradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADB; }
 bool has_aux(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
          e == CUBLASLT_EPILOGUE_DGELU;
@@ -271,12 +275,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
   if (!inside(A, a) || !inside(B, b) || !inside(C, c) || !inside(D, dl) ||
       (has_bias(d.epilogue) &&
        (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(m) * bytes_of(bias_t)))) ||
+      (writes_bias_gradient(d.epilogue) &&
+       (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(n) * bytes_of(bias_t)))) ||
       (has_aux(d.epilogue) &&
        (!d.aux || !trellis_emu::is_device_range(
                       d.aux, (size_t((n - 1) * d.aux_ld) + m) * bytes_of(dl.type)))))
     return refuse("a matrix, bias or aux outside device memory");
   trellis_emu::stream_order(stream);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  if (writes_bias_gradient(d.epilogue) && al != 1.0f)
+    return refuse("a bias-gradient epilogue with alpha other than 1");
   const bool tf = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type == CUDA_R_32F;
   // op(A) (m,k) and op(B) (k,n) as fp32, row-major copies.
   std::vector<float> opa(size_t(m * k)), opb(size_t(k * n));
@@ -307,11 +315,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
           break;
         case CUBLASLT_EPILOGUE_DEFAULT:
         case CUBLASLT_EPILOGUE_BIAS:
+        case CUBLASLT_EPILOGUE_BGRADB:
           break;
         default:
           return refuse("an epilogue this emulation does not know");
       }
       store(D, dl.type, i + j * dl.ld, x);
+    }
+  if (writes_bias_gradient(d.epilogue))  // (of B as stored: no TF32 rounding of the sums' terms)
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k; ++p)
+        sum += load(B, b.type, d.trans_b == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
+      store(const_cast<void*>(d.bias), bias_t, j, sum);  // (an output here)
     }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -84,6 +84,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   tune_gemms_ = tune && std::strcmp(tune, "0") != 0;
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
+  const char* bgrad = std::getenv("TRELLIS_BGRAD_EPILOGUE");
+  bgrad_epilogue_ = !(bgrad && std::strcmp(bgrad, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {
@@ -247,6 +249,11 @@ std::string CudaBackend::profile_report() {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)gelu_fused_,
                   (long long)(gelu_fused_ + gelu_unfused_));
     rows.push_back({"MLP GELU passes fused into GEMMs", "", "", buf[0], ""});
+  }
+  if (bgrad_fused_ + bgrad_unfused_ > 0) {  // (in the GEMM row when fused, else column sums)
+    std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)bgrad_fused_,
+                  (long long)(bgrad_fused_ + bgrad_unfused_));
+    rows.push_back({"bias gradients fused into GEMMs", "", "", buf[0], ""});
   }
   // rate: on the least work — the products' FLOPs, or each input read and each output written
   // once (add_work).

@@ -24,7 +24,9 @@
 // second layer's dinp GEMM multiplies by the GELU's derivative (DGELU); elsewhere, or with
 // TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart (on bf16 tensors from the GEMM's fp32
 // output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). Not yet
-// run on a GPU.
+// run on a GPU. Likewise every linear layer's bias gradient: the column sums of dout come out of
+// the dweight GEMM that reads dout anyway (cuBLASLt's BGRADB epilogue), not out of another pass
+// over it (TRELLIS_BGRAD_EPILOGUE=0, or where cuBLASLt refuses: the column-sum kernels).
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
@@ -253,9 +255,10 @@ class CudaBackend : public Backend {
 
  private:
   /// What a GEMM's epilogue does to D (column-major, as cuBLASLt sees it): add a bias (m) per
-  /// column; GELU after the bias, writing its input to `aux` (same shape, ld and type as D); or
-  /// multiply by the GELU's derivative at `aux` (read).
-  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu };
+  /// column; GELU after the bias, writing its input to `aux` (same shape, ld and type as D);
+  /// multiply by the GELU's derivative at `aux` (read); or, D untouched, write the bias gradient
+  /// of B — Σ over k of op(B) (k,n), one value per column of D — to the "bias" (n, D's type).
+  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
   struct GemmPlan;
   /// Column-major D (m,n) = op(A)·op(B) + beta·D, then the epilogue, through cuBLASLt, as BLAS
   /// names it; A is (m,k) after op, B (k,n) after op. A and B: both fp32, or both bf16; D: fp32,
@@ -270,14 +273,20 @@ class CudaBackend : public Backend {
   GemmPlan* gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m, int n, int k, int lda,
                       int ldb, int ldd, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
   void run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux);
-  /// A GELU plan's GEMM (beta 0): false, with nothing launched, where cuBLASLt refuses it (the plan
-  /// is then marked not found: the caller runs the unfused way, now and later).
-  bool try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
+  /// The GEMM of a plan whose epilogue has another way (GELU, bias gradient): false, with
+  /// nothing launched, where cuBLASLt refuses it (the plan is then marked not found: the caller
+  /// runs the unfused way, now and later).
+  bool try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux);
   /// A GELU plan's GEMM where there is a plan and cuBLASLt takes it (true), counted as a fused
   /// or an unfused pass for the profile; false: the caller runs the GELU apart.
   bool gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
-  void gelu_epilogue_failed(cublasStatus_t status, const char* when);  // says so once, on stderr
-  bool gelu_epilogue_warned_ = false;
+  /// That cuBLASLt refused a fused epilogue (GELU or bias gradient): said once each, on stderr.
+  void epilogue_failed(Epilogue epi, cublasStatus_t status, const char* when);
+  bool gelu_epilogue_warned_ = false, bgrad_epilogue_warned_ = false;
+  /// dweight (OC,C) += doutᵀ·inp with dbias (OC) += the column sums of dout taken by the same
+  /// GEMM (BGRADB into scratch, then added: the epilogue writes, a gradient accumulates); false,
+  /// with nothing done, where the epilogue is off or cuBLASLt refuses it.
+  bool dweight_with_dbias(float* dweight, float* dbias, CPtr dout, CPtr inp, int N, int C, int OC);
   // The linear layer on tensors of one type (fp32, or bf16 with fp32 dweight and dbias): what the
   // matmul_* kernels of both types run.
   void linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC);
@@ -343,6 +352,7 @@ class CudaBackend : public Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
+    Epilogue epi = Epilogue::none;
     double flops = 0;    // 2·m·n·k, for the profile
     size_t d_bytes = 0;  // D's extent (ldd · n values of its type)
     // TRELLIS_GEMM_TUNE=1: the heuristic's candidates, best first; once timed (at the plan's first
@@ -367,8 +377,9 @@ class CudaBackend : public Backend {
   /// The plan for `key`, made once; `bias` and `aux` (or null) are pointers whose alignment the
   /// heuristic sees. Throws when no algorithm exists and the epilogue is none or bias.
   GemmPlan& plan(const GemmKey& key, const void* bias = nullptr, const void* aux = nullptr);
-  /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile).
-  int64_t gelu_fused_ = 0, gelu_unfused_ = 0;
+  /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile);
+  /// likewise the bias gradients.
+  int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
 
   int device_;
   cudaStream_t stream_ = nullptr;
@@ -380,7 +391,8 @@ class CudaBackend : public Backend {
   TcAttention tc_attention_ = TcAttention::off;
   /// Whether the tensor-core kernels chosen take the head size and pointers (false when off).
   bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
-  bool gelu_epilogue_ = true;  // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
+  bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
+  bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;
   void* scratch_ = nullptr;

@@ -40,6 +40,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   (void)align_bias, (void)align_aux;  // the heuristic reads them from the pointers themselves
   const DType in = DType(in_t), out = DType(out_t);
   GemmPlan p;
+  p.epi = epi;
   p.flops = 2.0 * m * n * k;
   p.d_bytes = (size_t(ldd) * (n - 1) + m) * (out == DType::f32 ? 4 : 2);  // (column-major)
   // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
@@ -51,12 +52,14 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
-  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h), as the GELU's auxiliary matrix (GELU's
-  // input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld = D's, a multiple of 8.
+  // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h: "bias or bias gradient"), as the GELU's
+  // auxiliary matrix (GELU's input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld =
+  // D's, a multiple of 8. BGRADB writes the bias gradient of B (its sums over k) there instead.
   const cublasLtEpilogue_t lt_epi = epi == Epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
                                     : epi == Epilogue::gelu_aux      ? CUBLASLT_EPILOGUE_GELU_AUX
                                     : epi == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                     : epi == Epilogue::dgelu         ? CUBLASLT_EPILOGUE_DGELU
+                                    : epi == Epilogue::bgradb        ? CUBLASLT_EPILOGUE_BGRADB
                                                                      : CUBLASLT_EPILOGUE_DEFAULT;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
   // The heuristic reads the bias's and aux's alignment from the pointers (cublasLt.h): set them
@@ -97,17 +100,17 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d,
                                                                pref, wanted, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  const bool fused_gelu = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu;
-  // A GELU epilogue cuBLASLt cannot do here (no algorithm, "not supported", or any other
-  // refusal): the caller takes the unfused way and the plan is kept as such; anything but "not
-  // supported" or no algorithm is said once on stderr (a fused path that has never run on a GPU
-  // must not stop a run). Without a GELU epilogue every error is one.
-  if (!fused_gelu) TRELLIS_LT(status);
+  const bool optional = epi != Epilogue::none && epi != Epilogue::bias;  // GELU, bias gradient
+  // A fused epilogue that has another way (GELU, bias gradient) cuBLASLt cannot do here (no
+  // algorithm, "not supported", or any other refusal): the caller takes the unfused way and the
+  // plan is kept as such; anything but "not supported" or no algorithm is said once on stderr (a
+  // fused path that has never run on a GPU must not stop a run). Otherwise every error is one.
+  if (!optional) TRELLIS_LT(status);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) gelu_epilogue_failed(status, "choosing an algorithm");
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) epilogue_failed(epi, status, "choosing an algorithm");
     found = 0;
   }
-  if (found == 0 && !fused_gelu)
+  if (found == 0 && !optional)
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
                              std::to_string(n) + "x" + std::to_string(k) + " GEMM of " +
                              dtype_name(in) + " inputs and " + dtype_name(out) + " output");
@@ -118,13 +121,15 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaBackend::gelu_epilogue_failed(cublasStatus_t status, const char* when) {
-  if (gelu_epilogue_warned_) return;
-  gelu_epilogue_warned_ = true;
-  std::fprintf(stderr,
-               "trellis: warning: cuBLASLt refused the GELU epilogue while %s (status %d); "
-               "the MLP's GELU runs as kernels of its own\n",
-               when, int(status));
+void CudaBackend::epilogue_failed(Epilogue epi, cublasStatus_t status, const char* when) {
+  const bool bgrad = epi == Epilogue::bgradb;
+  bool& warned = bgrad ? bgrad_epilogue_warned_ : gelu_epilogue_warned_;
+  if (warned) return;
+  warned = true;
+  std::fprintf(stderr, "trellis: warning: cuBLASLt refused the %s epilogue while %s (status %d); %s\n",
+               bgrad ? "bias-gradient (BGRADB)" : "GELU", when, int(status),
+               bgrad ? "bias gradients are column sums of their own"
+                     : "the MLP's GELU runs as kernels of its own");
 }
 
 void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta) {
@@ -175,16 +180,16 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta) {
   cudaEventDestroy(stop);
 }
 
-bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
+bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
   if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
                                              sizeof(bias.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
-  if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux.data,
-                                     sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
+  if (aux && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                            &aux.data, sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
-  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, 0.0f);
+  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta);
   ++p.calls;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
   const cublasStatus_t status =
       cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data, p.d,
@@ -193,7 +198,7 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr au
     add_work(kGemm, p.flops, 0);
     return true;
   }
-  gelu_epilogue_failed(status, "running");
+  epilogue_failed(p.epi, status, "running");
   p.found = false;  // not again
   return false;
 }
@@ -293,7 +298,7 @@ bool CudaBackend::gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr 
   bool ran = false;
   if (p) {
     Profiled prof(*this, kGemm);
-    ran = try_run(*p, A, B, D, bias, aux);
+    ran = try_run(*p, A, B, D, 0.0f, bias, aux);
   }
   ++(ran ? gelu_fused_ : gelu_unfused_);
   return ran;
@@ -404,10 +409,34 @@ void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr d
     // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored
     // (OC,N).
     if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
-    // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
+  }
+  // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
+  // dbias (OC) += the column sums of dout: from the same GEMM where cuBLASLt takes its BGRADB
+  // epilogue (Σ over k = N of op(B) = dout), else a pass of its own over dout.
+  if (dbias && dweight_with_dbias(dweight, dbias, dout, inp, N, C, OC)) return;
+  {
+    Profiled prof(*this, kGemm);
     gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
   }
   if (dbias) column_sums_add(dbias, dout, N, OC);
+}
+
+bool CudaBackend::dweight_with_dbias(float* dweight, float* dbias, CPtr dout, CPtr inp, int N,
+                                     int C, int OC) {
+  if (!bgrad_epilogue_) return false;
+  float* sums = static_cast<float*>(scratch(sizeof(float) * OC));  // (OC): written, not added
+  GemmPlan& p = plan({false, true, C, OC, N, C, OC, C, Epilogue::bgradb, alignment(inp.data),
+                      alignment(dout.data), alignment(dweight), alignment(sums), 0,
+                      int(inp.dtype), int(DType::f32)},
+                     sums);
+  bool ran = false;
+  if (p.found) {
+    Profiled prof(*this, kGemm);
+    ran = try_run(p, inp, dout, Ptr(dweight), 1.0f, CPtr(sums), CPtr());
+  }
+  ++(ran ? bgrad_fused_ : bgrad_unfused_);
+  if (ran) add_f32(dbias, dbias, sums, OC);
+  return ran;
 }
 
 }  // namespace trellis

@@ -434,6 +434,8 @@ void CudaBackend::layernorm_backward_bf16(Ptr dinp, float* dweight, float* dbias
 // ---- column sums (fp32 out; either type in) ----
 
 void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
+  Profiled prof(*this, kElementwise);  // (a linear layer's bias gradient, where not in its GEMM)
+  add_work(kElementwise, 0, double(src.bytes(int64_t(N) * C)) + 8.0 * C);
   const int chunks = (N + kRowChunk - 1) / kRowChunk;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * C));  // (chunks, C)
   const unsigned cols = (C + kThreads - 1) / kThreads;
