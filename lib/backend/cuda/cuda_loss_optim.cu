@@ -155,18 +155,32 @@ __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// AdamW on n values, W at a time (cuda::Chunk: 16 bytes where n and the pointers allow).
+template <int W>
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
                              float bc1, float bc2, float grad_scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi / bc1, vhat = vi / bc2;
-    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+  using V = cuda::Chunk<float, W>;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * W) {
+    V pc, gc, mc, vc;
+    pc.load_from(param + i);
+    gc.load_from(grad + i);
+    mc.load_from(m + i);
+    vc.load_from(v + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float g = gc[k] * grad_scale;
+      const float mi = beta1 * mc[k] + (1.0f - beta1) * g;
+      const float vi = beta2 * vc[k] + (1.0f - beta2) * g * g;
+      mc.set(k, mi);
+      vc.set(k, vi);
+      const float mhat = mi / bc1, vhat = vi / bc2;
+      pc.set(k, pc[k] - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * pc[k]));
+    }
+    pc.store_to(param + i);
+    mc.store_to(m + i);
+    vc.store_to(v + i);
   }
 }
 
@@ -285,8 +299,12 @@ void CudaBackend::adamw(float* param, const float* grad, float* m, float* v, int
                         float bc2, float grad_scale) {
   Profiled prof(*this, kOptimizer);
   add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
-  adamw_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1, beta2,
-                                                        eps, weight_decay, bc1, bc2, grad_scale);
+  if (cuda::wide_rows<float>(n, {param, grad, m, v}))
+    adamw_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1,
+        beta2, eps, weight_decay, bc1, bc2, grad_scale);
+  else
+    adamw_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1,
+        beta2, eps, weight_decay, bc1, bc2, grad_scale);
   TRELLIS_CUDA_LAUNCHED();
 }
 
