@@ -97,47 +97,51 @@ TEST_F(CudaBf16Kernels, PrecisionNamesTheTypeAndFp32TensorsStayFp32) {
 // rounded sum: the sum is the same single fp32 addition on both sides, rounded alike — the same
 // bits; the norm as the plain one.
 TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
-  gpu->set_precision("bf16");
-  // 16-byte chunks at 96, 768 and 1600 (the fused backward with 2, 4 and 8 chunks a lane), one
-  // value at a time at 100; 2056 is wider than the fused backward's registers: its two passes.
-  for (const int C : {96, 100, 768, 1600, 2056}) {
-    SCOPED_TRACE("C = " + std::to_string(C));
-    const int N = 67;
-    const Bits x = bf16_random(size_t(N) * C, 10, -3.f, 3.f), w = bf16_random(C, 11),
-               b = bf16_random(C, 12), dout = bf16_random(size_t(N) * C, 13),
-               dinp0 = bf16_random(size_t(N) * C, 14);  // accumulated into
-    const auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
-    Bits out(x.size()), dinp = dinp0;
-    std::vector<float> mean(N), rstd(N), dw = dw0, db = db0;
-    cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                           C);
-    cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                            mean.data(), rstd.data(), N, C);
-    bf16_t *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout),
-           *d_out = up(bf16_nan(x.size())), *d_dinp = up(dinp0);
-    float *d_mean = up(std::vector<float>(N, NAN)), *d_rstd = up(std::vector<float>(N, NAN)),
-          *d_dw = up(dw0), *d_db = up(db0);
-    std::printf("bf16 layer norm %dx%d (%s):\n", N, C,
-                C % 8 == 0 ? "16-byte chunks" : "one value at a time");
-    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
-    expect_bf16(down_bits(d_out, out.size()), out, 1e-5, "out");
-    expect_f32(down(d_mean, N), mean, 1e-5, "mean");
-    expect_f32(down(d_rstd, N), rstd, 1e-5, "rstd");
-    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, up(mean), up(rstd), N, C);
-    expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 1e-5, "dinp (+=)");
-    expect_f32(down(d_dw, C), dw, 1e-5, "dweight (+=)");
-    expect_f32(down(d_db, C), db, 1e-5, "dbias (+=)");
-    // The fused residual add + layer norm, the sum written over its first operand.
-    Bits sum = x, rout(x.size());
-    std::vector<float> rmean(N), rrstd(N);
-    cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), sum.data(),
-                                    dout.data(), w.data(), b.data(), N, C);
-    bf16_t *d_a = up(x), *d_rout = up(bf16_nan(x.size()));
-    gpu->residual_layernorm_forward(d_a, d_rout, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
-    expect_same_bits(down_bits(d_a, sum.size()), sum, "residual sum (over a)");
-    expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
-    expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
-    expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+  for (const char* sms : {"132", "1"}) {  // (as CudaKernels.LayerNorm: the fused backward's rows)
+    fresh_gpu({{"TRELLIS_EMU_SMS", sms}});
+    gpu->set_precision("bf16");
+    SCOPED_TRACE(std::string("TRELLIS_EMU_SMS=") + sms);
+    // 16-byte chunks at 96, 768 and 1600 (the fused backward with 2, 4 and 8 chunks a lane), one
+    // value at a time at 100; 2056 is wider than the fused backward's registers: its two passes.
+    for (const int C : {96, 100, 768, 1600, 2056}) {
+      SCOPED_TRACE("C = " + std::to_string(C));
+      const int N = 67;
+      const Bits x = bf16_random(size_t(N) * C, 10, -3.f, 3.f), w = bf16_random(C, 11),
+                 b = bf16_random(C, 12), dout = bf16_random(size_t(N) * C, 13),
+                 dinp0 = bf16_random(size_t(N) * C, 14);  // accumulated into
+      const auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+      Bits out(x.size()), dinp = dinp0;
+      std::vector<float> mean(N), rstd(N), dw = dw0, db = db0;
+      cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                             C);
+      cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+      bf16_t *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout),
+             *d_out = up(bf16_nan(x.size())), *d_dinp = up(dinp0);
+      float *d_mean = up(std::vector<float>(N, NAN)), *d_rstd = up(std::vector<float>(N, NAN)),
+            *d_dw = up(dw0), *d_db = up(db0);
+      std::printf("bf16 layer norm %dx%d (%s):\n", N, C,
+                  C % 8 == 0 ? "16-byte chunks" : "one value at a time");
+      gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+      expect_bf16(down_bits(d_out, out.size()), out, 1e-5, "out");
+      expect_f32(down(d_mean, N), mean, 1e-5, "mean");
+      expect_f32(down(d_rstd, N), rstd, 1e-5, "rstd");
+      gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, up(mean), up(rstd), N, C);
+      expect_bf16(down_bits(d_dinp, dinp.size()), dinp, 1e-5, "dinp (+=)");
+      expect_f32(down(d_dw, C), dw, 1e-5, "dweight (+=)");
+      expect_f32(down(d_db, C), db, 1e-5, "dbias (+=)");
+      // The fused residual add + layer norm, the sum written over its first operand.
+      Bits sum = x, rout(x.size());
+      std::vector<float> rmean(N), rrstd(N);
+      cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(),
+                                      sum.data(), dout.data(), w.data(), b.data(), N, C);
+      bf16_t *d_a = up(x), *d_rout = up(bf16_nan(x.size()));
+      gpu->residual_layernorm_forward(d_a, d_rout, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+      expect_same_bits(down_bits(d_a, sum.size()), sum, "residual sum (over a)");
+      expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
+      expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
+      expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+    }
   }
 }
 

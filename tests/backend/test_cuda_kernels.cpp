@@ -249,41 +249,48 @@ TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
 // column sums). N = 2200 rows make 35 blocks' partial sums: more than the 32 rows of threads that
 // add them up, so that some add two.
 TEST_F(CudaKernels, LayerNorm) {
-  for (const auto& [C, N] : {std::pair{96, 67}, std::pair{37, 67}, std::pair{768, 67},
-                            std::pair{1100, 67}, std::pair{201, 67}, std::pair{96, 2200}}) {
-    SCOPED_TRACE("C = " + std::to_string(C) + ", N = " + std::to_string(N));
-    auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11), b = random_vec(C, 12);
-    auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
-    auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
-    std::vector<float> out(x.size()), mean(N), rstd(N), dinp = dinp0, dw = dw0, db = db0;
-    cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                           C);
-    cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                            mean.data(), rstd.data(), N, C);
-    float *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
-          *d_mean = up(mean), *d_rstd = up(rstd), *d_dinp = up(dinp0), *d_dw = up(dw0),
-          *d_db = up(db0);
-    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
-    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-    expect_close(down(d_out, out.size()), out, 1e-5, "out");
-    expect_close(down(d_mean, N), mean, 1e-5, "mean");
-    expect_close(down(d_rstd, N), rstd, 1e-5, "rstd");
-    expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
-    // (Σ over N rows in another order — the GPU's warps take every 8th row, then add their sums —
-    // so an entry that cancels is off by more than 1e-5 of the tensor's scale: dweight 1.5e-5 at
-    // C = 37, dbias 1.2e-5 at C = 768.)
-    expect_close(down(d_dw, C), dw, 1e-4, "dweight");
-    expect_close(down(d_db, C), db, 1e-4, "dbias");
-    // The fused residual add + layer norm, the sum written over its first operand.
-    std::vector<float> sum(x.size()), rout(x.size()), rmean(N), rrstd(N);
-    cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), x.data(),
-                                    dout.data(), w.data(), b.data(), N, C);
-    float* d_a = up(x);
-    gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
-    expect_close(down(d_a, sum.size()), sum, 1e-6, "residual sum");
-    expect_close(down(d_out, rout.size()), rout, 1e-5, "residual layernorm out");
-    expect_close(down(d_mean, N), rmean, 1e-5, "residual layernorm mean");
-    expect_close(down(d_rstd, N), rrstd, 1e-5, "residual layernorm rstd");
+  // The fused backward's rows a block follow the device's multiprocessors (8 rows for these N on
+  // 132); on the emulated GPU, TRELLIS_EMU_SMS=1 makes it 16 and 64 (several rows a warp).
+  for (const char* sms : {"132", "1"}) {
+    fresh_gpu({{"TRELLIS_EMU_SMS", sms}});
+    SCOPED_TRACE(std::string("TRELLIS_EMU_SMS=") + sms);
+    for (const auto& [C, N] : {std::pair{96, 67}, std::pair{37, 67}, std::pair{768, 67},
+                               std::pair{1100, 67}, std::pair{201, 67}, std::pair{96, 2200}}) {
+      SCOPED_TRACE("C = " + std::to_string(C) + ", N = " + std::to_string(N));
+      auto x = random_vec(size_t(N) * C, 10, -3.f, 3.f), w = random_vec(C, 11),
+           b = random_vec(C, 12);
+      auto dout = random_vec(size_t(N) * C, 13), dinp0 = random_vec(size_t(N) * C, 14);
+      auto dw0 = random_vec(C, 15), db0 = random_vec(C, 16);
+      std::vector<float> out(x.size()), mean(N), rstd(N), dinp = dinp0, dw = dw0, db = db0;
+      cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                             C);
+      cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+      float *d_x = up(x), *d_w = up(w), *d_b = up(b), *d_dout = up(dout), *d_out = up(out),
+            *d_mean = up(mean), *d_rstd = up(rstd), *d_dinp = up(dinp0), *d_dw = up(dw0),
+            *d_db = up(db0);
+      gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+      gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+      expect_close(down(d_out, out.size()), out, 1e-5, "out");
+      expect_close(down(d_mean, N), mean, 1e-5, "mean");
+      expect_close(down(d_rstd, N), rstd, 1e-5, "rstd");
+      expect_close(down(d_dinp, dinp.size()), dinp, 1e-5, "dinp");
+      // (Σ over N rows in another order — the GPU's warps take every 8th row, then add their sums —
+      // so an entry that cancels is off by more than 1e-5 of the tensor's scale: dweight 1.5e-5 at
+      // C = 37, dbias 1.2e-5 at C = 768.)
+      expect_close(down(d_dw, C), dw, 1e-4, "dweight");
+      expect_close(down(d_db, C), db, 1e-4, "dbias");
+      // The fused residual add + layer norm, the sum written over its first operand.
+      std::vector<float> sum(x.size()), rout(x.size()), rmean(N), rrstd(N);
+      cpu->residual_layernorm_forward(sum.data(), rout.data(), rmean.data(), rrstd.data(), x.data(),
+                                      dout.data(), w.data(), b.data(), N, C);
+      float* d_a = up(x);
+      gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_dout, d_w, d_b, N, C);
+      expect_close(down(d_a, sum.size()), sum, 1e-6, "residual sum");
+      expect_close(down(d_out, rout.size()), rout, 1e-5, "residual layernorm out");
+      expect_close(down(d_mean, N), rmean, 1e-5, "residual layernorm mean");
+      expect_close(down(d_rstd, N), rrstd, 1e-5, "residual layernorm rstd");
+    }
   }
 }
 

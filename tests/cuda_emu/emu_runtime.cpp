@@ -116,6 +116,13 @@ static int device_count() {
   const int n = env ? std::atoi(env) : 1;
   return n > 0 ? n : 1;
 }
+// TRELLIS_EMU_SMS (default 132, an H100's): the multiprocessors a device reports, for kernels
+// whose launch shape depends on them (tests set a small count to reach their large-input shapes).
+static int sm_count() {
+  const char* env = std::getenv("TRELLIS_EMU_SMS");
+  const int n = env ? std::atoi(env) : 132;
+  return n > 0 ? n : 132;
+}
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = device_count();
   return cudaSuccess;
@@ -139,7 +146,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       *value = int(trellis_emu::kSharedDefault);
       break;
     case cudaDevAttrMultiProcessorCount:
-      *value = 132;
+      *value = sm_count();
       break;
     case cudaDevAttrComputeCapabilityMajor:
       *value = 9;

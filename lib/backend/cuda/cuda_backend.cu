@@ -63,6 +63,7 @@ Allocator* CudaBackend::allocator() { return &device_allocator(); }
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
+  TRELLIS_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   // The pool keeps what is freed for the next allocation instead of returning it to the device
   // at every synchronisation (its default threshold is 0).

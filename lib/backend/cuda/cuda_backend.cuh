@@ -382,6 +382,7 @@ class CudaBackend : public Backend {
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
 
   int device_;
+  int sm_count_ = 1;  // the device's multiprocessors (launch shapes that must fill them)
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;

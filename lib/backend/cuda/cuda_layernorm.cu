@@ -181,16 +181,15 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const T* dout
 }
 
 // The two above in one pass, where a lane's columns fit its registers (C ≤ 32·W·J): a block takes
-// kLnFusedRows rows, each warp one row at a time (dinp as layernorm_backward_inp_kernel), every
+// `rows` rows (8 to 64: a multiple of its 8 warps), each warp one row at a time (dinp as layernorm_backward_inp_kernel), every
 // lane adding dout and xhat·dout into registers for its columns c = lane·W + 32·W·j (j < J), so
 // that dout and inp are read from memory once, not again by a column pass. The block then adds
 // its warps' sums in warp order (through shared memory: 2C floats) into partial (blocks, 2C):
 // Σ dout (dbias), then Σ xhat·dout (dweight). A fixed order everywhere: the same bits every run.
-constexpr int kLnFusedRows = 64;
 template <typename T, int W, int J>
 __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T* dout,
                                                 const T* inp, const T* weight, const float* mean,
-                                                const float* rstd, int N, int C) {
+                                                const float* rstd, int N, int C, int rows) {
   extern __shared__ float block_sums[];  // (2C)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   float db[J][W], dw[J][W];  // this lane's columns lane·W + 32·W·j + k
@@ -198,8 +197,8 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int k = 0; k < W; ++k) db[j][k] = dw[j][k] = 0.0f;
-  const int64_t r1 = min(int64_t(N), int64_t(blockIdx.x + 1) * kLnFusedRows);
-  for (int64_t row = int64_t(blockIdx.x) * kLnFusedRows + warp; row < r1; row += warps) {
+  const int64_t r1 = min(int64_t(N), int64_t(blockIdx.x + 1) * rows);
+  for (int64_t row = int64_t(blockIdx.x) * rows + warp; row < r1; row += warps) {
     const T* x = inp + row * C;   // (C)
     const T* d = dout + row * C;  // (C)
     T* di = dinp + row * C;       // (C)
@@ -330,25 +329,34 @@ int ln_fused_steps(int C) {
     if (32 * W * J >= C) return J;
   return 0;
 }
+/// Rows a block of the fused backward takes: 64, or fewer (down to 8, a row a warp) where N rows
+/// would make fewer than 4 blocks a multiprocessor — a pipeline stage's micro-batch of a sequence
+/// or two: the device filled first, fewer partial sums second.
+int ln_fused_rows(int N, int sm_count) {
+  int rows = 64;
+  while (rows > 8 && int64_t(N) < int64_t(rows) * 4 * sm_count) rows /= 2;
+  return rows;
+}
 template <typename T, int W, int J>
-void launch_ln_fused(cudaStream_t stream, T* dinp, float* partial, const T* dout, const T* inp,
-                     const T* weight, const float* mean, const float* rstd, int N, int C) {
-  const unsigned blocks = unsigned((N + kLnFusedRows - 1) / kLnFusedRows);
+void launch_ln_fused(cudaStream_t stream, int rows, T* dinp, float* partial, const T* dout,
+                     const T* inp, const T* weight, const float* mean, const float* rstd, int N,
+                     int C) {
+  const unsigned blocks = unsigned((N + rows - 1) / rows);
   const size_t smem = 2 * size_t(C) * sizeof(float);  // at most 16 KiB (C ≤ 2048)
   layernorm_backward_fused_kernel<T, W, J><<<blocks, kThreads, smem, stream>>>(dinp, partial, dout,
-      inp, weight, mean, rstd, N, C);
+      inp, weight, mean, rstd, N, C, rows);
   TRELLIS_CUDA_LAUNCHED();
 }
 template <typename T, int W>
-void launch_ln_fused(int J, cudaStream_t stream, T* dinp, float* partial, const T* dout,
-                     const T* inp, const T* weight, const float* mean, const float* rstd, int N,
-                     int C) {
+void launch_ln_fused(int J, cudaStream_t stream, int rows, T* dinp, float* partial,
+                     const T* dout, const T* inp, const T* weight, const float* mean,
+                     const float* rstd, int N, int C) {
   if (J == 2)
-    launch_ln_fused<T, W, 2>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 2>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
   else if (J == 4)
-    launch_ln_fused<T, W, 4>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 4>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
   else
-    launch_ln_fused<T, W, 8>(stream, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 8>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
 }
 }  // namespace
 
@@ -362,13 +370,13 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   const bool wide = cuda::wide_rows<T>(C, {dinp, dout, inp, weight});
   const int J = wide ? ln_fused_steps<W>(C) : ln_fused_steps<1>(C);
   // partial (chunks, 2C): Σ dout, then Σ xhat·dout, per chunk of rows.
-  const int rows = J > 0 ? kLnFusedRows : kRowChunk;
+  const int rows = J > 0 ? ln_fused_rows(N, sm_count_) : kRowChunk;
   const int chunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
   if (J > 0 && wide) {
-    launch_ln_fused<T, W>(J, stream_, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
   } else if (J > 0) {
-    launch_ln_fused<T, 1>(J, stream_, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, 1>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
   } else {  // wider rows than a lane's registers hold: dinp, then a pass over the columns
     if (wide)
       layernorm_backward_inp_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
