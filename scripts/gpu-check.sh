@@ -16,7 +16,10 @@
 #      activations and weights, fp32 master weights, gradients and AdamW state, fp32 accumulation)
 #      and attention on the tensor cores (TRELLIS_TC_ATTENTION=1, the mma.sync kernels, row
 #      "bf16+tc"); for comparison gpt2-124m the same with each GEMM's cuBLASLt algorithm chosen
-#      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"), in bf16 with
+#      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"), with the bias
+#      gradients as column-sum kernels instead of the dweight GEMMs' BGRADB epilogue
+#      (TRELLIS_BGRAD_EPILOGUE=0, "bf16+tc-bgrad": a fused epilogue can make cuBLASLt pick a
+#      slower GEMM, NVIDIA/CUDALibrarySamples#90), in bf16 with
 #      the WMMA tensor-core kernels (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32
 #      attention kernels (on widened copies of its bf16 tensors), and in fp32 with TF32 GEMMs;
 #      tokens/s, MFU against the device's dense bf16 peak (for every row, TF32's too), peak
@@ -217,19 +220,21 @@ echo "gpu-check: several ranks on one GPU: $layout_summary"
 # attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
 rows=()
 bench_failed=0
-for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-124m bf16 wmma" \
-           "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
-  read -r name precision tc tune <<< "$run"
-  gemm_tune=0
-  [[ ${tune:-} == tune ]] && gemm_tune=1
+for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-124m bf16 1 nobgrad" \
+           "gpt2-124m bf16 wmma" "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
+  read -r name precision tc variant <<< "$run"
+  gemm_tune=0 bgrad=1
+  [[ ${variant:-} == tune ]] && gemm_tune=1
+  [[ ${variant:-} == nobgrad ]] && bgrad=0
   deck=inputs/$name.deck
   tf32=0
   [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
   B=$B0
   while (( B >= 1 )); do
-    log="$OUTDIR/bench-$name-$precision-tc$tc${tune:+-$tune}-B$B.log"
+    log="$OUTDIR/bench-$name-$precision-tc$tc${variant:+-$variant}-B$B.log"
     echo "gpu-check: $name, $precision, tensor-core attention $tc, B·T = $B × 1024 ..."
-    TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune TRELLIS_CUDA_PROFILE=1 \
+    TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune \
+      TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_CUDA_PROFILE=1 \
       timeout "$BENCH_TIMEOUT" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
       --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
@@ -244,33 +249,34 @@ for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-1
     fi
     B=0
   done
-  [[ $name == gpt2-124m && $tc == 1 && -z ${tune:-} ]] && main_log=$log  # in the summary
+  [[ $name == gpt2-124m && $tc == 1 && -z ${variant:-} ]] && main_log=$log  # in the summary
   label=$precision
   [[ $tc == 1 ]] && label=bf16+tc
   (( gemm_tune )) && label=bf16+tc+tune
+  (( bgrad )) || label=bf16+tc-bgrad
   [[ $tc == wmma ]] && label=bf16+wmma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
   if (( B >= 1 )) && [[ -n $line ]]; then
     get() { sed -n "s/.*$1=\([0-9.e+-]*\).*/\1/p" <<< "$line"; }
-    rows+=("$(printf '%-10s %-12s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
+    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
       "$(get tokens_per_s)" "$(awk -v m="$(get mfu)" 'BEGIN {print 100 * m}')" "$(get step_ms)" \
       "$(awk -v b="$(get peak_bytes)" 'BEGIN {print b / 2^30}')")")
   else
-    rows+=("$(printf '%-10s %-12s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
+    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
     bench_failed=1
   fi
 done
 
 # ---- 3. the table ----
 echo
-echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing"
+echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
 [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
 echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
 echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
-printf '%-10s %-12s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
+printf '%-10s %-13s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
 if [[ -n ${main_log:-} ]] && grep -q 'CUDA device time per kernel class' "$main_log"; then
   echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
