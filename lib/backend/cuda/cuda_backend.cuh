@@ -33,10 +33,12 @@
 //
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
 // cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_kernels.cu (embeddings,
-// layernorm, GELU, add), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
+// GELU, add), cuda_layernorm.cu (layer norm, column sums), cuda_loss_optim.cu (cross-entropy,
+// norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
 // row's logsumexp), cuda_attention_mma.cu and cuda_attention_wmma.cu (the same on the tensor
-// cores, bf16: mma.sync with the scores in registers, WMMA with them in shared memory).
+// cores, bf16: mma.sync with the scores in registers, WMMA with them in shared memory),
+// cuda_mma_check.cu (a device check of the register layouts the mma.sync kernels assume).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -187,8 +189,9 @@ class CudaBackend : public Backend {
   void gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void add_f32(float* out, const float* a, const float* b, int64_t n) override;
 
-  // ---- bf16 kernels (cuda_kernels.cu, cuda_attention.cu): every tensor bf16, arithmetic in
-  //      fp32; a call with a mix of types takes the Backend's widening default ----
+  // ---- bf16 kernels (cuda_kernels.cu, cuda_layernorm.cu, cuda_attention.cu): every tensor
+  //      bf16, arithmetic in fp32; a call with a mix of types takes the Backend's widening
+  //      default ----
   void embedding_forward_bf16(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
                               int vocab_begin, int vocab_count) override;
   void embedding_backward_bf16(float* dwte, CPtr dout, const int32_t* tokens, int N, int C,
@@ -297,7 +300,8 @@ class CudaBackend : public Backend {
                        int N, int C, int OC);
   void linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias, CPtr dout,
                             CPtr inp, CPtr pre, CPtr weight, int N, int C, int OC);
-  // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_kernels.cu.
+  // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_kernels.cu and
+  // (layer norm) cuda_layernorm.cu.
   template <typename T>
   void launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C,
                                 int vocab_begin, int vocab_count);
