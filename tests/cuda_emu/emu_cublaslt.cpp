@@ -1,14 +1,14 @@
 // The emulated GPU's cuBLASLt (cuda_emu.hpp): the matmul the backend plans and runs, with the
 // semantics cublasLt.h documents for the attributes it sets. Column-major, as cuBLAS:
 //   D (m,n) = epilogue(alpha · op(A) (m,k) · op(B) (k,n) + beta · C + bias),
-// bias one value per row of D; GELU_AUX(_BIAS) stores its input (the sum) in aux and GELU of it
-// in D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form); BGRADB leaves D as DEFAULT
-// does and writes B's bias gradient — Σ over k of op(B) (k,n), in k order, one value per column
-// of D, of B's values as stored (TF32 rounds only the product's operands) — to the bias pointer (alpha 1 only: whether alpha scales it, this emulation does not
-// guess). Inputs fp32 or bf16, C/D
-// fp32 or bf16, fp32 accumulation (TF32 compute rounds fp32 inputs to 10 mantissa bits first).
-// A call whose descriptors disagree, or that names an attribute this emulation does not know,
-// is refused — loudly, on stderr — rather than guessed at.
+// bias one value per row of D; GELU_AUX(_BIAS) stores its input (the sum) in aux and GELU of it in
+// D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form); BGRADB leaves D as DEFAULT does
+// and writes B's bias gradient — Σ over k of op(B) (k,n), in k order, one value per column of D, of
+// B's values as stored (TF32 rounds only the product's operands) — to the bias pointer (alpha 1
+// only: whether alpha scales it, this emulation does not guess). Inputs fp32 or bf16, C/D fp32 or
+// bf16, fp32 accumulation (TF32 compute rounds fp32 inputs to 10 mantissa bits first). A call whose
+// descriptors disagree, or that names an attribute this emulation does not know, is refused —
+// loudly, on stderr — rather than guessed at.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 

@@ -107,7 +107,8 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   // fused path that has never run on a GPU must not stop a run). Otherwise every error is one.
   if (!optional) TRELLIS_LT(status);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) epilogue_failed(epi, status, "choosing an algorithm");
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+      epilogue_failed(epi, status, "choosing an algorithm");
     found = 0;
   }
   if (found == 0 && !optional)
@@ -126,7 +127,8 @@ void CudaBackend::epilogue_failed(Epilogue epi, cublasStatus_t status, const cha
   bool& warned = bgrad ? bgrad_epilogue_warned_ : gelu_epilogue_warned_;
   if (warned) return;
   warned = true;
-  std::fprintf(stderr, "trellis: warning: cuBLASLt refused the %s epilogue while %s (status %d); %s\n",
+  std::fprintf(stderr,
+               "trellis: warning: cuBLASLt refused the %s epilogue while %s (status %d); %s\n",
                bgrad ? "bias-gradient (BGRADB)" : "GELU", when, int(status),
                bgrad ? "bias gradients are column sums of their own"
                      : "the MLP's GELU runs as kernels of its own");

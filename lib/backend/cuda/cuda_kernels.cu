@@ -1,7 +1,7 @@
-// CUDA backend: embeddings, GELU, add/scale (layer norm and column sums: cuda_layernorm.cu;
-// cross-entropy, norms and AdamW: cuda_loss_optim.cu). The formulas are the CPU backend's (cpu/*.cpp), so that the two compute the
-// same function; activations and parameters fp32 or bf16 (arithmetic in fp32 either way),
-// gradients of parameters, statistics, the optimizer and norms fp32.
+// CUDA backend: embeddings, GELU, add/scale (layer norm and column sums: cuda_layernorm.cu; cross-
+// entropy, norms and AdamW: cuda_loss_optim.cu). The formulas are the CPU backend's (cpu/*.cpp), so
+// that the two compute the same function; activations and parameters fp32 or bf16 (arithmetic in
+// fp32 either way), gradients of parameters, statistics, the optimizer and norms fp32.
 #include <cmath>
 #include <initializer_list>
 

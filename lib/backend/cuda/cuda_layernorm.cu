@@ -181,9 +181,10 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const T* dout
 }
 
 // The two above in one pass, where a lane's columns fit its registers (C ≤ 32·W·J): a block takes
-// `rows` rows (8 to 64: a multiple of its 8 warps), each warp one row at a time (dinp as layernorm_backward_inp_kernel), every
-// lane adding dout and xhat·dout into registers for its columns c = lane·W + 32·W·j (j < J), so
-// that dout and inp are read from memory once, not again by a column pass. The block then adds
+// `rows` rows (8 to 64: a multiple of its 8 warps), each warp one row at a time (dinp as
+// layernorm_backward_inp_kernel), every lane adding dout and xhat·dout into registers for its
+// columns c = lane·W + 32·W·j (j < J), so that dout and inp are read from memory once, not again
+// by a column pass. The block then adds
 // its warps' sums in warp order (through shared memory: 2C floats) into partial (blocks, 2C):
 // Σ dout (dbias), then Σ xhat·dout (dweight). A fixed order everywhere: the same bits every run.
 template <typename T, int W, int J>
