@@ -202,7 +202,8 @@ void CudaBf16Kernels::attention_on_tensor_cores(const char* kernels) {
   const Case cases[] = {{{2, 130, 4, 2, 64}, true, 0}, {{1, 200, 2, 1, 128}, hd128, 0},
                         {{2, 64, 4, 4, 32}, true, 0},  {{1, 257, 3, 3, 64}, true, 0},
                         {{1, 37, 4, 1, 32}, true, 0},  {{2, 1, 2, 2, 64}, true, 0},
-                        {{1, 40, 2, 2, 48}, false, 0}, {{2, 70, 4, 2, 64}, false, 4}};
+                        {{1, 250, 2, 1, 64}, true, 0}, {{1, 40, 2, 2, 48}, false, 0},
+                        {{2, 70, 4, 2, 64}, false, 4}};
   for (const Case& c : cases) {
     const AttentionShape& s = c.s;
     SCOPED_TRACE(s.name() + ", offset " + std::to_string(c.offset));
@@ -248,7 +249,37 @@ TEST_F(CudaBf16Kernels, TensorCoreFragmentsFollowThePtxLayouts) {
   EXPECT_TRUE(errors.empty()) << errors.size() << " off";
 }
 
+// The mma.sync forward takes 128 query rows a block at hd ≤ 64 (above: T = 130, 250, 257 make
+// blocks that end past T in the first or the second half of their rows; T = 64 one whose second
+// half is all past T; T = 1). Each row's arithmetic is the same either way — the same key tiles
+// in the same order; a tile wholly after a row's 16-row tile adds zeros and rescales by 1 — so
+// with TRELLIS_ATTN_QUERY_ROWS=64 (one 64-row tile a block, as at hd 128) every bit is the same.
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) { attention_on_tensor_cores("1"); }
+TEST_F(CudaBf16Kernels, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
+  gpu->set_precision("bf16");
+  for (const AttentionShape s :
+       {AttentionShape{2, 130, 4, 2, 64}, AttentionShape{1, 250, 2, 1, 64},
+        AttentionShape{2, 64, 4, 4, 32}, AttentionShape{1, 37, 4, 1, 32}}) {
+    SCOPED_TRACE(s.name());
+    const Bits qkv = bf16_random(s.qkv_elems(), 92, -2.f, 2.f),
+               dout = bf16_random(s.out_elems(), 93);
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_QUERY_ROWS", "0"}});
+    gpu->set_precision("bf16");
+    const Bf16AttentionRun wide = attention_bf16_on(*gpu, s, qkv, dout);
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_QUERY_ROWS", "64"}});
+    gpu->set_precision("bf16");
+    const Bf16AttentionRun narrow = attention_bf16_on(*gpu, s, qkv, dout);
+    const auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    EXPECT_TRUE(same(wide.out, narrow.out)) << "out";
+    EXPECT_TRUE(same(wide.state, narrow.state)) << "logsumexp";
+    EXPECT_TRUE(same(wide.dqkv, narrow.dqkv)) << "dqkv";
+    std::printf(
+        "bf16 attention %s: 128- and 64-row blocks %s\n", s.name().c_str(),
+        same(wide.out, narrow.out) && same(wide.state, narrow.state) ? "the same bits" : "DIFFER");
+  }
+}
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }
 
 // bf16 GELU (forward; backward in place of dout, as the model calls it) and add (in place of a) on

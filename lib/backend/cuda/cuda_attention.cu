@@ -458,8 +458,12 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
     return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
   add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
-  (tc_attention_ == TcAttention::mma ? cuda::mma_attention_forward : cuda::wmma_attention_forward)(
-      cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd, stream_);
+  if (tc_attention_ == TcAttention::mma)
+    cuda::mma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
+                                attention_query_rows_, stream_);
+  else
+    cuda::wmma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
+                                 stream_);
 }
 
 void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,

@@ -7,8 +7,10 @@
 // stand, its A fragments for the next product.
 //
 // Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
-// dK/dV) and streams 64-row tiles of the other side through shared memory (ldmatrix reads them
-// into B fragments); each warp owns 16 of the block's rows. A lane holds, of every 8-column
+// dK/dV; the forward at head size ≤ 64 owns 128 queries) and streams 64-row tiles of the other
+// side through shared memory (ldmatrix reads them into B fragments); each warp owns 16 of the
+// block's rows (the 128-query forward: two 16-row tiles, so that each fragment read feeds twice
+// the products). A lane holds, of every 8-column
 // n-tile, two columns of two rows (g and g+8, g = lane/4): the four lanes of a quad share a row,
 // so row maxima and sums are two shuffles. Forward keeps O in registers and rescales it per tile
 // (online softmax); each lane sums its own share of P and the quad adds the shares at the end.
@@ -48,13 +50,18 @@ __device__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0) {
     ldmatrix_x4(a[k], tile + (row0 + at.row) * (D + 8) + k * 16 + at.col);
 }
 
-// s (16, 64) = A (16, D) · Bᵀ, where B's 64 rows of D sit in a shared (64, D+8) tile: s[j] is
-// n-tile j (columns 8j .. 8j+7) in the accumulator layout.
-template <int D>
-__device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], const bf16* b_tile) {
+// s[i] (16, 64) = A[i] (16, D) · Bᵀ for each of M row tiles, where B's 64 rows of D sit in a
+// shared (64, D+8) tile: s[i][j] is n-tile j (columns 8j .. 8j+7) in the accumulator layout.
+// Each B fragment read from shared memory feeds 2·M products: with M = 2 a warp needs half the
+// shared-memory reads per product.
+template <int D, int M>
+__device__ void product_abt(float (&s)[M][kN][4], const uint32_t (&a)[M][D / 16][4],
+                            const bf16* b_tile) {
   const LaneOffset at = bt_fragment_offset(threadIdx.x & 31);
 #pragma unroll
-  for (int j = 0; j < kN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < kN; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
 #pragma unroll
@@ -63,16 +70,26 @@ __device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], c
       // n-tile j, b[2..3] of n-tile j+1.
       uint32_t b[4];
       ldmatrix_x4(b, b_tile + (j * 8 + at.row) * (D + 8) + k * 16 + at.col);
-      mma_bf16_16816(s[j], a[k], b[0], b[1]);
-      mma_bf16_16816(s[j + 1], a[k], b[2], b[3]);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        mma_bf16_16816(s[i][j], a[i][k], b[0], b[1]);
+        mma_bf16_16816(s[i][j + 1], a[i][k], b[2], b[3]);
+      }
     }
   }
 }
-
-// acc (16, D) += P (16, 64) · B (64, D): P as the A fragments of its four k-steps, B a shared
-// (64, D+8) tile read column-major (ldmatrix .trans).
+// The same for one row tile.
 template <int D>
-__device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], const bf16* b_tile) {
+__device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], const bf16* b_tile) {
+  product_abt<D, 1>(reinterpret_cast<float(&)[1][kN][4]>(s),
+                    reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), b_tile);
+}
+
+// acc[i] (16, D) += P[i] (16, 64) · B (64, D) for each of M row tiles: P[i] as the A fragments
+// of its four k-steps, B a shared (64, D+8) tile read column-major (ldmatrix .trans).
+template <int D, int M>
+__device__ void product_pb(float (&acc)[M][D / 8][4], const uint32_t (&p)[M][kK][4],
+                           const bf16* b_tile) {
   const LaneOffset at = b_fragment_offset(threadIdx.x & 31);
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
@@ -82,10 +99,19 @@ __device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], c
       // n-tile n, b[2..3] of n-tile n+1.
       uint32_t b[4];
       ldmatrix_x4_trans(b, b_tile + (k * 16 + at.row) * (D + 8) + n * 8 + at.col);
-      mma_bf16_16816(acc[n], p[k], b[0], b[1]);
-      mma_bf16_16816(acc[n + 1], p[k], b[2], b[3]);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        mma_bf16_16816(acc[i][n], p[i][k], b[0], b[1]);
+        mma_bf16_16816(acc[i][n + 1], p[i][k], b[2], b[3]);
+      }
     }
   }
+}
+// The same for one row tile.
+template <int D>
+__device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], const bf16* b_tile) {
+  product_pb<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                   reinterpret_cast<const uint32_t(&)[1][kK][4]>(p), b_tile);
 }
 
 // The A fragments of a (16, 64) matrix held in the accumulator layout (v[j]: n-tile j), rounded
@@ -146,13 +172,18 @@ __device__ void store_rows(bf16* first, int row0, int T, int64_t row, const floa
 }
 
 // ---- forward: one block per (query tile, b·H + h) ----
-template <int D>
+// A block owns M·64 query rows (M = 1 or 2): warp w the M row tiles of 16 at 16w, 64 + 16w, ...,
+// so that near the diagonal each warp has as much work as the others. With M = 2 every K and V
+// fragment read from shared memory feeds twice the products (FlashAttention-2 takes 128 query
+// rows for head size 64 too); at head size 128 its registers would not fit.
+template <int D, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_forward_kernel(bf16* out, float* lse, const bf16* qkv, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kRows * (D + 8);
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // (64, D+8)
-  bf16* sK = sQ + kTile;                     // 2 × (64, D+8): key tile kt in buffer kt % 2
+  constexpr int kBlockRows = M * kRows;
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // M × (64, D+8)
+  bf16* sK = sQ + M * kTile;                 // 2 × (64, D+8): key tile kt in buffer kt % 2
   bf16* sV = sK + 2 * kTile;                 // 2 × (64, D+8)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int T = hs.T;
@@ -165,77 +196,105 @@ __global__ void __launch_bounds__(kWarps * 32)
                        kt * kRows, T);
     copy_async_commit();
   };
-  load_tile_async<D>(sQ, base, hs.row, int64_t(h) * D, qt * kRows, T);
-  issue(0);               // (with Q)
-  uint32_t q[D / 16][4];  // this warp's 16 query rows
-
-  const int row0 = qt * kRows + warp * 16;
-  const int rows[2] = {row0 + g, row0 + g + 8};  // this lane's rows: registers 0-1, 2-3
-  const float scale_log2 = scale * kLog2e;       // P = 2^(S·scale·log2 e − max·scale·log2 e)
-  float m[2] = {-INFINITY, -INFINITY};  // running maximum of the scores (unscaled), per row
-  float l[2] = {0.0f, 0.0f};            // this lane's share of the running Σ P
-  float o[D / 8][4];                    // unnormalised O (16, D)
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {  // causal: key tiles up to the diagonal
+  for (int i = 0; i < M; ++i)
+    load_tile_async<D>(sQ + i * kTile, base, hs.row, int64_t(h) * D, qt * kBlockRows + i * kRows,
+                       T);
+  issue(0);                  // (with Q)
+  uint32_t q[M][D / 16][4];  // this warp's M × 16 query rows
+
+  // Causal: the key tiles up to the block's last row before T. Those past the block's first row
+  // are masked (the last one or two).
+  const int first_row = qt * kBlockRows;
+  const int last_kt = (min(first_row + kBlockRows, T) - 1) / kRows;
+  int rows[M][2];  // this lane's rows of each row tile: registers 0-1, 2-3
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    rows[i][0] = first_row + i * kRows + warp * 16 + g;
+    rows[i][1] = rows[i][0] + 8;
+  }
+  const float scale_log2 = scale * kLog2e;  // P = 2^(S·scale·log2 e − max·scale·log2 e)
+  float m[M][2], l[M][2];  // running maximum of the scores (unscaled), and this lane's Σ P share
+  float o[M][D / 8][4];    // unnormalised O (16, D) of each row tile
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i][0] = m[i][1] = -INFINITY;
+    l[i][0] = l[i][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
+  }
+  for (int kt = 0; kt <= last_kt; ++kt) {
     // The next tile's copies fly while this one is computed on.
-    if (kt < qt)
+    if (kt < last_kt)
       issue(kt + 1);
     else
       copy_async_commit();  // (an empty group: the wait below leaves one in flight either way)
     copy_async_wait<1>();
     __syncthreads();  // tile kt (and Q) in shared memory, every thread's copies
-    if (kt == 0) load_a<D>(q, sQ, warp * 16);
+    if (kt == 0) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) load_a<D>(q[i], sQ + i * kTile, warp * 16);
+    }
     const bf16* sKt = sK + (kt & 1) * kTile;
     const bf16* sVt = sV + (kt & 1) * kTile;
-    float s[kN][4];  // S (16, 64)
-    product_abt<D>(s, q, sKt);
-    if (kt == qt) mask_scores(s, kt * kRows, rows, Causal());  // the diagonal tile
-    float mx[2] = {m[0], m[1]};
+    float s[M][kN][4];  // S (16, 64) of each row tile
+    product_abt<D, M>(s, q, sKt);
+    uint32_t p[M][kK][4];  // P, rounded to bf16 once, and summed as P·V multiplies it
 #pragma unroll
-    for (int j = 0; j < kN; ++j)
+    for (int i = 0; i < M; ++i) {
+      // A row tile the key tile reaches past (a uniform branch); one it lies wholly past (the
+      // first row tiles of the last key tile when M = 2) comes out all zeros in P, its maximum
+      // and O unchanged: key tile 0 has given every row a finite maximum.
+      if (kt * kRows + kRows - 1 > rows[i][0] - g) mask_scores(s[i], kt * kRows, rows[i], Causal());
+      float mx[2] = {m[i][0], m[i][1]};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) mx[i >> 1] = fmaxf(mx[i >> 1], s[j][i]);
-    float corr[2], ms[2];  // ms: the row's maximum · scale · log2 e
+      for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[i][j][e]);
+      float corr[2], ms[2];  // ms: the row's maximum · scale · log2 e
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float mnew = quad_max(mx[r]);  // finite: key 0 is at or before every row
+        corr[r] = exp2_approx((m[i][r] - mnew) * scale_log2);
+        m[i][r] = mnew;
+        ms[r] = mnew * scale_log2;
+        l[i][r] *= corr[r];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][n][e] *= corr[e >> 1];
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[i][j][e] = exp2_approx(fmaf(s[i][j][e], scale_log2, -ms[e >> 1]));
+      pack_a(p[i], s[i]);
+#pragma unroll
+      for (int k = 0; k < kK; ++k) {
+        l[i][0] += packed_sum(p[i][k][0]) + packed_sum(p[i][k][2]);  // row g
+        l[i][1] += packed_sum(p[i][k][1]) + packed_sum(p[i][k][3]);  // row g+8
+      }
+    }
+    product_pb<D, M>(o, p, sVt);
+    __syncthreads();  // every warp is done with buffer kt % 2 before tile kt+2 is issued into it
+  }
+  bf16* out_bh = out + int64_t(b) * T * hs.H * D + int64_t(h) * D;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float mnew = quad_max(mx[r]);  // finite: key kt·64 is at or before every row
-      corr[r] = exp2_approx((m[r] - mnew) * scale_log2);
-      m[r] = mnew;
-      ms[r] = mnew * scale_log2;
-      l[r] *= corr[r];
+      l[i][r] = quad_sum(l[i][r]);
+      if (t == 0 && rows[i][r] < T)
+        lse[(int64_t(b) * hs.H + h) * T + rows[i][r]] = m[i][r] * scale + logf(l[i][r]);
     }
+    // O / l, row by row: a lane's registers 0-1 are row g's, 2-3 row g+8's.
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) o[n][i] *= corr[i >> 1];
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = exp2_approx(fmaf(s[j][i], scale_log2, -ms[i >> 1]));
-    uint32_t p[kK][4];
-    pack_a(p, s);  // P rounded to bf16 once, and summed as P·V multiplies it
-#pragma unroll
-    for (int k = 0; k < kK; ++k) {
-      l[0] += packed_sum(p[k][0]) + packed_sum(p[k][2]);  // row g
-      l[1] += packed_sum(p[k][1]) + packed_sum(p[k][3]);  // row g+8
-    }
-    product_pb<D>(o, p, sVt);
-    __syncthreads();  // every warp is done with buffer kt % 2 before tile kt+2 is issued into it
+      for (int e = 0; e < 4; ++e) o[i][n][e] /= l[i][e >> 1];
+    store_rows<D>(out_bh, rows[i][0] - g, T, int64_t(hs.H) * D, o[i], 1.0f);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] = quad_sum(l[r]);
-    if (t == 0 && rows[r] < T)
-      lse[(int64_t(b) * hs.H + h) * T + rows[r]] = m[r] * scale + logf(l[r]);
-  }
-  // O / l, row by row: a lane's registers 0-1 are row g's, 2-3 row g+8's.
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] /= l[i >> 1];
-  store_rows<D>(out + int64_t(b) * T * hs.H * D + int64_t(h) * D, row0, T, int64_t(hs.H) * D, o,
-                1.0f);
 }
 
 // ---- dQ: one block per (query tile, b·H + h); dQ = scale · Σ_keys dS·K, dS = P∘(dP − Dsum) ----
@@ -424,13 +483,13 @@ constexpr size_t tiles_bytes(int tiles, int floats = 0) {
   return size_t(tiles) * kRows * (D + 8) * sizeof(bf16) + size_t(floats) * sizeof(float);
 }
 
-template <int D>
+template <int D, int M>
 void forward(bf16* out, float* lse, const bf16* qkv, int B, int T, Heads hs, float scale,
              cudaStream_t st) {
-  const size_t smem = tiles_bytes<D>(5);  // Q, two key and two value tiles
-  allow_shared(mma_forward_kernel<D>, smem);
-  const dim3 grid((T + kRows - 1) / kRows, B * hs.H);
-  mma_forward_kernel<D><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
+  const size_t smem = tiles_bytes<D>(M + 4);  // Q's M tiles, two key and two value tiles
+  allow_shared(mma_forward_kernel<D, M>, smem);
+  const dim3 grid((T + M * kRows - 1) / (M * kRows), B * hs.H);
+  mma_forward_kernel<D, M><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -460,11 +519,17 @@ bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
 }
 
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
-                           int hd, cudaStream_t stream) {
+                           int hd, int query_rows, cudaStream_t stream) {
   const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
-  tiles::with_head_size(
-      hd, [&](auto d) { forward<decltype(d)::value>(out, lse, qkv, B, T, hs, scale, stream); });
+  tiles::with_head_size(hd, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    // 128 query rows a block where the registers allow (hd ≤ 64), unless 64 are asked for.
+    if constexpr (D <= 64) {
+      if (query_rows != kRows) return forward<D, 2>(out, lse, qkv, B, T, hs, scale, stream);
+    }
+    forward<D, 1>(out, lse, qkv, B, T, hs, scale, stream);
+  });
 }
 
 void mma_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,

@@ -394,6 +394,7 @@ class CudaBackend : public Backend {
   // WMMA ones (cuda_attention_tc.cuh); unset or 0: the fp32 kernels on widened copies.
   enum class TcAttention { off, mma, wmma };
   TcAttention tc_attention_ = TcAttention::off;
+  int attention_query_rows_ = 0;  // the mma.sync forward's rows a block (0: its choice)
   /// Whether the tensor-core kernels chosen take the head size and pointers (false when off).
   bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
