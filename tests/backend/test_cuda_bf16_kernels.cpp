@@ -249,11 +249,12 @@ TEST_F(CudaBf16Kernels, TensorCoreFragmentsFollowThePtxLayouts) {
   EXPECT_TRUE(errors.empty()) << errors.size() << " off";
 }
 
-// The mma.sync forward takes 128 query rows a block at hd ≤ 64 (above: T = 130, 250, 257 make
-// blocks that end past T in the first or the second half of their rows; T = 64 one whose second
-// half is all past T; T = 1). Each row's arithmetic is the same either way — the same key tiles
-// in the same order; a tile wholly after a row's 16-row tile adds zeros and rescales by 1 — so
-// with TRELLIS_ATTN_QUERY_ROWS=64 (one 64-row tile a block, as at hd 128) every bit is the same.
+// The mma.sync kernels take 128 rows a block at hd ≤ 64 (above: T = 130, 250, 257 make blocks that
+// end past T in the first or the second half of their rows; T = 64 one whose second half is all
+// past T; T = 1). Each row's arithmetic is the same either way — the same tiles in the same order,
+// the products' k-steps in the same order; a tile wholly outside a 16-row tile's causal triangle
+// adds zeros (and rescales by 1) — so with TRELLIS_ATTN_BLOCK_ROWS=64 (one 64-row tile a block,
+// as at hd 128) every bit is the same.
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCores) { attention_on_tensor_cores("1"); }
 TEST_F(CudaBf16Kernels, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
   gpu->set_precision("bf16");
@@ -263,10 +264,10 @@ TEST_F(CudaBf16Kernels, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
     SCOPED_TRACE(s.name());
     const Bits qkv = bf16_random(s.qkv_elems(), 92, -2.f, 2.f),
                dout = bf16_random(s.out_elems(), 93);
-    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_QUERY_ROWS", "0"}});
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_BLOCK_ROWS", "0"}});
     gpu->set_precision("bf16");
     const Bf16AttentionRun wide = attention_bf16_on(*gpu, s, qkv, dout);
-    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_QUERY_ROWS", "64"}});
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", "1"}, {"TRELLIS_ATTN_BLOCK_ROWS", "64"}});
     gpu->set_precision("bf16");
     const Bf16AttentionRun narrow = attention_bf16_on(*gpu, s, qkv, dout);
     const auto same = [](const auto& a, const auto& b) {
@@ -275,9 +276,10 @@ TEST_F(CudaBf16Kernels, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
     EXPECT_TRUE(same(wide.out, narrow.out)) << "out";
     EXPECT_TRUE(same(wide.state, narrow.state)) << "logsumexp";
     EXPECT_TRUE(same(wide.dqkv, narrow.dqkv)) << "dqkv";
-    std::printf(
-        "bf16 attention %s: 128- and 64-row blocks %s\n", s.name().c_str(),
-        same(wide.out, narrow.out) && same(wide.state, narrow.state) ? "the same bits" : "DIFFER");
+    const bool all_same = same(wide.out, narrow.out) && same(wide.state, narrow.state) &&
+                          same(wide.dqkv, narrow.dqkv);
+    std::printf("bf16 attention %s: 128- and 64-row blocks %s\n", s.name().c_str(),
+                all_same ? "the same bits" : "DIFFER");
   }
 }
 TEST_F(CudaBf16Kernels, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_attention_tiles.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mma_tiles.cuh"
 #include "backend/cuda/cuda_util.cuh"
 
 namespace trellis::cuda {
@@ -37,139 +38,7 @@ using tiles::kRows;
 using tiles::kWarps;
 using tiles::load_tile_async;
 
-constexpr int kN = kRows / 8;   // 8-column n-tiles across a streamed tile's 64 rows
-constexpr int kK = kRows / 16;  // 16-column k-steps across them
-constexpr unsigned kFull = 0xffffffffu;
-
-// A (16, D): rows row0 .. row0+15 of a shared (64, D+8) tile, as D/16 A fragments.
-template <int D>
-__device__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0) {
-  const LaneOffset at = a_fragment_offset(threadIdx.x & 31);
-#pragma unroll
-  for (int k = 0; k < D / 16; ++k)
-    ldmatrix_x4(a[k], tile + (row0 + at.row) * (D + 8) + k * 16 + at.col);
-}
-
-// s[i] (16, 64) = A[i] (16, D) · Bᵀ for each of M row tiles, where B's 64 rows of D sit in a
-// shared (64, D+8) tile: s[i][j] is n-tile j (columns 8j .. 8j+7) in the accumulator layout.
-// Each B fragment read from shared memory feeds 2·M products: with M = 2 a warp needs half the
-// shared-memory reads per product.
-template <int D, int M>
-__device__ void product_abt(float (&s)[M][kN][4], const uint32_t (&a)[M][D / 16][4],
-                            const bf16* b_tile) {
-  const LaneOffset at = bt_fragment_offset(threadIdx.x & 31);
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int j = 0; j < kN; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
-#pragma unroll
-  for (int k = 0; k < D / 16; ++k) {
-#pragma unroll
-    for (int j = 0; j < kN; j += 2) {
-      // The block of rows 8j .. 8j+15 (n-tiles j, j+1), columns 16k .. 16k+15: b[0..1] B of
-      // n-tile j, b[2..3] of n-tile j+1.
-      uint32_t b[4];
-      ldmatrix_x4(b, b_tile + (j * 8 + at.row) * (D + 8) + k * 16 + at.col);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        mma_bf16_16816(s[i][j], a[i][k], b[0], b[1]);
-        mma_bf16_16816(s[i][j + 1], a[i][k], b[2], b[3]);
-      }
-    }
-  }
-}
-// The same for one row tile.
-template <int D>
-__device__ void product_abt(float (&s)[kN][4], const uint32_t (&a)[D / 16][4], const bf16* b_tile) {
-  product_abt<D, 1>(reinterpret_cast<float(&)[1][kN][4]>(s),
-                    reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), b_tile);
-}
-
-// acc[i] (16, D) += P[i] (16, 64) · B (64, D) for each of M row tiles: P[i] as the A fragments
-// of its four k-steps, B a shared (64, D+8) tile read column-major (ldmatrix .trans).
-template <int D, int M>
-__device__ void product_pb(float (&acc)[M][D / 8][4], const uint32_t (&p)[M][kK][4],
-                           const bf16* b_tile) {
-  const LaneOffset at = b_fragment_offset(threadIdx.x & 31);
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-#pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      // The block of rows 16k .. 16k+15, columns 8n .. 8n+15 (n-tiles n, n+1): b[0..1] B of
-      // n-tile n, b[2..3] of n-tile n+1.
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_tile + (k * 16 + at.row) * (D + 8) + n * 8 + at.col);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        mma_bf16_16816(acc[i][n], p[i][k], b[0], b[1]);
-        mma_bf16_16816(acc[i][n + 1], p[i][k], b[2], b[3]);
-      }
-    }
-  }
-}
-// The same for one row tile.
-template <int D>
-__device__ void product_pb(float (&acc)[D / 8][4], const uint32_t (&p)[kK][4], const bf16* b_tile) {
-  product_pb<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
-                   reinterpret_cast<const uint32_t(&)[1][kK][4]>(p), b_tile);
-}
-
-// The A fragments of a (16, 64) matrix held in the accumulator layout (v[j]: n-tile j), rounded
-// to bf16: k-step k is n-tiles 2k and 2k+1, whose registers are already where A wants them.
-__device__ inline void pack_a(uint32_t (&p)[kK][4], const float (&v)[kN][4]) {
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    p[k][0] = pack_bf16x2(v[2 * k][0], v[2 * k][1]);          // row g,   columns 2t, 2t+1
-    p[k][1] = pack_bf16x2(v[2 * k][2], v[2 * k][3]);          // row g+8
-    p[k][2] = pack_bf16x2(v[2 * k + 1][0], v[2 * k + 1][1]);  // row g,   columns 2t+8, 2t+9
-    p[k][3] = pack_bf16x2(v[2 * k + 1][2], v[2 * k + 1][3]);  // row g+8
-  }
-}
-
-// The quad's (four lanes of a row) maximum and sum.
-__device__ inline float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
-  return fmaxf(v, __shfl_xor_sync(kFull, v, 2));
-}
-__device__ inline float quad_sum(float v) {
-  v += __shfl_xor_sync(kFull, v, 1);
-  return v + __shfl_xor_sync(kFull, v, 2);
-}
-
-// Scores (16, 64) of a warp's rows (the lane's rows[0] in registers 0-1, rows[1] in 2-3) against
-// the columns col0 .. col0+63 of a streamed tile: -inf where keep(row, col) is false, so that
-// their exponentials are 0. Only tiles some of whose entries go are masked (a uniform branch), so
-// that the others spend no instruction on it.
-template <typename Keep>
-__device__ inline void mask_scores(float (&s)[kN][4], int col0, const int (&rows)[2], Keep keep) {
-  const int t = threadIdx.x & 3;
-#pragma unroll
-  for (int j = 0; j < kN; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (!keep(rows[i >> 1], col0 + j * 8 + 2 * t + (i & 1))) s[j][i] = -INFINITY;
-}
-struct Causal {  // a query sees the keys at and before it
-  __device__ bool operator()(int query, int key) const { return key <= query; }
-};
-
-// Writes a warp's accumulators (16, D) times `scale`, rounded to bf16, to rows row0 + r (those
-// before T) of the tensor whose row 0 is `first` (row stride `row`): two values a store.
-template <int D>
-__device__ void store_rows(bf16* first, int row0, int T, int64_t row, const float (&acc)[D / 8][4],
-                           float scale) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row0 + g + 8 * half;
-    if (r >= T) continue;  // (no pointer past the buffer is formed for rows past T)
-    bf16* y = first + int64_t(r) * row + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<uint32_t*>(y + n * 8) =
-          pack_bf16x2(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
-  }
-}
+using namespace mma_tiles;  // (the warp-level pieces: cuda_mma_tiles.cuh)
 
 // ---- forward: one block per (query tile, b·H + h) ----
 // A block owns M·64 query rows (M = 1 or 2): warp w the M row tiles of 16 at 16w, 64 + 16w, ...,
@@ -238,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bf16* sKt = sK + (kt & 1) * kTile;
     const bf16* sVt = sV + (kt & 1) * kTile;
     float s[M][kN][4];  // S (16, 64) of each row tile
-    product_abt<D, M>(s, q, sKt);
+    product_abt<D>(s, q, sKt);
     uint32_t p[M][kK][4];  // P, rounded to bf16 once, and summed as P·V multiplies it
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -276,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         l[i][1] += packed_sum(p[i][k][1]) + packed_sum(p[i][k][3]);  // row g+8
       }
     }
-    product_pb<D, M>(o, p, sVt);
+    product_pb<D>(o, p, sVt);
     __syncthreads();  // every warp is done with buffer kt % 2 before tile kt+2 is issued into it
   }
   bf16* out_bh = out + int64_t(b) * T * hs.H * D + int64_t(h) * D;
@@ -298,13 +167,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // ---- dQ: one block per (query tile, b·H + h); dQ = scale · Σ_keys dS·K, dS = P∘(dP − Dsum) ----
-template <int D>
+// A block owns M·64 queries (M = 1 or 2), warp w the M tiles of 16 at 16w, 64 + 16w, as in the
+// forward, whose Q and dO it holds as A fragments. With M = 2 each key tile is taken in two
+// halves of 32 (S and dP of 16 queries × 32 keys), as in the dK/dV kernel, so that the registers
+// hold both query tiles (244 at hd 64, no spills); the bits are M = 1's.
+template <int D, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                   const float* dsum, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kRows * (D + 8);
-  bf16* sK = reinterpret_cast<bf16*>(smem);  // 2 × (64, D+8): key tile kt in buffer kt % 2
+  constexpr int kBlockRows = M * kRows;
+  constexpr int kChunk = kRows / M;          // keys taken at a time
+  constexpr int NT = kChunk / 8;             // their n-tiles
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // M × (64, D+8) this block's queries
+  bf16* sdO = sQ + M * kTile;                // M × (64, D+8) and their dO
+  bf16* sK = sdO + M * kTile;                // 2 × (64, D+8): key tile kt in buffer kt % 2
   bf16* sV = sK + 2 * kTile;                 // 2 × (64, D+8)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int T = hs.T;
@@ -317,83 +195,115 @@ __global__ void __launch_bounds__(kWarps * 32)
                        kt * kRows, T);
     copy_async_commit();
   };
-  // Q and dO pass through the second buffers on their way to registers, with key tile 0.
-  load_tile_async<D>(sK + kTile, base, hs.row, int64_t(h) * D, qt * kRows, T);
-  load_tile_async<D>(sV + kTile, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D,
-                     int64_t(h) * D, qt * kRows, T);
-  issue(0);
-  copy_async_wait<0>();
-  __syncthreads();
-  uint32_t q[D / 16][4], dO[D / 16][4];  // this warp's 16 rows of Q and dO
-  load_a<D>(q, sK + kTile, warp * 16);
-  load_a<D>(dO, sV + kTile, warp * 16);
-  __syncthreads();  // every warp has them before key tile 1 lands there
-  const int row0 = qt * kRows + warp * 16;
-  const int rows[2] = {row0 + g, row0 + g + 8};
-  float lse_r[2], dsum_r[2];
+  const int first_row = qt * kBlockRows;
+  const bf16* q_tiles[M];
+  const bf16* do_tiles[M];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t stat = (int64_t(b) * hs.H + h) * T + rows[r];
-    lse_r[r] = rows[r] < T ? lse[stat] * kLog2e : 0.0f;  // (base 2)
-    dsum_r[r] = rows[r] < T ? dsum[stat] : 0.0f;
+  for (int m = 0; m < M; ++m) {
+    load_tile_async<D>(sQ + m * kTile, base, hs.row, int64_t(h) * D, first_row + m * kRows, T);
+    load_tile_async<D>(sdO + m * kTile, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D,
+                       int64_t(h) * D, first_row + m * kRows, T);
+    q_tiles[m] = sQ + m * kTile, do_tiles[m] = sdO + m * kTile;
   }
-  const float scale_log2 = scale * kLog2e;  // P = 2^(S·scale·log2 e − lse·log2 e)
-  float dq[D / 8][4];
+  issue(0);  // (with Q and dO)
+  // Causal: the key tiles up to the block's last row before T.
+  const int last_kt = (min(first_row + kBlockRows, T) - 1) / kRows;
+  int rows[M][2];  // this lane's rows of each query tile: registers 0-1, 2-3
+  float lse_r[M][2], dsum_r[M][2];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
-    if (kt < qt)
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rows[m][r] = first_row + m * kRows + warp * 16 + g + 8 * r;
+      const int64_t stat = (int64_t(b) * hs.H + h) * T + rows[m][r];
+      lse_r[m][r] = rows[m][r] < T ? lse[stat] * kLog2e : 0.0f;  // (base 2)
+      dsum_r[m][r] = rows[m][r] < T ? dsum[stat] : 0.0f;
+    }
+  const float scale_log2 = scale * kLog2e;  // P = 2^(S·scale·log2 e − lse·log2 e)
+  float dq[M][D / 8][4];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) dq[m][n][0] = dq[m][n][1] = dq[m][n][2] = dq[m][n][3] = 0.0f;
+  uint32_t qa[M][D / 16][4], doa[M][D / 16][4];
+  for (int kt = 0; kt <= last_kt; ++kt) {
+    if (kt < last_kt)
       issue(kt + 1);
     else
       copy_async_commit();
     copy_async_wait<1>();
-    __syncthreads();
-    const bf16* sKt = sK + (kt & 1) * kTile;
-    const bf16* sVt = sV + (kt & 1) * kTile;
-    float s[kN][4], dp[kN][4];  // S and dP = dO·Vᵀ (16, 64)
-    product_abt<D>(s, q, sKt);
-    product_abt<D>(dp, dO, sVt);
-    if (kt == qt) mask_scores(s, kt * kRows, rows, Causal());  // the diagonal tile
+    __syncthreads();  // key tile kt (and Q, dO) in shared memory
+    if (kt == 0) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = i >> 1;
-        const float p = exp2_approx(fmaf(s[j][i], scale_log2, -lse_r[r]));
-        s[j][i] = p * (dp[j][i] - dsum_r[r]);  // dS
+      for (int m = 0; m < M; ++m) {
+        load_a<D>(qa[m], q_tiles[m], warp * 16);
+        load_a<D>(doa[m], do_tiles[m], warp * 16);
       }
-    uint32_t ds[kK][4];
-    pack_a(ds, s);
-    product_pb<D>(dq, ds, sKt);
+    }
+#pragma unroll 1
+    for (int c = 0; c < kRows; c += kChunk) {
+      const int k0 = kt * kRows + c;  // the chunk's first key
+      const bf16* sKc = sK + (kt & 1) * kTile + c * (D + 8);
+      const bf16* sVc = sV + (kt & 1) * kTile + c * (D + 8);
+      float s[M][NT][4], dp[M][NT][4];  // S and dP = dO·Vᵀ (16 queries, kChunk keys)
+      product_abt<D>(s, qa, sKc);
+      product_abt<D>(dp, doa, sVc);
+      uint32_t ds[M][NT / 2][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        // A chunk that reaches past the tile's first row (a uniform branch; one wholly past its
+        // rows comes out all zeros).
+        if (k0 + kChunk - 1 > rows[m][0] - g) mask_scores(s[m], k0, rows[m], Causal());
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int r = i >> 1;
+            const float p = exp2_approx(fmaf(s[m][j][i], scale_log2, -lse_r[m][r]));
+            s[m][j][i] = p * (dp[m][j][i] - dsum_r[m][r]);  // dS
+          }
+        pack_a(ds[m], s[m]);
+      }
+      product_pb<D>(dq, ds, sKc);
+    }
     __syncthreads();  // buffer kt % 2 free for tile kt+2
   }
-  store_rows<D>(dqkv + int64_t(b) * T * hs.row + int64_t(h) * D, row0, T, hs.row, dq, scale);
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+    store_rows<D>(dqkv + int64_t(b) * T * hs.row + int64_t(h) * D, rows[m][0] - g, T, hs.row, dq[m],
+                  scale);
 }
 
 // ---- dK, dV: one block per (key tile, b·KV + g); sums over every query row at or after the
 // key, of every query head of the group. dV = Σ Pᵀ·dO, dK = scale · Σ dSᵀ·Q ----
-template <int D>
+// A block owns M·64 keys (M = 1 or 2), warp w the M tiles of 16 at 16w, 64 + 16w, as in the
+// forward. With M = 2 each query tile is taken in two halves of 32 (Sᵀ and dPᵀ of 16 keys × 32
+// queries per key tile), so that the two key tiles' accumulators fit in registers; the products
+// add their k-steps in the same order as over the whole tile, so the bits are M = 1's.
+template <int D, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                    const float* dsum, Heads hs, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kRows * (D + 8);
-  bf16* sK = reinterpret_cast<bf16*>(smem);  // (64, D+8) this block's keys
-  bf16* sV = sK + kTile;                     // (64, D+8) and values
-  bf16* sQ = sV + kTile;                     // 2 × (64, D+8): query tiles, alternating
+  constexpr int kChunk = kRows / M;          // queries taken at a time
+  constexpr int NT = kChunk / 8;             // their n-tiles
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // M × (64, D+8) this block's keys
+  bf16* sV = sK + M * kTile;                 // M × (64, D+8) and values
+  bf16* sQ = sV + M * kTile;                 // 2 × (64, D+8): query tiles, alternating
   bf16* sdO = sQ + 2 * kTile;                // 2 × (64, D+8) and dO's
   float* sL = reinterpret_cast<float*>(sdO + 2 * kTile);  // 2 × (64) the queries' lse
   float* sD = sL + 2 * kRows;                             // 2 × (64) and Dsum
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int T = hs.T, kt = blockIdx.x;
+  const int T = hs.T, first_key = blockIdx.x * M * kRows;
   const int b = blockIdx.y / hs.KV, kv = blockIdx.y % hs.KV;
   const bf16* base = qkv + int64_t(b) * T * hs.row;
   const bf16* dout_b = dout + int64_t(b) * T * hs.H * D;
-  // The tiles to visit, i = 0 .. steps-1: each query head h of the group, query tiles from the
-  // diagonal on (causal): h = first head + i / nq, qt = kt + i % nq.
-  const int nq = (T + kRows - 1) / kRows - kt, steps = hs.group * nq;
+  // The tiles to visit, i = 0 .. steps-1: each query head h of the group, 64-row query tiles from
+  // the block's first key on (causal): h = first head + i / nq, qt = first tile + i % nq.
+  const int qt0 = first_key / kRows, nq = (T + kRows - 1) / kRows - qt0, steps = hs.group * nq;
   const auto head_of = [&](int i) { return kv * hs.group + i / nq; };
-  const auto tile_of = [&](int i) { return kt + i % nq; };
+  const auto tile_of = [&](int i) { return qt0 + i % nq; };
   const auto issue = [&](int i) {  // query and dO tile i into buffer i % 2, one group
     const int h = head_of(i), t0 = tile_of(i) * kRows;
     load_tile_async<D>(sQ + (i & 1) * kTile, base, hs.row, int64_t(h) * D, t0, T);
@@ -416,19 +326,33 @@ __global__ void __launch_bounds__(kWarps * 32)
     sL[(i & 1) * kRows + threadIdx.x] = fetched_l;
     sD[(i & 1) * kRows + threadIdx.x] = fetched_d;
   };
-  load_tile_async<D>(sK, base, hs.row, int64_t(hs.H + kv) * D, kt * kRows, T);
-  load_tile_async<D>(sV, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, kt * kRows, T);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int k0 = first_key + m * kRows;
+    load_tile_async<D>(sK + m * kTile, base, hs.row, int64_t(hs.H + kv) * D, k0, T);
+    load_tile_async<D>(sV + m * kTile, base, hs.row, int64_t(hs.H + hs.KV + kv) * D, k0, T);
+  }
   issue(0);  // (with K and V)
   fetch_stats(0);
   keep_stats(0);
-  const int row0 = kt * kRows + warp * 16;
-  const int keys[2] = {row0 + g, row0 + g + 8};  // this lane's keys (rows of Sᵀ)
-  const float scale_log2 = scale * kLog2e;       // Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e)
-  float dk[D / 8][4], dv[D / 8][4];
+  const bf16* k_tiles[M];
+  const bf16* v_tiles[M];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n)
+  for (int m = 0; m < M; ++m) k_tiles[m] = sK + m * kTile, v_tiles[m] = sV + m * kTile;
+  int keys[M][2];  // this lane's keys (rows of Sᵀ) in each key tile
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+  for (int m = 0; m < M; ++m) {
+    keys[m][0] = first_key + m * kRows + warp * 16 + g;
+    keys[m][1] = keys[m][0] + 8;
+  }
+  const float scale_log2 = scale * kLog2e;  // Pᵀ = 2^(Sᵀ·scale·log2 e − lse·log2 e)
+  float dk[M][D / 8][4], dv[M][D / 8][4];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[m][n][e] = dv[m][n][e] = 0.0f;
   for (int i = 0; i < steps; ++i) {
     if (i + 1 < steps) {
       issue(i + 1);
@@ -438,44 +362,57 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     copy_async_wait<1>();
     __syncthreads();  // tile i (and K, V) in shared memory, and its statistics
-    const int q0 = tile_of(i) * kRows;
-    const bf16* sQi = sQ + (i & 1) * kTile;
-    const bf16* sdOi = sdO + (i & 1) * kTile;
-    const float* sLi = sL + (i & 1) * kRows;
-    const float* sDi = sD + (i & 1) * kRows;
-    float st[kN][4], dpt[kN][4];  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys, 64 queries)
-    {
-      uint32_t a[D / 16][4];  // (read again per tile: registers go to the accumulators)
-      load_a<D>(a, sK, warp * 16);
-      product_abt<D>(st, a, sQi);
-      load_a<D>(a, sV, warp * 16);
-      product_abt<D>(dpt, a, sdOi);
-    }
-    // The diagonal tile, and one that ends past T (its rows there add nothing either way, their Q
-    // and dO being zero, but P stays 0 there as everywhere outside the causal triangle).
-    if (q0 == kt * kRows || q0 + kRows > T)
-      mask_scores(st, q0, keys, [T](int key, int query) { return query < T && query >= key; });
+#pragma unroll 1
+    for (int c = 0; c < kRows; c += kChunk) {
+      const int q0 = tile_of(i) * kRows + c;  // the chunk's first query
+      const bf16* sQc = sQ + (i & 1) * kTile + c * (D + 8);
+      const bf16* sdOc = sdO + (i & 1) * kTile + c * (D + 8);
+      const float* sLc = sL + (i & 1) * kRows + c;
+      const float* sDc = sD + (i & 1) * kRows + c;
+      float st[M][NT][4], dpt[M][NT][4];  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys, kChunk queries)
+      // (K and V read again per chunk, a k-step at a time: registers go to the accumulators)
+      product_abt<D>(st, k_tiles, warp * 16, sQc);
+      product_abt<D>(dpt, v_tiles, warp * 16, sdOc);
+      uint32_t a[M][NT / 2][4];
 #pragma unroll
-    for (int j = 0; j < kN; ++j)
+      for (int m = 0; m < M; ++m) {
+        // A chunk with queries before some of the tile's keys (a uniform branch; one wholly
+        // before them comes out all zeros), and one that ends past T (its rows there add nothing
+        // either way, their Q and dO being zero, but P stays 0 there as everywhere outside the
+        // causal triangle).
+        const int last_key = keys[m][0] - g + 15;
+        if (q0 < last_key || q0 + kChunk > T)
+          mask_scores(st[m], q0, keys[m],
+                      [T](int key, int query) { return query < T && query >= key; });
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int c = j * 8 + 2 * t + (r & 1);
-        const float p = exp2_approx(fmaf(st[j][r], scale_log2, -sLi[c]));
-        st[j][r] = p;                          // Pᵀ
-        dpt[j][r] = p * (dpt[j][r] - sDi[c]);  // dSᵀ
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int col = j * 8 + 2 * t + (r & 1);
+            const float p = exp2_approx(fmaf(st[m][j][r], scale_log2, -sLc[col]));
+            st[m][j][r] = p;                               // Pᵀ
+            dpt[m][j][r] = p * (dpt[m][j][r] - sDc[col]);  // dSᵀ
+          }
+        pack_a(a[m], st[m]);
       }
-    uint32_t a[kK][4];
-    pack_a(a, st);
-    product_pb<D>(dv, a, sdOi);
-    pack_a(a, dpt);
-    product_pb<D>(dk, a, sQi);
+      product_pb<D>(dv, a, sdOc);
+#pragma unroll
+      for (int m = 0; m < M; ++m) pack_a(a[m], dpt[m]);
+      product_pb<D>(dk, a, sQc);
+    }
     if (i + 1 < steps) keep_stats(i + 1);  // (buffer (i+1) % 2: tile i-1's, which all have read)
     __syncthreads();                       // buffers i % 2 free for tile i+2
   }
   bf16* first = dqkv + int64_t(b) * T * hs.row;  // row 0 of this sequence
-  store_rows<D>(first + int64_t(hs.H + kv) * D, row0, T, hs.row, dk, scale);
-  store_rows<D>(first + int64_t(hs.H + hs.KV + kv) * D, row0, T, hs.row, dv, 1.0f);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int row0 = keys[m][0] - g;
+    store_rows<D>(first + int64_t(hs.H + kv) * D, row0, T, hs.row, dk[m], scale);
+    store_rows<D>(first + int64_t(hs.H + hs.KV + kv) * D, row0, T, hs.row, dv[m], 1.0f);
+  }
 }
+
+constexpr int kThreads = kWarps * 32;  // a block's
 
 // Shared memory of each kernel: bf16 (64, D+8) tiles, and the dK/dV kernel's 2 × 64 floats.
 template <int D>
@@ -489,21 +426,32 @@ void forward(bf16* out, float* lse, const bf16* qkv, int B, int T, Heads hs, flo
   const size_t smem = tiles_bytes<D>(M + 4);  // Q's M tiles, two key and two value tiles
   allow_shared(mma_forward_kernel<D, M>, smem);
   const dim3 grid((T + M * kRows - 1) / (M * kRows), B * hs.H);
-  mma_forward_kernel<D, M><<<grid, kWarps * 32, smem, st>>>(out, lse, qkv, hs, scale);
+  mma_forward_kernel<D, M><<<grid, kThreads, smem, st>>>(out, lse, qkv, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
 }
 
+// The dK/dV kernel's M (key tiles a block) where hd = D: 2 where the registers allow (D ≤ 64).
 template <int D>
+constexpr int dkv_key_tiles() {
+  return D <= 64 ? 2 : 1;
+}
+template <int D, int M>
+constexpr size_t dkv_smem() {  // K, V: M each; 2 × (Q, dO); 2 × (lse, Dsum)
+  return tiles_bytes<D>(2 * M + 4, 4 * kRows);
+}
+
+template <int D, int M>
 void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
               int B, int T, Heads hs, float scale, cudaStream_t st) {
-  const dim3 grid_q((T + kRows - 1) / kRows, B * hs.H), grid_kv(grid_q.x, B * hs.KV);
-  const size_t smem_q = tiles_bytes<D>(4);  // two key and two value tiles
-  allow_shared(mma_dq_kernel<D>, smem_q);
-  mma_dq_kernel<D><<<grid_q, kWarps * 32, smem_q, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
+  const dim3 grid_q((T + M * kRows - 1) / (M * kRows), B * hs.H);
+  const dim3 grid_kv(grid_q.x, B * hs.KV);
+  const size_t smem_q = tiles_bytes<D>(2 * M + 4);  // Q, dO: M each; two key and two value tiles
+  allow_shared(mma_dq_kernel<D, M>, smem_q);
+  mma_dq_kernel<D, M><<<grid_q, kThreads, smem_q, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
-  const size_t smem_kv = tiles_bytes<D>(6, 4 * kRows);  // K, V, 2 × (Q, dO); 2 × (lse, Dsum)
-  allow_shared(mma_dkv_kernel<D>, smem_kv);
-  mma_dkv_kernel<D><<<grid_kv, kWarps * 32, smem_kv, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
+  const size_t smem_kv = dkv_smem<D, M>();
+  allow_shared(mma_dkv_kernel<D, M>, smem_kv);
+  mma_dkv_kernel<D, M><<<grid_kv, kThreads, smem_kv, st>>>(dqkv, dout, qkv, lse, dsum, hs, scale);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -511,34 +459,41 @@ void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, c
 
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
   // The dK/dV kernel needs the most shared memory: 103 KiB at hd 128, over what a block may have
-  // on sm_86/sm_89 (99 KiB; 55 KiB at hd 64).
+  // on sm_86/sm_89 (99 KiB; 74 KiB at hd 64, with two key tiles).
   return tiles::fits(hd, pointers, [](int hd) {
-    return tiles::with_head_size(
-        hd, [](auto d) { return tiles_bytes<decltype(d)::value>(6, 4 * kRows); });
+    return tiles::with_head_size(hd, [](auto d) {
+      constexpr int D = decltype(d)::value;
+      return dkv_smem<D, dkv_key_tiles<D>()>();
+    });
   });
 }
 
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
-                           int hd, int query_rows, cudaStream_t stream) {
+                           int hd, int block_rows, cudaStream_t stream) {
   const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
   tiles::with_head_size(hd, [&](auto d) {
     constexpr int D = decltype(d)::value;
     // 128 query rows a block where the registers allow (hd ≤ 64), unless 64 are asked for.
     if constexpr (D <= 64) {
-      if (query_rows != kRows) return forward<D, 2>(out, lse, qkv, B, T, hs, scale, stream);
+      if (block_rows != kRows) return forward<D, 2>(out, lse, qkv, B, T, hs, scale, stream);
     }
     forward<D, 1>(out, lse, qkv, B, T, hs, scale, stream);
   });
 }
 
 void mma_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                            const float* dsum, int B, int T, int H, int KV, int hd,
+                            const float* dsum, int B, int T, int H, int KV, int hd, int block_rows,
                             cudaStream_t stream) {
   const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
   tiles::with_head_size(hd, [&](auto d) {
-    backward<decltype(d)::value>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+    constexpr int D = decltype(d)::value;
+    if constexpr (dkv_key_tiles<D>() == 2) {
+      if (block_rows != kRows)
+        return backward<D, 2>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+    }
+    backward<D, 1>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
   });
 }
 

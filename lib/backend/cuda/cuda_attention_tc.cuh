@@ -21,13 +21,13 @@ namespace trellis::cuda {
 // backward: dqkv (B,T,(H+2KV)·hd) overwritten from dout (B,T,H·hd), lse and dsum (B,H,T)
 // (dsum = Σ_d dout·out).
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers);
-// The mma.sync forward takes 128 query rows a block where hd ≤ 64, 64 at hd 128 or where
-// query_rows is 64.
+// The mma.sync kernels take 128 rows a block (queries; keys for dK/dV) where hd ≤ 64, 64 at hd 128
+// or where block_rows is 64.
 void mma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                           int H, int KV, int hd, int query_rows, cudaStream_t stream);
+                           int H, int KV, int hd, int block_rows, cudaStream_t stream);
 void mma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                             const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
-                            int T, int H, int KV, int hd, cudaStream_t stream);
+                            int T, int H, int KV, int hd, int block_rows, cudaStream_t stream);
 bool wmma_attention_fits(int hd, std::initializer_list<const void*> pointers);
 void wmma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
                             int H, int KV, int hd, cudaStream_t stream);

@@ -81,9 +81,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
   if (tc && std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
   else if (tc && std::strcmp(tc, "0") != 0) tc_attention_ = TcAttention::mma;
-  // TRELLIS_ATTN_QUERY_ROWS=64: the mma.sync forward in 64-row query blocks (to time them).
-  const char* rows = std::getenv("TRELLIS_ATTN_QUERY_ROWS");
-  if (rows) attention_query_rows_ = std::atoi(rows);
+  // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
+  // against the 128-row ones).
+  const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS");
+  if (rows) attention_block_rows_ = std::atoi(rows);
   const char* tune = std::getenv("TRELLIS_GEMM_TUNE");
   tune_gemms_ = tune && std::strcmp(tune, "0") != 0;
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");

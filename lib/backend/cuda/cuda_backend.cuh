@@ -37,8 +37,9 @@
 // norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
 // row's logsumexp), cuda_attention_mma.cu and cuda_attention_wmma.cu (the same on the tensor
-// cores, bf16: mma.sync with the scores in registers, WMMA with them in shared memory),
-// cuda_mma_check.cu (a device check of the register layouts the mma.sync kernels assume).
+// cores, bf16: mma.sync with the scores in registers — its warp-level pieces in cuda_mma_tiles.cuh,
+// the instructions in cuda_mma.cuh —, WMMA with them in shared memory), cuda_mma_check.cu (a
+// device check of the register layouts the mma.sync kernels assume).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -394,7 +395,7 @@ class CudaBackend : public Backend {
   // WMMA ones (cuda_attention_tc.cuh); unset or 0: the fp32 kernels on widened copies.
   enum class TcAttention { off, mma, wmma };
   TcAttention tc_attention_ = TcAttention::off;
-  int attention_query_rows_ = 0;  // the mma.sync forward's rows a block (0: its choice)
+  int attention_block_rows_ = 0;  // the mma.sync attention's rows a block (0: the kernels')
   /// Whether the tensor-core kernels chosen take the head size and pointers (false when off).
   bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
