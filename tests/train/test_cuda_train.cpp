@@ -115,6 +115,17 @@ void expect_same_run(const std::vector<StepResult>& gpu, const std::vector<StepR
 // run. At the first step both runs hold the same weights and only the kernels' fp32 error counts
 // (the bf16 run against the fp32 run: 1.1e-5 and 3.6e-5). Bounds: per step 5e-3 for the loss and
 // 5e-2 for the gradient norm; 1e-3 for the loss on average; the first step 1e-4 and 1e-3.
+// Those perturbations keep every update's sign, which the GPU's do not: AdamW moves a weight by
+// about ±lr whatever the size of its gradient, so an entry whose gradient is rounding noise — the
+// keys' biases (softmax ignores them), now and then a residual-stream bias — moves one way on the
+// GPU and the other on the CPU (about 40 of the 97 408 weights of the GQA deck after step 1, their
+// first moments 1e-7 to 1e-9 against a median 1e-3 to 1e-6). Measured on the emulated GPU against
+// the CPU (2026-12-01, the GQA deck of Bf16WithTensorCoreAttentionMatchesTheCpuInBf16 and the
+// fp32 attention kernels), the default model seed (1234) and seeds 2 to 5 gave the worst step's
+// loss 1.9e-3, 3.8e-3, 2.1e-2, 5.2e-2, 1.0e-3 apart: the bounds hold for these decks' seeds, not
+// for every trajectory, and a change of numerics that moves the trajectory (one rounding instead
+// of two in the residual adds: 9.1e-3, 1.3e-3, 3.0e-3, 4.3e-2, 5.2e-4) can cross them with no
+// error anywhere: judge such a change over several seeds, not by this test alone.
 struct Bf16Bounds {
   double loss = 5e-3, norm = 5e-2, mean_loss = 1e-3, first_loss = 1e-4, first_norm = 1e-3;
 };
