@@ -459,7 +459,7 @@ void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, c
 
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
   // The dK/dV kernel needs the most shared memory: 103 KiB at hd 128, over what a block may have
-  // on sm_86/sm_89 (99 KiB; 74 KiB at hd 64, with two key tiles).
+  // on sm_86/sm_89 (99 KiB; 73 KiB at hd 64, with two key tiles).
   return tiles::fits(hd, pointers, [](int hd) {
     return tiles::with_head_size(hd, [](auto d) {
       constexpr int D = decltype(d)::value;
