@@ -7,9 +7,9 @@
 // stand, its A fragments for the next product.
 //
 // Work split: a block of 4 warps owns a tile of 64 rows (queries in forward and for dQ, keys for
-// dK/dV; the forward at head size ≤ 64 owns 128 queries) and streams 64-row tiles of the other
-// side through shared memory (ldmatrix reads them into B fragments); each warp owns 16 of the
-// block's rows (the 128-query forward: two 16-row tiles, so that each fragment read feeds twice
+// dK/dV; at head size ≤ 64, 128 rows: cuda_attention_tc.cuh) and streams 64-row tiles of the
+// other side through shared memory (ldmatrix reads them into B fragments); each warp owns 16 of
+// the block's rows (of a 128-row block, two 16-row tiles, so that each fragment read feeds twice
 // the products). A lane holds, of every 8-column
 // n-tile, two columns of two rows (g and g+8, g = lane/4): the four lanes of a quad share a row,
 // so row maxima and sums are two shuffles. Forward keeps O in registers and rescales it per tile
@@ -196,14 +196,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     copy_async_commit();
   };
   const int first_row = qt * kBlockRows;
-  const bf16* q_tiles[M];
-  const bf16* do_tiles[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     load_tile_async<D>(sQ + m * kTile, base, hs.row, int64_t(h) * D, first_row + m * kRows, T);
     load_tile_async<D>(sdO + m * kTile, dout + int64_t(b) * T * hs.H * D, int64_t(hs.H) * D,
                        int64_t(h) * D, first_row + m * kRows, T);
-    q_tiles[m] = sQ + m * kTile, do_tiles[m] = sdO + m * kTile;
   }
   issue(0);  // (with Q and dO)
   // Causal: the key tiles up to the block's last row before T.
@@ -236,8 +233,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (kt == 0) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        load_a<D>(qa[m], q_tiles[m], warp * 16);
-        load_a<D>(doa[m], do_tiles[m], warp * 16);
+        load_a<D>(qa[m], sQ + m * kTile, warp * 16);
+        load_a<D>(doa[m], sdO + m * kTile, warp * 16);
       }
     }
 #pragma unroll 1
