@@ -105,6 +105,10 @@ class FakeDeviceBackend : public Backend {
                           int C, int OC) override {
     cpu_.matmul_forward(real(out), real(inp), real(w), real(b), N, C, OC);
   }
+  void matmul_residual_forward_f32(float* out, const float* res, const float* inp, const float* w,
+                                   const float* b, int N, int C, int OC) override {
+    cpu_.matmul_residual_forward(real(out), real(res), real(inp), real(w), real(b), N, C, OC);
+  }
   void matmul_backward_f32(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                            const float* w, int N, int C, int OC) override {
     cpu_.matmul_backward(real(dinp), real(dw), real(db), real(dout), real(inp), real(w), N, C, OC);

@@ -78,6 +78,13 @@ void Backend::residual_layernorm_forward_f32(float* res, float* out, float* mean
   layernorm_forward_f32(out, mean, rstd, res, weight, bias, N, C);
 }
 
+void Backend::matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                          const float* weight, const float* bias, int N, int C,
+                                          int OC) {
+  matmul_forward_f32(out, inp, weight, bias, N, C, OC);
+  add_f32(out, out, residual, int64_t(N) * OC);
+}
+
 void Backend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
                                       const float* bias, int N, int C, int OC) {
   matmul_forward_f32(pre, inp, weight, bias, N, C, OC);
@@ -160,6 +167,15 @@ void Backend::matmul_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout,
   if (any_bf16({dinp, dout, inp, weight}))
     return matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   matmul_backward_f32(dinp.f32(), dweight, dbias, dout.f32(), inp.f32(), weight.f32(), N, C, OC);
+}
+
+void Backend::matmul_residual_forward(Ptr out, CPtr residual, CPtr inp, CPtr weight, CPtr bias,
+                                      int N, int C, int OC) {
+  TRELLIS_CHECK(out.data != residual.data, "matmul_residual_forward: out aliases the residual");
+  if (any_bf16({out, residual, inp, weight, bias}))
+    return matmul_residual_forward_bf16(out, residual, inp, weight, bias, N, C, OC);
+  matmul_residual_forward_f32(out.f32(), residual.f32(), inp.f32(), weight.f32(), bias.f32(), N, C,
+                              OC);
 }
 
 void Backend::matmul_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,

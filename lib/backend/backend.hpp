@@ -131,6 +131,11 @@ class Backend {
   /// dbias (OC) += column sums of dout (skipped if null).
   void matmul_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp, CPtr weight,
                        int N, int C, int OC);
+  /// A linear layer that ends in a residual add: out (N,OC) = residual (N,OC) + inp·weightᵀ + bias
+  /// (out must not alias residual). A backend may fuse them (cuBLASLt: residual as C, beta = 1,
+  /// one rounding of the sum); by default matmul_forward, then add.
+  void matmul_residual_forward(Ptr out, CPtr residual, CPtr inp, CPtr weight, CPtr bias, int N,
+                               int C, int OC);
   /// The MLP's first layer and its GELU: pre (N,OC) = inp·weightᵀ + bias, out (N,OC) = gelu(pre)
   /// (both kept: backward needs pre). A backend may fuse them (cuBLASLt's GELU epilogue).
   void matmul_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
@@ -232,6 +237,10 @@ class Backend {
                                   const float* bias, int N, int C, int OC) = 0;
   virtual void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
                                    const float* inp, const float* weight, int N, int C, int OC) = 0;
+  /// Default: matmul_forward, then add.
+  virtual void matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                           const float* weight, const float* bias, int N, int C,
+                                           int OC);
   /// Default: matmul_forward, then gelu_forward.
   virtual void matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
                                        const float* weight, const float* bias, int N, int C,
@@ -281,6 +290,8 @@ class Backend {
   virtual void matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC);
   virtual void matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
                                     CPtr weight, int N, int C, int OC);
+  virtual void matmul_residual_forward_bf16(Ptr out, CPtr residual, CPtr inp, CPtr weight,
+                                            CPtr bias, int N, int C, int OC);
   virtual void matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
                                         int C, int OC);
   virtual void matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,

@@ -168,6 +168,17 @@ void Backend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int
   w.finish();
 }
 
+void Backend::matmul_residual_forward_bf16(Ptr out, CPtr residual, CPtr inp, CPtr weight,
+                                           CPtr bias, int N, int C, int OC) {
+  Widened w(*this);  // (out rounded once, from the fp32 sum with the residual)
+  const float* r = w.in(residual, int64_t(N) * OC);
+  const float* x = w.in(inp, int64_t(N) * C);
+  const float* W = w.in(weight, int64_t(OC) * C);
+  const float* b = w.in(bias, OC);
+  matmul_residual_forward_f32(w.out(out, int64_t(N) * OC), r, x, W, b, N, C, OC);
+  w.finish();
+}
+
 void Backend::matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
                                    CPtr weight, int N, int C, int OC) {
   Widened w(*this);

@@ -149,21 +149,36 @@ void GPT::block_forward(BlockActivations& a, int l, CPtr x, CPtr p) {
   CPtr in = gather_rows(a.ln1, full_);
   be_.matmul_forward(a.qkv, in, at(o.qkv_w), at(o.qkv_b), N_, C_, QKVl_);
   be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, Hl_, KVl_, hd_);
-  Ptr partial = sp_ ? partial_ : a.res2;
-  be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : CPtr(), N_,
-                     Hl_ * hd_, C_);
-  Ptr sum = reduce_rows(partial, a.res2);
+  // Each half's residual add: without tensor parallelism the projection's own (the GEMM adds the
+  // residual as it writes: no pass of its own over the rows); with it, after the sum over the
+  // group — the attention half's fused with ln2, the MLP half's alone.
+  if (tp_size_ == 1) {
+    be_.matmul_residual_forward(a.res2, x, a.atty, at(o.attproj_w), at(o.attproj_b), N_,
+                                Hl_ * hd_, C_);
+    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, at(o.ln2_w), at(o.ln2_b), R_, C_);
+  } else {
+    Ptr partial = sp_ ? partial_ : a.res2;
+    be_.matmul_forward(partial, a.atty, at(o.attproj_w), adds_bias ? at(o.attproj_b) : CPtr(), N_,
+                       Hl_ * hd_, C_);
+    Ptr sum = reduce_rows(partial, a.res2);
+    // res2's sum and ln2 in one pass
+    be_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, sum, x, at(o.ln2_w),
+                                   at(o.ln2_b), R_, C_);
+  }
 
-  // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2)))); res2's sum and ln2 in one pass
-  be_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, sum, x, at(o.ln2_w),
-                                 at(o.ln2_b), R_, C_);
+  // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
   in = gather_rows(a.ln2, full_);
   be_.matmul_gelu_forward(a.fch, a.fch_gelu, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
-  partial = sp_ ? partial_ : a.res3;
-  be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : CPtr(), N_,
-                     Fl_, C_);
-  sum = reduce_rows(partial, a.res3);
-  be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
+  if (tp_size_ == 1) {
+    be_.matmul_residual_forward(a.res3, a.res2, a.fch_gelu, at(o.fcproj_w), at(o.fcproj_b), N_,
+                                Fl_, C_);
+  } else {
+    Ptr partial = sp_ ? partial_ : a.res3;
+    be_.matmul_forward(partial, a.fch_gelu, at(o.fcproj_w), adds_bias ? at(o.fcproj_b) : CPtr(),
+                       N_, Fl_, C_);
+    Ptr sum = reduce_rows(partial, a.res3);
+    be_.add(a.res3, sum, a.res2, int64_t(R_) * C_);
+  }
 }
 
 float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss, int chunk) {

@@ -161,11 +161,18 @@ double widening_arena_bytes(const ArenaShape& s, Widening w) {
     call({R * C, R * C, C, C});             // layer norm 1: ln1, x, weight, bias
     call({N * QKV, N * C, QKV * C, QKV});   // qkv
     call({N * A, N * QKV}, true);           // attention
-    call({N * C, N * A, C * A, C});         // projection
-    call({R * C, R * C, R * C, C, C});      // residual + layer norm 2 (res2 in place of the sum)
-    call({N * F, N * F, N * C, F * C, F});  // fc and GELU
-    call({N * C, N * F, C * F, C});         // fc projection
-    call({R * C, R * C});                   // res3 = sum + res2 (in place)
+    if (s.tp == 1) {  // each half's residual added by its projection
+      call({N * C, N * C, N * A, C * A, C});  // res2 = x + projection
+      call({R * C, R * C, C, C});             // layer norm 2
+      call({N * F, N * F, N * C, F * C, F});  // fc and GELU
+      call({N * C, N * C, N * F, C * F, C});  // res3 = res2 + fc projection
+    } else {
+      call({N * C, N * A, C * A, C});         // projection
+      call({R * C, R * C, R * C, C, C});      // residual + layer norm 2 (res2 in place of the sum)
+      call({N * F, N * F, N * C, F * C, F});  // fc and GELU
+      call({N * C, N * F, C * F, C});         // fc projection
+      call({R * C, R * C});                   // res3 = sum + res2 (in place)
+    }
     // backward: block_backward
     call({N * F, N * F, N * C, N * F, N * F, C * F});  // fc projection through the GELU
     call({N * C, N * F, N * C, F * C});                // fc

@@ -245,8 +245,20 @@ TEST_F(CpuKernels, MatmulForwardMatchesReference) {
         }
       // sums of C products: entries near zero carry the rounding of the large terms
       expect_close(out, ref, 1e-5, with_bias ? "matmul out (bias)" : "matmul out", 0.2);
+      // Ending in a residual add: out = residual + the same layer.
+      const auto res = random_vec(N * OC, 33);
+      be->matmul_residual_forward(out.data(), res.data(), inp.data(), wt.data(),
+                                  with_bias ? bs.data() : nullptr, N, C, OC);
+      for (int i = 0; i < N * OC; ++i) ref[i] += res[i];
+      expect_close(out, ref, 1e-5, with_bias ? "residual + matmul (bias)" : "residual + matmul",
+                   0.2);
     }
   }
+  std::vector<float> x(6, 1.0f), w(6, 1.0f);
+  EXPECT_THROW(be->matmul_residual_forward(x.data(), x.data(), x.data(), w.data(), nullptr, 2, 3,
+                                           3),
+               std::logic_error)
+      << "out aliasing the residual";
 }
 
 TEST_F(CpuKernels, MatmulBackwardMatchesFiniteDifferencesAndContract) {

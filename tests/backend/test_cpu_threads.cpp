@@ -196,8 +196,9 @@ TEST(CpuThreads, EveryKernelBitwiseIndependentOfThreadCount) {
   EXPECT_EQ(first_difference(one, run_all(3, {1.5, 1.0, 0.7})), one.size()) << "3 threads, uneven";
 }
 
-/// A linear layer's forward and backward, large enough for its GEMMs to be cut unevenly (the
-/// weight gradient has fewer rows than columns: split by columns), all outputs concatenated.
+/// A linear layer's forward (with and without a residual) and backward, large enough for its GEMMs
+/// to be cut unevenly (the weight gradient has fewer rows than columns: split by columns), all
+/// outputs concatenated.
 std::vector<float> linear_layer(int threads, const std::vector<double>& speeds = {}) {
   auto be = cpu_backend(threads, speeds);
   const int N = 512, C = 512, OC = 256;
@@ -210,8 +211,12 @@ std::vector<float> linear_layer(int threads, const std::vector<double>& speeds =
   // with W read as (C, OC).
   std::vector<float> y(size_t(N / 2) * C);
   be->matmul_forward(y.data(), dO.data(), W.data(), nullptr, N / 2, OC, C);
+  // The forward ending in a residual add: each part's rows start at residual + bias.
+  std::vector<float> res_out(out.size());
+  be->matmul_residual_forward(res_out.data(), dO.data(), x.data(), W.data(), b.data(), N, C, OC);
   out.insert(out.end(), dx.begin(), dx.end());
   out.insert(out.end(), y.begin(), y.end());
+  out.insert(out.end(), res_out.begin(), res_out.end());
   out.insert(out.end(), dW.begin(), dW.end());
   out.insert(out.end(), db.begin(), db.end());
   return out;

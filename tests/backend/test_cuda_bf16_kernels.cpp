@@ -48,6 +48,14 @@ TEST_F(CudaBf16Kernels, Bf16MatmulMatchesTheCpu) {
     cpu->matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
     gpu->matmul_forward(d_out, d_inp, d_w, nullptr, N, C, OC);
     expect_bf16(down_bits(d_out, out.size()), out, 5e-4, "out without bias");
+    // Ending in a residual add: the residual is the GEMM's C, so out is rounded once, from the
+    // fp32 sum — against the fp32 function of the same bf16 values, rounded once.
+    const Bits res = bf16_random(out.size(), 8);
+    std::vector<float> ref(out.size());
+    cpu->matmul_residual_forward(ref.data(), widen(res).data(), widen(inp).data(), widen(w).data(),
+                                 widen(b).data(), N, C, OC);
+    gpu->matmul_residual_forward(d_out, up(res), d_inp, d_w, d_b, N, C, OC);
+    expect_bf16(down_bits(d_out, out.size()), bits_of(ref), 5e-4, "out with a residual");
     dw = dw0;
     cpu->matmul_backward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
     gpu->copy_from_host(d_dw, dw0.data(), dw0.size() * sizeof(float));

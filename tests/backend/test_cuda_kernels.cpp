@@ -47,6 +47,17 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
       cpu->matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
       gpu->matmul_forward(d_out, d_inp, d_w, nullptr, N, C, OC);
       expect_close(down(d_out, out.size()), out, gemm_rtol(), "out without bias");
+      // Ending in a residual add (the residual as the GEMM's C), with and without the bias.
+      const auto res = random_vec(out.size(), 7);
+      float* d_res = up(res);
+      for (const bool with_bias : {true, false}) {
+        cpu->matmul_residual_forward(out.data(), res.data(), inp.data(), w.data(),
+                                     with_bias ? b.data() : nullptr, N, C, OC);
+        gpu->matmul_residual_forward(d_out, d_res, d_inp, d_w, with_bias ? d_b : nullptr, N, C, OC);
+        expect_close(down(d_out, out.size()), out, gemm_rtol(), "out with a residual");
+      }
+      EXPECT_ANY_THROW(gpu->matmul_residual_forward(d_res, d_res, d_inp, d_w, d_b, N, C, OC))
+          << "out aliasing the residual";
       // A second backward: dweight accumulates again from the first's (tuned plans are not timed
       // twice, and the first call's trials left D as the GEMM alone makes it).
       cpu->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,

@@ -40,8 +40,8 @@ vocab = 29
 steps = 5
 global_batch = 8
 micro_batch = 2
-lr = 1e-2
-min_lr = 1e-3
+lr = 3e-3
+min_lr = 3e-4
 warmup_steps = 2
 decay = constant
 [parallel]
@@ -202,16 +202,23 @@ TEST(DeviceLayouts, GradReduceBf16CheckpointRoundTripContinuesExactly) {
 // shard, fp32 gradients ----
 //   - every layout's losses on the fake device equal the CPU's bitwise (the staged link moves the
 //     bf16 buffers as the host path does; the widened kernels are the CPU's);
-//   - every layout stays within kBf16LayoutBound (relative) of the same deck in bf16 on one rank,
-//     and data and pipeline parallelism give the one-rank losses bit for bit here (the same bf16
-//     activations per micro-batch, fp32 gradients summed in an order that gives the same bits);
-//     tensor parallelism does not: a row-parallel layer's partial sums are rounded to bf16 before
-//     their sum over the group, so the activations differ in their last bit now and then.
-//     Measured (the printout; README): 3.3e-4 and 3.7e-4 over these 5 steps (tp 2 with and
-//     without sequence parallelism). The bound leaves a factor of about 3.
+//   - every layout stays within kBf16LayoutBound (relative) of the same deck in bf16 on one rank.
+//     Pipeline parallelism gives the one-rank losses bit for bit (the same bf16 activations per
+//     micro-batch, each stage's gradients accumulated over the micro-batches in the same order).
+//     Data parallelism sums the fp32 gradients in another order (each rank's micro-batches, then
+//     over the group); a bf16 run mostly does not see it — the products of bf16 values are exact
+//     in fp32, and so are many of their short sums — but may: within kBf16DataParallelBound. (At
+//     this deck's lr 3e-3 dp 2 gave the one-rank losses bit for bit for model seeds 1234 and 2 to
+//     7; at lr 1e-2, whose losses jump back up now and then, seeds 4 and 5 moved them by 7.7e-6
+//     and 2.0e-5; 2026-12-01, CPU.) Tensor parallelism rounds a row-parallel layer's partial sums
+//     to bf16 before their sum over the group (and, without it, the residual add joins the
+//     projection's rounding), so the activations differ in their last bit now and then. Measured
+//     (the printout; README): 2.5e-5 and 6.0e-5 over these 5 steps (tp 2 with and without
+//     sequence parallelism); at most 1.8e-4 over model seeds 1234 and 2 to 7. The bound leaves
+//     a factor of about 3.
 //   - a bf16 run's checkpoint (its fp32 master weights) resumes bitwise in bf16 under the same
-//     layout, and continues in fp32 under another.
-constexpr double kBf16LayoutBound = 1e-3;
+//     layout, and continues in fp32 under another (7.4e-5 from the bf16 run: bound 1e-3).
+constexpr double kBf16LayoutBound = 5e-4, kBf16DataParallelBound = 1e-4;
 
 void expect_bf16_layout(std::vector<std::string> layout) {
   layout.push_back("--system.precision=bf16");
@@ -224,10 +231,11 @@ void expect_bf16_layout(std::vector<std::string> layout) {
   std::string what;
   for (const auto& o : layout) what += o + " ";
   EXPECT_LE(diff, kBf16LayoutBound) << what;
-  // Without tensor parallelism nothing is rounded differently: the one-rank losses, bit for bit.
-  if (what.find("--parallel.tp=2") == std::string::npos) {
-    EXPECT_EQ(got, ref) << what;
-  }
+  const bool tp = what.find("--parallel.tp=2") != std::string::npos;
+  const bool dp = what.find("--parallel.dp=1 ") == std::string::npos;
+  if (!tp && !dp)
+    EXPECT_EQ(got, ref) << what << ": pipeline parallelism rounds nothing differently";
+  if (!tp && dp) EXPECT_LE(diff, kBf16DataParallelBound) << what;
   if (trellis::testing::world_rank() == 0)
     std::printf("[ precision=bf16 ] %s: max |loss - one-rank loss| / loss = %.2e\n", what.c_str(),
                 diff);
@@ -284,7 +292,7 @@ TEST(DeviceLayouts, Bf16CheckpointResumesInBf16BitwiseAndInFp32) {
   ASSERT_EQ(fp32.size(), 5u);
   const double diff =
       max_relative_difference(fp32, std::vector<double>(whole.begin() + 5, whole.end()));
-  EXPECT_LE(diff, 2e-2);
+  EXPECT_LE(diff, 1e-3);
   if (trellis::testing::world_rank() == 0)
     std::printf(
         "[ precision=bf16 ] checkpoint at 5 resumed in fp32 (tp 2, ZeRO 3): max |loss - "

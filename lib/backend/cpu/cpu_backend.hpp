@@ -72,6 +72,11 @@ class CpuBackend : public Backend {
                           int N, int C, int OC) override;
   void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, int N, int C, int OC) override;
+  /// Each thread adds the residual to its block of out right after its product (in its caches):
+  /// no pass of its own for the add.
+  void matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                   const float* weight, const float* bias, int N, int C,
+                                   int OC) override;
   /// The GELU on the threads' blocks of the GEMM, right after each is computed.
   void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
                                const float* bias, int N, int C, int OC) override;
@@ -96,9 +101,10 @@ class CpuBackend : public Backend {
   /// Scratch of `count` floats (attention backward's dP / dS blocks, one per thread; layer norm
   /// backward's partial sums), grown on demand.
   float* scratch(int64_t count);
-  /// matmul_forward, and gelu_out (N,OC) = gelu(out) when not null.
+  /// matmul_forward, and gelu_out (N,OC) = gelu(out) when not null; with a residual (N,OC), out
+  /// = residual + the layer (no GELU then).
   void linear_forward(float* out, float* gelu_out, const float* inp, const float* weight,
-                      const float* bias, int N, int C, int OC);
+                      const float* bias, int N, int C, int OC, const float* residual = nullptr);
   /// matmul_backward, and dinp = gelu'(gelu_pre) ∘ (dout·weight) when gelu_pre is not null.
   void linear_backward(float* dinp, const float* gelu_pre, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight, int N, int C,

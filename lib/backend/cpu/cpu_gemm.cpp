@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
+#include "core/error.hpp"
 
 namespace trellis {
 
@@ -114,6 +115,12 @@ void fill_bias(float* out, const float* bias, int r0, int r1, int c0, int c1, in
     for (int j = c0; j < c1; ++j) out[n * OC + j] = bias[j];
 }
 
+/// Rows [r0, r1) × columns [c0, c1) of out (·, OC) += residual (·, OC).
+void add_residual(float* out, const float* residual, int r0, int r1, int c0, int c1, int OC) {
+  for (int64_t n = r0; n < r1; ++n)
+    for (int j = c0; j < c1; ++j) out[n * OC + j] += residual[n * OC + j];
+}
+
 /// dbias[j0, j1) += column sums of dout (N, OC), rows in order: the same sums however the columns
 /// are split.
 void column_sums(float* dbias, const float* dout, int j0, int j1, int N, int OC) {
@@ -162,6 +169,12 @@ void CpuBackend::matmul_forward_f32(float* out, const float* inp, const float* w
   linear_forward(out, nullptr, inp, weight, bias, N, C, OC);
 }
 
+void CpuBackend::matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                             const float* weight, const float* bias, int N, int C,
+                                             int OC) {
+  linear_forward(out, nullptr, inp, weight, bias, N, C, OC, residual);
+}
+
 void CpuBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
                                          const float* weight, const float* bias, int N, int C,
                                          int OC) {
@@ -193,14 +206,19 @@ void gelu_backward_block(float* d, const float* pre, int r0, int r1, int c0, int
 }  // namespace
 
 void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, const float* weight,
-                                const float* bias, int N, int C, int OC) {
-  // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null; gelu_out (N,OC) = gelu(out) or null
-  // With a bias, every row of out starts at it and the product accumulates onto it (β = 1).
+                                const float* bias, int N, int C, int OC, const float* residual) {
+  // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or null; gelu_out (N,OC) = gelu(out) or null;
+  // residual (N,OC) or null. With a bias, every row of out starts at it and the product
+  // accumulates onto it (β = 1). The residual is added after the product, not as its start: the
+  // bits of matmul_forward then add, however the threads split the rows (OpenBLAS's small-matrix
+  // path adds β·C after the whole sum, its blocked path before each panel of it).
+  TRELLIS_CHECK(!(residual && gelu_out), "linear_forward: a residual and a GELU");
   const float beta = bias ? 1.0f : 0.0f;
   if (N == 1) {  // one row (a generation step): sgemm would first pack all of the weight
     if (bias) fill_bias(out, bias, 0, 1, 0, OC, OC);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, weight, C, inp, 1, beta, out, 1);
     if (gelu_out) cpu::gelu_range(gelu_out, out, OC);
+    if (residual) add_residual(out, residual, 0, 1, 0, OC, OC);
     return;
   }
   // out = inp · weightᵀ
@@ -211,10 +229,12 @@ void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, c
                         [=](int64_t n) { fill_bias(out, bias, int(n), int(n) + 1, 0, OC, OC); });
     g.run(g.whole());
     if (gelu_out) gelu_forward(gelu_out, out, int64_t(N) * OC);
+    if (residual) add_f32(out, out, residual, int64_t(N) * OC);
     return;
   }
   // Each thread sets its rows to the bias just before its product, and takes the GELU of what it
-  // computed just after (while it is still in its caches): one pass of the threads.
+  // computed (or adds the residual to it) just after, while it is still in its caches: one pass
+  // of the threads.
   SingleThreadedBlas one(true);
   cpu::parallel_parts(
       *pool_, "matmul_forward", g.tiles(),
@@ -223,6 +243,7 @@ void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, c
         if (bias) fill_bias(out, bias, b.r0, b.r1, b.c0, b.c1, OC);
         g.run(b);
         if (gelu_out) gelu_block(gelu_out, out, b.r0, b.r1, b.c0, b.c1, OC);
+        if (residual) add_residual(out, residual, b.r0, b.r1, b.c0, b.c1, OC);
       },
       g.uneven_parts_ok(pool_->size()));
 }

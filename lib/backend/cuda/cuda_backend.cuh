@@ -163,6 +163,10 @@ class CudaBackend : public Backend {
                           int N, int C, int OC) override;
   void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, int N, int C, int OC) override;
+  /// The residual as the GEMM's C (beta = 1): no pass of its own, and one rounding.
+  void matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                   const float* weight, const float* bias, int N, int C,
+                                   int OC) override;
   /// The MLP's GELU fused into the GEMMs where cuBLASLt offers it (its GELU_AUX(_BIAS) and DGELU
   /// epilogues; TRELLIS_GELU_EPILOGUE=0 turns it off), else the two passes of the default.
   void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
@@ -175,6 +179,8 @@ class CudaBackend : public Backend {
                            int OC) override;
   void matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
                             CPtr weight, int N, int C, int OC) override;
+  void matmul_residual_forward_bf16(Ptr out, CPtr residual, CPtr inp, CPtr weight, CPtr bias,
+                                    int N, int C, int OC) override;
   void matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
                                 int OC) override;
   void matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
@@ -264,19 +270,21 @@ class CudaBackend : public Backend {
   /// of B — Σ over k of op(B) (k,n), one value per column of D — to the "bias" (n, D's type).
   enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
   struct GemmPlan;
-  /// Column-major D (m,n) = op(A)·op(B) + beta·D, then the epilogue, through cuBLASLt, as BLAS
-  /// names it; A is (m,k) after op, B (k,n) after op. A and B: both fp32, or both bf16; D: fp32,
-  /// or bf16 with bf16 inputs; the bias (and aux) of D's type. fp32 accumulation always. The bias
-  /// must be 16-byte aligned (the epilogue's requirement); linear_forward adds an unaligned fp32
-  /// one with a kernel of its own and copies an unaligned bf16 one to aligned scratch.
+  /// Column-major D (m,n) = op(A)·op(B) + beta·C, then the epilogue, through cuBLASLt, as BLAS
+  /// names it; A is (m,k) after op, B (k,n) after op; C is D unless given (then of D's shape,
+  /// type and leading dimension: the plan's D layout serves both). A and B: both fp32, or both
+  /// bf16; D: fp32, or bf16 with bf16 inputs; the bias (and aux) of D's type. fp32 accumulation
+  /// always. The bias must be 16-byte aligned (the epilogue's requirement); linear_forward adds an
+  /// unaligned fp32 one with a kernel of its own and copies an unaligned bf16 one to aligned
+  /// scratch.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B, int ldb,
-            Ptr D, int ldd, float beta, CPtr bias);
+            Ptr D, int ldd, float beta, CPtr bias, CPtr C = CPtr());
   /// The plan of a GEMM with a GELU epilogue for these operands (their types and alignments), or
   /// null where cuBLASLt has no algorithm for it (or the GELU epilogues are off, or aux's ld is
   /// not a multiple of 8).
   GemmPlan* gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m, int n, int k, int lda,
                       int ldb, int ldd, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
-  void run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux);
+  void run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux, CPtr C = CPtr());
   /// The GEMM of a plan whose epilogue has another way (GELU, bias gradient): false, with
   /// nothing launched, where cuBLASLt refuses it (the plan is then marked not found: the caller
   /// runs the unfused way, now and later).
@@ -292,8 +300,9 @@ class CudaBackend : public Backend {
   /// with nothing done, where the epilogue is off or cuBLASLt refuses it.
   bool dweight_with_dbias(float* dweight, float* dbias, CPtr dout, CPtr inp, int N, int C, int OC);
   // The linear layer on tensors of one type (fp32, or bf16 with fp32 dweight and dbias): what the
-  // matmul_* kernels of both types run.
-  void linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC);
+  // matmul_* kernels of both types run. With a residual (not out), out = residual + the layer.
+  void linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC,
+                      CPtr residual = CPtr());
   void linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
                            int OC);
   /// matmul_backward on tensors of one type (dinp null: only dweight and dbias).
@@ -372,7 +381,7 @@ class CudaBackend : public Backend {
   };
   /// Times the plan's candidates on this call's operands (D put back between trials where beta
   /// makes it an input) and keeps the fastest: TRELLIS_GEMM_TUNE=1, once per plan.
-  void tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta);
+  void tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C);
   bool tune_gemms_ = false;
   double tuning_ms_ = 0;  // the trials' device time, inside the GEMM calls' profile intervals
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, alignment of A, B, D, bias, aux in

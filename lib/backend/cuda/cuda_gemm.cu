@@ -2,6 +2,7 @@
 // epilogues) and the linear layer built on them, in fp32 and on bf16 tensors (fp32 accumulation).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <initializer_list>
 
@@ -90,7 +91,8 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
   for (int i = 0; i < 3; ++i)
     TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
-  // C is D here (in place, beta = 1 accumulates).
+  // C is D (in place, beta = 1 accumulates), or a residual apart from it: D's alignment is then
+  // the lesser of the two (gemm).
   TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
   // One algorithm, the heuristic's best; with TRELLIS_GEMM_TUNE=1 its best few, to be timed.
   cublasLtMatmulHeuristicResult_t results[GemmPlan::kMaxCandidates] = {};
@@ -134,12 +136,14 @@ void CudaBackend::epilogue_failed(Epilogue epi, cublasStatus_t status, const cha
                      : "the MLP's GELU runs as kernels of its own");
 }
 
-void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta) {
+void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
   p.tuned = true;
   if (p.ncandidates < 2) return;
-  // With beta ≠ 0, D is an input too: kept aside, put back before each trial and at the end.
+  // With beta ≠ 0 and C = D, D is an input too: kept aside, put back before each trial and at the
+  // end.
   void* saved = nullptr;
-  if (beta != 0.0f) {
+  if (!C) C = D;
+  if (beta != 0.0f && C.data == D.data) {
     TRELLIS_CUDA(cudaMallocAsync(&saved, p.d_bytes, stream_));
     TRELLIS_CUDA(cudaMemcpyAsync(saved, D.data, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
   }
@@ -155,7 +159,7 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta) {
       if (saved)
         TRELLIS_CUDA(cudaMemcpyAsync(D.data, saved, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
       TRELLIS_CUDA(cudaEventRecord(start, stream_));
-      ok = cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data,
+      ok = cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, C.data, p.d, D.data,
                           p.d, &p.candidates[i], workspace_, workspace_bytes_,
                           stream_) == CUBLAS_STATUS_SUCCESS;
       TRELLIS_CUDA(cudaEventRecord(stop, stream_));
@@ -189,7 +193,7 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr b
   if (aux && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                             &aux.data, sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
-  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta);
+  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, CPtr());
   ++p.calls;
   const float alpha = 1.0f;
   // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
@@ -205,33 +209,36 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr b
   return false;
 }
 
-void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
+void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux,
+                      CPtr C) {
   if (bias)
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
                                               sizeof(bias.data)));
   if (aux)
     TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &aux.data, sizeof(aux.data)));
-  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta);
+  if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, C);
   ++p.calls;
   const float alpha = 1.0f;
-  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d,
-                            D.data, p.d, &p.algo, workspace_, workspace_bytes_, stream_));
+  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta,
+                            C ? C.data : D.data, p.d, D.data, p.d, &p.algo, workspace_,
+                            workspace_bytes_, stream_));
   add_work(kGemm, p.flops, 0);
 }
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B,
-                       int ldb, Ptr D, int ldd, float beta, CPtr bias) {
-  TRELLIS_CHECK(
-      A.dtype == B.dtype && (D.is_f32() || D.dtype == A.dtype) && (!bias || bias.dtype == D.dtype),
-      "GEMM of %s and %s into %s: unsupported types", dtype_name(A.dtype), dtype_name(B.dtype),
-      dtype_name(D.dtype));
-  GemmPlan& p =
-      plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, bias ? Epilogue::bias : Epilogue::none,
-            alignment(A.data), alignment(B.data), alignment(D.data),
-            bias ? alignment(bias.data) : 0, 0, int(A.dtype), int(D.dtype)},
-           bias.data);
-  run(p, A, B, D, beta, bias, nullptr);
+                       int ldb, Ptr D, int ldd, float beta, CPtr bias, CPtr C) {
+  TRELLIS_CHECK(A.dtype == B.dtype && (D.is_f32() || D.dtype == A.dtype) &&
+                    (!bias || bias.dtype == D.dtype) && (!C || C.dtype == D.dtype),
+                "GEMM of %s and %s into %s: unsupported types", dtype_name(A.dtype),
+                dtype_name(B.dtype), dtype_name(D.dtype));
+  // The plan asks the same alignment of C as of D: the lesser of the two where C is apart.
+  const int align_d = C ? std::min(alignment(D.data), alignment(C.data)) : alignment(D.data);
+  GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd,
+                      bias ? Epilogue::bias : Epilogue::none, alignment(A.data), alignment(B.data),
+                      align_d, bias ? alignment(bias.data) : 0, 0, int(A.dtype), int(D.dtype)},
+                     bias.data);
+  run(p, A, B, D, beta, bias, nullptr, C);
 }
 
 CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
@@ -263,7 +270,8 @@ bool aligned16(std::initializer_list<CPtr> tensors) {
 }
 }  // namespace
 
-void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC) {
+void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC,
+                                 CPtr residual) {
   Profiled prof(*this, kGemm);
   // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
   // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
@@ -276,7 +284,9 @@ void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int 
     bias = CPtr(copy, bias.dtype);
   }
   const bool fused = bias && alignment(bias.data) >= 16;
-  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, fused ? bias : CPtr());
+  // A residual is the GEMM's C: out = residual + inp·weightᵀ (+ bias), rounded once.
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, residual ? 1.0f : 0.0f,
+       fused ? bias : CPtr(), residual);
   if (bias && !fused) {  // fp32: the GEMM's output plus the bias, a second fp32 rounding
     add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(
         out.f32(), bias.f32(), N, OC);
@@ -294,6 +304,19 @@ void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias,
   if (!all_bf16({out, inp, weight, bias}) || !aligned16({out, inp, weight}))
     return Backend::matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
   linear_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void CudaBackend::matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
+                                              const float* weight, const float* bias, int N, int C,
+                                              int OC) {
+  linear_forward(out, inp, weight, bias, N, C, OC, residual);
+}
+
+void CudaBackend::matmul_residual_forward_bf16(Ptr out, CPtr residual, CPtr inp, CPtr weight,
+                                               CPtr bias, int N, int C, int OC) {
+  if (!all_bf16({out, residual, inp, weight, bias}) || !aligned16({out, residual, inp, weight}))
+    return Backend::matmul_residual_forward_bf16(out, residual, inp, weight, bias, N, C, OC);
+  linear_forward(out, inp, weight, bias, N, C, OC, residual);
 }
 
 bool CudaBackend::gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
