@@ -136,6 +136,10 @@ class Backend {
   /// one rounding of the sum); by default matmul_forward, then add.
   void matmul_residual_forward(Ptr out, CPtr residual, CPtr inp, CPtr weight, CPtr bias, int N,
                                int C, int OC);
+  /// Whether the model should end a block's halves with matmul_residual_forward (where no
+  /// tensor-parallel sum comes between the GEMM and the add) rather than GEMM, then the add fused
+  /// with the next layer norm (residual_layernorm_forward) or alone.
+  virtual bool fuses_residual_into_matmul() const { return true; }
   /// The MLP's first layer and its GELU: pre (N,OC) = inp·weightᵀ + bias, out (N,OC) = gelu(pre)
   /// (both kept: backward needs pre). A backend may fuse them (cuBLASLt's GELU epilogue).
   void matmul_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,

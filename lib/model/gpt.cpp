@@ -152,7 +152,8 @@ void GPT::block_forward(BlockActivations& a, int l, CPtr x, CPtr p) {
   // Each half's residual add: without tensor parallelism the projection's own (the GEMM adds the
   // residual as it writes: no pass of its own over the rows); with it, after the sum over the
   // group — the attention half's fused with ln2, the MLP half's alone.
-  if (tp_size_ == 1) {
+  const bool residual_in_gemm = tp_size_ == 1 && be_.fuses_residual_into_matmul();
+  if (residual_in_gemm) {
     be_.matmul_residual_forward(a.res2, x, a.atty, at(o.attproj_w), at(o.attproj_b), N_,
                                 Hl_ * hd_, C_);
     be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, at(o.ln2_w), at(o.ln2_b), R_, C_);
@@ -169,7 +170,7 @@ void GPT::block_forward(BlockActivations& a, int l, CPtr x, CPtr p) {
   // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
   in = gather_rows(a.ln2, full_);
   be_.matmul_gelu_forward(a.fch, a.fch_gelu, in, at(o.fc_w), at(o.fc_b), N_, C_, Fl_);
-  if (tp_size_ == 1) {
+  if (residual_in_gemm) {
     be_.matmul_residual_forward(a.res3, a.res2, a.fch_gelu, at(o.fcproj_w), at(o.fcproj_b), N_,
                                 Fl_, C_);
   } else {

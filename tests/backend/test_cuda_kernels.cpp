@@ -208,6 +208,15 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
 // aligned go to the widening default (fp32 copies, 64-byte aligned: cuda_backend.cu, aligned16),
 // so this checks that path on the device. Bounds as in Bf16MatmulMatchesTheCpu and
 // MatmulWithGeluMatchesTheCpu.
+// The model ends a block's halves in the projection GEMMs' residual add unless the backend says
+// otherwise: TRELLIS_RESIDUAL_EPILOGUE=0 (gpu-check.sh's "-res" row) turns it off.
+TEST_F(CudaKernels, ResidualEpilogueSwitch) {
+  fresh_gpu({{"TRELLIS_RESIDUAL_EPILOGUE", "0"}});
+  EXPECT_FALSE(gpu->fuses_residual_into_matmul());
+  fresh_gpu({{"TRELLIS_RESIDUAL_EPILOGUE", "1"}});
+  EXPECT_TRUE(gpu->fuses_residual_into_matmul());
+}
+
 TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
   const int N = 40, C = 24, OC = 36;
   {

@@ -91,6 +91,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
   const char* bgrad = std::getenv("TRELLIS_BGRAD_EPILOGUE");
   bgrad_epilogue_ = !(bgrad && std::strcmp(bgrad, "0") == 0);
+  const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
+  residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {

@@ -26,7 +26,9 @@
 // output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). Not yet
 // run on a GPU. Likewise every linear layer's bias gradient: the column sums of dout come out of
 // the dweight GEMM that reads dout anyway (cuBLASLt's BGRADB epilogue), not out of another pass
-// over it (TRELLIS_BGRAD_EPILOGUE=0, or where cuBLASLt refuses: the column-sum kernels).
+// over it (TRELLIS_BGRAD_EPILOGUE=0, or where cuBLASLt refuses: the column-sum kernels). And
+// without tensor parallelism each half of a block ends in its projection GEMM adding the
+// residual stream as its C (TRELLIS_RESIDUAL_EPILOGUE=0: the add apart).
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
 // the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
@@ -164,6 +166,9 @@ class CudaBackend : public Backend {
   void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, int N, int C, int OC) override;
   /// The residual as the GEMM's C (beta = 1): no pass of its own, and one rounding.
+  /// TRELLIS_RESIDUAL_EPILOGUE=0: the model adds it apart, as under tensor parallelism (to time
+  /// the two side by side, or as a way around a cuBLASLt that refuses C apart from D).
+  bool fuses_residual_into_matmul() const override { return residual_epilogue_; }
   void matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
                                    const float* weight, const float* bias, int N, int C,
                                    int OC) override;
@@ -409,6 +414,7 @@ class CudaBackend : public Backend {
   bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
+  bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   void* workspace_ = nullptr;  // cuBLASLt's
   size_t workspace_bytes_ = 32u << 20;
   void* scratch_ = nullptr;
