@@ -9,14 +9,23 @@
 // bf16, fp32 accumulation (TF32 compute rounds fp32 inputs to 10 mantissa bits first). A call whose
 // descriptors disagree, or that names an attribute this emulation does not know, is refused —
 // loudly, on stderr — rather than guessed at.
+//
+// What the real library may refuse where this one would not, for tests of the backend's other
+// ways (TRELLIS_EMU_LT_REFUSE, a comma-separated list, read at each call): `fp32-bias` — no
+// algorithm for the BIAS epilogue on an fp32 D; `out-of-place` — no algorithm writes D apart from
+// C (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT 0, and a call with C ≠ D is refused);
+// `out-of-place-first` — the heuristic's first cannot, the others can; `alloc-once` — the
+// process's first heuristic call fails as if kernels could not be loaded for want of memory.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "emu_internal.hpp"
@@ -50,6 +59,18 @@ Layout& layout(cublasLtMatrixLayout_t l) { return *reinterpret_cast<Layout*>(l->
 cublasStatus_t refuse(const char* what) {
   std::fprintf(stderr, "emulated cuBLASLt: %s\n", what);
   return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+// Whether TRELLIS_EMU_LT_REFUSE names `what`.
+bool refusing(const char* what) {
+  const char* env = std::getenv("TRELLIS_EMU_LT_REFUSE");
+  if (!env) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + what + ",") != std::string::npos;
+}
+// Whether the "algorithm" (its index in the heuristic's answer) writes D apart from C.
+bool writes_apart(const cublasLtMatmulAlgo_t& algo) {
+  return !refusing("out-of-place") && !(refusing("out-of-place-first") && algo.data[0] == 0);
 }
 
 template <typename T>
@@ -224,6 +245,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:  // (nothing here splits k)
       return CUBLAS_STATUS_SUCCESS;
     default:
       return refuse("a preference this emulation does not know");
@@ -240,6 +262,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   const cublasStatus_t s =
       validate(desc(operationDesc), layout(Adesc), layout(Bdesc), layout(Cdesc), layout(Ddesc));
   if (s != CUBLAS_STATUS_SUCCESS) return s;
+  static bool failed_once = false;
+  if (refusing("alloc-once") && !failed_once) {
+    failed_once = true;
+    std::fprintf(stderr, "emulated cuBLASLt: the heuristic fails once (alloc-once)\n");
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  if (refusing("fp32-bias") && desc(operationDesc).epilogue == CUBLASLT_EPILOGUE_BIAS &&
+      layout(Ddesc).type == CUDA_R_32F)
+    return refuse("no algorithm for a bias on an fp32 D (fp32-bias)");
   // Up to three "algorithms" (as the real one offers several), which compute alike here: a caller
   // that times them (TRELLIS_GEMM_TUNE) may keep any.
   const int n = std::min(requestedAlgoCount, 3);
@@ -250,6 +281,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     heuristicResultsArray[i].wavesCount = 1.0f;
   }
   *returnAlgoCount = n;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                 cublasLtMatmulAlgoCapAttributes_t attr, void* buf,
+                                                 size_t sizeInBytes, size_t* sizeWritten) {
+  if (attr != CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT)
+    return refuse("an algorithm capability this emulation does not know");
+  if (sizeWritten) *sizeWritten = sizeof(int32_t);
+  if (sizeInBytes != sizeof(int32_t) || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  const int32_t yes = writes_apart(*algo) ? 1 : 0;
+  std::memcpy(buf, &yes, sizeof(yes));
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -264,6 +307,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
   if (!algo) return CUBLAS_STATUS_INVALID_VALUE;
   const cublasStatus_t s = validate(d, a, b, c, dl);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (C != D && !writes_apart(*algo))
+    return refuse("C apart from D for an algorithm that writes in place only");
   const int64_t m = int64_t(dl.rows), n = int64_t(dl.cols);
   const int64_t k = int64_t(d.trans_a == CUBLAS_OP_N ? a.cols : a.rows);
   // Every matrix must lie inside device memory, as the GPU would fault otherwise.

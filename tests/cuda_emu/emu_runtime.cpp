@@ -258,6 +258,19 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   stream_order(stream);
   return copy(dst, src, count, kind);
 }
+// Rows of `width` bytes, `height` of them, each `pitch` bytes after the last on either side.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  stream_order(stream);
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  for (size_t r = 0; r < height; ++r) {
+    const cudaError_t e = copy(static_cast<char*>(dst) + r * dpitch,
+                               static_cast<const char*>(src) + r * spitch, width, kind);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 static cudaError_t fill(void* devPtr, int value, size_t count) {
   if (count && !trellis_emu::is_device_range(devPtr, count)) return cudaErrorInvalidValue;
   std::memset(devPtr, value, count);

@@ -284,6 +284,8 @@ class CudaBackend : public Backend {
   /// scratch.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, int lda, CPtr B, int ldb,
             Ptr D, int ldd, float beta, CPtr bias, CPtr C = CPtr());
+  /// D (m,n) column-major, ld ldd, += bias (m) down each column (fp32, a kernel).
+  void add_bias(float* d, const float* bias, int m, int n, int ldd);
   /// The plan of a GEMM with a GELU epilogue for these operands (their types and alignments), or
   /// null where cuBLASLt has no algorithm for it (or the GELU epilogues are off, or aux's ld is
   /// not a multiple of 8).
@@ -297,9 +299,15 @@ class CudaBackend : public Backend {
   /// A GELU plan's GEMM where there is a plan and cuBLASLt takes it (true), counted as a fused
   /// or an unfused pass for the profile; false: the caller runs the GELU apart.
   bool gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
-  /// That cuBLASLt refused a fused epilogue (GELU or bias gradient): said once each, on stderr.
+  /// That cuBLASLt refused a fused epilogue (GELU, bias gradient, an fp32 bias) or an out-of-place
+  /// C: said once each, on stderr.
   void epilogue_failed(Epilogue epi, cublasStatus_t status, const char* when);
-  bool gelu_epilogue_warned_ = false, bgrad_epilogue_warned_ = false;
+  void warn_once(int what, const char* message);
+  bool warned_[8] = {};  // by Epilogue, then kWarnInPlace
+  static constexpr int kWarnInPlace = 7;
+  /// The algorithm of `p` that writes D apart from C (the plan's own where it can, else the first
+  /// candidate that can), or null where none can: found once per plan, after any tuning.
+  const cublasLtMatmulAlgo_t* out_of_place_algo(GemmPlan& p);
   /// dweight (OC,C) += doutᵀ·inp with dbias (OC) += the column sums of dout taken by the same
   /// GEMM (BGRADB into scratch, then added: the epilogue writes, a gradient accumulates); false,
   /// with nothing done, where the epilogue is off or cuBLASLt refuses it.
@@ -372,6 +380,7 @@ class CudaBackend : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
     Epilogue epi = Epilogue::none;
+    int m = 0, n = 0, ldd = 0;  // D's shape (column-major) and leading dimension
     double flops = 0;    // 2·m·n·k, for the profile
     size_t d_bytes = 0;  // D's extent (ldd · n values of its type)
     // TRELLIS_GEMM_TUNE=1: the heuristic's candidates, best first; once timed (at the plan's first
@@ -383,6 +392,10 @@ class CudaBackend : public Backend {
     int chosen = 0;
     float first_ms = 0, chosen_ms = 0;
     int64_t calls = 0;
+    // With C apart from D (a residual): 0 not yet asked, 1 algo_apart writes D apart from C, 2 no
+    // candidate does (C is copied into D and the GEMM runs in place).
+    int apart_state = 0;
+    cublasLtMatmulAlgo_t algo_apart{};
   };
   /// Times the plan's candidates on this call's operands (D put back between trials where beta
   /// makes it an input) and keeps the fastest: TRELLIS_GEMM_TUNE=1, once per plan.
@@ -394,7 +407,8 @@ class CudaBackend : public Backend {
   using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, Epilogue, int, int, int, int,
                              int, int, int>;
   /// The plan for `key`, made once; `bias` and `aux` (or null) are pointers whose alignment the
-  /// heuristic sees. Throws when no algorithm exists and the epilogue is none or bias.
+  /// heuristic sees. Throws when no algorithm exists and the epilogue is none, or a bias on a
+  /// bf16 D (an fp32 one has another way: gemm adds it with a kernel).
   GemmPlan& plan(const GemmKey& key, const void* bias = nullptr, const void* aux = nullptr);
   /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile);
   /// likewise the bias gradients.

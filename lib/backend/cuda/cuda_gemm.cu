@@ -11,13 +11,13 @@
 
 namespace trellis {
 
-// out (N,OC) += bias (OC) per row: for an fp32 bias the cuBLASLt epilogue cannot read
-// (unaligned). (A bf16 one is copied to aligned scratch instead: adding it to the rounded GEMM
-// output would round twice.)
-__global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * OC;
+// D (m,n) column-major, ld ldd, += bias (m) down each column: for an fp32 bias the cuBLASLt
+// epilogue cannot read (unaligned) or has no algorithm for. (A bf16 one is copied to aligned
+// scratch instead: adding it to the rounded GEMM output would round twice.)
+__global__ void add_bias_kernel(float* d, const float* bias, int m, int n, int ldd) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(m) * n;
        i += int64_t(gridDim.x) * blockDim.x)
-    out[i] += bias[i % OC];
+    d[i / m * ldd + i % m] += bias[i % m];
 }
 
 // ---- GEMMs (cuBLASLt, column-major as BLAS; row-major tensors are their transposes) ----
@@ -43,6 +43,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   GemmPlan p;
   p.epi = epi;
   p.flops = 2.0 * m * n * k;
+  p.m = m, p.n = n, p.ldd = ldd;
   p.d_bytes = (size_t(ldd) * (n - 1) + m) * (out == DType::f32 ? 4 : 2);  // (column-major)
   // bf16 A/B with fp32 or bf16 C/D, CUBLAS_COMPUTE_32F, scale CUDA_R_32F are cublasLtMatmul's
   // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
@@ -94,46 +95,110 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   // C is D (in place, beta = 1 accumulates), or a residual apart from it: D's alignment is then
   // the lesser of the two (gemm).
   TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
-  // One algorithm, the heuristic's best; with TRELLIS_GEMM_TUNE=1 its best few, to be timed.
+  // A split-K algorithm may add its parts in D's type (reduction schemes INPLACE, OUTPUT_TYPE):
+  // for a bf16 D each part would be rounded before the bias, the residual or the GELU meet it —
+  // not the one rounding of the fp32 sum that the CPU and every other path here give. A bf16 D
+  // takes algorithms that do not split k, or add the parts in fp32.
+  if (out != DType::f32) {
+    const uint32_t schemes =
+        CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
+  }
+  // The heuristic's best few: its first runs; the others are there to time (TRELLIS_GEMM_TUNE=1)
+  // and for a C apart from D where the first cannot write D apart (out_of_place_algo).
   cublasLtMatmulHeuristicResult_t results[GemmPlan::kMaxCandidates] = {};
   int found = 0;
+  const auto ask = [&] {
+    found = 0;
+    return cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref,
+                                          GemmPlan::kMaxCandidates, results, &found);
+  };
   // A combination cuBLASLt does not support may answer "not supported" rather than no result.
-  const int wanted = tune_gemms_ ? GemmPlan::kMaxCandidates : 1;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d,
-                                                               pref, wanted, results, &found);
+  cublasStatus_t status = ask();
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The heuristic "may load some kernels ... which may fail when there is no available GPU
+    // memory" (cuBLASLt's documentation), and this backend's pool keeps what was freed: give it
+    // back to the device and ask once more.
+    cudaMemPool_t pool;
+    TRELLIS_CUDA(cudaStreamSynchronize(stream_));
+    TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
+    TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
+    status = ask();
+  }
   cublasLtMatmulPreferenceDestroy(pref);
-  const bool optional = epi != Epilogue::none && epi != Epilogue::bias;  // GELU, bias gradient
-  // A fused epilogue that has another way (GELU, bias gradient) cuBLASLt cannot do here (no
-  // algorithm, "not supported", or any other refusal): the caller takes the unfused way and the
-  // plan is kept as such; anything but "not supported" or no algorithm is said once on stderr (a
-  // fused path that has never run on a GPU must not stop a run). Otherwise every error is one.
+  // GELU and the bias gradient have another way, as has an fp32 bias (gemm adds it itself).
+  const bool optional = epi != Epilogue::none && (epi != Epilogue::bias || out == DType::f32);
+  // A fused epilogue that has another way cuBLASLt cannot do here (no algorithm, "not
+  // supported", or any other refusal): the caller takes the unfused way and the plan is kept as
+  // such; anything but "not supported" or no algorithm is said once on stderr (a fused path that
+  // has never run on a GPU must not stop a run). Otherwise every error is one.
   if (!optional) TRELLIS_LT(status);
   if (status != CUBLAS_STATUS_SUCCESS) {
     if (status != CUBLAS_STATUS_NOT_SUPPORTED)
       epilogue_failed(epi, status, "choosing an algorithm");
     found = 0;
   }
-  if (found == 0 && !optional)
+  // The results' other fields mean something only where their state is success.
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates[p.ncandidates++] = results[i].algo;
+  p.found = p.ncandidates > 0;
+  if (p.found) p.algo = p.candidates[0];
+  if (!p.found && !optional)
     throw std::runtime_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" +
                              std::to_string(n) + "x" + std::to_string(k) + " GEMM of " +
                              dtype_name(in) + " inputs and " + dtype_name(out) + " output");
-  p.algo = results[0].algo;
-  p.found = found > 0;
-  for (int i = 0; i < found; ++i)
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates[p.ncandidates++] = results[i].algo;
   return plans_.emplace(key, p).first->second;
 }
 
+void CudaBackend::warn_once(int what, const char* message) {
+  if (warned_[what]) return;
+  warned_[what] = true;
+  std::fprintf(stderr, "trellis: warning: %s\n", message);
+}
+
+const cublasLtMatmulAlgo_t* CudaBackend::out_of_place_algo(GemmPlan& p) {
+  if (p.apart_state == 0) {
+    const auto writes_apart = [](const cublasLtMatmulAlgo_t& algo) {
+      int32_t yes = 0;
+      size_t written = 0;
+      return cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                                               &yes, sizeof(yes),
+                                               &written) == CUBLAS_STATUS_SUCCESS &&
+             yes != 0;
+    };
+    p.apart_state = 2;
+    if (writes_apart(p.algo)) {
+      p.algo_apart = p.algo, p.apart_state = 1;
+    } else {
+      for (int i = 0; i < p.ncandidates && p.apart_state == 2; ++i)
+        if (writes_apart(p.candidates[i])) p.algo_apart = p.candidates[i], p.apart_state = 1;
+    }
+    if (p.apart_state == 2)
+      warn_once(kWarnInPlace,
+                "cuBLASLt offered no algorithm that writes a GEMM's output apart from its C (the "
+                "residual): the residual is copied into the output first");
+  }
+  return p.apart_state == 1 ? &p.algo_apart : nullptr;
+}
+
 void CudaBackend::epilogue_failed(Epilogue epi, cublasStatus_t status, const char* when) {
-  const bool bgrad = epi == Epilogue::bgradb;
-  bool& warned = bgrad ? bgrad_epilogue_warned_ : gelu_epilogue_warned_;
-  if (warned) return;
-  warned = true;
-  std::fprintf(stderr,
-               "trellis: warning: cuBLASLt refused the %s epilogue while %s (status %d); %s\n",
-               bgrad ? "bias-gradient (BGRADB)" : "GELU", when, int(status),
-               bgrad ? "bias gradients are column sums of their own"
-                     : "the MLP's GELU runs as kernels of its own");
+  const bool bgrad = epi == Epilogue::bgradb, bias = epi == Epilogue::bias;
+  char message[256];
+  std::snprintf(message, sizeof message,
+                "cuBLASLt refused the %s epilogue while %s (status %d); %s",
+                bgrad  ? "bias-gradient (BGRADB)"
+                : bias ? "fp32 bias"
+                       : "GELU",
+                when, int(status),
+                bgrad  ? "bias gradients are column sums of their own"
+                : bias ? "the bias is added by a kernel of its own"
+                       : "the MLP's GELU runs as kernels of its own");
+  // (the GELU epilogues share one warning)
+  warn_once(bgrad  ? int(Epilogue::bgradb)
+            : bias ? int(Epilogue::bias)
+                   : int(Epilogue::gelu_aux),
+            message);
 }
 
 void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
@@ -220,8 +285,21 @@ void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias,
   if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, C);
   ++p.calls;
   const float alpha = 1.0f;
+  const cublasLtMatmulAlgo_t* algo = &p.algo;
+  if (C && C.data != D.data) {  // not every algorithm writes D apart from C
+    algo = out_of_place_algo(p);
+    if (!algo) {
+      // C into D (m rows of each of n columns, ldd apart: the gaps are not D's), then in place.
+      const size_t es = dtype_bytes(D.dtype);
+      TRELLIS_CUDA(cudaMemcpy2DAsync(D.data, size_t(p.ldd) * es, C.data, size_t(p.ldd) * es,
+                                     size_t(p.m) * es, size_t(p.n), cudaMemcpyDeviceToDevice,
+                                     stream_));
+      C = CPtr(D.data, D.dtype);
+      algo = &p.algo;
+    }
+  }
   TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta,
-                            C ? C.data : D.data, p.d, D.data, p.d, &p.algo, workspace_,
+                            C ? C.data : D.data, p.d, D.data, p.d, algo, workspace_,
                             workspace_bytes_, stream_));
   add_work(kGemm, p.flops, 0);
 }
@@ -238,7 +316,19 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, CPtr A, 
                       bias ? Epilogue::bias : Epilogue::none, alignment(A.data), alignment(B.data),
                       align_d, bias ? alignment(bias.data) : 0, 0, int(A.dtype), int(D.dtype)},
                      bias.data);
+  if (bias && !p.found) {  // fp32 (plan): no bias epilogue for these operands
+    epilogue_failed(Epilogue::bias, CUBLAS_STATUS_NOT_SUPPORTED, "choosing an algorithm");
+    gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, beta, CPtr(), C);
+    add_bias(D.f32(), bias.f32(), m, n, ldd);
+    return;
+  }
   run(p, A, B, D, beta, bias, nullptr, C);
+}
+
+void CudaBackend::add_bias(float* d, const float* bias, int m, int n, int ldd) {
+  const unsigned blocks = cuda::blocks_for(int64_t(m) * n);
+  add_bias_kernel<<<blocks, cuda::kThreads, 0, stream_>>>(d, bias, m, n, ldd);
+  TRELLIS_CUDA_LAUNCHED();
 }
 
 CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
@@ -287,11 +377,7 @@ void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int 
   // A residual is the GEMM's C: out = residual + inp·weightᵀ (+ bias), rounded once.
   gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, residual ? 1.0f : 0.0f,
        fused ? bias : CPtr(), residual);
-  if (bias && !fused) {  // fp32: the GEMM's output plus the bias, a second fp32 rounding
-    add_bias_kernel<<<cuda::blocks_for(int64_t(N) * OC), cuda::kThreads, 0, stream_>>>(
-        out.f32(), bias.f32(), N, OC);
-    TRELLIS_CUDA_LAUNCHED();
-  }
+  if (bias && !fused) add_bias(out.f32(), bias.f32(), OC, N, OC);  // fp32: a second rounding
 }
 
 void CudaBackend::matmul_forward_f32(float* out, const float* inp, const float* weight,
