@@ -99,14 +99,20 @@ test_status=${PIPESTATUS[0]}
 TRELLIS_TC_ATTENTION=1 timeout "$TEST_TIMEOUT" "$BIN/unit_tests" --gtest_filter="$tc_tests" 2>&1 |
   tee "$OUTDIR/tests-tc.log"
 (( PIPESTATUS[0] == 0 )) || test_status=1
-# The NCCL link between two ranks, one GPU each (needs a launcher: the bundle has none).
+# A launcher: the bundle's (build/mpirun) or the machine's.
+MPIRUN=""
+if [[ -x $BIN/mpirun ]]; then MPIRUN=$BIN/mpirun; elif command -v mpirun >/dev/null; then MPIRUN=$(command -v mpirun); fi
+# The NCCL link between two ranks, one GPU each.
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
-  if command -v mpirun >/dev/null; then
-    mpirun --oversubscribe -np 2 "$BIN/unit_tests" --gtest_filter='NcclLink*' 2>&1 |
+  if [[ -n $MPIRUN ]]; then
+    # (a hang between real NCCL ranks must not take the lease; kernels loaded at start, since a
+    # lazily loaded one may wait for a device that an NCCL kernel keeps busy)
+    CUDA_MODULE_LOADING=EAGER timeout "$TEST_TIMEOUT" "$MPIRUN" --mca plm isolated --bind-to none \
+      --oversubscribe -np 2 "$BIN/unit_tests" --gtest_filter='NcclLink*' 2>&1 |
       tee "$OUTDIR/tests-np2.log"
     (( PIPESTATUS[0] == 0 )) || test_status=1
   else
-    echo "gpu-check: no mpirun here: the NCCL link between two ranks is not tested"
+    echo "gpu-check: no launcher here: the NCCL link between two ranks is not tested"
   fi
 fi
 # A failed test: run the failed ones again under compute-sanitizer (out-of-bounds accesses, then
@@ -147,8 +153,6 @@ grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests
 LAYOUT_STEPS=${GPU_CHECK_LAYOUT_STEPS:-30}
 LAYOUT_RTOL=${GPU_CHECK_LAYOUT_RTOL:-1e-4}
 LAYOUT_RTOL_BF16=${GPU_CHECK_LAYOUT_RTOL_BF16:-2e-3}
-MPIRUN=""
-if [[ -x $BIN/mpirun ]]; then MPIRUN=$BIN/mpirun; elif command -v mpirun >/dev/null; then MPIRUN=$(command -v mpirun); fi
 layout_summary="not run (no launcher)"
 layouts_failed=0
 # max over steps of |loss − reference| / |reference| between two metrics.csv files

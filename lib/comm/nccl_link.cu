@@ -267,6 +267,8 @@ class NcclLink : public DeviceLink {
     cudaStream_t stream = nullptr;
   };
   void build_channels(MPI_Comm comm);
+  /// This rank's channels by (sender, receiver): the order every rank destroys them in.
+  std::vector<Channel*> channels_in_global_order();
   Channel& channel(int peer, bool sending) {
     auto it = channels_.find({peer, sending});
     TRELLIS_CHECK(it != channels_.end(),
@@ -377,14 +379,50 @@ void NcclLink::build_channels(MPI_Comm comm) {
   NCCL_OK(nccl().GroupEnd());
   for (auto& [key, ch] : channels_)
     CUDA_OK(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
+  // NCCL connects a channel at its first message (since 2.15), and that host call waits until
+  // the other rank makes its own: a first receive posted before the send the peer waits on
+  // (every rank receiving from its left, then sending right) would deadlock. One byte each way on
+  // every channel now, all in one group, connects them together.
+  char* bytes = nullptr;  // (2 · channels): one to send and one to receive into, per channel
+  CUDA_OK(cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * channels_.size(), stream_));
+  CUDA_OK(cudaMemsetAsync(bytes, 0, 2 * channels_.size(), stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  NCCL_OK(nccl().GroupStart());
+  char* b = bytes;
+  for (auto& [key, ch] : channels_) {
+    if (key.second)
+      NCCL_OK(nccl().Send(b, 1, ncclChar, /*peer=*/1, ch.comm, ch.stream));
+    else
+      NCCL_OK(nccl().Recv(b + 1, 1, ncclChar, /*peer=*/0, ch.comm, ch.stream));
+    b += 2;
+  }
+  NCCL_OK(nccl().GroupEnd());
+  for (auto& [key, ch] : channels_) CUDA_OK(cudaStreamSynchronize(ch.stream));
+  CUDA_OK(cudaFreeAsync(bytes, stream_));
+}
+
+std::vector<NcclLink::Channel*> NcclLink::channels_in_global_order() {
+  // A channel is (sender, receiver) in the group's ranks: sorted so, every rank meets the
+  // channels it shares with another in the same order.
+  std::vector<std::pair<std::pair<int, int>, Channel*>> named;
+  for (auto& [key, ch] : channels_) {
+    const auto [peer, sending] = key;
+    named.push_back({sending ? std::pair{rank_, peer} : std::pair{peer, rank_}, &ch});
+  }
+  std::sort(named.begin(), named.end());
+  std::vector<Channel*> out;
+  for (auto& [pair, ch] : named) out.push_back(ch);
+  return out;
 }
 
 NcclLink::~NcclLink() {
-  // Nothing may be in flight: Requests wait in their destructors, before the Comm goes.
-  for (auto& [key, ch] : channels_) {
-    cudaStreamSynchronize(ch.stream);
-    nccl().CommDestroy(ch.comm);
-    cudaStreamDestroy(ch.stream);
+  // Nothing may be in flight: Requests wait in their destructors, before the Comm goes. Each
+  // destroy waits for the communicator's other rank (NCCL finalizes it collectively): in one
+  // order on every rank, or two neighbours each wait in the channel the other has not reached.
+  for (Channel* ch : channels_in_global_order()) {
+    cudaStreamSynchronize(ch->stream);
+    nccl().CommDestroy(ch->comm);
+    cudaStreamDestroy(ch->stream);
   }
   cudaStreamSynchronize(stream_);
   nccl().CommDestroy(comm_);

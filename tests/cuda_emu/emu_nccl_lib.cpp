@@ -5,6 +5,12 @@
 // communicator of its members in NCCL rank order, made by MPI_Comm_create_group (collective over
 // the members only, as ncclCommInitRank is): the members send their world ranks to the id's
 // creator, which answers with the list.
+//
+// Two ways real NCCL blocks the host, modelled so that code which would hang on it hangs here:
+// a point-to-point connection is made at the first message of each direction between two ranks,
+// and the host call waits there until the other rank makes its own (inside a group, the group's
+// connections are made together at its end); ncclCommDestroy waits for the communicator's other
+// members to destroy it too.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -12,12 +18,14 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <utility>
 #include <vector>
 
 struct ncclComm {
   MPI_Comm comm;
   int rank, size;
+  std::set<std::pair<int, int>> connected;  // (sender, receiver): directions connected so far
 };
 
 namespace {
@@ -123,6 +131,27 @@ struct InFlight {
 std::vector<InFlight> in_flight;
 uint64_t next_serial = 1;
 
+constexpr int kConnectTag = 29000;  // on a communicator: a connection's handshake, by sender
+// The handshakes of the directions `ops` use that are not yet connected: one byte each way with
+// the peer, all posted, then all awaited (the host waits for the other rank to get there too).
+ncclResult_t connect(const std::vector<Pending>& ops, const std::vector<ncclComm_t>& comms) {
+  std::vector<MPI_Request> reqs;
+  std::vector<char> bytes(2 * ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Pending& p = ops[i];
+    ncclComm_t c = comms[i];
+    const int sender = p.send ? c->rank : p.peer, receiver = p.send ? p.peer : c->rank;
+    if (!c->connected.insert({sender, receiver}).second) continue;
+    reqs.resize(reqs.size() + 2);
+    MPI_Isend(&bytes[2 * i], 1, MPI_BYTE, p.peer, kConnectTag + sender, c->comm, &reqs.end()[-2]);
+    MPI_Irecv(&bytes[2 * i + 1], 1, MPI_BYTE, p.peer, kConnectTag + sender, c->comm, &reqs.back());
+  }
+  return MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS
+             ? ncclSuccess
+             : ncclSystemError;
+}
+std::vector<ncclComm_t> grouped_comms;  // grouped[i]'s communicator
+
 void start(const Pending& p) {
   InFlight f{MPI_REQUEST_NULL, p.stream, next_serial++};
   if (p.send)
@@ -132,12 +161,15 @@ void start(const Pending& p) {
   in_flight.push_back(f);
 }
 
-ncclResult_t post(const Pending& p) {
-  if (group_depth > 0)
+ncclResult_t post(const Pending& p, ncclComm_t comm) {
+  if (group_depth > 0) {
     grouped.push_back(p);
-  else
-    start(p);
-  return ncclSuccess;
+    grouped_comms.push_back(comm);
+    return ncclSuccess;
+  }
+  const ncclResult_t r = connect({p}, {comm});
+  if (r == ncclSuccess) start(p);
+  return r;
 }
 
 // Completes (wait) or tests (!wait) the operations on `stream` (null: every stream) started
@@ -243,7 +275,7 @@ ncclResult_t make_communicators() {
     const Init& in = inits[i];
     MPI_Group group;
     MPI_Group_incl(world, in.nranks, members[i].data(), &group);
-    auto* c = new ncclComm{MPI_COMM_NULL, in.rank, in.nranks};
+    auto* c = new ncclComm{MPI_COMM_NULL, in.rank, in.nranks, {}};
     if (MPI_Comm_create_group(MPI_COMM_WORLD, group, kTagBase + 2000 + in.id.serial % 1000,
                               &c->comm) != MPI_SUCCESS) {
       delete c;
@@ -303,6 +335,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
+  MPI_Barrier(comm->comm);  // (NCCL finalizes a communicator with its other members)
   MPI_Comm_free(&comm->comm);
   delete comm;
   return ncclSuccess;
@@ -377,7 +410,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   size_t bytes;
   if (!mpi_type(datatype, &t, &bytes) || !fits_int(count) || peer < 0 || peer >= comm->size)
     return ncclInvalidArgument;
-  return post({true, const_cast<void*>(sendbuff), int(count), t, peer, comm->comm, stream});
+  return post({true, const_cast<void*>(sendbuff), int(count), t, peer, comm->comm, stream}, comm);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
@@ -386,7 +419,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
   size_t bytes;
   if (!mpi_type(datatype, &t, &bytes) || !fits_int(count) || peer < 0 || peer >= comm->size)
     return ncclInvalidArgument;
-  return post({false, recvbuff, int(count), t, peer, comm->comm, stream});
+  return post({false, recvbuff, int(count), t, peer, comm->comm, stream}, comm);
 }
 
 ncclResult_t ncclGroupStart() {
@@ -403,9 +436,12 @@ ncclResult_t ncclGroupEnd() {
     const ncclResult_t r = make_communicators();
     if (r != ncclSuccess) return r;
   }
-  for (const Pending& p : grouped) start(p);
+  const ncclResult_t r = connect(grouped, grouped_comms);
+  if (r == ncclSuccess)
+    for (const Pending& p : grouped) start(p);
   grouped.clear();
-  return ncclSuccess;
+  grouped_comms.clear();
+  return r;
 }
 
 }  // extern "C"

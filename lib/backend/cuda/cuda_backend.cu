@@ -106,7 +106,8 @@ CudaBackend::~CudaBackend() {
     cublasLtMatrixLayoutDestroy(p.d);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  cudaFree(scratch_);
+  if (scratch_) cudaFreeAsync(scratch_, stream_);
+  cudaStreamSynchronize(stream_);
   cudaFree(workspace_);
   cublasLtDestroy(lt_);
   cudaStreamDestroy(stream_);
@@ -153,10 +154,12 @@ bool CudaBackend::is_device_pointer(const void* p) const {
 
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
-    TRELLIS_CUDA(cudaStreamSynchronize(stream_));  // a kernel may still use the old one
-    cudaFree(scratch_);
+    // Stream-ordered: the old one goes once the kernels before it are done with it. (cudaFree
+    // and cudaMalloc would wait for the whole device — NCCL kernels of a gradient bucket or a
+    // pipeline send still in flight on the links' streams included.)
+    if (scratch_) TRELLIS_CUDA(cudaFreeAsync(scratch_, stream_));
     scratch_ = nullptr;
-    TRELLIS_CUDA(cudaMalloc(&scratch_, bytes));
+    TRELLIS_CUDA(cudaMallocAsync(&scratch_, bytes, stream_));
     scratch_bytes_ = bytes;
   }
   return scratch_;
