@@ -21,11 +21,14 @@
 #      (TRELLIS_BGRAD_EPILOGUE=0, "bf16+tc-bgrad": a fused epilogue can make cuBLASLt pick a
 #      slower GEMM, NVIDIA/CUDALibrarySamples#90), with the mma.sync attention kernels in 64-row
 #      blocks instead of 128 (TRELLIS_ATTN_BLOCK_ROWS=64, "bf16+tc-b64"), with the residual adds
-#      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), in bf16 with
-#      the WMMA tensor-core kernels (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32
-#      attention kernels (on widened copies of its bf16 tensors), and in fp32 with TF32 GEMMs;
-#      tokens/s, MFU against the device's dense bf16 peak (for every row, TF32's too), peak
-#      memory, device time per kernel class;
+#      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
+#      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
+#      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
+#      karpathy/llm.c#338, and faster on H100, #653), in bf16 with the WMMA tensor-core kernels
+#      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
+#      copies of its bf16 tensors), and in fp32 with TF32 GEMMs; tokens/s, MFU against the
+#      device's dense bf16 peak (for every row, TF32's too), peak memory, device time per kernel
+#      class;
 #   3. a short table of all that, last.
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
@@ -227,14 +230,15 @@ echo "gpu-check: several ranks on one GPU: $layout_summary"
 rows=()
 bench_failed=0
 for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-124m bf16 1 nobgrad" \
-           "gpt2-124m bf16 1 b64" "gpt2-124m bf16 1 nores" \
+           "gpt2-124m bf16 1 b64" "gpt2-124m bf16 1 nores" "gpt2-124m bf16 1 nogelu" \
            "gpt2-124m bf16 wmma" "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   read -r name precision tc variant <<< "$run"
-  gemm_tune=0 bgrad=1 block_rows=0 residual=1
+  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == nobgrad ]] && bgrad=0
   [[ ${variant:-} == b64 ]] && block_rows=64
   [[ ${variant:-} == nores ]] && residual=0
+  [[ ${variant:-} == nogelu ]] && gelu=0
   deck=inputs/$name.deck
   tf32=0
   [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
@@ -244,7 +248,7 @@ for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-1
     echo "gpu-check: $name, $precision, tensor-core attention $tc, B·T = $B × 1024 ..."
     TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
-      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_CUDA_PROFILE=1 \
+      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDA_PROFILE=1 \
       timeout "$BENCH_TIMEOUT" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
       --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
@@ -266,6 +270,7 @@ for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-1
   (( bgrad )) || label=bf16+tc-bgrad
   (( block_rows == 64 )) && label=bf16+tc-b64
   (( residual )) || label=bf16+tc-res
+  (( gelu )) || label=bf16+tc-gelu
   [[ $tc == wmma ]] && label=bf16+wmma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
@@ -282,7 +287,7 @@ done
 
 # ---- 3. the table ----
 echo
-echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs"
+echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
 echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
 [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
