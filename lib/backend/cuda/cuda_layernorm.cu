@@ -242,8 +242,9 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
 // then row 0 adds the 32 sums in y order: a fixed order (the same bits every run), with 32 times
 // the loads in flight of one thread a column walking a thousand chunks.
 constexpr int kPartialRows = 32;
-__global__ void add_partials_kernel(float* dst, float* dst_hi, int split, const float* partial,
-                                    int chunks, int64_t stride, int width) {
+__global__ void __launch_bounds__(32 * kPartialRows)
+    add_partials_kernel(float* dst, float* dst_hi, int split, const float* partial, int chunks,
+                        int64_t stride, int width) {
   __shared__ float sums[kPartialRows][33];  // (+1: the rows' same column in other banks)
   const int c = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
   float acc = 0.0f;

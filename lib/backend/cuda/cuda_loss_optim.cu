@@ -92,17 +92,23 @@ __device__ void row_finish(T* l, float* loss, int target, int t, float m, float 
   });
 }
 
+// A block per row of logits (the rows' maxima, sums and gradients): threads it launches with, and
+// the most the compiler may plan registers for.
+constexpr int kLossThreads = 512;
+
 template <typename T>
-__global__ void crossentropy_max_kernel(const T* logits, float* row_max, int V, int valid) {
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_max_kernel(const T* logits, float* row_max, int V, int valid) {
   __shared__ float shared[32];
   const float m = row_max_of(logits + int64_t(blockIdx.x) * V, valid, shared);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
 template <typename T>
-__global__ void crossentropy_sums_kernel(const T* logits, const int32_t* targets,
-                                         const float* row_max, float* sumexp, float* target_logit,
-                                         int V, int valid, int vocab_begin) {
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_sums_kernel(const T* logits, const int32_t* targets, const float* row_max,
+                             float* sumexp, float* target_logit, int V, int valid,
+                             int vocab_begin) {
   __shared__ double shared[32];
   const int n = blockIdx.x;
   const T* l = logits + int64_t(n) * V;  // (V)
@@ -114,10 +120,10 @@ __global__ void crossentropy_sums_kernel(const T* logits, const int32_t* targets
 }
 
 template <typename T>
-__global__ void crossentropy_finish_kernel(T* logits, float* losses, const int32_t* targets,
-                                           const float* row_max, const float* sumexp,
-                                           const float* target_logit, int V, int valid,
-                                           int vocab_begin, float dloss) {
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_finish_kernel(T* logits, float* losses, const int32_t* targets,
+                               const float* row_max, const float* sumexp, const float* target_logit,
+                               int V, int valid, int vocab_begin, float dloss) {
   const int n = blockIdx.x;
   row_finish(logits + int64_t(n) * V, losses + n, targets[n], targets[n] - vocab_begin, row_max[n],
              sumexp[n], target_logit[n], V, valid, dloss);
@@ -125,9 +131,9 @@ __global__ void crossentropy_finish_kernel(T* logits, float* losses, const int32
 
 // All three on a row of the whole vocabulary (vocab_begin 0), the statistics written as well.
 template <typename T>
-__global__ void crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets,
-                                          float* row_max, float* sumexp, float* target_logit,
-                                          int V, int valid, float dloss) {
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
+                              float* sumexp, float* target_logit, int V, int valid, float dloss) {
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int n = blockIdx.x, target = targets[n];
@@ -192,7 +198,7 @@ void CudaBackend::launch_crossentropy_max(const T* logits, float* row_max, int N
   Profiled prof(*this, kLoss);
   add_work(kLoss, 0, double(N) * valid * sizeof(T));
   if (N == 0) return;
-  crossentropy_max_kernel<<<N, 512, 0, stream_>>>(logits, row_max, V, valid);
+  crossentropy_max_kernel<<<N, kLossThreads, 0, stream_>>>(logits, row_max, V, valid);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -203,8 +209,8 @@ void CudaBackend::launch_crossentropy_sums(const T* logits, const int32_t* targe
   Profiled prof(*this, kLoss);
   add_work(kLoss, 0, double(N) * valid * sizeof(T));
   if (N == 0) return;
-  crossentropy_sums_kernel<<<N, 512, 0, stream_>>>(logits, targets, row_max, sumexp, target_logit,
-                                                   V, valid, vocab_begin);
+  crossentropy_sums_kernel<<<N, kLossThreads, 0, stream_>>>(logits, targets, row_max, sumexp,
+                                                            target_logit, V, valid, vocab_begin);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -216,8 +222,8 @@ void CudaBackend::launch_crossentropy_finish(T* logits, float* losses, const int
   Profiled prof(*this, kLoss);
   add_work(kLoss, 0, double(N) * V * 2 * sizeof(T));
   if (N == 0) return;
-  crossentropy_finish_kernel<<<N, 512, 0, stream_>>>(logits, losses, targets, row_max, sumexp,
-                                                     target_logit, V, valid, vocab_begin, dloss);
+  crossentropy_finish_kernel<<<N, kLossThreads, 0, stream_>>>(
+      logits, losses, targets, row_max, sumexp, target_logit, V, valid, vocab_begin, dloss);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -228,12 +234,11 @@ void CudaBackend::crossentropy(Ptr logits, float* losses, const int32_t* targets
   add_work(kLoss, 0, double(N) * V * 2 * (logits.is_f32() ? 4 : 2));
   if (N == 0) return;
   if (logits.is_f32())
-    crossentropy_fused_kernel<<<N, 512, 0, stream_>>>(logits.f32(), losses, targets, row_max,
-                                                      sumexp, target_logit, V, valid, dloss);
+    crossentropy_fused_kernel<<<N, kLossThreads, 0, stream_>>>(
+        logits.f32(), losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
   else
-    crossentropy_fused_kernel<<<N, 512, 0, stream_>>>(cuda::dev(logits.bf16()), losses, targets,
-                                                      row_max, sumexp, target_logit, V, valid,
-                                                      dloss);
+    crossentropy_fused_kernel<<<N, kLossThreads, 0, stream_>>>(
+        cuda::dev(logits.bf16()), losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
   TRELLIS_CUDA_LAUNCHED();
 }
 
