@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "comm/staged_link.hpp"
 #include "core/error.hpp"
@@ -36,15 +37,35 @@ static NodeRanks node_ranks(MPI_Comm comm) {
   return r;
 }
 
+// Whether two ranks of comm on one node drive the same device (TRELLIS_SHARE_GPUS=1, for tests),
+// agreed by every rank of comm: NCCL refuses a communicator with two ranks on one GPU.
+static bool ranks_share_a_device(MPI_Comm comm, int device) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  std::vector<int> devices(size_t(n), -1);
+  MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  int shared = std::count(devices.begin(), devices.end(), device) > 1 ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, comm);
+  return shared != 0;
+}
+
 // On a device backend, every communicator that may carry device buffers gets a device link:
 // NCCL where this build has it and the backend is CUDA (system.device_comm = auto or nccl), else
 // the staged link through host memory. `point_to_point`: the pipeline's group sends and receives.
-static void attach_device_link(Comm& comm, Backend& be, const std::string& how,
-                               bool point_to_point) {
+// `shared_device`: ranks share a GPU (auto takes the staged link; nccl is refused).
+static void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
+                               bool shared_device) {
   if (!be.on_device()) return;
 #ifdef TRELLIS_HAVE_NCCL
   std::string no_nccl;
-  if (how != "staged" && be.native_stream()) {
+  if (how == "nccl" && shared_device && be.native_stream())
+    throw UserError(
+        "system.device_comm = nccl: ranks on one node share a GPU (TRELLIS_SHARE_GPUS=1), and "
+        "NCCL takes one GPU per rank (use auto or staged)");
+  if (how != "staged" && be.native_stream() && !shared_device) {
     if (nccl_available(&no_nccl)) {
       comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
                                           be.native_stream(), point_to_point));
@@ -53,7 +74,7 @@ static void attach_device_link(Comm& comm, Backend& be, const std::string& how,
     if (how == "nccl") throw UserError("system.device_comm = nccl: " + no_nccl);
   }
 #else
-  (void)point_to_point;
+  (void)point_to_point, (void)shared_device;
 #endif
   if (how == "nccl")
     throw UserError("system.device_comm = nccl: the backend '" + be.name() +
@@ -84,9 +105,11 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
   pp_comm_ = std::make_unique<Comm>(grid_->pp_comm(), "pp");
   const std::string& how = cfg_.system.device_comm;
-  attach_device_link(*dp_comm_, *backend_, how, false);
-  attach_device_link(*tp_comm_, *backend_, how, false);
-  attach_device_link(*pp_comm_, *backend_, how, true);
+  const bool shared_device =
+      backend_->native_stream() && ranks_share_a_device(comm_, backend_->device_index());
+  attach_device_link(*dp_comm_, *backend_, how, false, shared_device);
+  attach_device_link(*tp_comm_, *backend_, how, false, shared_device);
+  attach_device_link(*pp_comm_, *backend_, how, true, shared_device);
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
   const int pp = grid_->pp_size(), stage = grid_->pp_rank();
   const StageSpec spec = stage_spec(cfg_, stage);
@@ -100,7 +123,8 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
                                                     *store_, pp_comm_.get());
-  if (Comm* kv = tp_grads_->kv_group()) attach_device_link(*kv, *backend_, how, false);
+  if (Comm* kv = tp_grads_->kv_group())
+    attach_device_link(*kv, *backend_, how, false, shared_device);
   const int micro_batches = cfg_.micro_batches_per_step();
   const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, spec.chunks);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,

@@ -5,8 +5,9 @@
 # emulated NCCL over MPI, a device per rank, TRELLIS_EMU_DEVICES):
 # the layouts gpu-check.sh runs on a real GPU, each step's loss against the one-rank emulated run
 # (relative 1e-4 in fp32; 2e-3 in bf16, with the tensor-core attention: head size 32), and the
-# one-rank emulated run against the CPU's (1e-3; bf16 5e-3). Built where nvcc exists; elsewhere
-# this test says it skipped. Usage: test_emulated_gpu.sh BUILD_DIR. Ends with
+# one-rank emulated run against the CPU's (1e-3; bf16 5e-3); ranks sharing the device take the
+# staged link under device_comm = auto and stop at start under nccl. Built where nvcc exists;
+# elsewhere this test says it skipped. Usage: test_emulated_gpu.sh BUILD_DIR. Ends with
 # "emulated_gpu: N passed, M failed".
 set -u
 build=${1:-build}
@@ -51,7 +52,7 @@ train() {
   local name=$1 bin=$2 np=$3; shift 3
   check_log="$work/$name.log"
   local devices=1 share=1
-  [[ " $* " == *" --system.device_comm=nccl "* ]] && devices=$np share=0
+  [[ " $* " == *" --system.device_comm=nccl "* && -z ${SHARED:-} ]] && devices=$np share=0
   TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share TRELLIS_TC_ATTENTION=1 timeout 300 \
     mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
     -x TRELLIS_SHARE_GPUS -x TRELLIS_TC_ATTENTION -np "$np" \
@@ -93,6 +94,18 @@ for precision in fp32 bf16; do
       "[ $status -eq 0 ] && close $name one-$precision $rtol && grep -q 'through the $link link' $work/$name.log"
   done
 done
+
+# Ranks sharing one GPU (TRELLIS_SHARE_GPUS=1, SHARED=1 here): NCCL takes one GPU per rank, so
+# device_comm = auto takes the staged link, and nccl stops at start with status 2, naming the key.
+SHARED=1 train shared-auto "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2
+status=$?
+check "2 ranks sharing the emulated GPU, device_comm = auto: the staged link" \
+  "[ $status -eq 0 ] && grep -q 'through the staged link' $work/shared-auto.log"
+SHARED=1 train shared-nccl "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2 \
+  --system.device_comm=nccl
+status=$?
+check "2 ranks sharing the emulated GPU, device_comm = nccl: status 2, the key named once" \
+  "[ $status -eq 2 ] && [ \$(grep -c 'system.device_comm = nccl: ranks on one node share a GPU' $work/shared-nccl.log) -eq 1 ]"
 
 echo "emulated_gpu: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
