@@ -8,9 +8,6 @@
 #      reference), 20-step GPU-vs-CPU runs in fp32 and in bf16 (also with the tensor-core
 #      attention), checkpoints crossing between the backends and precisions, every NCCL link
 #      operation on one rank; with two GPUs or more also at 2 ranks, one GPU each);
-#   1b. with a launcher (the bundle carries Open MPI's): the default deck at 2 and 4 ranks sharing
-#      the GPU, under dp (ZeRO 1, 3), tp (with and without sequence parallelism), pp (1F1B) and
-#      their mixes, and dp, tp and pp in bf16, step by step against the one-rank GPU run;
 #   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
 #      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16
 #      activations and weights, fp32 master weights, gradients and AdamW state, fp32 accumulation)
@@ -28,14 +25,21 @@
 #      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
 #      copies of its bf16 tensors), and in fp32 with TF32 GEMMs; tokens/s, MFU against the
 #      device's dense bf16 peak (for every row, TF32's too), peak memory, device time per kernel
-#      class;
-#   3. a short table of all that, last.
+#      class — the two rows of the targets first, then
+#   2b. where python3 has torch, PyTorch beside it on the same device (scripts/torch_bench.py):
+#      GPT-2 124M in eager PyTorch as Trellis's bf16 runs it, its attention through each SDPA
+#      backend, its GEMMs through cuBLAS — then the comparison rows;
+#   3. with a launcher (the bundle carries Open MPI's): the default deck at 2 and 4 ranks sharing
+#      the GPU, under dp (ZeRO 1, 3), tp (with and without sequence parallelism), pp (1F1B) and
+#      their mixes, and dp, tp and pp in bf16, step by step against the one-rank GPU run;
+#   4. a short table of all that, last.
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
 # GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
 # (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short),
 # GPU_CHECK_SANITIZER_TIMEOUT (seconds for each compute-sanitizer rerun of failed tests, 120),
-# GPU_CHECK_LAYOUT_STEPS (30) and GPU_CHECK_LAYOUT_RTOL (1e-4) for step 1b.
+# GPU_CHECK_LAYOUT_STEPS (30) and GPU_CHECK_LAYOUT_RTOL (1e-4) for step 3, GPU_CHECK_DEADLINE
+# (seconds from the start, 0: none; below), GPU_CHECK_PYTHON (python3) for step 2b.
 set -u -o pipefail
 BIN=$(cd "${1:-build}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,6 +51,18 @@ STEPS=${GPU_CHECK_STEPS:-10}
 TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-600}
 BENCH_TIMEOUT=${GPU_CHECK_TIMEOUT:-900}
 SANITIZER_TIMEOUT=${GPU_CHECK_SANITIZER_TIMEOUT:-120}
+# GPU_CHECK_DEADLINE (seconds from the start; 0: none): no run starts or goes on past it, so that
+# the summary still prints inside a lease's call limit; what did not run says so.
+DEADLINE=${GPU_CHECK_DEADLINE:-0}
+# limit SECONDS: the timeout the next run gets — SECONDS, or what is left before the deadline
+# less 15 s for the summary; 0 (skip it) when under 20 s would be left.
+limit() {
+  (( DEADLINE > 0 )) || { echo "$1"; return; }
+  local left=$((DEADLINE - SECONDS - 15))
+  (( left < 20 )) && { echo 0; return; }
+  echo $(($1 < left ? $1 : left))
+}
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}  # (PyTorch's own libraries, not the bundle's)
 
 # ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
 if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
@@ -141,7 +157,114 @@ no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
 
-# ---- 1b. several ranks on this GPU ----
+# ---- 2. benchmarks ----
+# Each run: a deck, a precision and the attention kernels. bf16 keeps activations and the
+# weights the model reads in bf16 (fp32 master weights, gradients, AdamW state, statistics and
+# losses; every kernel computes in fp32: README "GPUs"); tc 1 puts its attention on the tensor
+# cores (the mma.sync kernels; tc wmma: the WMMA ones, for comparison), tc 0 runs the fp32
+# attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
+rows=()
+bench_failed=0
+main_tps=""  # tokens/s of gpt2-124m bf16+tc, for the ratio to PyTorch's
+# bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
+bench_row() {
+  local name precision tc variant gemm_tune bgrad block_rows residual gelu deck tf32 B log t label
+  local status line skipped=0
+  read -r name precision tc variant <<< "$1"
+  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1
+  [[ ${variant:-} == tune ]] && gemm_tune=1
+  [[ ${variant:-} == nobgrad ]] && bgrad=0
+  [[ ${variant:-} == b64 ]] && block_rows=64
+  [[ ${variant:-} == nores ]] && residual=0
+  [[ ${variant:-} == nogelu ]] && gelu=0
+  deck=inputs/$name.deck
+  tf32=0
+  [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
+  B=$B0
+  while (( B >= 1 )); do
+    log="$OUTDIR/bench-$name-$precision-tc$tc${variant:+-$variant}-B$B.log"
+    t=$(limit "$BENCH_TIMEOUT")
+    if (( t == 0 )); then
+      skipped=1
+      break
+    fi
+    echo "gpu-check: $name, $precision, tensor-core attention $tc, B·T = $B × 1024 ..."
+    TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune \
+      TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
+      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDA_PROFILE=1 \
+      timeout "$t" "$BIN/trellis" bench "$deck" \
+      --system.backend=cuda --system.precision=$precision \
+      --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
+      --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
+      --system.peak_gflops=$((PEAK * 1000)) > "$log" 2>&1
+    status=$?
+    cat "$log"
+    if (( status == 0 )); then break; fi
+    if grep -qiE 'out of memory|bad_alloc|cudaErrorMemoryAllocation' "$log"; then
+      B=$((B / 2))
+      continue
+    fi
+    B=0
+  done
+  [[ $name == gpt2-124m && $tc == 1 && -z ${variant:-} ]] && main_log=$log  # in the summary
+  label=$precision
+  [[ $tc == 1 ]] && label=bf16+tc
+  (( gemm_tune )) && label=bf16+tc+tune
+  (( bgrad )) || label=bf16+tc-bgrad
+  (( block_rows == 64 )) && label=bf16+tc-b64
+  (( residual )) || label=bf16+tc-res
+  (( gelu )) || label=bf16+tc-gelu
+  [[ $tc == wmma ]] && label=bf16+wmma
+  [[ $precision == fp32 ]] && label=fp32/TF32
+  line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
+  if (( skipped )); then
+    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "skipped (GPU_CHECK_DEADLINE)")")
+    bench_failed=1
+  elif (( B >= 1 )) && [[ -n $line ]]; then
+    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
+      "$(field "$line" tokens_per_s)" "$(awk -v m="$(field "$line" mfu)" 'BEGIN {print 100 * m}')" \
+      "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')")")
+    [[ $label == bf16+tc && $name == gpt2-124m ]] && main_tps=$(field "$line" tokens_per_s)
+  else
+    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
+    bench_failed=1
+  fi
+}
+# field LINE KEY: the number after KEY= in a `bench:` or `torch-bench:` line.
+field() { sed -n "s/.*[ :]$2=\([0-9.e+-]*\).*/\1/p" <<< "$1"; }
+
+# The two rows of the targets first, then PyTorch beside them, then the comparisons.
+bench_row "gpt2-124m bf16 1"
+bench_row "gpt2-350m bf16 1"
+
+# ---- 2b. PyTorch beside it, where python3 has torch (scripts/torch_bench.py) ----
+# GPT-2 124M in eager PyTorch as Trellis's bf16 runs it (same B·T, MFU by the same count), its
+# attention alone through each SDPA backend (flash, cuDNN, memory-efficient), and the step's GEMMs
+# through cuBLAS: the yardsticks on this very device.
+PY=${GPU_CHECK_PYTHON:-python3}
+torch_summary=""
+if (( no_device )); then
+  torch_summary="not run (no device)"
+elif ! env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$PY" -c 'import torch' 2>/dev/null; then
+  torch_summary="not run (no torch for $PY)"
+else
+  t=$(limit 300)
+  if (( t == 0 )); then
+    torch_summary="skipped (GPU_CHECK_DEADLINE)"
+  else
+    echo "gpu-check: PyTorch beside it: GPT-2 124M, its attention and its GEMMs ..."
+    env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout "$t" "$PY" "$ROOT/scripts/torch_bench.py" \
+      --B "$B0" --steps "$STEPS" --peak-tflops "$PEAK" 2>&1 | tee "$OUTDIR/torch-bench.log"
+  fi
+fi
+
+for run in "gpt2-124m bf16 1 tune" "gpt2-124m bf16 1 nobgrad" "gpt2-124m bf16 1 b64" \
+           "gpt2-124m bf16 1 nores" "gpt2-124m bf16 1 nogelu" "gpt2-124m bf16 wmma" \
+           "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
+  bench_row "$run"
+done
+
+# ---- 3. several ranks on this GPU (after the benchmarks: the lease is short) ----
 # Every parallel layout on real device buffers: 2 and 4 ranks share the GPU
 # (TRELLIS_SHARE_GPUS=1; NCCL takes one GPU per rank, so device buffers cross ranks by the staged
 # link through MPI), train the default deck for LAYOUT_STEPS steps and must give the one-rank GPU
@@ -171,9 +294,13 @@ elif [[ -n $MPIRUN ]]; then
   train=(train inputs/default.deck --system.backend=cuda --train.steps=$LAYOUT_STEPS --log.every=1
          --checkpoint.resume=never)
   echo "gpu-check: the default deck, $LAYOUT_STEPS steps, one rank on the GPU in fp32 and in bf16 (the references) ..."
-  timeout "$BENCH_TIMEOUT" "$BIN/trellis" "${train[@]}" --run.dir="$OUTDIR/layout-1" > "$OUTDIR/layout-1.log" 2>&1
+  t=$(limit "$BENCH_TIMEOUT")
+  (( t > 0 )) || t=1  # (past the deadline: the references fail fast, reported below)
+  timeout "$t" "$BIN/trellis" "${train[@]}" --run.dir="$OUTDIR/layout-1" > "$OUTDIR/layout-1.log" 2>&1
   ref_status=$?
-  timeout "$BENCH_TIMEOUT" "$BIN/trellis" "${train[@]}" --system.precision=bf16 --run.dir="$OUTDIR/layout-1-bf16" \
+  t=$(limit "$BENCH_TIMEOUT")
+  (( t > 0 )) || t=1
+  timeout "$t" "$BIN/trellis" "${train[@]}" --system.precision=bf16 --run.dir="$OUTDIR/layout-1-bf16" \
     > "$OUTDIR/layout-1-bf16.log" 2>&1
   if [[ $ref_status -ne 0 || $? -ne 0 || ! -s $OUTDIR/layout-1/metrics.csv || ! -s $OUTDIR/layout-1-bf16/metrics.csv ]]; then
     tail -20 "$OUTDIR/layout-1.log" "$OUTDIR/layout-1-bf16.log"
@@ -198,8 +325,14 @@ elif [[ -n $MPIRUN ]]; then
         fi
       done
       for key in dp tp pp; do grep -q "$key=" <<< "$settings" || args+=("--parallel.$key=1"); done
+      t=$(limit "$BENCH_TIMEOUT")
+      if (( t == 0 )); then
+        layout_summary+="${layout_summary:+; }the rest skipped (GPU_CHECK_DEADLINE)"
+        layouts_failed=1
+        break
+      fi
       echo "gpu-check: $np ranks on the GPU: $settings ..."
-      TRELLIS_SHARE_GPUS=1 timeout "$BENCH_TIMEOUT" "$MPIRUN" --mca plm isolated --bind-to none --oversubscribe -np "$np" \
+      TRELLIS_SHARE_GPUS=1 timeout "$t" "$MPIRUN" --mca plm isolated --bind-to none --oversubscribe -np "$np" \
         "$BIN/trellis" "${train[@]}" "${args[@]}" --system.device_comm=staged \
         --run.dir="$OUTDIR/layout-$name" > "$OUTDIR/layout-$name.log" 2>&1
       status=$?
@@ -221,71 +354,7 @@ elif [[ -n $MPIRUN ]]; then
 fi
 echo "gpu-check: several ranks on one GPU: $layout_summary"
 
-# ---- 2. benchmarks ----
-# Each run: a deck, a precision and the attention kernels. bf16 keeps activations and the
-# weights the model reads in bf16 (fp32 master weights, gradients, AdamW state, statistics and
-# losses; every kernel computes in fp32: README "GPUs"); tc 1 puts its attention on the tensor
-# cores (the mma.sync kernels; tc wmma: the WMMA ones, for comparison), tc 0 runs the fp32
-# attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
-rows=()
-bench_failed=0
-for run in "gpt2-124m bf16 1" "gpt2-350m bf16 1" "gpt2-124m bf16 1 tune" "gpt2-124m bf16 1 nobgrad" \
-           "gpt2-124m bf16 1 b64" "gpt2-124m bf16 1 nores" "gpt2-124m bf16 1 nogelu" \
-           "gpt2-124m bf16 wmma" "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
-  read -r name precision tc variant <<< "$run"
-  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1
-  [[ ${variant:-} == tune ]] && gemm_tune=1
-  [[ ${variant:-} == nobgrad ]] && bgrad=0
-  [[ ${variant:-} == b64 ]] && block_rows=64
-  [[ ${variant:-} == nores ]] && residual=0
-  [[ ${variant:-} == nogelu ]] && gelu=0
-  deck=inputs/$name.deck
-  tf32=0
-  [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
-  B=$B0
-  while (( B >= 1 )); do
-    log="$OUTDIR/bench-$name-$precision-tc$tc${variant:+-$variant}-B$B.log"
-    echo "gpu-check: $name, $precision, tensor-core attention $tc, B·T = $B × 1024 ..."
-    TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune \
-      TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
-      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDA_PROFILE=1 \
-      timeout "$BENCH_TIMEOUT" "$BIN/trellis" bench "$deck" \
-      --system.backend=cuda --system.precision=$precision \
-      --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
-      --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
-      --system.peak_gflops=$((PEAK * 1000)) > "$log" 2>&1
-    status=$?
-    cat "$log"
-    if (( status == 0 )); then break; fi
-    if grep -qiE 'out of memory|bad_alloc|cudaErrorMemoryAllocation' "$log"; then
-      B=$((B / 2))
-      continue
-    fi
-    B=0
-  done
-  [[ $name == gpt2-124m && $tc == 1 && -z ${variant:-} ]] && main_log=$log  # in the summary
-  label=$precision
-  [[ $tc == 1 ]] && label=bf16+tc
-  (( gemm_tune )) && label=bf16+tc+tune
-  (( bgrad )) || label=bf16+tc-bgrad
-  (( block_rows == 64 )) && label=bf16+tc-b64
-  (( residual )) || label=bf16+tc-res
-  (( gelu )) || label=bf16+tc-gelu
-  [[ $tc == wmma ]] && label=bf16+wmma
-  [[ $precision == fp32 ]] && label=fp32/TF32
-  line=$(grep '^bench: ' "$log" 2>/dev/null | tail -1)
-  if (( B >= 1 )) && [[ -n $line ]]; then
-    get() { sed -n "s/.*$1=\([0-9.e+-]*\).*/\1/p" <<< "$line"; }
-    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
-      "$(get tokens_per_s)" "$(awk -v m="$(get mfu)" 'BEGIN {print 100 * m}')" "$(get step_ms)" \
-      "$(awk -v b="$(get peak_bytes)" 'BEGIN {print b / 2^30}')")")
-  else
-    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
-    bench_failed=1
-  fi
-done
-
-# ---- 3. the table ----
+# ---- 4. the table ----
 echo
 echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
 (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
@@ -295,6 +364,17 @@ echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
 echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
 printf '%-10s %-13s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
 for r in "${rows[@]}"; do echo "$r"; done
+# PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
+tline=$(grep '^torch-bench: gpt2-124m' "$OUTDIR/torch-bench.log" 2>/dev/null | tail -1)
+if [[ -n $tline ]]; then
+  tps=$(field "$tline" tokens_per_s)
+  printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch eager" \
+    "$(field "$tline" B)x$(field "$tline" T)" "$tps" "$(awk -v m="$(field "$tline" mfu)" 'BEGIN {print 100 * m}')" \
+    "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
+  [[ -n $main_tps ]] && awk -v a="$main_tps" -v b="$tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / torch eager: %.2f× the tokens/s\n", a / b }'
+fi
+grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
+[[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
 if [[ -n ${main_log:-} ]] && grep -q 'CUDA device time per kernel class' "$main_log"; then
   echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
   awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
