@@ -3,7 +3,6 @@
 // agree on the outcome (agree_error), so an error on one rank becomes the same error on all of
 // them and no rank is left waiting in a collective.
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/impl/common.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -20,8 +19,10 @@
 #include <stdexcept>
 #include <utility>
 
+#include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
 #include "core/fault.hpp"
+#include "core/watchdog.hpp"
 
 namespace trellis {
 namespace ckpt_impl {
@@ -357,6 +358,7 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
     // The tests of invariant 4 (nothing lost) kill a rank halfway through the datasets
     // (TRELLIS_FAULT_KILL=checkpoint:STEP).
     if (i == slabs.size() / 2) fault_point("checkpoint");
+    watchdog_beat("writing a checkpoint");  // (a long write is progress, not a hang)
     const CkptSlab& s = slabs[i];
     const RowUnion& u = unions[i];
     std::string e;
@@ -518,6 +520,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   // Independent reads: a checksum failure on one rank cannot leave the others in a collective.
   std::vector<float> ubuf;
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
+    watchdog_beat("reading a checkpoint");
     const CkptSlab& s = slabs[i];
     const RowUnion u = row_union(s);
     const bool direct = u.rows == 0 || union_is_local(s, u);

@@ -85,6 +85,7 @@ struct SystemConfig {
   double peak_gflops = 0;          // for MFU; 0 = unknown (MFU shown as "-")
   std::string stop_signal = "USR1";  // USR1 | TERM
   double max_hours = 0;            // 0 = no wall-time budget
+  double hang_timeout_s = 1800;    // no progress this long ends the job (status 4); 0 = never
   std::string device_comm = "auto";  // auto | nccl | staged: how device buffers cross ranks
 };
 

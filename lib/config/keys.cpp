@@ -302,6 +302,12 @@ const std::vector<KeyEntry>& key_table() {
        .bound = at_least(0),
        .help = "stop with a checkpoint before this much wall time (0: no limit)"},
       {.section = "system",
+       .key = "hang_timeout_s",
+       .field = FIELD(system.hang_timeout_s),
+       .bound = at_least(0),
+       .help = "end the job (status 4) when a rank makes no progress this long: a stopped "
+               "rank, a collective or device kernel that never completes (0: never)"},
+      {.section = "system",
        .key = "peak_gflops",
        .field = FIELD(system.peak_gflops),
        .bound = at_least(0),

@@ -9,9 +9,10 @@ namespace trellis {
 /// Exit statuses a job script can rely on (README, "Exit statuses").
 enum ExitStatus : int {
   kExitOk = 0,
-  kExitFailure = 1,    // internal error, a failed collective, a crash we caught
-  kExitBadInput = 2,   // the deck, the command line or an input file is wrong
-  kExitRequeue = 3,    // stopped early (signal, system.max_hours) with a checkpoint: resubmit
+  kExitFailure = 1,   // internal error, a failed collective, a crash we caught
+  kExitBadInput = 2,  // the deck, the command line or an input file is wrong
+  kExitRequeue = 3,   // stopped early (signal, system.max_hours) with a checkpoint: resubmit
+  kExitHang = 4,      // no progress for system.hang_timeout_s (core/watchdog.hpp): the job ended
 };
 
 /// Something the user can fix: the message names the key, value or file.

@@ -21,9 +21,9 @@ int g_rank = -1, g_size = 0;
 int64_t g_step = 0;
 
 /// "POINT:STEP[:RANK]" → spec; anything else is a UserError naming the variable.
-FaultSpec parse(const std::string& text) {
+FaultSpec parse(const std::string& var, const std::string& text) {
   const auto bad = [&] {
-    return UserError("TRELLIS_FAULT_KILL='" + text + "': expected POINT:STEP[:RANK], e.g. dp:5:1");
+    return UserError(var + "='" + text + "': expected POINT:STEP[:RANK], e.g. dp:5:1");
   };
   FaultSpec s;
   const size_t a = text.find(':');
@@ -31,7 +31,7 @@ FaultSpec parse(const std::string& text) {
   s.point = text.substr(0, a);
   if (s.point != "forward" && s.point != "dp" && s.point != "tp" && s.point != "pp" &&
       s.point != "checkpoint")
-    throw UserError("TRELLIS_FAULT_KILL='" + text + "': unknown point '" + s.point +
+    throw UserError(var + "='" + text + "': unknown point '" + s.point +
                     "' (forward, dp, tp, pp, checkpoint)");
   const size_t b = text.find(':', a + 1);
   const std::string step = text.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
@@ -47,12 +47,24 @@ FaultSpec parse(const std::string& text) {
   return s;
 }
 
-const FaultSpec& spec() {
-  static const FaultSpec s = [] {
-    const char* v = std::getenv("TRELLIS_FAULT_KILL");
-    return v && *v ? parse(v) : FaultSpec{};
-  }();
+FaultSpec from_env(const char* var) {
+  const char* v = std::getenv(var);
+  return v && *v ? parse(var, v) : FaultSpec{};
+}
+/// TRELLIS_FAULT_KILL's spec (SIGKILL) and TRELLIS_FAULT_STOP's (SIGSTOP).
+const FaultSpec& kill_spec() {
+  static const FaultSpec s = from_env("TRELLIS_FAULT_KILL");
   return s;
+}
+const FaultSpec& stop_spec() {
+  static const FaultSpec s = from_env("TRELLIS_FAULT_STOP");
+  return s;
+}
+
+bool fires(const FaultSpec& s, std::string_view point) {
+  if (!s.armed || g_rank < 0) return false;
+  const int victim = s.rank >= 0 ? s.rank : g_size - 1;
+  return g_rank == victim && g_step == s.step && point == s.point;
 }
 
 }  // namespace
@@ -60,16 +72,14 @@ const FaultSpec& spec() {
 void set_fault_rank(int world_rank, int world_size) {
   g_rank = world_rank;
   g_size = world_size;
-  (void)spec();  // a malformed value is reported at start-up, not mid-run
+  (void)kill_spec(), (void)stop_spec();  // a malformed value is reported at start-up, not mid-run
 }
 
 void set_fault_step(int64_t step) { g_step = step; }
 
 void fault_point(std::string_view point) {
-  const FaultSpec& s = spec();
-  if (!s.armed || g_rank < 0) return;
-  const int victim = s.rank >= 0 ? s.rank : g_size - 1;
-  if (g_rank == victim && g_step == s.step && point == s.point) std::raise(SIGKILL);
+  if (fires(kill_spec(), point)) std::raise(SIGKILL);
+  if (fires(stop_spec(), point)) std::raise(SIGSTOP);  // (whole process: every thread stops)
 }
 
 }  // namespace trellis

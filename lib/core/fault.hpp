@@ -13,6 +13,9 @@
 //                all-reduces of forward and backward, pp = pipeline messages; the other
 //                ranks of the group are then waiting inside the collective
 //   checkpoint   halfway through writing the checkpoint of step STEP (its datasets)
+// TRELLIS_FAULT_STOP=POINT:STEP[:RANK] (the same syntax and points) stops that rank with SIGSTOP
+// instead: a rank that hangs rather than dies, which only the hang watchdog ends
+// (core/watchdog.hpp, system.hang_timeout_s; tests/cli/test_killed_rank.sh).
 // Unset — every real run — each fault point costs one predictable branch. Two more variables,
 // read by the trainer: TRELLIS_FAULT_NAN_AT_STEP=STEP (that step's gradient norm becomes NaN:
 // tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
@@ -28,7 +31,7 @@ void set_fault_rank(int world_rank, int world_size);
 /// The step now running, 1-based.
 void set_fault_step(int64_t step);
 /// Kills this process with SIGKILL if TRELLIS_FAULT_KILL names this point, the current step and
-/// this rank. A bad TRELLIS_FAULT_KILL value throws UserError.
+/// this rank (stops it with SIGSTOP if TRELLIS_FAULT_STOP does). A bad value throws UserError.
 void fault_point(std::string_view point);
 
 }  // namespace trellis

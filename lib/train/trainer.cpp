@@ -13,6 +13,7 @@
 #include "core/fault.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
+#include "core/watchdog.hpp"
 #ifdef TRELLIS_HAVE_NCCL
 #include "comm/nccl_link.hpp"
 #endif
@@ -378,6 +379,7 @@ double Trainer::run() {
   double slowest = 0, checkpoint_seconds = 0;
   int64_t saved = first_step;
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
+    watchdog_beat("a training step");
     StepResult r = train_step(step);
     history_.push_back(r);
     slowest = std::max(slowest, r.seconds);
@@ -390,6 +392,7 @@ double Trainer::run() {
     const bool due = cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0;
     if ((due || stop) && stop_level_ < 2) {  // decided together: every rank saves, or none
       ScopedTimer t(timers_, "checkpoint");
+      watchdog_beat("a checkpoint");
       const double t0 = now_seconds();
       checkpointer_->save(step + 1);
       checkpoint_seconds = now_seconds() - t0;
@@ -496,6 +499,8 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   // Phase 2: the run. A failure now may leave other ranks inside a collective: abort the job.
+  // A rank that makes no progress for system.hang_timeout_s ends the job (core/watchdog.hpp).
+  Watchdog watchdog(cfg.system.hang_timeout_s, world.rank());
   try {
     trainer->run();
     if (trainer->stopped_early()) return kExitRequeue;

@@ -36,22 +36,29 @@ every = 3
 synthetic_tokens = 8192
 DECK
 
-# kill_case NAME NP FAULT EXPECTED_LATEST [overrides...]: one job with TRELLIS_FAULT_KILL=FAULT,
-# then the checks, then the resubmitted job (without the fault) from the same run directory.
+# kill_case NAME NP FAULT EXPECTED_LATEST [overrides...]: one job with TRELLIS_FAULT_KILL=FAULT
+# (FAULT_VAR=TRELLIS_FAULT_STOP: the rank stops instead of dying), then the checks, then the
+# resubmitted job (without the fault) from the same run directory.
 kill_case() {
   local name=$1 np=$2 fault=$3 expected=$4; shift 4
+  local var=${FAULT_VAR:-TRELLIS_FAULT_KILL}
   local run="$work/run-$name" log="$work/$name.log"
   check_log=$log
   local start rc elapsed
   start=$(date +%s.%N)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_KILL="$fault" -np "$np" \
+  timeout 300 mpirun "${flags[@]}" -x "$var=$fault" -np "$np" \
     "$build/trellis" train "$work/kill.deck" --run.dir="$run" "$@" > "$log" 2>&1
   rc=$?
   elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$start")
-  echo "     $name: TRELLIS_FAULT_KILL=$fault at np $np: exit $rc after ${elapsed}s"
+  echo "     $name: $var=$fault at np $np: exit $rc after ${elapsed}s"
   check "$name: the job ends non-zero (exit $rc) within ${limit}s (${elapsed}s)" \
     "[ $rc -ne 0 ] && [ $rc -ne 124 ] && python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < $limit)' $elapsed"
-  check "$name: mpirun reports the killed rank" 'grep -q "exited on signal 9" "$log"'
+  if [ "$var" = TRELLIS_FAULT_KILL ]; then
+    check "$name: mpirun reports the killed rank" 'grep -q "exited on signal 9" "$log"'
+  else  # the stopped rank's peers' watchdogs end the job, naming the key
+    check "$name: a waiting rank's watchdog ends the job with status 4, naming the key" \
+      'grep -q "error: no progress for [0-9]* s (last: a training step): a rank, a collective or a device hangs; ending the job with status 4 (system.hang_timeout_s = 5)" "$log"'
+  fi
   check "$name: latest still names $expected" '[ "$(cat "$run/ckpt/latest")" = "$expected" ]'
   check "$name: the newest step file is still $expected" \
     '[ "$(ls "$run/ckpt" | grep -E "^step_[0-9]+\.h5$" | sort | tail -1)" = "$expected" ]'
@@ -77,6 +84,10 @@ kill_case checkpoint 2 checkpoint:6 step_00000003.h5
 kill_case tp 4 tp:5 step_00000003.h5 --parallel.tp=2
 kill_case pp 4 pp:8 step_00000006.h5 --parallel.dp=1 --parallel.tp=2 --parallel.pp=2 --parallel.schedule=1f1b
 kill_case rank0 4 dp:5:0 step_00000003.h5 --parallel.dp=4 --parallel.zero=1
+# A rank that hangs instead of dying (SIGSTOP inside the gradient reduction: its peer waits in the
+# collective, mpirun sees no process end): the peer's hang watchdog ends it after
+# system.hang_timeout_s (5 s here; 1800 by default).
+FAULT_VAR=TRELLIS_FAULT_STOP kill_case stopped 2 dp:5 step_00000003.h5 --system.hang_timeout_s=5
 
 # A malformed fault specification is bad input like any other: exit 2 before any work.
 check_log="$work/badspec.log"
