@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -21,8 +22,12 @@ int64_t now_ns() {
 
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, int rank)
-    : timeout_s_(timeout_s), rank_(rank), last_ns_(now_ns()), what_("starting the run") {
+Watchdog::Watchdog(double timeout_s, int rank, HangAction on_hang)
+    : timeout_s_(timeout_s),
+      rank_(rank),
+      on_hang_(std::move(on_hang)),
+      last_ns_(now_ns()),
+      what_("starting the run") {
   if (timeout_s_ <= 0) return;
   g_watchdog.store(this);
   thread_ = std::thread([this] { watch(); });
@@ -52,11 +57,17 @@ void Watchdog::watch() {
   while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
     const double idle = double(now_ns() - last_ns_.load(std::memory_order_relaxed)) * 1e-9;
     if (idle < timeout_s_) continue;
-    std::fprintf(stderr,
-                 "trellis: rank %d: error: no progress for %.0f s (last: %s): a rank, a "
-                 "collective or a device hangs; ending the job with status %d "
-                 "(system.hang_timeout_s = %g)\n",
-                 rank_, idle, what_.load(std::memory_order_relaxed), int(kExitHang), timeout_s_);
+    char message[320];
+    std::snprintf(message, sizeof message,
+                  "trellis: rank %d: error: no progress for %.0f s (last: %s): a rank, a "
+                  "collective or a device hangs; ending the job with status %d "
+                  "(system.hang_timeout_s = %g)",
+                  rank_, idle, what_.load(std::memory_order_relaxed), int(kExitHang), timeout_s_);
+    if (on_hang_) {
+      on_hang_(message);
+      return;
+    }
+    std::fprintf(stderr, "%s\n", message);
     std::fflush(stderr);
     // No MPI from this thread (the main one may be inside MPI), no destructors (they may wait
     // on what hangs): the launcher sees this rank end and ends the others.

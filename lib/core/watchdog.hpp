@@ -11,15 +11,20 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace trellis {
 
 class Watchdog {
  public:
+  /// What a hang does, given the message: by default it is printed on stderr and the process
+  /// ends with kExitHang (tests give another, which the watchdog calls once).
+  using HangAction = std::function<void(const std::string& message)>;
   /// Starts watching (timeout_s 0: does nothing), as the process's watchdog_beat() target.
-  Watchdog(double timeout_s, int rank);
+  Watchdog(double timeout_s, int rank, HangAction on_hang = {});
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -30,6 +35,7 @@ class Watchdog {
   void watch();
   double timeout_s_;
   int rank_;
+  HangAction on_hang_;
   std::atomic<int64_t> last_ns_;
   std::atomic<const char*> what_;
   std::mutex mutex_;

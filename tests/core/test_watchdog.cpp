@@ -1,12 +1,15 @@
-// The hang watchdog (lib/core/watchdog.hpp): a process whose progress stops ends with status 4 and
-// a line naming the key and what it was last doing; one that keeps beating, or whose watchdog is
-// off, goes on. (End to end, a stopped rank in a real job: tests/cli/test_killed_rank.sh.)
+// The hang watchdog (lib/core/watchdog.hpp): no progress for the timeout fires it once, with a
+// message naming the rank, what it last did and the key; beats keep it quiet, and a timeout of 0
+// turns it off. (Its default action — the message on stderr, then exit status 4 — in a real job,
+// a stopped rank's peer ending it: tests/cli/test_killed_rank.sh.)
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
 
-#include "core/error.hpp"
 #include "core/watchdog.hpp"
 
 namespace trellis {
@@ -14,38 +17,51 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(Watchdog, NoProgressEndsTheProcessWithStatus4NamingTheKey) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        Watchdog w(0.4, 3);
-        watchdog_beat("a test step");
-        std::this_thread::sleep_for(5s);  // (ended well before)
-      },
-      ::testing::ExitedWithCode(kExitHang),
-      "rank 3: error: no progress for [0-9]+ s \\(last: a test step\\).*system.hang_timeout_s = "
-      "0.4");
+struct Fired {
+  std::mutex mutex;
+  std::string message;
+  std::atomic<int> times{0};
+  Watchdog::HangAction action() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mutex);
+      message = m;
+      ++times;
+    };
+  }
+};
+
+TEST(Watchdog, NoProgressFiresOnceNamingTheRankWhatItDidAndTheKey) {
+  Fired fired;
+  {
+    Watchdog w(0.4, 3, fired.action());
+    watchdog_beat("a test step");
+    for (int i = 0; i < 30 && fired.times == 0; ++i) std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(500ms);  // (once only)
+  }
+  EXPECT_EQ(fired.times, 1);
+  EXPECT_NE(fired.message.find("rank 3: error: no progress for"), std::string::npos)
+      << fired.message;
+  EXPECT_NE(fired.message.find("(last: a test step)"), std::string::npos) << fired.message;
+  EXPECT_NE(fired.message.find("status 4 (system.hang_timeout_s = 0.4)"), std::string::npos)
+      << fired.message;
 }
 
 TEST(Watchdog, BeatsKeepItQuietAndZeroTurnsItOff) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        {
-          Watchdog w(0.4, 0);
-          for (int i = 0; i < 12; ++i) {  // 1.2 s of work, a beat every 0.1 s
-            std::this_thread::sleep_for(100ms);
-            watchdog_beat("a test step");
-          }
-        }
-        {
-          Watchdog off(0, 0);
-          std::this_thread::sleep_for(800ms);
-          watchdog_beat("nothing watches this");  // (no watchdog running: a no-op)
-        }
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(0), "");
+  Fired fired;
+  {
+    Watchdog w(0.4, 0, fired.action());
+    for (int i = 0; i < 12; ++i) {  // 1.2 s of work, a beat every 0.1 s
+      std::this_thread::sleep_for(100ms);
+      watchdog_beat("a test step");
+    }
+  }
+  EXPECT_EQ(fired.times, 0) << fired.message;
+  {
+    Watchdog off(0, 0, fired.action());
+    std::this_thread::sleep_for(800ms);
+    watchdog_beat("nothing watches this");  // (no watchdog running: a no-op)
+  }
+  EXPECT_EQ(fired.times, 0) << fired.message;
 }
 
 }  // namespace
