@@ -49,8 +49,8 @@ TEST(Watchdog, NoProgressFiresOnceNamingTheRankWhatItDidAndTheKey) {
 TEST(Watchdog, BeatsKeepItQuietAndZeroTurnsItOff) {
   Fired fired;
   {
-    Watchdog w(0.4, 0, fired.action());
-    for (int i = 0; i < 12; ++i) {  // 1.2 s of work, a beat every 0.1 s
+    Watchdog w(1.0, 0, fired.action());
+    for (int i = 0; i < 20; ++i) {  // 2 s of work, a beat every 0.1 s (a 1 s stall needed)
       std::this_thread::sleep_for(100ms);
       watchdog_beat("a test step");
     }
