@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Draws a run's metrics as PNG files with gnuplot (Debian: gnuplot-nox).
 #   scripts/plot.sh RUN [OUTDIR]      RUN: a run directory (run.dir); OUTDIR defaults to RUN/plots
-# Writes loss.png (with the data's entropy floor when the source has one), throughput.png
-# (tokens/s, MFU), time.png (where each step's time went: compute, communication per group,
-# pipeline bubble; averaged over ranks) and memory.png (peak bytes per rank, min and max).
+# Writes loss.png (with the held-out loss of eval.csv and the data's entropy floor where the run
+# has them), throughput.png (tokens/s, MFU), time.png (where each step's time went: compute,
+# communication per group, pipeline bubble; averaged over ranks) and memory.png (peak bytes per
+# rank, min and max).
 # Columns are found by name in metrics.csv's header, so older runs get the plots they can.
 set -euo pipefail
 
@@ -32,13 +33,19 @@ common="set datafile separator ','; set key top right; set grid; set xlabel 'ste
 set terminal pngcairo size 900,540 noenhanced font 'sans,10'"
 made=()
 
+# The held-out loss ([eval]: eval.csv, columns step and eval_loss) over the training loss.
+evals=$run/eval.csv
+held_out=""
+if [ -f "$evals" ] && [ "$(wc -l < "$evals")" -ge 2 ]; then
+  held_out=", '$evals' every ::1 using 1:2 with linespoints pt 7 ps 0.6 lw 1.5 title 'held-out loss'"
+fi
 {
   echo "$common; set output '$out/loss.png'; set title 'loss ($run)'; set ylabel 'loss (nats/token)'"
   if [ -n "$floor" ]; then
-    echo "plot '$metrics' every ::1 using $step:$loss with lines lw 1.5 title 'loss', \\"
+    echo "plot '$metrics' every ::1 using $step:$loss with lines lw 1.5 title 'loss'$held_out, \\"
     echo "     $floor with lines dt 2 lw 1.5 title 'entropy floor ($floor)'"
   else
-    echo "plot '$metrics' every ::1 using $step:$loss with lines lw 1.5 title 'loss'"
+    echo "plot '$metrics' every ::1 using $step:$loss with lines lw 1.5 title 'loss'$held_out"
   fi
 } | gnuplot && made+=(loss.png)
 

@@ -313,6 +313,17 @@ class Validator {
            "data.synthetic_branching = " + n(d.synthetic_branching) +
                " exceeds model.vocab = " + n(c_.model.vocab) +
                ": a context cannot have more successors than there are tokens");
+    const auto& e = c_.eval;
+    if (e.every > 0 && d.source != "synthetic" && trim(e.path).empty())
+      fail(where({"eval.every", "eval.path", "data.source"}),
+           "eval.every = " + n(e.every) + " with data.source = " + d.source +
+               " needs held-out data in eval.path (" +
+               (d.source == "text" ? "a text file" : "a glob of token shards") +
+               " the run does not train on)");
+    if (d.source != "synthetic" && !trim(e.path).empty() && trim(e.path) == trim(d.path))
+      fail(where({"eval.path", "data.path"}), "eval.path is data.path ('" + e.path +
+                                                  "'): the held-out loss would be measured on "
+                                                  "the training data");
     // system.precision = bf16 runs on any backend (the CPU widens bf16 to fp32 in each kernel).
     // system.grad_reduce = bf16 is a communication choice (comm.hpp, "The bf16 wire"): any
     // backend, any precision.

@@ -62,6 +62,13 @@ struct DataConfig {
   double synthetic_alpha = 0.5; // Dirichlet concentration of the successor probabilities
 };
 
+// Held-out evaluation: the mean loss over a fixed set of sequences the model never trains on.
+struct EvalConfig {
+  int64_t every = 0;  // steps between evaluations (and the last step); 0 = none
+  int batches = 4;    // held-out sequences per evaluation, in units of train.global_batch
+  std::string path;   // text: a file; tokens: a glob of shards (synthetic: its own held-out walk)
+};
+
 struct CheckpointConfig {
   std::string dir;  // default RUN/ckpt
   int64_t every = 0;
@@ -94,6 +101,7 @@ struct Config {
   ParallelConfig parallel;
   TrainConfig train;
   DataConfig data;
+  EvalConfig eval;
   CheckpointConfig checkpoint;
   RunConfig run;
   LogConfig log;

@@ -231,6 +231,22 @@ const std::vector<KeyEntry>& key_table() {
        .field = FIELD(data.synthetic_alpha),
        .bound = above(0),
        .help = "Dirichlet concentration of the successor probabilities"},
+      // [eval]
+      {.section = "eval",
+       .key = "every",
+       .field = FIELD(eval.every),
+       .bound = at_least(0),
+       .help = "steps between held-out evaluations, and the last step; 0 = none"},
+      {.section = "eval",
+       .key = "batches",
+       .field = FIELD(eval.batches),
+       .bound = at_least(1),
+       .help = "held-out sequences per evaluation, in global batches (train.global_batch each)"},
+      {.section = "eval",
+       .key = "path",
+       .field = FIELD(eval.path),
+       .help = "held-out data in data.source's format (text: a file; tokens: a glob); unused "
+               "for synthetic, which holds out a walk of its own"},
       // [checkpoint]
       {.section = "checkpoint",
        .key = "dir",

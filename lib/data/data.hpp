@@ -30,13 +30,19 @@ class TokenSource {
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
 };
 
-/// The individual sources (make_token_source chooses among them by data.source).
-/// Synthetic: data.synthetic_tokens tokens of a random order-k Markov source seeded by model.seed.
-std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model);
+/// The individual sources (make_token_source chooses among them by data.source). `key` names
+/// data.path in messages (eval.path for the held-out data).
+/// Synthetic: data.synthetic_tokens tokens of a random order-k Markov source seeded by model.seed;
+/// with `skip` > 0 the walk's tokens [skip, skip + data.synthetic_tokens) instead of its first
+/// ones (the held-out data: the training corpus' walk continued, in the same stationary regime).
+std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model,
+                                                   int64_t skip = 0);
 /// Text: the bytes of the file data.path (vocab 256; model.vocab must be ≥ 256).
-std::unique_ptr<TokenSource> make_text_source(const DataConfig& data, const ModelConfig& model);
+std::unique_ptr<TokenSource> make_text_source(const DataConfig& data, const ModelConfig& model,
+                                              const std::string& key = "data.path");
 /// Tokens: the shards matching the glob data.path (llm.c format or raw uint16), sorted by name.
-std::unique_ptr<TokenSource> make_tokens_source(const DataConfig& data, const ModelConfig& model);
+std::unique_ptr<TokenSource> make_tokens_source(const DataConfig& data, const ModelConfig& model,
+                                                const std::string& key = "data.path");
 
 /// The synthetic source's law, exposed for tests: the successors of one context and their
 /// probabilities (a Dirichlet(alpha) draw), a pure function of (seed, vocab, order, branching,
@@ -50,7 +56,31 @@ SyntheticSuccessors synthetic_successors(uint64_t seed, int vocab, int order, in
 
 /// Builds the source the [data] section asks for. Throws UserError naming data.path / the file
 /// when a file is missing, unreadable, empty, malformed, or holds tokens ≥ model.vocab.
-std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model);
+std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model,
+                                               const std::string& key = "data.path");
+
+/// The held-out data of [eval]: eval.path read as data.source says (errors name eval.path), or
+/// for the synthetic source the continuation of the training corpus' walk, just long enough for
+/// `sequences` held-out sequences of model.seq_len + 1 tokens.
+std::unique_ptr<TokenSource> make_held_out_source(const DataConfig& data, const EvalConfig& eval,
+                                                  const ModelConfig& model, int64_t sequences);
+
+/// The fixed held-out sequences of an evaluation: sequence i is window i·seq_len of the source,
+/// so that consecutive sequences do not overlap (each token is a target once). The same
+/// sequences every evaluation, for every layout and restart. Throws UserError naming eval.batches
+/// and the source when it holds fewer than `sequences`.
+class HeldOutSet {
+ public:
+  HeldOutSet(const TokenSource& source, int seq_len, int64_t sequences);
+  int64_t sequences() const { return sequences_; }
+  /// Sequences first..first+count-1 as inputs (count, T) and targets (count, T).
+  void batch(int64_t first, int count, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  const TokenSource& source_;
+  int seq_len_;
+  int64_t sequences_;
+};
 
 /// Sequence j of the global batch of step s is the same window for every layout and restart:
 /// it depends only on (train.seed, s, j).

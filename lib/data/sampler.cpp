@@ -1,5 +1,6 @@
 // The deterministic sampler: sequence j of step s is window hash(seed, s, j) mod W of the
-// source, W = num_windows(seq_len + 1), whatever the layout or restart.
+// source, W = num_windows(seq_len + 1), whatever the layout or restart. The held-out set:
+// sequence i is window i·seq_len, every evaluation.
 #include <algorithm>
 #include <vector>
 
@@ -8,6 +9,12 @@
 #include "data/rng.hpp"
 
 namespace trellis {
+
+// A window of T + 1 tokens: its first T are the inputs, its last T the targets.
+static void split_window(const int32_t* window, int T, int32_t* inputs, int32_t* targets) {
+  std::copy_n(window, T, inputs);
+  std::copy_n(window + 1, T, targets);
+}
 
 Sampler::Sampler(const TokenSource& source, int seq_len, uint64_t seed)
     : source_(source), seq_len_(seq_len), seed_(seed), windows_(0) {
@@ -32,8 +39,30 @@ void Sampler::batch(int64_t step, int64_t first, int count, int32_t* inputs,
   std::vector<int32_t> buf(size_t(T) + 1);  // (T + 1,)
   for (int i = 0; i < count; ++i) {
     sequence(step, first + i, buf.data());
-    std::copy_n(buf.data(), T, inputs + int64_t(i) * T);       // inputs  (count, T)
-    std::copy_n(buf.data() + 1, T, targets + int64_t(i) * T);  // targets (count, T)
+    split_window(buf.data(), T, inputs + int64_t(i) * T, targets + int64_t(i) * T);
+  }
+}
+
+HeldOutSet::HeldOutSet(const TokenSource& source, int seq_len, int64_t sequences)
+    : source_(source), seq_len_(seq_len), sequences_(sequences) {
+  const int64_t windows = source.num_windows(seq_len + 1);
+  const int64_t held = windows > 0 ? (windows - 1) / seq_len + 1 : 0;
+  if (held < sequences)
+    throw UserError(strfmt(
+        "eval.batches: an evaluation takes %lld held-out sequences of %d "
+        "tokens (one every %d), but the held-out data holds %lld: %s (lower "
+        "eval.batches or give more held-out data)",
+        (long long)sequences, seq_len + 1, seq_len, (long long)held, source.describe().c_str()));
+}
+
+void HeldOutSet::batch(int64_t first, int count, int32_t* inputs, int32_t* targets) const {
+  const int T = seq_len_;
+  std::vector<int32_t> buf(size_t(T) + 1);  // (T + 1,)
+  for (int i = 0; i < count; ++i) {
+    TRELLIS_CHECK(first + i < sequences_, "held-out sequence %lld of %lld", (long long)(first + i),
+                  (long long)sequences_);
+    source_.window((first + i) * T, T + 1, buf.data());
+    split_window(buf.data(), T, inputs + int64_t(i) * T, targets + int64_t(i) * T);
   }
 }
 

@@ -1,15 +1,28 @@
-// Chooses the token source by data.source.
+// Chooses the token source by data.source, for training and for the held-out evaluation.
 #include "core/error.hpp"
 #include "data/data.hpp"
 
 namespace trellis {
 
-std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model) {
+std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const ModelConfig& model,
+                                               const std::string& key) {
   if (data.source == "synthetic") return make_synthetic_source(data, model);
-  if (data.source == "text") return make_text_source(data, model);
-  if (data.source == "tokens") return make_tokens_source(data, model);
+  if (data.source == "text") return make_text_source(data, model, key);
+  if (data.source == "tokens") return make_tokens_source(data, model, key);
   throw UserError(strfmt("data.source = '%s' is not one of synthetic, text, tokens",
                          data.source.c_str()));
+}
+
+std::unique_ptr<TokenSource> make_held_out_source(const DataConfig& data, const EvalConfig& eval,
+                                                  const ModelConfig& model, int64_t sequences) {
+  DataConfig held_out = data;
+  if (data.source == "synthetic") {
+    // Windows at a stride of seq_len: the last of `sequences` ends at token sequences·T.
+    held_out.synthetic_tokens = sequences * model.seq_len + 1;
+    return make_synthetic_source(held_out, model, /*skip=*/data.synthetic_tokens);
+  }
+  held_out.path = eval.path;
+  return make_token_source(held_out, model, "eval.path");
 }
 
 }  // namespace trellis

@@ -90,7 +90,7 @@ inline int pick(const double* prob, int b, double u) {
 
 class SyntheticSource final : public TokenSource {
  public:
-  SyntheticSource(const DataConfig& data, const ModelConfig& model) {
+  SyntheticSource(const DataConfig& data, const ModelConfig& model, int64_t skip) : skip_(skip) {
     if (model.vocab < 1)
       throw UserError(strfmt("data: synthetic source needs model.vocab ≥ 1 (got %d)", model.vocab));
     if (data.synthetic_order < 0)
@@ -114,10 +114,14 @@ class SyntheticSource final : public TokenSource {
       states *= uint64_t(law_.vocab);
     }
     big = big || states > kMaxDenseStates || states * uint64_t(law_.branching) > kMaxDenseEdges;
+    // The held-out source walks on from where the training corpus ends: the walk of skip + n
+    // tokens, its first skip dropped (each token takes one draw, so the prefix is the corpus).
+    const int64_t n = skip_ + data.synthetic_tokens;
     if (big)
-      generate_estimated(data.synthetic_tokens);
+      generate_estimated(n);
     else
-      generate_exact(data.synthetic_tokens, states);
+      generate_exact(n, states);
+    tokens_.erase(tokens_.begin(), tokens_.begin() + skip_);
   }
 
   std::string describe() const override {
@@ -126,10 +130,14 @@ class SyntheticSource final : public TokenSource {
                                      "context frequencies)", floor_)
                             : strfmt("entropy floor %.4f nats/token%s", floor_,
                                      converged_ ? "" : " (power iteration not fully converged)");
-    return strfmt("synthetic Markov source: %lld tokens, vocab %d, order %d, %d successors per "
-                  "context (Dirichlet alpha %g), ",
-                  static_cast<long long>(tokens_.size()), law_.vocab, law_.order,
-                  law_.branching, law_.alpha) +
+    return strfmt(
+               "synthetic Markov source%s: %lld tokens, vocab %d, order %d, %d successors per "
+               "context (Dirichlet alpha %g), ",
+               skip_
+                   ? strfmt(" (held out: the walk's tokens from %lld on)", (long long)skip_).c_str()
+                   : "",
+               static_cast<long long>(tokens_.size()), law_.vocab, law_.order, law_.branching,
+               law_.alpha) +
            floor;
   }
   int vocab() const override { return law_.vocab; }
@@ -146,6 +154,7 @@ class SyntheticSource final : public TokenSource {
 
  private:
   Law law_{};
+  int64_t skip_;  // tokens of the walk before this source's: 0, or the training corpus' length
   std::vector<int32_t> tokens_;
   double floor_ = 0.0;
   bool estimated_ = false;
@@ -310,9 +319,9 @@ SyntheticSuccessors synthetic_successors(uint64_t seed, int vocab, int order, in
   return out;
 }
 
-std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data,
-                                                   const ModelConfig& model) {
-  return std::make_unique<SyntheticSource>(data, model);
+std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model,
+                                                   int64_t skip) {
+  return std::make_unique<SyntheticSource>(data, model, skip);
 }
 
 }  // namespace trellis

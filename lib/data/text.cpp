@@ -10,7 +10,7 @@ namespace {
 
 class TextSource final : public TokenSource {
  public:
-  explicit TextSource(const std::string& path) : file_(path, "data.path") {}
+  TextSource(const std::string& path, const std::string& key) : file_(path, key) {}
   std::string describe() const override {
     return strfmt("text file '%s': %zu bytes, byte-level (vocab 256)", file_.path().c_str(),
                   file_.size());
@@ -31,14 +31,15 @@ class TextSource final : public TokenSource {
 
 }  // namespace
 
-std::unique_ptr<TokenSource> make_text_source(const DataConfig& data, const ModelConfig& model) {
-  if (data.path.empty())
-    throw UserError("data.path: data.source = text needs a file in data.path");
+std::unique_ptr<TokenSource> make_text_source(const DataConfig& data, const ModelConfig& model,
+                                              const std::string& key) {
+  if (data.path.empty()) throw UserError(key + ": data.source = text needs a file in " + key);
   if (model.vocab < 256)
-    throw UserError(strfmt("model.vocab = %d is too small for the byte-level text in data.path "
-                           "'%s': it needs model.vocab ≥ 256",
-                           model.vocab, data.path.c_str()));
-  return std::make_unique<TextSource>(data.path);
+    throw UserError(
+        strfmt("model.vocab = %d is too small for the byte-level text in %s "
+               "'%s': it needs model.vocab ≥ 256",
+               model.vocab, key.c_str(), data.path.c_str()));
+  return std::make_unique<TextSource>(data.path, key);
 }
 
 }  // namespace trellis

@@ -31,33 +31,39 @@ int32_t read_i32(const uint8_t* p) {
   return v;
 }
 
-Shard open_shard(const std::string& path, int vocab) {
-  MappedFile f(path, "data.path");
+Shard open_shard(const std::string& path, int vocab, const std::string& key) {
+  MappedFile f(path, key);
   const uint8_t* d = f.data();
   const size_t bytes = f.size();
   Shard s{std::move(f), nullptr, 0, false};
   if (bytes >= sizeof(int32_t) && read_i32(d) == kLlmcMagic) {
     s.llmc = true;
     if (bytes < kLlmcHeaderBytes)
-      throw UserError(strfmt("data.path: shard '%s' is truncated: %zu bytes, shorter than the "
-                             "%zu-byte llm.c header", path.c_str(), bytes, kLlmcHeaderBytes));
+      throw UserError(
+          strfmt("%s: shard '%s' is truncated: %zu bytes, shorter than the "
+                 "%zu-byte llm.c header",
+                 key.c_str(), path.c_str(), bytes, kLlmcHeaderBytes));
     const int32_t version = read_i32(d + 4);
     if (version != kLlmcVersion)
-      throw UserError(strfmt("data.path: shard '%s' has llm.c version %d; only version %d "
-                             "(uint16 tokens) is supported", path.c_str(), version, kLlmcVersion));
+      throw UserError(
+          strfmt("%s: shard '%s' has llm.c version %d; only version %d "
+                 "(uint16 tokens) is supported",
+                 key.c_str(), path.c_str(), version, kLlmcVersion));
     const int32_t count = read_i32(d + 8);
     if (count < 0 || bytes != kLlmcHeaderBytes + 2 * size_t(count))
-      throw UserError(strfmt("data.path: shard '%s' is malformed or truncated: its header says "
-                             "%d tokens (%zu bytes in all) but the file has %zu bytes",
-                             path.c_str(), count, kLlmcHeaderBytes + 2 * size_t(std::max(count, 0)),
-                             bytes));
+      throw UserError(
+          strfmt("%s: shard '%s' is malformed or truncated: its header says "
+                 "%d tokens (%zu bytes in all) but the file has %zu bytes",
+                 key.c_str(), path.c_str(), count,
+                 kLlmcHeaderBytes + 2 * size_t(std::max(count, 0)), bytes));
     s.tokens = reinterpret_cast<const uint16_t*>(d + kLlmcHeaderBytes);
     s.n = count;
   } else {
     if (bytes % 2 != 0)
-      throw UserError(strfmt("data.path: shard '%s' has an odd size (%zu bytes): neither an "
-                             "llm.c shard (magic %d) nor raw uint16 tokens",
-                             path.c_str(), bytes, kLlmcMagic));
+      throw UserError(
+          strfmt("%s: shard '%s' has an odd size (%zu bytes): neither an "
+                 "llm.c shard (magic %d) nor raw uint16 tokens",
+                 key.c_str(), path.c_str(), bytes, kLlmcMagic));
     s.tokens = reinterpret_cast<const uint16_t*>(d);
     s.n = int64_t(bytes / 2);
   }
@@ -65,16 +71,18 @@ Shard open_shard(const std::string& path, int vocab) {
   for (int64_t i = 0; i < s.n; ++i) mx = std::max(mx, s.tokens[i]);
   if (int(mx) >= vocab) {
     const int64_t at = std::find(s.tokens, s.tokens + s.n, mx) - s.tokens;
-    throw UserError(strfmt("data.path: shard '%s' holds token %d (at position %lld), which is not "
-                           "below model.vocab = %d",
-                           path.c_str(), int(mx), static_cast<long long>(at), vocab));
+    throw UserError(
+        strfmt("%s: shard '%s' holds token %d (at position %lld), which is not "
+               "below model.vocab = %d",
+               key.c_str(), path.c_str(), int(mx), static_cast<long long>(at), vocab));
   }
   return s;
 }
 
 class TokensSource final : public TokenSource {
  public:
-  TokensSource(const std::string& pattern, int vocab) : pattern_(pattern), vocab_(vocab) {
+  TokensSource(const std::string& pattern, int vocab, const std::string& key)
+      : pattern_(pattern), vocab_(vocab) {
     glob_t g{};
     const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
     std::vector<std::string> paths;
@@ -82,13 +90,14 @@ class TokensSource final : public TokenSource {
       for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
     ::globfree(&g);
     if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty()))
-      throw UserError(strfmt("data.path: no file matches '%s'", pattern.c_str()));
+      throw UserError(strfmt("%s: no file matches '%s'", key.c_str(), pattern.c_str()));
     if (rc != 0)
-      throw UserError(strfmt("data.path: cannot read the files matching '%s'", pattern.c_str()));
+      throw UserError(
+          strfmt("%s: cannot read the files matching '%s'", key.c_str(), pattern.c_str()));
     std::sort(paths.begin(), paths.end());  // byte order, not the locale's
     shards_.reserve(paths.size());
     for (const auto& p : paths) {
-      shards_.push_back(open_shard(p, vocab));
+      shards_.push_back(open_shard(p, vocab, key));
       total_ += shards_.back().n;
     }
   }
@@ -140,10 +149,11 @@ class TokensSource final : public TokenSource {
 
 }  // namespace
 
-std::unique_ptr<TokenSource> make_tokens_source(const DataConfig& data, const ModelConfig& model) {
+std::unique_ptr<TokenSource> make_tokens_source(const DataConfig& data, const ModelConfig& model,
+                                                const std::string& key) {
   if (data.path.empty())
-    throw UserError("data.path: data.source = tokens needs a glob of shard files in data.path");
-  return std::make_unique<TokensSource>(data.path, model.vocab);
+    throw UserError(key + ": data.source = tokens needs a glob of shard files in " + key);
+  return std::make_unique<TokensSource>(data.path, model.vocab, key);
 }
 
 }  // namespace trellis

@@ -123,6 +123,32 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
   return loss_sum;
 }
 
+double Pipeline::run_forward(const BatchFn& batch, int micro_batches, int tokens_per_micro_batch) {
+  inputs_.resize(tokens_per_micro_batch);
+  targets_.resize(tokens_per_micro_batch);
+  // Every rank walks (micro-batch, chunk) in the same order and waits only for what it receives
+  // from a rank earlier in that order, so nothing can deadlock; the sends stay non-blocking, so
+  // the stages still overlap across micro-batches. Tags: as in run_step (micro-batch 0: in one
+  // slot the messages between two ranks arrive in order, and the tags stay small).
+  const int p = pp_.size(), r = pp_.rank(), v = chunks_, slot = 0;
+  double loss_sum = 0;
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    batch(mb, inputs_.data(), targets_.data());
+    for (int k = 0; k < v; ++k) {
+      const bool has_embedding = first_ && k == 0, has_head = last_ && k == v - 1;
+      const int from = r > 0 ? r - 1 : p - 1, to = r < p - 1 ? r + 1 : 0;
+      const int to_chunk = r < p - 1 ? k : k + 1;
+      Request& send = act_sends_[k * gpt_.num_slots() + slot];
+      send.wait();  // the chunk's output buffer is about to be rewritten
+      if (!has_embedding) pp_.irecv(gpt_.input(slot, k), rows_count_, from, 2 * k).wait();
+      loss_sum += gpt_.forward(slot, inputs_.data(), targets_.data(), /*dloss=*/0.f, k);
+      if (!has_head) send = pp_.isend(gpt_.output(slot, k), rows_count_, to, 2 * to_chunk);
+    }
+  }
+  for (auto& s : act_sends_) s.wait();
+  return loss_sum;
+}
+
 void Pipeline::sync_tied_weights() {
   if (pp_.size() == 1) return;
   if (first_) {

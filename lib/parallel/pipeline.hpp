@@ -40,6 +40,11 @@ class Pipeline {
   /// Every forward and backward of one step. Returns Σ over micro-batches of their mean loss
   /// (last stage; 0 elsewhere).
   double run_step(const BatchFn& batch, int tokens_per_micro_batch, float dloss, Timers& timers);
+  /// Forward passes only (an evaluation): `micro_batches` micro-batches, each through every
+  /// chunk in turn, in one slot (nothing is kept for a backward). Returns Σ of their mean loss
+  /// (last stage; 0 elsewhere). Any schedule's stages take part alike. Its waits are not the
+  /// training's bubble: the caller times the whole.
+  double run_forward(const BatchFn& batch, int micro_batches, int tokens_per_micro_batch);
   /// After the optimizer step: the first stage sends the updated wte to the last stage's copy.
   void sync_tied_weights();
 

@@ -71,6 +71,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   std::string error;
   try {
     cfg = load_config(deck, overrides, world.size());
+    cfg.eval.every = 0;  // training steps only: no held-out data to read
     trainer = std::make_unique<Trainer>(cfg, world.comm());
   } catch (const UserError& e) {
     error = e.what();

@@ -39,7 +39,7 @@ RunDir::RunDir(const std::string& path) : path_(path) {
 }
 
 RunDir::~RunDir() {
-  if (metrics_) std::fclose(metrics_);
+  for (auto& [name, f] : tables_) std::fclose(f);
 }
 
 void RunDir::write_file(const std::string& name, const std::string& content) const {
@@ -54,20 +54,24 @@ void RunDir::write_file(const std::string& name, const std::string& content) con
   fs::rename(tmp, target);
 }
 
-void RunDir::open_metrics(const std::vector<std::string>& columns, bool append) {
-  fs::path file = fs::path(path_) / "metrics.csv";
+void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
+                        bool append) {
+  fs::path file = fs::path(path_) / name;
   const bool continuing = append && fs::exists(file);
-  metrics_ = std::fopen(file.c_str(), continuing ? "a" : "w");
-  if (!metrics_) throw std::runtime_error("cannot write " + file.string());
-  if (!continuing) append_metrics(columns);
+  std::FILE* f = std::fopen(file.c_str(), continuing ? "a" : "w");
+  if (!f) throw std::runtime_error("cannot write " + file.string());
+  if (std::FILE* old = tables_[name]) std::fclose(old);
+  tables_[name] = f;
+  if (!continuing) append_row(name, columns);
 }
 
-void RunDir::append_metrics(const std::vector<std::string>& values) {
-  if (!metrics_) return;
+void RunDir::append_row(const std::string& name, const std::vector<std::string>& values) {
+  auto it = tables_.find(name);
+  if (it == tables_.end() || !it->second) return;
   for (size_t i = 0; i < values.size(); ++i)
-    std::fprintf(metrics_, "%s%s", i ? "," : "", values[i].c_str());
-  std::fputc('\n', metrics_);
-  std::fflush(metrics_);
+    std::fprintf(it->second, "%s%s", i ? "," : "", values[i].c_str());
+  std::fputc('\n', it->second);
+  std::fflush(it->second);
 }
 
 static std::string json_escape(const std::string& s) {

@@ -1,7 +1,8 @@
-// The run directory (run.dir): the effective deck, one CSV row per logged step, and a JSON summary
-// at the end. Only the printing rank writes here.
+// The run directory (run.dir): the effective deck, one CSV row per step (and per held-out
+// evaluation), and a JSON summary at the end. Only the printing rank writes here.
 #pragma once
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,15 +21,16 @@ class RunDir {
   /// Writes `name` inside the run directory (via a temporary file and a rename).
   void write_file(const std::string& name, const std::string& content) const;
 
-  /// metrics.csv: the header once, then one row per call; flushed each time so that a killed
-  /// run keeps what it logged.
-  /// With `append` (a resumed run) an existing metrics.csv is continued.
-  void open_metrics(const std::vector<std::string>& columns, bool append = false);
-  void append_metrics(const std::vector<std::string>& values);
+  /// A CSV file inside the run directory (metrics.csv, eval.csv): the header once, then one row
+  /// per append_row; flushed each time so that a killed run keeps what it logged. With `append`
+  /// (a resumed run) an existing file is continued.
+  void open_table(const std::string& name, const std::vector<std::string>& columns,
+                  bool append = false);
+  void append_row(const std::string& name, const std::vector<std::string>& values);
 
  private:
   std::string path_;
-  std::FILE* metrics_ = nullptr;
+  std::map<std::string, std::FILE*> tables_;  // by file name
 };
 
 /// Throws UserError naming `key` when `dir` cannot be created or written. Creates nothing that

@@ -101,6 +101,11 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   backend_->set_precision(cfg_.system.precision);
   source_ = make_token_source(cfg_.data, cfg_.model);
   sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+  if (cfg_.eval.every > 0) {
+    const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
+    held_out_source_ = make_held_out_source(cfg_.data, cfg_.eval, cfg_.model, sequences);
+    held_out_ = std::make_unique<HeldOutSet>(*held_out_source_, cfg_.model.seq_len, sequences);
+  }
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
@@ -156,6 +161,9 @@ static const std::vector<std::string> kMetricsColumns = {
     "step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu",
     "compute_ms", "comm_dp_ms", "comm_tp_ms", "comm_pp_ms", "bubble_ms",
     "mem_peak_min_bytes", "mem_peak_max_bytes"};
+
+// RUN/eval.csv, one row per held-out evaluation (after `step` steps).
+static const std::vector<std::string> kEvalColumns = {"step", "eval_loss", "tokens", "eval_ms"};
 
 double Trainer::tokens_per_step() const {
   return double(cfg_.train.global_batch) * cfg_.model.seq_len;
@@ -280,6 +288,11 @@ void Trainer::print_start() const {
   log("data: " + source_->describe());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
+  if (held_out_)
+    log(strfmt("eval: every %lld steps and the last, %lld held-out sequences (%lld tokens) of ",
+               (long long)cfg_.eval.every, (long long)held_out_->sequences(),
+               (long long)(held_out_->sequences() * m.seq_len)) +
+        held_out_source_->describe());
   log(strfmt("step: %d sequences x %d tokens = %.0f tokens, %d micro-batch(es) of %d, %.3g GFLOP",
              cfg_.train.global_batch, m.seq_len, tokens_per_step(), cfg_.micro_batches_per_step(),
              cfg_.train.micro_batch, train_flops_per_token(m) * tokens_per_step() / 1e9));
@@ -305,7 +318,7 @@ void Trainer::log_step(const StepResult& r) {
     for (double part : parts) row.push_back(strfmt("%.3f", part / size_ * 1e3));
     row.push_back(strfmt("%.0f", -mem_minmax[0]));
     row.push_back(strfmt("%.0f", mem_minmax[1]));
-    run_dir_->append_metrics(row);
+    run_dir_->append_row("metrics.csv", row);
   }
   const bool due = (r.step + 1) % cfg_.log.every == 0 || r.step + 1 == cfg_.train.steps;
   if (quiet_ || !due) return;
@@ -362,7 +375,8 @@ double Trainer::run() {
     if (rank_ == 0) {
       run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
       run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
-      run_dir_->open_metrics(kMetricsColumns, /*append=*/first_step > 0);
+      run_dir_->open_table("metrics.csv", kMetricsColumns, /*append=*/first_step > 0);
+      if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, /*append=*/first_step > 0);
     }
   }
   if (first_step >= cfg_.train.steps) {
@@ -387,6 +401,13 @@ double Trainer::run() {
       ScopedTimer t(timers_, "logging");
       log_step(r);
     }
+    if (evaluation_due(step)) {
+      ScopedTimer t(timers_, "evaluation");
+      watchdog_beat("an evaluation");
+      const double t0 = now_seconds();
+      const double loss = evaluate();
+      log_evaluation(step, loss, now_seconds() - t0);
+    }
     if (!checkpointing_) continue;
     const bool stop = step + 1 < cfg_.train.steps && should_stop(start, slowest, checkpoint_seconds);
     const bool due = cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0;
@@ -410,7 +431,9 @@ double Trainer::run() {
 }
 
 void Trainer::finish() {
-  log(time_table(comm_, timers_, {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer", "checkpoint", "logging"}));
+  log(time_table(comm_, timers_,
+                 {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer",
+                  "evaluation", "checkpoint", "logging"}));
   if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
   if (grid_->pp_size() > 1) {
     const double total = timers_.get("total");
@@ -462,6 +485,11 @@ void Trainer::finish() {
   s.num("final_loss", history_.empty() ? NAN : history_.back().loss);
   if (auto floor = source_->entropy_floor()) s.num("loss_floor", *floor);
   else s.null("loss_floor");
+  if (!evaluations_.empty())
+    s.num("final_eval_loss", evaluations_.back().loss)
+        .integer("eval_step", evaluations_.back().step);
+  else
+    s.null("final_eval_loss");
   s.integer("steps", (long long)history_.size())
       .num("tokens_per_s", tps)
       .num("gflops_per_s", gflops);

@@ -37,6 +37,12 @@ struct StepResult {
   double compute = 0, comm_dp = 0, comm_tp = 0, comm_pp = 0, bubble = 0;
 };
 
+/// A held-out evaluation ([eval]).
+struct Evaluation {
+  int64_t step;  // after this many steps
+  double loss;   // mean over the held-out tokens, nats/token
+};
+
 class Trainer {
  public:
   /// Builds everything that can fail on bad input (data files, run directory) — so that the
@@ -52,6 +58,11 @@ class Trainer {
 
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);
+  /// The mean loss (nats/token) over the held-out set, eval.batches global batches of it, with
+  /// forward passes only (collective; every rank gets it). Needs eval.every > 0.
+  double evaluate();
+  /// After step `step` (0-based): whether [eval] asks for an evaluation now.
+  bool evaluation_due(int64_t step) const;
 
   GPT& model() { return *model_; }
   Backend& backend() { return *backend_; }
@@ -61,6 +72,7 @@ class Trainer {
   Pipeline& pipeline() { return *pipeline_; }
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
+  const std::vector<Evaluation>& evaluations() const { return evaluations_; }
   /// Quiet: run() prints nothing, writes no run directory and no checkpoints (tests, benchmarks).
   void set_quiet(bool quiet) { quiet_ = quiet, checkpointing_ = !quiet; }
   /// Checkpoints (and resuming) on or off, independently of quiet.
@@ -71,6 +83,7 @@ class Trainer {
  private:
   void print_start() const;
   void log_step(const StepResult& r);
+  void log_evaluation(int64_t step, double loss, double seconds);  // a line and RUN/eval.csv
   void finish();
   double blocked_seconds(const char* group) const;  // time blocked in a group's calls so far
   void print_time_table();
@@ -83,6 +96,8 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<TokenSource> held_out_source_;  // eval.every > 0 only
+  std::unique_ptr<HeldOutSet> held_out_;
   std::unique_ptr<Grid> grid_;
   std::unique_ptr<Comm> dp_comm_;
   std::unique_ptr<Comm> tp_comm_;
@@ -96,6 +111,7 @@ class Trainer {
   std::unique_ptr<RunDir> run_dir_;
   Timers timers_;
   std::vector<StepResult> history_;
+  std::vector<Evaluation> evaluations_;
   bool quiet_ = false;
   bool checkpointing_ = true;
   bool stopped_early_ = false;

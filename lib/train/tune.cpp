@@ -184,7 +184,9 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     reset_memory_peaks();
     std::vector<double> seconds;
     {
-      Trainer trainer(m.cfg, world.comm());
+      Config timed = m.cfg;
+      timed.eval.every = 0;  // training steps only: no held-out data to read
+      Trainer trainer(timed, world.comm());
       trainer.set_quiet(true);
       for (int s = 0; s <= opt.steps; ++s) {
         StepResult r = trainer.train_step(s);

@@ -58,6 +58,12 @@ expect "global batch not divisible"   2 2 "train.global_batch"           -- trai
 expect "bucket size <= 0"             2 2 "parallel.bucket_mb"           -- train "$ok" --parallel.bucket_mb=0
 expect "heads do not divide d_model"  2 2 "model.heads"                  -- train "$ok" --model.heads=3
 expect "missing text file"            2 2 "nothing-here.txt"             -- train "$ok" --data.source=text --data.path="$work/nothing-here.txt" --model.vocab=256
+printf 'a held-out text too short for one sequence' > "$work/short-val.txt"
+printf 'some training text, long enough for a window or two of eight bytes' > "$work/train.txt"
+text=(--data.source=text --data.path="$work/train.txt" --model.vocab=256 --eval.every=1)
+expect "missing eval.path file"       2 2 "eval.path: cannot open"       -- train "$ok" "${text[@]}" --eval.path="$work/no-val.txt"
+expect "eval.path too short"          2 2 "eval.batches"                 -- train "$ok" "${text[@]}" --eval.path="$work/short-val.txt" --eval.batches=2
+expect "eval of text, no eval.path"   2 2 "eval.path"                    -- train "$ok" "${text[@]}"
 expect "deck is a directory"          1 2 "$work"                        -- train "$work"
 expect "unwritable checkpoint.dir"    2 2 "checkpoint.dir"               -- train "$ok" --checkpoint.dir="$ok/ckpt"
 expect "resume from a missing file"   2 2 "nothing.h5"                   -- train "$ok" --checkpoint.resume="$work/nothing.h5"

@@ -48,11 +48,32 @@ rc=$(run -np 2 "$build/trellis" train "$work/tiny.deck" --run.dir="$work/tp" --p
 check "tp 2: tensor-parallel communication is measured" \
   '[ $rc -eq 0 ] && awk -F, "NR > 1 { tp += \$10 } END { exit !(tp > 0) }" "$work/tp/metrics.csv"'
 
+# [eval]: eval.csv after every 2 steps and the last, summary.json's final_eval_loss, and a resumed
+# run continuing eval.csv.
+rc=$(run -np 2 "$build/trellis" train "$work/tiny.deck" --run.dir="$work/eval" --parallel.pp=2 \
+       --eval.every=2 --train.steps=5 --checkpoint.resume=auto)
+e="$work/eval/eval.csv"
+check "eval: the run finishes" '[ $rc -eq 0 ]'
+check "eval: eval.csv has a row after steps 2, 4 and 5" \
+  '[ "$(head -1 "$e")" = "step,eval_loss,tokens,eval_ms" ] && [ "$(tail -n +2 "$e" | cut -d, -f1 | tr "\n" " ")" = "2 4 5 " ]'
+check "eval: 4 global batches of 8 sequences x 8 tokens, losses below ln 29 + 0.1" \
+  'every_row "$e" "\$c[\"tokens\"] == 256 && \$c[\"eval_loss\"] > 0 && \$c[\"eval_loss\"] < 3.47"'
+check "eval: the log has a line per evaluation" '[ "$(grep -c "held-out loss" "$work/out.log")" -eq 3 ]'
+final=$(sed -n 's/.*"final_eval_loss": *\([0-9.eE+-]*\).*/\1/p' "$work/eval/summary.json")
+check "eval: summary.json's final_eval_loss is eval.csv's last" \
+  '[ -n "$final" ] && awk -v a="$final" -v b="$(field "$e" eval_loss 3)" "BEGIN { d = a - b; exit !(d * d < 1e-16 * b * b) }"'
+rc=$(run -np 2 "$build/trellis" train "$work/tiny.deck" --run.dir="$work/eval" --parallel.pp=2 \
+       --eval.every=2 --train.steps=8 --checkpoint.resume=auto)
+check "eval: a resumed run continues eval.csv (rows after 6 and 8)" \
+  '[ $rc -eq 0 ] && [ "$(tail -n +2 "$e" | cut -d, -f1 | tr "\n" " ")" = "2 4 5 6 8 " ]'
+
 png() { [ "$(head -c 8 "$1" 2> /dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] && [ "$(stat -c %s "$1")" -gt 2000 ]; }
 if command -v gnuplot > /dev/null; then
   scripts_dir="$(dirname "$0")/../../scripts"
   bash "$scripts_dir/plot.sh" "$work/grid" > "$work/out.log" 2>&1
   check "plot.sh: status 0" '[ $? -eq 0 ]'
+  bash "$scripts_dir/plot.sh" "$work/eval" > "$work/out.log" 2>&1
+  check "plot.sh: loss.png of a run with held-out evaluations" '[ $? -eq 0 ] && png "$work/eval/plots/loss.png"'
   for p in loss throughput time memory; do
     check "plot.sh: $p.png is a PNG image" 'png "$work/grid/plots/$p.png"'
   done

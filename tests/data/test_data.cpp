@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -385,6 +386,87 @@ TEST(Source, UnknownSourceIsAUserError) {
   DataConfig d;
   d.source = "bogus";
   expect_user_error([&] { make_token_source(d, ModelConfig{}); }, {"data.source", "bogus"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Held-out data ([eval])
+
+TEST(HeldOut, SyntheticContinuesTheTrainingWalk) {
+  // vocab 20: the exact entropy floor; 5000: 25M contexts, estimated from the corpus.
+  for (int vocab : {20, 5000}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    DataConfig d;
+    d.synthetic_tokens = 1 << 14;
+    d.synthetic_order = 2;
+    d.synthetic_branching = 3;
+    ModelConfig m;
+    m.vocab = vocab;
+    m.seq_len = 16;
+    m.seed = 7;
+    auto train = make_token_source(d, m);
+    auto held = make_held_out_source(d, EvalConfig{}, m, /*sequences=*/40);
+    // Just long enough: 40 windows of 17 tokens at a stride of 16.
+    ASSERT_EQ(held->size(), 40 * 16 + 1);
+    EXPECT_NE(held->describe().find("held out"), std::string::npos) << held->describe();
+    ASSERT_TRUE(train->entropy_floor() && held->entropy_floor());
+    if (vocab == 20) EXPECT_NEAR(*held->entropy_floor(), *train->entropy_floor(), 1e-9);  // one law
+    // The tokens that follow the training corpus on its walk, and none of the corpus: a longer
+    // corpus of the same seed is the training one, then the held-out one.
+    DataConfig longer = d;
+    longer.synthetic_tokens = d.synthetic_tokens + held->size();
+    const std::vector<int32_t> a = all_tokens(*train), b = all_tokens(*held),
+                               whole = all_tokens(*make_token_source(longer, m));
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), whole.begin()));
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), whole.begin() + int64_t(a.size())));
+    // The same held-out tokens every time (every rank, every restart).
+    EXPECT_EQ(all_tokens(*make_held_out_source(d, EvalConfig{}, m, 40)), b);
+  }
+}
+
+TEST(HeldOut, SequencesDoNotOverlapAndAreFixed) {
+  TempDir dir;
+  const int T = 5;
+  std::vector<uint16_t> toks(53);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = uint16_t(i);
+  write_raw(dir.file("val.bin"), toks);
+  auto src = tokens_source(dir.file("val.bin"));
+  // 53 tokens: windows of 6 starting at 0, 5, ..., 45 (the next, at 50, would need token 55).
+  HeldOutSet set(*src, T, 10);
+  std::vector<int32_t> in(10 * T), tg(10 * T);
+  set.batch(0, 10, in.data(), tg.data());
+  for (int i = 0; i < 10; ++i)
+    for (int t = 0; t < T; ++t) {
+      EXPECT_EQ(in[size_t(i * T + t)], i * T + t);
+      EXPECT_EQ(tg[size_t(i * T + t)], i * T + t + 1);
+    }
+  std::vector<int32_t> in2(2 * T), tg2(2 * T);
+  set.batch(3, 2, in2.data(), tg2.data());  // a slice of the set is the same sequences
+  EXPECT_TRUE(std::equal(in2.begin(), in2.end(), in.begin() + 3 * T));
+  EXPECT_NO_THROW(HeldOutSet(*src, T, 10));
+  expect_user_error([&] { HeldOutSet(*src, T, 11); },
+                    {"eval.batches", "11 held-out sequences", "holds 10", "val.bin"});
+}
+
+TEST(HeldOut, FileErrorsNameEvalPath) {
+  TempDir dir;
+  ModelConfig m;
+  m.vocab = 256;
+  DataConfig d;
+  d.source = "text";
+  d.path = dir.file("train.txt");
+  write_bytes(d.path, "some training text", 18);
+  EvalConfig e;
+  e.every = 10;
+  e.path = dir.file("missing.txt");
+  expect_user_error([&] { make_held_out_source(d, e, m, 4); }, {"eval.path", e.path});
+  d.source = "tokens";
+  d.path = dir.file("train_*.bin");
+  e.path = dir.file("val_*.bin");
+  expect_user_error([&] { make_held_out_source(d, e, m, 4); }, {"eval.path", e.path});
+  std::vector<uint16_t> big(20, 300);
+  write_raw(dir.file("val_0.bin"), big);
+  expect_user_error([&] { make_held_out_source(d, e, m, 4); },
+                    {"eval.path", "val_0.bin", "model.vocab = 256"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -74,6 +74,15 @@ std::vector<StepResult> train(std::vector<std::string> overrides, bool checkpoin
   return t.history();
 }
 
+/// The held-out evaluations of a run of the tiny deck with these overrides.
+std::vector<Evaluation> evaluations(std::vector<std::string> overrides) {
+  Trainer t(tiny_config(overrides), MPI_COMM_SELF);
+  t.set_quiet(true);
+  t.set_checkpointing(false);
+  t.run();
+  return t.evaluations();
+}
+
 /// The gradients of the first step (the same initial weights on every backend), per parameter
 /// tensor: name, and the tensor's gradient.
 std::vector<std::pair<std::string, std::vector<float>>> first_step_gradients(
@@ -247,6 +256,22 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
             {"--system.backend=cuda", "--system.precision=bf16", kHeads, kKvHeads}),
         first_step_gradients({"--system.backend=cpu", "--system.precision=bf16", kHeads, kKvHeads}),
         1.2e-2);
+  }
+}
+
+TEST_F(CudaTrain, HeldOutLossMatchesTheCpu) {
+  const std::vector<std::string> eval = {"--train.steps=4", "--eval.every=2", "--eval.batches=1"};
+  auto with = [&](const char* backend) {
+    std::vector<std::string> o = eval;
+    o.push_back(std::string("--system.backend=") + backend);
+    return evaluations(o);
+  };
+  const auto cpu = with("cpu"), gpu = with("cuda");
+  ASSERT_EQ(gpu.size(), 2u);
+  ASSERT_EQ(cpu.size(), 2u);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].step, cpu[i].step);
+    EXPECT_NEAR(gpu[i].loss, cpu[i].loss, 1e-4 * cpu[i].loss) << "after step " << cpu[i].step;
   }
 }
 
