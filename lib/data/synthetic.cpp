@@ -121,7 +121,10 @@ class SyntheticSource final : public TokenSource {
       generate_estimated(n);
     else
       generate_exact(n, states);
-    tokens_.erase(tokens_.begin(), tokens_.begin() + skip_);
+    if (skip_ > 0) {
+      tokens_.erase(tokens_.begin(), tokens_.begin() + skip_);
+      tokens_.shrink_to_fit();  // the training corpus is held by the training source
+    }
   }
 
   std::string describe() const override {

@@ -34,18 +34,53 @@ double Trainer::evaluate() {
   return dp_comm_->all_reduce_sum(pp_comm_->all_reduce_sum(sum * B * T)) / tokens;
 }
 
-void Trainer::log_evaluation(int64_t step, double loss, double seconds) {
+std::vector<const Comm*> Trainer::comm_groups() const {
+  std::vector<const Comm*> groups = {dp_comm_.get(), tp_comm_.get(), pp_comm_.get()};
+  if (const Comm* kv = tp_grads_->kv_group()) groups.push_back(kv);
+  return groups;
+}
+
+// a + sign·b, field by field.
+static CommStats add(CommStats a, const CommStats& b, double sign) {
+  a.calls += int64_t(sign) * b.calls;
+  a.payload_values += sign * b.payload_values;
+  a.payload_bytes += sign * b.payload_bytes;
+  a.seconds_blocked += sign * b.seconds_blocked;
+  a.seconds_in_flight += sign * b.seconds_in_flight;
+  return a;
+}
+
+CommStats Trainer::training_stats(size_t i) const {
+  const CommStats& all = comm_groups()[i]->stats();
+  return i < eval_comm_.size() ? add(all, eval_comm_[i], -1) : all;
+}
+
+double Trainer::run_evaluation(int64_t step) {
+  ScopedTimer timer(timers_, "evaluation");
+  watchdog_beat("an evaluation");
+  const double start = now_seconds();
+  const std::vector<const Comm*> groups = comm_groups();
+  std::vector<CommStats> before;
+  for (const Comm* g : groups) before.push_back(g->stats());
+  const double loss = evaluate();
+  const double seconds = now_seconds() - start;
+  eval_comm_.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i)
+    eval_comm_[i] = add(eval_comm_[i], add(groups[i]->stats(), before[i], -1), +1);
+
   evaluations_.push_back({step + 1, loss});
-  if (quiet_) return;
+  if (quiet_) return seconds;
   const long long tokens = (long long)(held_out_->sequences() * cfg_.model.seq_len);
   if (run_dir_)
     run_dir_->append_row("eval.csv", {std::to_string(step + 1), strfmt("%.9g", loss),
                                       std::to_string(tokens), strfmt("%.3f", seconds * 1e3)});
+  // Against the floor printed at start (the training corpus' estimate, where it is estimated).
   std::string floor;
-  if (auto f = held_out_source_->entropy_floor())
+  if (auto f = source_->entropy_floor())
     floor = strfmt(" | %.4f above the entropy rate", loss - *f);
   log(strfmt("eval %6lld/%lld | held-out loss %.7f | %lld tokens | %8.1f ms%s", (long long)step + 1,
              (long long)cfg_.train.steps, loss, tokens, seconds * 1e3, floor.c_str()));
+  return seconds;
 }
 
 }  // namespace trellis

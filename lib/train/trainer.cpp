@@ -288,11 +288,15 @@ void Trainer::print_start() const {
   log("data: " + source_->describe());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
-  if (held_out_)
+  if (held_out_) {
     log(strfmt("eval: every %lld steps and the last, %lld held-out sequences (%lld tokens) of ",
                (long long)cfg_.eval.every, (long long)held_out_->sequences(),
                (long long)(held_out_->sequences() * m.seq_len)) +
         held_out_source_->describe());
+    if (cfg_.data.source == "synthetic" && !cfg_.eval.path.empty())
+      log("eval: eval.path = '" + cfg_.eval.path +
+          "' is unused: the synthetic source holds out the tokens that follow its training corpus");
+  }
   log(strfmt("step: %d sequences x %d tokens = %.0f tokens, %d micro-batch(es) of %d, %.3g GFLOP",
              cfg_.train.global_batch, m.seq_len, tokens_per_step(), cfg_.micro_batches_per_step(),
              cfg_.train.micro_batch, train_flops_per_token(m) * tokens_per_step() / 1e9));
@@ -396,18 +400,13 @@ double Trainer::run() {
     watchdog_beat("a training step");
     StepResult r = train_step(step);
     history_.push_back(r);
-    slowest = std::max(slowest, r.seconds);
     {
       ScopedTimer t(timers_, "logging");
       log_step(r);
     }
-    if (evaluation_due(step)) {
-      ScopedTimer t(timers_, "evaluation");
-      watchdog_beat("an evaluation");
-      const double t0 = now_seconds();
-      const double loss = evaluate();
-      log_evaluation(step, loss, now_seconds() - t0);
-    }
+    // The time system.max_hours keeps for each step to come counts its evaluation too.
+    const double evaluation = evaluation_due(step) ? run_evaluation(step) : 0.0;
+    slowest = std::max(slowest, r.seconds + evaluation);
     if (!checkpointing_) continue;
     const bool stop = step + 1 < cfg_.train.steps && should_stop(start, slowest, checkpoint_seconds);
     const bool due = cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0;
@@ -437,21 +436,27 @@ void Trainer::finish() {
   if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
   if (grid_->pp_size() > 1) {
     const double total = timers_.get("total");
-    MinAvgMax wait = min_avg_max(comm_, total > 0 ? timers_.get("pipeline wait") / total : 0.0);
+    // The bubble's share of the training: the evaluations' forward passes apart.
+    const double training = total - timers_.get("evaluation");
+    MinAvgMax wait =
+        min_avg_max(comm_, training > 0 ? timers_.get("pipeline wait") / training : 0.0);
     const MemoryStats& mem = memory_stats();
     MinAvgMax act = min_avg_max(comm_, double(mem.peak[int(MemKind::Activations)]));
-    log(strfmt("pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
-               "of the run (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
-               "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
-               cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
-               100 * wait.avg, 100 * wait.min, 100 * wait.max,
-               100 * bubble_theory(grid_->pp_size(), cfg_.micro_batches_per_step(),
-                                   cfg_.parallel.schedule == "interleaved" ? cfg_.parallel.virtual_stages : 1),
-               pipeline_->max_live(), format_bytes(act.min).c_str(), format_bytes(act.max).c_str()));
+    log(strfmt(
+        "pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
+        "of the training (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
+        "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
+        cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
+        100 * wait.avg, 100 * wait.min, 100 * wait.max,
+        100 * bubble_theory(
+                  grid_->pp_size(), cfg_.micro_batches_per_step(),
+                  cfg_.parallel.schedule == "interleaved" ? cfg_.parallel.virtual_stages : 1),
+        pipeline_->max_live(), format_bytes(act.min).c_str(), format_bytes(act.max).c_str()));
   }
-  std::vector<GroupStats> groups = {{"dp", dp_comm_->stats()}, {"tp", tp_comm_->stats()},
-                                    {"pp", pp_comm_->stats()}};
-  if (Comm* kv = tp_grads_->kv_group()) groups.push_back({"tp kv", kv->stats()});
+  // Per training step: the evaluations' traffic is not the steps'.
+  const char* names[] = {"dp", "tp", "pp", "tp kv"};
+  std::vector<GroupStats> groups;
+  for (size_t i = 0; i < comm_groups().size(); ++i) groups.push_back({names[i], training_stats(i)});
   log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
   log(memory_table(comm_, formula));
@@ -461,14 +466,15 @@ void Trainer::finish() {
     mem_json.num(mem_kind_name(MemKind(k)), min_avg_max(comm_, double(mem.peak[k])).max);
   MinAvgMax peak = min_avg_max(comm_, double(mem.total_peak));
   const double total = timers_.get("total");
-  const CommStats& dp = dp_comm_->stats();
+  const CommStats dp = training_stats(0);
   JsonObject comm_json;
-  comm_json.num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
+  comm_json
+      .num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
       .num("dp_payload_bytes_per_step", dp.payload_bytes / std::max<size_t>(1, history_.size()))
       .num("dp_seconds_in_flight", dp.seconds_in_flight)
       .num("dp_seconds_blocked", dp.seconds_blocked)
       .num("tp_payload_values_per_step",
-           tp_comm_->stats().payload_values / std::max<size_t>(1, history_.size()));
+           training_stats(1).payload_values / std::max<size_t>(1, history_.size()));
 
   // ---- summary.json ----
   std::vector<double> tok_s;
@@ -489,7 +495,7 @@ void Trainer::finish() {
     s.num("final_eval_loss", evaluations_.back().loss)
         .integer("eval_step", evaluations_.back().step);
   else
-    s.null("final_eval_loss");
+    s.null("final_eval_loss").null("eval_step");
   s.integer("steps", (long long)history_.size())
       .num("tokens_per_s", tps)
       .num("gflops_per_s", gflops);

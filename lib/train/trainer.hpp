@@ -73,6 +73,10 @@ class Trainer {
   const TokenSource& source() const { return *source_; }
   const std::vector<StepResult>& history() const { return history_; }
   const std::vector<Evaluation>& evaluations() const { return evaluations_; }
+  /// The groups the end-of-run report counts: dp, tp, pp, then the kv-head group if there is one.
+  std::vector<const Comm*> comm_groups() const;
+  /// What group i of comm_groups() carried for the training steps: all but the evaluations'.
+  CommStats training_stats(size_t i) const;
   /// Quiet: run() prints nothing, writes no run directory and no checkpoints (tests, benchmarks).
   void set_quiet(bool quiet) { quiet_ = quiet, checkpointing_ = !quiet; }
   /// Checkpoints (and resuming) on or off, independently of quiet.
@@ -83,7 +87,9 @@ class Trainer {
  private:
   void print_start() const;
   void log_step(const StepResult& r);
-  void log_evaluation(int64_t step, double loss, double seconds);  // a line and RUN/eval.csv
+  /// After step `step`: evaluate, log it (a line and RUN/eval.csv) and set its traffic apart.
+  /// Returns the seconds it took.
+  double run_evaluation(int64_t step);
   void finish();
   double blocked_seconds(const char* group) const;  // time blocked in a group's calls so far
   void print_time_table();
@@ -112,6 +118,7 @@ class Trainer {
   Timers timers_;
   std::vector<StepResult> history_;
   std::vector<Evaluation> evaluations_;
+  std::vector<CommStats> eval_comm_;  // per group of comm_groups(): the evaluations' traffic
   bool quiet_ = false;
   bool checkpointing_ = true;
   bool stopped_early_ = false;

@@ -43,6 +43,7 @@ batches = 2
 struct Outcome {
   std::vector<double> losses;
   std::vector<Evaluation> evaluations;
+  CommStats dp_all, dp_training;  // the dp group's traffic: all of it, the training steps'
 };
 
 Outcome train(MPI_Comm comm, std::vector<std::string> overrides) {
@@ -55,6 +56,8 @@ Outcome train(MPI_Comm comm, std::vector<std::string> overrides) {
   Outcome r;
   for (const auto& s : t.history()) r.losses.push_back(s.loss);
   r.evaluations = t.evaluations();
+  r.dp_all = t.comm_groups()[0]->stats();
+  r.dp_training = t.training_stats(0);
   return r;
 }
 
@@ -102,6 +105,13 @@ TEST(Evaluation, DoesNotChangeTheTraining) {
     Outcome without = train(MPI_COMM_WORLD, layout);
     EXPECT_EQ(with.losses, without.losses) << layout[0];  // bit for bit
     EXPECT_EQ(with.evaluations.size(), 3u);
+    // The report's traffic is the steps' alone (the evaluations' all-reduces and, under ZeRO-3,
+    // gathers are set apart).
+    EXPECT_EQ(with.dp_training.calls, without.dp_all.calls);
+    EXPECT_EQ(with.dp_training.payload_values, without.dp_all.payload_values);
+    if (n > 1 && layout[0] != "--parallel.dp=1") {
+      EXPECT_GT(with.dp_all.payload_values, without.dp_all.payload_values);
+    }
   }
 }
 
