@@ -1,7 +1,7 @@
 // trellis — trains GPT-style transformers as an HPC job. This file only reads the subcommand and
 // hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step);
-// `plan` → lib/plan/plan_main.cpp, `tune` → lib/train/tune.cpp, `generate` →
-// lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
+// `plan` → lib/plan/plan_main.cpp, `tune` → lib/train/tune.cpp, `eval` →
+// lib/train/evaluation.cpp, `generate` → lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +35,8 @@ usage:
                                                               steps each; write the fastest as a deck
   trellis inspect CKPT                                        a checkpoint's step, layout, deck,
                                                               tensors; verifies every checksum
+  mpirun -np N trellis eval CKPT [--section.key=value ...]    the held-out loss of a checkpoint
+                                                              ([eval]), on any layout of N ranks
   mpirun -np TP trellis generate CKPT --prompt TEXT [...]     sample text from a trained model
                                                               (KV cache, tensor-parallel over TP)
   trellis export CKPT --format hf-gpt2 OUTDIR                 a Hugging Face GPT-2 model directory
@@ -65,8 +67,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   // Before anything else: the commands that compute may need to start again with better BLAS
   // kernels than OpenBLAS picked (lib/backend/cpu/blas_kernels.hpp).
-  if (command == "train" || command == "bench" || command == "tune" || command == "generate")
-    trellis::use_best_blas_kernels(argv);
+  const bool parallel = command == "train" || command == "bench" || command == "tune" ||
+                        command == "generate" || command == "eval";
+  if (parallel) trellis::use_best_blas_kernels(argv);
   if ((command == "train" || command == "bench") && wants_help(rest)) {
     std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
                 trellis::keys_help().c_str());
@@ -86,12 +89,16 @@ int main(int argc, char** argv) {
     }
     return trellis::inspect_checkpoint(rest[0], stdout);
   }
+  if (command == "eval" && wants_help(rest)) {  // before Kokkos, which reads --help too
+    std::fputs(trellis::kEvalUsage, stdout);
+    return trellis::kExitOk;
+  }
   if (command == "generate" && wants_help(rest)) {  // before Kokkos, which reads --help too
     std::fputs(trellis::generate_usage(), stdout);
     return trellis::kExitOk;
   }
   if (command == "export") return trellis::export_main(rest);  // serial, like inspect
-  if (command != "train" && command != "bench" && command != "tune" && command != "generate") {
+  if (!parallel) {
     std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return trellis::kExitBadInput;
   }
@@ -113,6 +120,8 @@ int main(int argc, char** argv) {
       status = trellis::tune_main(rest, world);
     } else if (command == "generate") {
       status = trellis::generate_main(rest, world);
+    } else if (command == "eval") {
+      status = trellis::eval_main(rest, world);
     } else {
       status = trellis::bench_main(rest, world);
     }

@@ -7,21 +7,32 @@
 
 namespace trellis {
 
-Config stored_config(const std::string& path) {
+Config stored_config(const std::string& path) { return stored_config(path, {}, 1); }
+
+Config stored_config(const std::string& path, const std::vector<std::string>& overrides,
+                     int world_size) {
   CkptMeta meta = read_checkpoint_meta(path);
   const auto version = meta.integers.find("format_version");
   if (version == meta.integers.end() || version->second != kCheckpointFormat ||
       !meta.text.count("deck"))
     throw UserError("checkpoint " + path + ": not a Trellis checkpoint of format version " +
                     std::to_string(kCheckpointFormat) + " (no format_version or deck attribute)");
-  // The model as one CPU rank holds it: the shape is what the stored deck tells; the layout,
-  // backend and precision that trained it do not matter (checkpoints are fp32 and layout-free).
-  const std::vector<std::string> one_rank = {
-      "parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.stage_layers=",
-      "parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.sequence_parallel=false",
-      "parallel.zero=0", "system.backend=cpu", "system.precision=fp32",
-      "system.grad_reduce=fp32"};
-  return load_config_text(meta.text["deck"], path + " (its stored deck)", one_rank, 1);
+  // The model as CPU ranks hold it: the shape is what the stored deck tells; the layout, backend
+  // and precision that trained it do not matter (checkpoints are fp32 and layout-free).
+  // (dp = 0: all the ranks the others leave.)
+  std::vector<std::string> layout = {"parallel.dp=0",
+                                     "parallel.tp=1",
+                                     "parallel.pp=1",
+                                     "parallel.stage_layers=",
+                                     "parallel.schedule=1f1b",
+                                     "parallel.virtual_stages=1",
+                                     "parallel.sequence_parallel=false",
+                                     "parallel.zero=0",
+                                     "system.backend=cpu",
+                                     "system.precision=fp32",
+                                     "system.grad_reduce=fp32"};
+  layout.insert(layout.end(), overrides.begin(), overrides.end());
+  return load_config_text(meta.text["deck"], path + " (its stored deck)", layout, world_size);
 }
 
 }  // namespace trellis

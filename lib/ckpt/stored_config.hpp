@@ -2,6 +2,7 @@
 // `export` need to rebuild the GPT without the deck file or the training layout.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "config/config.hpp"
 
@@ -12,5 +13,9 @@ namespace trellis {
 /// the format version lib/train/checkpointing.hpp writes, unreadable, or a deck that no longer
 /// parses → UserError naming the file.
 Config stored_config(const std::string& path);
+/// The same deck with `overrides` (as on a command line; they win) for a job of `world_size`
+/// ranks, whose layout starts from dp = world_size, tp = pp = 1, ZeRO 0, on the CPU in fp32.
+Config stored_config(const std::string& path, const std::vector<std::string>& overrides,
+                     int world_size);
 
 }  // namespace trellis

@@ -3,8 +3,12 @@
 // eval.every steps and after the last. The set is split over the dp ranks as a global batch is
 // (each of eval.batches global batches, rank d taking its contiguous slice), and every stage of
 // a pipeline takes part, so the loss is the same for every layout up to the order of the sums.
+// `trellis eval CKPT` (eval_main, below) measures it for a checkpoint.
 #include <cstdio>
 
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/stored_config.hpp"
+#include "comm/world.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/watchdog.hpp"
@@ -81,6 +85,73 @@ double Trainer::run_evaluation(int64_t step) {
   log(strfmt("eval %6lld/%lld | held-out loss %.7f | %lld tokens | %8.1f ms%s", (long long)step + 1,
              (long long)cfg_.train.steps, loss, tokens, seconds * 1e3, floor.c_str()));
   return seconds;
+}
+
+// ---------------------------------------------------------------------------------------------
+// trellis eval CKPT [--section.key=value ...]
+
+const char* const kEvalUsage =
+    "usage: mpirun -np N trellis eval CKPT [--section.key=value ...]\n"
+    "  The held-out loss of a checkpoint: CKPT is a checkpoint file, a checkpoint directory or a\n"
+    "  run directory (its newest checkpoint). The deck is the one the checkpoint stores, with\n"
+    "  the overrides: [eval] says what to measure (eval.path, eval.batches), [parallel] the\n"
+    "  layout of the N ranks (default dp = N), system.backend where (default cpu).\n";
+
+int eval_main(const std::vector<std::string>& args, World& world) {
+  // Phase 1: everything bad input can break, on every rank; then the ranks agree.
+  std::string error, path;
+  Config cfg;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    std::vector<std::string> overrides;
+    for (const std::string& a : args) {
+      if (a.rfind("--", 0) == 0) {
+        overrides.push_back(a);
+      } else if (path.empty()) {
+        path = a;
+      } else {
+        throw UserError("trellis eval: more than one checkpoint given ('" + path + "', '" + a +
+                        "')");
+      }
+    }
+    if (path.empty())
+      throw UserError(
+          "trellis eval: which checkpoint? usage: trellis eval CKPT "
+          "[--section.key=value ...]");
+    path = resolve_checkpoint(path);
+    // The checkpoint is what to load, and an evaluation is what to do, whatever the deck says.
+    overrides.push_back("--checkpoint.resume=" + path);
+    overrides.push_back("--eval.every=1");
+    cfg = stored_config(path, overrides, world.size());
+    trainer = std::make_unique<Trainer>(cfg, world.comm());
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
+
+  // Phase 2: load (a damaged file is the same UserError on every rank), then measure.
+  std::optional<int64_t> steps;
+  try {
+    steps = trainer->resume();
+  } catch (const UserError& e) {
+    if (world.rank() == 0) log_error("trellis eval: error: " + std::string(e.what()));
+    return kExitBadInput;
+  }
+  const Grid& grid = trainer->grid();
+  log(strfmt("eval: %s, after %lld steps; %d ranks: dp %d x tp %d x pp %d, %s backend",
+             path.c_str(), (long long)steps.value_or(0), world.size(), grid.dp_size(),
+             grid.tp_size(), grid.pp_size(), cfg.system.backend.c_str()));
+  log("eval: held-out data: " + trainer->held_out_source()->describe());
+  const double start = now_seconds();
+  const double loss = trainer->evaluate();
+  const double seconds = now_seconds() - start;
+  const long long tokens = (long long)(trainer->held_out()->sequences() * cfg.model.seq_len);
+  std::string floor;
+  if (auto f = trainer->source().entropy_floor())
+    floor = strfmt(" (%.4f above the entropy rate)", loss - *f);
+  log(strfmt("eval: held-out loss %.7f over %lld tokens (%lld sequences) in %.1f ms%s", loss,
+             tokens, (long long)trainer->held_out()->sequences(), seconds * 1e3, floor.c_str()));
+  return kExitOk;
 }
 
 }  // namespace trellis

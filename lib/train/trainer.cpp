@@ -346,6 +346,15 @@ static double median(std::vector<double> v) {
 static volatile std::sig_atomic_t g_stop_requests = 0;
 static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
 
+std::optional<int64_t> Trainer::resume() {
+  if (!checkpointer_)
+    checkpointer_ =
+        std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
+  std::optional<int64_t> steps = checkpointer_->resume();
+  pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
+  return steps;
+}
+
 bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
   // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
   double want = double(g_stop_requests);
@@ -369,9 +378,7 @@ double Trainer::run() {
   const double start = now_seconds();
   int64_t first_step = 0;
   if (checkpointing_) {
-    checkpointer_ = std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
-    if (auto resumed = checkpointer_->resume()) first_step = *resumed;
-    pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
+    if (auto resumed = resume()) first_step = *resumed;
     std::signal(cfg_.system.stop_signal == "TERM" ? SIGTERM : SIGUSR1, on_stop_signal);
   }
   if (!quiet_) {

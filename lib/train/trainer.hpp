@@ -56,6 +56,11 @@ class Trainer {
   /// Runs the steps, logging as it goes; writes the run directory. Returns the final loss.
   double run();
 
+  /// Loads the checkpoint checkpoint.resume names (auto: the newest sound one in checkpoint.dir)
+  /// into the model and optimizer (collective). Returns the steps it holds, or nothing when there
+  /// is none to load. A bad explicit path throws UserError on every rank.
+  std::optional<int64_t> resume();
+
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);
   /// The mean loss (nats/token) over the held-out set, eval.batches global batches of it, with
@@ -71,6 +76,9 @@ class Trainer {
   Comm& tp_comm() { return *tp_comm_; }
   Pipeline& pipeline() { return *pipeline_; }
   const TokenSource& source() const { return *source_; }
+  /// The held-out set and its source (eval.every > 0; null otherwise).
+  const HeldOutSet* held_out() const { return held_out_.get(); }
+  const TokenSource* held_out_source() const { return held_out_source_.get(); }
   const std::vector<StepResult>& history() const { return history_; }
   const std::vector<Evaluation>& evaluations() const { return evaluations_; }
   /// The groups the end-of-run report counts: dp, tp, pp, then the kv-head group if there is one.
@@ -131,5 +139,12 @@ class Trainer {
 /// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit
 /// status. Bad input ends every rank with status 2 and one message.
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world);
+
+/// `trellis eval CKPT [--section.key=value ...]`: the held-out loss ([eval]) of a checkpoint (a
+/// file, a checkpoint directory or a run directory: its newest checkpoint), under the deck the
+/// checkpoint stores with these overrides, on any layout of this job's ranks (the stored layout
+/// is not kept: dp = the ranks unless the overrides say otherwise). Returns the exit status.
+int eval_main(const std::vector<std::string>& args, World& world);
+extern const char* const kEvalUsage;  // trellis eval --help
 
 }  // namespace trellis

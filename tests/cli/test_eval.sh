@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `trellis eval CKPT`: the held-out loss of a checkpoint is the one its run logged for that step
+# (eval.csv), on one rank and under other layouts (tp, pp, dp with ZeRO-3); a text model reads
+# the stored eval.path or another one given; bad input (no or two checkpoints, a missing or
+# damaged checkpoint, a missing eval.path) ends every rank with status 2 and one message.
+# Usage: test_eval.sh BUILD_DIR. Ends with "eval: N passed, M failed".
+set -u
+build=${1:-build}
+trellis="$build/trellis"
+work=$(mktemp -d /tmp/trellis-eval-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/common.sh"
+check_log="$work/out.log"
+tiny_deck "$work/tiny.deck" <<'DECK'
+[train]
+steps = 6
+global_batch = 8
+micro_batch = 2
+[eval]
+every = 3
+batches = 2
+DECK
+run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
+# The loss `trellis eval` printed, and whether it is within RTOL (relative) of REF.
+printed() { sed -n 's/^eval: held-out loss \([0-9.]*\) .*/\1/p' "$work/out.log"; }
+near() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= r * b) }'; }
+
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/run")
+logged=$(tail -1 "$work/run/eval.csv" | cut -d, -f2)
+check "the run trains, evaluates after step 6 and keeps a checkpoint" \
+  '[ $rc -eq 0 ] && [ "$(tail -1 "$work/run/eval.csv" | cut -d, -f1)" = 6 ] && [ -f "$work/run/ckpt/step_00000006.h5" ]'
+rc=$(run -np 1 "$trellis" eval "$work/run")
+check "one rank: the run directory's newest checkpoint, the loss its run logged" \
+  '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6 && grep -q "step_00000006.h5, after 6 steps" "$work/out.log"'
+for layout in "--parallel.tp=2" "--parallel.pp=2" "--parallel.dp=2 --parallel.zero=3"; do
+  # shellcheck disable=SC2086
+  rc=$(run -np 2 "$trellis" eval "$work/run/ckpt/step_00000006.h5" $layout)
+  check "2 ranks, $layout: the same loss (1e-5)" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-5'
+done
+rc=$(run -np 1 "$trellis" eval "$work/run" --eval.batches=1)
+check "eval.batches = 1: the first global batch of the set, a loss of its own" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "over 64 tokens (8 sequences)" "$work/out.log"'
+
+# A byte-level model: eval.path is stored with the deck; another file can be given.
+for i in $(seq 60); do printf 'abcdefghij%s ' "$i"; done > "$work/train.txt"
+for i in $(seq 40); do printf 'abcdefghij%s ' "$((i + 500))"; done > "$work/val.txt"
+head -c 300 "$work/train.txt" > "$work/other-val.txt"
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/text" --model.vocab=256 \
+       --data.source=text --data.path="$work/train.txt" --eval.path="$work/val.txt")
+logged=$(tail -1 "$work/text/eval.csv" | cut -d, -f2)
+rc=$(run -np 1 "$trellis" eval "$work/text")
+check "text: the stored eval.path, the loss its run logged" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6'
+rc=$(run -np 1 "$trellis" eval "$work/text" --eval.path="$work/other-val.txt" --eval.batches=1)
+check "text: another eval.path, another loss" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "other-val.txt" "$work/out.log"'
+
+# bad NAME NP FRAGMENT -- eval-arguments...: status 2 and FRAGMENT printed once.
+bad() {
+  local name=$1 np=$2 fragment=$3; shift 4
+  local rc
+  rc=$(run -np "$np" "$trellis" eval "$@")
+  check "bad input, $name: status 2, one message" \
+    '[ $rc -eq 2 ] && [ "$(grep -c -F -- "$fragment" "$work/out.log")" -eq 1 ]'
+}
+head -c 3000 "$work/run/ckpt/step_00000006.h5" > "$work/damaged.h5"
+bad "no checkpoint"          2 "which checkpoint?"   --
+bad "two checkpoints"        2 "more than one"       -- "$work/run" "$work/text"
+bad "missing checkpoint"     2 "nothing.h5"          -- "$work/nothing.h5"
+bad "damaged checkpoint"     2 "damaged.h5"          -- "$work/damaged.h5"
+bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path="$work/no-such.txt"
+bad "layout for other ranks" 2 "parallel.dp"         -- "$work/run" --parallel.dp=3
+
+echo "eval: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
