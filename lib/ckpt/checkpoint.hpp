@@ -85,6 +85,9 @@ std::vector<std::string> resume_candidates(const std::string& dir);
 /// directory (with ckpt/) → its newest checkpoint (`latest`, else the highest step). A directory
 /// without any → UserError.
 std::string resolve_checkpoint(const std::string& path);
+/// The same, collective: rank 0 resolves and every rank gets its answer (or its UserError), so
+/// that all open one file even while a run publishes a newer checkpoint.
+std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.

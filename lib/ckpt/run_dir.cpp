@@ -158,4 +158,19 @@ std::string resolve_checkpoint(const std::string& path) {
                   "checkpoint file, a checkpoint directory or a run directory)");
 }
 
+std::string resolve_checkpoint(MPI_Comm comm, const std::string& path) {
+  std::string resolved, error;
+  if (comm_rank(comm) == 0) {
+    try {
+      resolved = resolve_checkpoint(path);
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  bcast_string(comm, error, 0);
+  if (!error.empty()) throw UserError(error);
+  bcast_string(comm, resolved, 0);
+  return resolved;
+}
+
 }  // namespace trellis

@@ -259,7 +259,7 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   try {
     opt = parse_options(args);
     if (!opt.help) {
-      opt.checkpoint = resolve_checkpoint(opt.checkpoint);
+      opt.checkpoint = resolve_checkpoint(world.comm(), opt.checkpoint);  // one file for all
       cfg = checkpoint_config(opt.checkpoint, tp_size);
       prompt = prompt_tokens(opt, cfg);
       if (!opt.logits_out.empty() && rank == 0) {

@@ -97,6 +97,26 @@ const char* const kEvalUsage =
     "  the overrides: [eval] says what to measure (eval.path, eval.batches), [parallel] the\n"
     "  layout of the N ranks (default dp = N), system.backend where (default cpu).\n";
 
+// Measures the held-out loss of the loaded checkpoint (collective) and says it (rank 0).
+static void report_evaluation(Trainer& trainer, const Config& cfg, const std::string& path,
+                              int64_t steps, World& world) {
+  const Grid& grid = trainer.grid();
+  log(strfmt("eval: %s, after %lld steps; %d ranks: dp %d x tp %d x pp %d, %s backend",
+             path.c_str(), (long long)steps, world.size(), grid.dp_size(), grid.tp_size(),
+             grid.pp_size(), cfg.system.backend.c_str()));
+  log("eval: held-out data: " + trainer.held_out_source()->describe());
+  const double start = now_seconds();
+  const double loss = trainer.evaluate();
+  const double seconds = now_seconds() - start;
+  const int64_t sequences = trainer.held_out()->sequences();
+  std::string floor;
+  if (auto f = trainer.source().entropy_floor())
+    floor = strfmt(" (%.4f above the entropy rate)", loss - *f);
+  log(strfmt("eval: held-out loss %.7f over %lld tokens (%lld sequences) in %.1f ms%s", loss,
+             (long long)(sequences * cfg.model.seq_len), (long long)sequences, seconds * 1e3,
+             floor.c_str()));
+}
+
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
   std::string error, path;
@@ -118,40 +138,43 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       throw UserError(
           "trellis eval: which checkpoint? usage: trellis eval CKPT "
           "[--section.key=value ...]");
-    path = resolve_checkpoint(path);
+    // Rank 0 finds the file, so that every rank opens the same one while a run publishes more;
+    // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
+    path = resolve_checkpoint(world.comm(), path);
+    if (path == "never" || path == "auto") path = "./" + path;
+    // The deck as stored first: a model trained on files needs its held-out files named.
+    const Config stored = stored_config(path, overrides, world.size());
+    if (stored.data.source != "synthetic" && stored.eval.path.empty())
+      throw UserError("trellis eval: " + path + " holds a model trained on data.source = " +
+                      stored.data.source + " without [eval]: name the held-out data with " +
+                      (stored.data.source == "text" ? "--eval.path=FILE" : "--eval.path='GLOB'"));
     // The checkpoint is what to load, and an evaluation is what to do, whatever the deck says.
     overrides.push_back("--checkpoint.resume=" + path);
     overrides.push_back("--eval.every=1");
     cfg = stored_config(path, overrides, world.size());
+    // Nothing reads the training data here: its (unused) source is pointed at the held-out data,
+    // so that a corpus moved or gone since the training does not stop an evaluation.
+    if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;
     trainer = std::make_unique<Trainer>(cfg, world.comm());
   } catch (const UserError& e) {
     error = e.what();
+    // The held-out set is eval.batches global batches: a layout that does not divide one is
+    // for the micro-batch or the layout to change, not train.global_batch.
+    if (error.find("is not divisible by parallel.dp * train.micro_batch") != std::string::npos)
+      error +=
+          " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
+          "--train.micro_batch or the layout)";
   }
   if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
 
   // Phase 2: load (a damaged file is the same UserError on every rank), then measure.
-  std::optional<int64_t> steps;
-  try {
-    steps = trainer->resume();
-  } catch (const UserError& e) {
-    if (world.rank() == 0) log_error("trellis eval: error: " + std::string(e.what()));
-    return kExitBadInput;
-  }
-  const Grid& grid = trainer->grid();
-  log(strfmt("eval: %s, after %lld steps; %d ranks: dp %d x tp %d x pp %d, %s backend",
-             path.c_str(), (long long)steps.value_or(0), world.size(), grid.dp_size(),
-             grid.tp_size(), grid.pp_size(), cfg.system.backend.c_str()));
-  log("eval: held-out data: " + trainer->held_out_source()->describe());
-  const double start = now_seconds();
-  const double loss = trainer->evaluate();
-  const double seconds = now_seconds() - start;
-  const long long tokens = (long long)(trainer->held_out()->sequences() * cfg.model.seq_len);
-  std::string floor;
-  if (auto f = trainer->source().entropy_floor())
-    floor = strfmt(" (%.4f above the entropy rate)", loss - *f);
-  log(strfmt("eval: held-out loss %.7f over %lld tokens (%lld sequences) in %.1f ms%s", loss,
-             tokens, (long long)trainer->held_out()->sequences(), seconds * 1e3, floor.c_str()));
-  return kExitOk;
+  return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
+    watchdog_beat("loading a checkpoint");
+    const std::optional<int64_t> steps = trainer->resume();
+    if (!steps) throw UserError(path + ": nothing loaded");
+    report_evaluation(*trainer, cfg, path, *steps, world);
+    return int(kExitOk);
+  });
 }
 
 }  // namespace trellis

@@ -99,13 +99,13 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   }
   backend_->set_threads(cfg_.system.threads);
   backend_->set_precision(cfg_.system.precision);
-  source_ = make_token_source(cfg_.data, cfg_.model);
-  sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
-  if (cfg_.eval.every > 0) {
+  if (cfg_.eval.every > 0) {  // first: `trellis eval` points the training source here too
     const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
     held_out_source_ = make_held_out_source(cfg_.data, cfg_.eval, cfg_.model, sequences);
     held_out_ = std::make_unique<HeldOutSet>(*held_out_source_, cfg_.model.seq_len, sequences);
   }
+  source_ = make_token_source(cfg_.data, cfg_.model);
+  sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
@@ -539,25 +539,31 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     error = e.what();
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
-  // Phase 2: the run. A failure now may leave other ranks inside a collective: abort the job.
-  // A rank that makes no progress for system.hang_timeout_s ends the job (core/watchdog.hpp).
-  Watchdog watchdog(cfg.system.hang_timeout_s, world.rank());
-  try {
+  // Phase 2: the run.
+  return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis", [&] {
     trainer->run();
-    if (trainer->stopped_early()) return kExitRequeue;
+    return trainer->stopped_early() ? kExitRequeue : kExitOk;
+  });
+}
+
+int run_collective_phase(World& world, double hang_timeout_s, const std::string& who,
+                         const std::function<int()>& work) {
+  Watchdog watchdog(hang_timeout_s, world.rank());
+  try {
+    return work();
   } catch (const UserError& e) {
-    // Bad input found mid-run (an explicit resume path that does not load, a full disk): every
-    // rank got the same error from a collective.
-    if (world.rank() == 0) log_error("trellis: error: " + std::string(e.what()));
+    // Bad input found on the way (an explicit resume path that does not load, a full disk):
+    // every rank got the same error from a collective.
+    if (world.rank() == 0) log_error(who + ": error: " + std::string(e.what()));
     return kExitBadInput;
   } catch (const CollectiveError& e) {
-    if (world.rank() == 0) log_error("trellis: error: " + std::string(e.what()));
+    if (world.rank() == 0) log_error(who + ": error: " + std::string(e.what()));
     return kExitFailure;
   } catch (const std::exception& e) {
-    log_error(strfmt("trellis: rank %d: error: %s", world.rank(), e.what()));
+    log_error(strfmt("%s: rank %d: error: %s", who.c_str(), world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitFailure);
   }
-  return kExitOk;
+  return kExitFailure;
 }
 
 }  // namespace trellis

@@ -2,6 +2,7 @@
 // loop. Trainer::train_step() is one optimizer step — the place to start reading.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -139,6 +140,13 @@ class Trainer {
 /// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit
 /// status. Bad input ends every rank with status 2 and one message.
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world);
+
+/// The collective part of a command (after phase 1 agreed its input), under a watchdog that ends
+/// the job when a rank makes no progress for `hang_timeout_s` (core/watchdog.hpp). A UserError
+/// (every rank got it from a collective) is exit 2, said once; a CollectiveError exit 1; any
+/// other failure may leave ranks inside a collective, so it aborts the job. Else work's status.
+int run_collective_phase(World& world, double hang_timeout_s, const std::string& who,
+                         const std::function<int()>& work);
 
 /// `trellis eval CKPT [--section.key=value ...]`: the held-out loss ([eval]) of a checkpoint (a
 /// file, a checkpoint directory or a run directory: its newest checkpoint), under the deck the

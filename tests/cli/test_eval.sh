@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `trellis eval CKPT`: the held-out loss of a checkpoint is the one its run logged for that step
 # (eval.csv), on one rank and under other layouts (tp, pp, dp with ZeRO-3); a text model reads
-# the stored eval.path or another one given; bad input (no or two checkpoints, a missing or
-# damaged checkpoint, a missing eval.path) ends every rank with status 2 and one message.
+# the stored eval.path or another one given, and needs no training corpus; bad input (no or two
+# checkpoints, a missing or damaged checkpoint, a missing eval.path, a text model trained without
+# [eval] and no --eval.path, ranks that do not divide the global batch) ends every rank with
+# status 2 and one message.
 # Usage: test_eval.sh BUILD_DIR. Ends with "eval: N passed, M failed".
 set -u
 build=${1:-build}
@@ -53,6 +55,13 @@ check "text: the stored eval.path, the loss its run logged" '[ $rc -eq 0 ] && ne
 rc=$(run -np 1 "$trellis" eval "$work/text" --eval.path="$work/other-val.txt" --eval.batches=1)
 check "text: another eval.path, another loss" \
   '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "other-val.txt" "$work/out.log"'
+mv "$work/train.txt" "$work/moved.txt"
+rc=$(run -np 2 "$trellis" eval "$work/text" --parallel.tp=2)
+check "text: the training corpus moved away since: the same loss, nothing else read" \
+  '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-5'
+mv "$work/moved.txt" "$work/train.txt"
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/text-no-eval" --model.vocab=256 \
+       --data.source=text --data.path="$work/train.txt" --eval.every=0)
 
 # bad NAME NP FRAGMENT -- eval-arguments...: status 2 and FRAGMENT printed once.
 bad() {
@@ -69,6 +78,8 @@ bad "missing checkpoint"     2 "nothing.h5"          -- "$work/nothing.h5"
 bad "damaged checkpoint"     2 "damaged.h5"          -- "$work/damaged.h5"
 bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path="$work/no-such.txt"
 bad "layout for other ranks" 2 "parallel.dp"         -- "$work/run" --parallel.dp=3
+bad "3 ranks, global batch 8" 3 "change --train.micro_batch or the layout" -- "$work/run"
+bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 
 echo "eval: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
