@@ -320,10 +320,11 @@ class Validator {
                " needs held-out data in eval.path (" +
                (d.source == "text" ? "a text file" : "a glob of token shards") +
                " the run does not train on)");
-    if (d.source != "synthetic" && !trim(e.path).empty() && trim(e.path) == trim(d.path))
-      fail(where({"eval.path", "data.path"}), "eval.path is data.path ('" + e.path +
-                                                  "'): the held-out loss would be measured on "
-                                                  "the training data");
+    if (d.source != "synthetic" && !trim(e.path).empty() && trim(e.path) == trim(d.path)) {
+      const std::string what = "eval.path is data.path ('" + e.path + "')";
+      fail(where({"eval.path", "data.path"}),
+           what + ": the held-out loss would be measured on the training data");
+    }
     // system.precision = bf16 runs on any backend (the CPU widens bf16 to fp32 in each kernel).
     // system.grad_reduce = bf16 is a communication choice (comm.hpp, "The bf16 wire"): any
     // backend, any precision.

@@ -142,16 +142,14 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
     path = resolve_checkpoint(world.comm(), path);
     if (path == "never" || path == "auto") path = "./" + path;
-    // The deck as stored first: a model trained on files needs its held-out files named.
-    const Config stored = stored_config(path, overrides, world.size());
-    if (stored.data.source != "synthetic" && stored.eval.path.empty())
-      throw UserError("trellis eval: " + path + " holds a model trained on data.source = " +
-                      stored.data.source + " without [eval]: name the held-out data with " +
-                      (stored.data.source == "text" ? "--eval.path=FILE" : "--eval.path='GLOB'"));
-    // The checkpoint is what to load, and an evaluation is what to do, whatever the deck says.
-    overrides.push_back("--checkpoint.resume=" + path);
-    overrides.push_back("--eval.every=1");
     cfg = stored_config(path, overrides, world.size());
+    if (cfg.data.source != "synthetic" && cfg.eval.path.empty())
+      throw UserError("trellis eval: " + path + " holds a model trained on data.source = " +
+                      cfg.data.source + " without [eval]: name the held-out data with " +
+                      (cfg.data.source == "text" ? "--eval.path=FILE" : "--eval.path='GLOB'"));
+    // The checkpoint is what to load, and an evaluation is what to do, whatever the deck says.
+    cfg.checkpoint.resume = path;
+    cfg.eval.every = 1;
     // Nothing reads the training data here: its (unused) source is pointed at the held-out data,
     // so that a corpus moved or gone since the training does not stop an evaluation.
     if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;

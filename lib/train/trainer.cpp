@@ -463,7 +463,8 @@ void Trainer::finish() {
   // Per training step: the evaluations' traffic is not the steps'.
   const char* names[] = {"dp", "tp", "pp", "tp kv"};
   std::vector<GroupStats> groups;
-  for (size_t i = 0; i < comm_groups().size(); ++i) groups.push_back({names[i], training_stats(i)});
+  const size_t group_count = comm_groups().size();
+  for (size_t i = 0; i < group_count; ++i) groups.push_back({names[i], training_stats(i)});
   log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
   log(memory_table(comm_, formula));
