@@ -66,7 +66,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
 /// rank. Errors → UserError.
 CkptMeta read_checkpoint_meta(const std::string& path);
 
-// ---- run directories (no MPI: call on one rank) ----------------------------------------------
+// ---- run directories (serial unless given a comm) ---------------------------------------------
 
 /// "step_00001000.h5".
 std::string checkpoint_file_name(int64_t step);
@@ -80,6 +80,9 @@ void apply_retention(const std::string& dir, int keep);
 /// Paths (dir/NAME) to try for a resume, newest first: the file `latest` names (if it exists),
 /// then the other step_*.h5 files by step, descending.
 std::vector<std::string> resume_candidates(const std::string& dir);
+/// The same, collective: rank 0 lists dir and every rank gets its list (or its UserError), so
+/// that all ranks try the same files even where the directory reads differently on each.
+std::vector<std::string> resume_candidates(MPI_Comm comm, const std::string& dir);
 
 /// A checkpoint named on the command line: a file as it is; a checkpoint directory or a run
 /// directory (with ckpt/) → its newest checkpoint (`latest`, else the highest step). A directory

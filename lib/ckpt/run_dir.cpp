@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -158,19 +159,40 @@ std::string resolve_checkpoint(const std::string& path) {
                   "checkpoint file, a checkpoint directory or a run directory)");
 }
 
-std::string resolve_checkpoint(MPI_Comm comm, const std::string& path) {
-  std::string resolved, error;
+namespace {
+
+/// Runs `work` on rank 0 only and gives every rank its strings, or its UserError: one answer
+/// for all ranks even where a directory reads differently on each (a run publishing a newer
+/// checkpoint meanwhile, or node-local storage).
+std::vector<std::string> strings_of_rank0(MPI_Comm comm,
+                                          const std::function<std::vector<std::string>()>& work) {
+  std::vector<std::string> out;
+  std::string error;
   if (comm_rank(comm) == 0) {
     try {
-      resolved = resolve_checkpoint(path);
+      out = work();
     } catch (const UserError& e) {
       error = e.what();
     }
   }
   bcast_string(comm, error, 0);
   if (!error.empty()) throw UserError(error);
-  bcast_string(comm, resolved, 0);
-  return resolved;
+  int64_t n = static_cast<int64_t>(out.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, comm);
+  out.resize(static_cast<size_t>(n));
+  for (std::string& s : out) bcast_string(comm, s, 0);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> resume_candidates(MPI_Comm comm, const std::string& dir) {
+  return strings_of_rank0(comm, [&] { return resume_candidates(dir); });
+}
+
+std::string resolve_checkpoint(MPI_Comm comm, const std::string& path) {
+  return strings_of_rank0(comm, [&] { return std::vector<std::string>{resolve_checkpoint(path)}; })
+      .front();
 }
 
 }  // namespace trellis

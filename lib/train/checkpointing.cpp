@@ -126,7 +126,7 @@ std::optional<int64_t> Checkpointer::resume() {
   const std::string& how = cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
   if (how != "auto") return load(how);  // an explicit path: any problem is the user's error
-  for (const std::string& candidate : resume_candidates(cfg_.checkpoint.dir)) {
+  for (const std::string& candidate : resume_candidates(world_, cfg_.checkpoint.dir)) {
     try {
       return load(candidate);
     } catch (const UserError& e) {

@@ -500,5 +500,32 @@ TEST_F(CkptTest, UntrustedStorageIsRefusedBeforeAnyRead) {
   }
 }
 
+// Node-local storage: each rank passes a directory of its own (rank r holds step files 100..100+r
+// and r names `latest`). Every rank must get rank 0's list and rank 0's choice, or the ranks would
+// load different checkpoints (or one would fall back to an older one alone and the next collective
+// would pair wrong calls).
+TEST_F(CkptTest, RanksTryTheFilesRankZeroSees) {
+  const int r = world_rank();
+  const std::string mine = dir_ + "/rank" + std::to_string(r);
+  fs::create_directories(mine);
+  for (int s = 0; s <= r; ++s) std::ofstream(mine + "/" + checkpoint_file_name(100 + s)) << "x";
+  publish_latest(mine, checkpoint_file_name(100 + r));
+  const std::string zero = dir_ + "/rank0";
+  EXPECT_EQ(resume_candidates(MPI_COMM_WORLD, mine),
+            (std::vector<std::string>{zero + "/step_00000100.h5"}));
+  EXPECT_EQ(resolve_checkpoint(MPI_COMM_WORLD, mine), zero + "/step_00000100.h5");
+  // Rank 0's UserError reaches every rank (a rank whose own directory reads fine included).
+  const std::string empty = dir_ + "/empty" + std::to_string(r);
+  fs::create_directories(empty);
+  if (r != 0) std::ofstream(empty + "/" + checkpoint_file_name(5)) << "x";
+  std::string msg;
+  try {
+    resolve_checkpoint(MPI_COMM_WORLD, empty);
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(dir_ + "/empty0: a directory without step_*.h5"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace trellis

@@ -409,7 +409,9 @@ TEST(HeldOut, SyntheticContinuesTheTrainingWalk) {
     ASSERT_EQ(held->size(), 40 * 16 + 1);
     EXPECT_NE(held->describe().find("held out"), std::string::npos) << held->describe();
     ASSERT_TRUE(train->entropy_floor() && held->entropy_floor());
-    if (vocab == 20) EXPECT_NEAR(*held->entropy_floor(), *train->entropy_floor(), 1e-9);  // one law
+    if (vocab == 20) {  // one law
+      EXPECT_NEAR(*held->entropy_floor(), *train->entropy_floor(), 1e-9);
+    }
     // The tokens that follow the training corpus on its walk, and none of the corpus: a longer
     // corpus of the same seed is the training one, then the held-out one.
     DataConfig longer = d;
