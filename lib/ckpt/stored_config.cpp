@@ -17,6 +17,11 @@ Config stored_config(const std::string& path, const std::vector<std::string>& ov
       !meta.text.count("deck"))
     throw UserError("checkpoint " + path + ": not a Trellis checkpoint of format version " +
                     std::to_string(kCheckpointFormat) + " (no format_version or deck attribute)");
+  return stored_deck_config(meta.text["deck"], path + " (its stored deck)", overrides, world_size);
+}
+
+Config stored_deck_config(const std::string& deck, const std::string& where,
+                          const std::vector<std::string>& overrides, int world_size) {
   // The model as CPU ranks hold it: the shape is what the stored deck tells; the layout, backend
   // and precision that trained it do not matter (checkpoints are fp32 and layout-free).
   // (dp = 0: all the ranks the others leave.)
@@ -32,7 +37,7 @@ Config stored_config(const std::string& path, const std::vector<std::string>& ov
                                      "system.precision=fp32",
                                      "system.grad_reduce=fp32"};
   layout.insert(layout.end(), overrides.begin(), overrides.end());
-  return load_config_text(meta.text["deck"], path + " (its stored deck)", layout, world_size);
+  return load_config_text(deck, where, layout, world_size);
 }
 
 }  // namespace trellis

@@ -17,5 +17,8 @@ Config stored_config(const std::string& path);
 /// ranks, whose layout starts from dp = world_size, tp = pp = 1, ZeRO 0, on the CPU in fp32.
 Config stored_config(const std::string& path, const std::vector<std::string>& overrides,
                      int world_size);
+/// The deck text a checkpoint stores (`where` names it in messages) as such a Config for one rank.
+Config stored_deck_config(const std::string& deck, const std::string& where,
+                          const std::vector<std::string>& overrides = {}, int world_size = 1);
 
 }  // namespace trellis

@@ -446,6 +446,15 @@ std::string effective_deck_ini(const Config& cfg) {
   return out;
 }
 
+std::vector<KeyChange> changed_keys(const Config& before, const Config& after) {
+  std::vector<KeyChange> out;
+  for (const auto& e : key_table()) {
+    std::string b = config::value_text(e, before), a = config::value_text(e, after);
+    if (a != b) out.push_back({e.name(), std::move(b), std::move(a)});
+  }
+  return out;
+}
+
 std::string config_table(const Config& cfg) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& e : key_table()) {

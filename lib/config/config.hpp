@@ -147,6 +147,14 @@ void check_supported_backend(const Config& cfg);
 /// The effective deck as INI text: a valid deck that reproduces this Config.
 std::string effective_deck_ini(const Config& cfg);
 
+/// A key whose value differs between two Configs (the values as a deck writes them).
+struct KeyChange {
+  std::string key;  // "section.key"
+  std::string before, after;
+};
+/// The keys whose values differ, in the key table's order.
+std::vector<KeyChange> changed_keys(const Config& before, const Config& after);
+
 /// The boxed table printed at start: section, key, value, and a mark where it differs from the default.
 std::string config_table(const Config& cfg);
 

@@ -1,7 +1,9 @@
 #include "train/checkpointing.hpp"
 
 #include <filesystem>
+#include <set>
 
+#include "ckpt/stored_config.hpp"
 #include "comm/world.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -9,6 +11,34 @@
 namespace fs = std::filesystem;
 
 namespace trellis {
+
+namespace {
+
+/// A checkpoint of another model (or another format): no older checkpoint of the same directory
+/// would do better, so an auto resume stops at it instead of trying them.
+struct IncompatibleCheckpoint : UserError {
+  using UserError::UserError;
+};
+
+/// Keys whose change a checkpoint cannot survive: the model's shape. (Some changes keep every
+/// tensor's shape, as fewer layers or more heads of the same width do; the weights would then be
+/// read as another model's.) init_std and seed only draw the initial weights it replaces.
+bool is_model_shape_key(const std::string& key) {
+  return key.rfind("model.", 0) == 0 && key != "model.init_std" && key != "model.seed";
+}
+
+/// Keys that change the run's course from the checkpoint on: said, not refused (a lower lr after
+/// a loss spike, a longer run, other data to fine-tune on are the user's choice). The layout,
+/// micro-batching and recomputation change no result.
+bool changes_the_course(const std::string& key) {
+  static const std::set<std::string> train = {
+      "train.steps",        "train.global_batch", "train.lr",           "train.min_lr",
+      "train.warmup_steps", "train.decay",        "train.weight_decay", "train.beta1",
+      "train.beta2",        "train.eps",          "train.grad_clip",    "train.seed"};
+  return train.count(key) > 0 || key.rfind("data.", 0) == 0;
+}
+
+}  // namespace
 
 Checkpointer::Checkpointer(const Config& cfg, const Grid& grid, const ParamTable& full,
                            const ParamTable& staged, ShardedParams& store, MPI_Comm world)
@@ -64,9 +94,12 @@ void Checkpointer::save(int64_t step) {
   CkptMeta meta;
   meta.integers["format_version"] = kCheckpointFormat;
   meta.integers["step"] = step;
-  meta.integers["tokens_seen"] = step * int64_t(cfg_.train.global_batch) * cfg_.model.seq_len;
+  // Counted on from the checkpoint resumed, which may have had another train.global_batch.
+  meta.integers["tokens_seen"] = resumed_tokens_ + (step - resumed_step_) *
+                                                       int64_t(cfg_.train.global_batch) *
+                                                       cfg_.model.seq_len;
   meta.integers["train_seed"] = int64_t(cfg_.train.seed);
-  meta.integers["adamw_steps"] = step;
+  meta.integers["adamw_steps"] = store_.optimizer().steps_taken();
   meta.text["deck"] = effective_deck_ini(cfg_);
   meta.text["layout"] = strfmt("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d "
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
@@ -102,7 +135,51 @@ void Checkpointer::save(int64_t step) {
              format_bytes(io.bytes).c_str(), io.seconds, io.bytes / 1e6 / std::max(io.seconds, 1e-9)));
 }
 
-int64_t Checkpointer::load(const std::string& path) {
+void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
+  // Rank 0 reads the root attributes (serially, before any tensor) and every rank gets its verdict.
+  std::string incompatible, unreadable, changes;
+  int rank = 0;
+  MPI_Comm_rank(world_, &rank);
+  if (rank == 0) {
+    try {
+      CkptMeta meta = read_checkpoint_meta(path);
+      const auto version = meta.integers.find("format_version");
+      if (version == meta.integers.end() || version->second != kCheckpointFormat)
+        throw IncompatibleCheckpoint(path + ": not a Trellis checkpoint of format version " +
+                                     std::to_string(kCheckpointFormat));
+      if (!meta.integers.count("step") || !meta.text.count("deck"))
+        throw UserError(path + ": no step or deck attribute");
+      const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
+      std::string model;
+      for (const KeyChange& c : changed_keys(stored, cfg_)) {
+        const std::string change = c.key + " = " + c.before + " there, " + c.after + " here";
+        if (is_model_shape_key(c.key))
+          model += (model.empty() ? "" : "; ") + change;
+        else if (changes_the_course(c.key))
+          changes += (changes.empty() ? "" : "; ") + change;
+      }
+      if (!model.empty())
+        throw IncompatibleCheckpoint(
+            path + " holds another model (" + model +
+            "): a checkpoint restarts the model it holds; give these keys its values, or start "
+            "over with --checkpoint.resume=never or another checkpoint.dir");
+    } catch (const IncompatibleCheckpoint& e) {
+      incompatible = e.what();
+    } catch (const UserError& e) {
+      unreadable = e.what();
+    }
+  }
+  incompatible = agree_on_error(world_, incompatible);
+  if (!incompatible.empty()) throw IncompatibleCheckpoint(incompatible);
+  unreadable = agree_on_error(world_, unreadable);
+  if (!unreadable.empty()) throw UserError(unreadable);
+  if (say_changes && !changes.empty())
+    log("warning: resuming from " + path + " with keys changed since it was written (" + changes +
+        "); the run goes on from there under the new values");
+}
+
+int64_t Checkpointer::load(const std::string& path, bool say_changes) {
+  check_compatible(path, say_changes);
   const int64_t n = staged_.total();
   std::vector<float> params(n), m(n), v(n);
   std::vector<CkptSlab> all = slabs("model/", params.data(), false);
@@ -110,30 +187,50 @@ int64_t Checkpointer::load(const std::string& path) {
   for (auto& s : slabs("optim/v/", v.data(), false)) all.push_back(std::move(s));
   CkptMeta meta;
   CkptIO io = read_checkpoint(world_, path, all, meta);
-  const auto version = meta.integers.find("format_version");
-  if (version == meta.integers.end() || version->second != kCheckpointFormat)
-    throw UserError(path + ": not a Trellis checkpoint of format version " +
-                    std::to_string(kCheckpointFormat));
-  const int64_t step = meta.integers.at("step");
-  store_.load_state(params.data(), m.data(), v.data(), step);
+  const int64_t step = meta.integers.at("step");  // check_compatible saw it
+  // AdamW's bias correction counts the updates taken, fewer than the steps when some were
+  // skipped (train.on_nan = skip); files written before adamw_steps counted them hold the step.
+  const auto adamw = meta.integers.find("adamw_steps");
+  store_.load_state(params.data(), m.data(), v.data(),
+                    adamw == meta.integers.end() ? step : adamw->second);
+  const auto tokens = meta.integers.find("tokens_seen");
+  resumed_step_ = step;
+  resumed_tokens_ = tokens == meta.integers.end()
+                        ? step * int64_t(cfg_.train.global_batch) * cfg_.model.seq_len
+                        : tokens->second;
   log(strfmt("resumed from %s at step %lld (written as %s), %s in %.2f s (%.1f MB/s)", path.c_str(),
              (long long)step, meta.text["layout"].c_str(), format_bytes(io.bytes).c_str(),
              io.seconds, io.bytes / 1e6 / std::max(io.seconds, 1e-9)));
   return step;
 }
 
-std::optional<int64_t> Checkpointer::resume() {
+std::optional<int64_t> Checkpointer::resume(bool say_changes) {
   const std::string& how = cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
-  if (how != "auto") return load(how);  // an explicit path: any problem is the user's error
-  for (const std::string& candidate : resume_candidates(world_, cfg_.checkpoint.dir)) {
+  if (how != "auto")
+    return load(how, say_changes);  // an explicit path: any problem is the user's error
+  // Damage falls back to an older checkpoint. But a directory whose checkpoints all fail to load
+  // (another model, another format) is refused: starting over there would overwrite the run's
+  // metrics and, step by step, its checkpoints.
+  const std::vector<std::string> candidates = resume_candidates(world_, cfg_.checkpoint.dir);
+  std::string first_error;
+  for (const std::string& candidate : candidates) {
     try {
-      return load(candidate);
+      return load(candidate, say_changes);
+    } catch (const IncompatibleCheckpoint& e) {
+      throw UserError(std::string("checkpoint.resume = auto: ") + e.what());
     } catch (const UserError& e) {
+      if (first_error.empty()) first_error = candidate + ": " + e.what();
       log(std::string("warning: cannot resume from ") + candidate + ": " + e.what() +
-          "; trying an older checkpoint");
+          (&candidate != &candidates.back() ? "; trying an older checkpoint" : ""));
     }
   }
+  if (!candidates.empty())
+    throw UserError(
+        strfmt("checkpoint.resume = auto: none of the %zu checkpoints in %s loads "
+               "(the newest: %s); --checkpoint.resume=never or another "
+               "checkpoint.dir starts over",
+               candidates.size(), cfg_.checkpoint.dir.c_str(), first_error.c_str()));
   return std::nullopt;
 }
 

@@ -31,14 +31,20 @@ class Checkpointer {
   void save(int64_t step);
   /// Collective: loads per checkpoint.resume (auto: the newest sound checkpoint, falling back to
   /// older ones with a warning; never; or a path). Returns the number of completed steps, or
-  /// nothing when starting fresh. A bad explicit path throws UserError.
-  std::optional<int64_t> resume();
+  /// nothing when starting fresh (auto and no checkpoint yet). A bad explicit path, another
+  /// model's checkpoint, or an auto resume where none of the checkpoints loads throw UserError.
+  /// `say_changes`: warn of changed training keys (not for an evaluation).
+  std::optional<int64_t> resume(bool say_changes = true);
 
  private:
   /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
   /// does not hold have no rows.
   std::vector<CkptSlab> slabs(const std::string& prefix, float* data, bool for_writing) const;
-  int64_t load(const std::string& path);
+  /// Collective, before any tensor is read: the file's format and its stored deck against this
+  /// run's. Another model → UserError naming each differing key; changed training keys (lr,
+  /// steps, data, …) → a warning naming them.
+  void check_compatible(const std::string& path, bool say_changes);
+  int64_t load(const std::string& path, bool say_changes);
 
   const Config& cfg_;
   const Grid& grid_;
@@ -46,6 +52,7 @@ class Checkpointer {
   const ParamTable& staged_;
   ShardedParams& store_;
   MPI_Comm world_;
+  int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 

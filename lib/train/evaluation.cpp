@@ -168,7 +168,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 2: load (a damaged file is the same UserError on every rank), then measure.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
-    const std::optional<int64_t> steps = trainer->resume();
+    const std::optional<int64_t> steps = trainer->resume(/*to_train=*/false);
     if (!steps) throw UserError(path + ": nothing loaded");
     report_evaluation(*trainer, cfg, path, *steps, world);
     return int(kExitOk);

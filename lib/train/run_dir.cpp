@@ -1,11 +1,13 @@
 #include "train/run_dir.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "core/error.hpp"
 
@@ -49,17 +51,31 @@ void RunDir::write_file(const std::string& name, const std::string& content) con
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << content;
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+    if (!out) throw UserError("run.dir: cannot write " + tmp.string());
   }
-  fs::rename(tmp, target);
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) throw UserError("run.dir: cannot write " + target.string() + ": " + ec.message());
 }
 
 void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
-                        bool append) {
+                        int64_t resumed_at) {
   fs::path file = fs::path(path_) / name;
-  const bool continuing = append && fs::exists(file);
+  const bool continuing = resumed_at > 0 && fs::exists(file);
+  if (continuing) {
+    // The header, then the rows of steps 1..resumed_at (the first field), via a rename.
+    std::ifstream in(file);
+    std::string kept, line;
+    for (bool header = true; std::getline(in, line); header = false) {
+      char* end = nullptr;
+      const long long step = std::strtoll(line.c_str(), &end, 10);
+      if (header || (end != line.c_str() && *end == ',' && step <= resumed_at)) kept += line + "\n";
+    }
+    if (in.bad()) throw UserError("run.dir: cannot read " + file.string());
+    write_file(name, kept);
+  }
   std::FILE* f = std::fopen(file.c_str(), continuing ? "a" : "w");
-  if (!f) throw std::runtime_error("cannot write " + file.string());
+  if (!f) throw UserError("run.dir: cannot write " + file.string() + ": " + std::strerror(errno));
   if (std::FILE* old = tables_[name]) std::fclose(old);
   tables_[name] = f;
   if (!continuing) append_row(name, columns);

@@ -22,10 +22,12 @@ class RunDir {
   void write_file(const std::string& name, const std::string& content) const;
 
   /// A CSV file inside the run directory (metrics.csv, eval.csv): the header once, then one row
-  /// per append_row; flushed each time so that a killed run keeps what it logged. With `append`
-  /// (a resumed run) an existing file is continued.
+  /// per append_row; flushed each time so that a killed run keeps what it logged. A run resumed
+  /// after `resumed_at` steps (> 0) continues an existing file, first dropping the rows of later
+  /// steps (logged before a crash, or after an older checkpoint it fell back to), which it is
+  /// about to log again. Errors → UserError naming the file.
   void open_table(const std::string& name, const std::vector<std::string>& columns,
-                  bool append = false);
+                  int64_t resumed_at = 0);
   void append_row(const std::string& name, const std::vector<std::string>& values);
 
  private:

@@ -346,11 +346,11 @@ static double median(std::vector<double> v) {
 static volatile std::sig_atomic_t g_stop_requests = 0;
 static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
 
-std::optional<int64_t> Trainer::resume() {
+std::optional<int64_t> Trainer::resume(bool to_train) {
   if (!checkpointer_)
     checkpointer_ =
         std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
-  std::optional<int64_t> steps = checkpointer_->resume();
+  std::optional<int64_t> steps = checkpointer_->resume(to_train);
   pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
   return steps;
 }
@@ -383,12 +383,21 @@ double Trainer::run() {
   }
   if (!quiet_) {
     print_start();
+    // Rank 0 alone writes the run directory; its failure (a file there that cannot be
+    // written) is agreed, so that no rank goes on into a step waiting for it.
+    std::string error;
     if (rank_ == 0) {
-      run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
-      run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
-      run_dir_->open_table("metrics.csv", kMetricsColumns, /*append=*/first_step > 0);
-      if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, /*append=*/first_step > 0);
+      try {
+        run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
+        run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
+        run_dir_->open_table("metrics.csv", kMetricsColumns, first_step);
+        if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, first_step);
+      } catch (const UserError& e) {
+        error = e.what();
+      }
     }
+    error = agree_on_error(comm_, error);
+    if (!error.empty()) throw UserError(error);
   }
   if (first_step >= cfg_.train.steps) {
     // A finished run resubmitted (make run twice, a requeued job): say so, and keep the

@@ -59,8 +59,9 @@ class Trainer {
 
   /// Loads the checkpoint checkpoint.resume names (auto: the newest sound one in checkpoint.dir)
   /// into the model and optimizer (collective). Returns the steps it holds, or nothing when there
-  /// is none to load. A bad explicit path throws UserError on every rank.
-  std::optional<int64_t> resume();
+  /// is none to load. A bad explicit path throws UserError on every rank. `to_train`: say which
+  /// training keys (lr, steps, data, …) changed since the checkpoint (trellis eval changes data).
+  std::optional<int64_t> resume(bool to_train = true);
 
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);

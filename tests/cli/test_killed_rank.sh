@@ -70,6 +70,9 @@ kill_case() {
   local step=$((10#$(echo "$expected" | sed -E "s/step_([0-9]+)\.h5/\1/")))
   check "$name: the resubmitted job resumes at step $step and finishes" \
     "[ $rc -eq 0 ] && grep -q 'at step $step ' '$check_log' && grep -q 'done: final loss' '$check_log'"
+  # The rows the first job logged past step $step are not kept twice: steps 1..10, once each.
+  check "$name: metrics.csv holds each step once" \
+    '[ "$(tail -n +2 "$run/metrics.csv" | cut -d, -f1 | tr "\n" " ")" = "1 2 3 4 5 6 7 8 9 10 " ]'
   [ -n "$(ls "$run/ckpt" | grep tmp)" ] && echo "     note: $name: a stale temporary file is left: $(ls "$run/ckpt" | grep tmp)"
   check_log=""
 }

@@ -50,7 +50,7 @@ check "stopped before the end" '! grep -q "^3000," "$work/cut/metrics.csv"'
 timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/cut" > "$work/resume.log" 2>&1
 check "resumed run finishes" '[ $? -eq 0 ] && grep -q "resumed from" "$work/resume.log"'
 check "same final loss as the uninterrupted run" '[ "$(final_loss "$work/cut/summary.json")" = "$(final_loss "$work/whole/summary.json")" ]'
-check "metrics.csv continued, one row per step" '[ "$(tail -n +2 "$work/cut/metrics.csv" | cut -d, -f1 | sort -n | uniq | wc -l)" -eq 3000 ]'
+check "metrics.csv continued, one row per step" '[ "$(tail -n +2 "$work/cut/metrics.csv" | cut -d, -f1 | sort -n | uniq | wc -l)" -eq 3000 ] && [ "$(wc -l < "$work/cut/metrics.csv")" -eq 3001 ]'
 # A wall-time budget (system.max_hours, here 7.2 s) stops the same way, leaving room for the
 # checkpoint.
 start=$(date +%s)

@@ -143,6 +143,82 @@ TEST(Restart, DamagedCheckpointFallsBackOrFails) {
   EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
 }
 
+TEST(Restart, AnotherModelIsRefusedTrainingKeysMayChange) {
+  // heads 4, kv_heads 2 → 2, 1 keeps every tensor's shape (qkv has (H + 2·KV)·C/H rows); fewer
+  // layers keep the first layers' tensors. Either would read the weights as another model's.
+  const std::string dir = own_dir("model");
+  fs::remove_all(dir);
+  train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5"});
+  const std::string file = (fs::path(dir) / checkpoint_file_name(5)).string();
+  for (const auto& [change, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--model.heads=2", "--model.kv_heads=1"}, "model.heads = 4 there, 2 here"},
+           {{"--model.layers=3"}, "model.layers = 4 there, 3 here"}}) {
+    for (const std::string& how : {std::string("auto"), file}) {
+      std::vector<std::string> o = change;
+      o.insert(o.end(), {"--parallel.dp=1", "--checkpoint.resume=" + how});
+      std::string msg;
+      try {
+        train(MPI_COMM_SELF, dir, o);
+      } catch (const UserError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find(key), std::string::npos) << how << ": " << msg;
+      EXPECT_NE(msg.find("holds another model"), std::string::npos) << how << ": " << msg;
+    }
+  }
+  // The run's checkpoint is still there and still the newest: nothing started over.
+  EXPECT_EQ(resume_candidates(dir), std::vector<std::string>{file});
+  // The initial weights' keys do not matter to a resume, and a changed lr or batch is the
+  // user's choice; tokens_seen counts each part at its own batch: 5·8·8 + 5·16·8.
+  EXPECT_EQ(
+      train(MPI_COMM_SELF, dir,
+            {"--parallel.dp=1", "--model.seed=99", "--train.lr=5e-3", "--train.global_batch=16"})
+          .size(),
+      5u);
+  const CkptMeta meta = read_checkpoint_meta((fs::path(dir) / checkpoint_file_name(10)).string());
+  EXPECT_EQ(meta.integers.at("tokens_seen"), 5 * 8 * 8 + 5 * 16 * 8);
+}
+
+TEST(Restart, AutoResumeWhereNoCheckpointLoadsIsAnError) {
+  // Starting over in a directory of checkpoints would overwrite the run's history.
+  const std::string dir = own_dir("none-loads");
+  fs::remove_all(dir);
+  train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  for (int64_t step : {5, 10}) {
+    const fs::path f = fs::path(dir) / checkpoint_file_name(step);
+    fs::resize_file(f, fs::file_size(f) / 2);
+  }
+  std::string msg;
+  try {
+    train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=12"});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("none of the 2 checkpoints in " + dir + " loads"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--checkpoint.resume=never"), std::string::npos) << msg;
+  // never starts over as asked.
+  EXPECT_EQ(train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--checkpoint.resume=never"}).size(),
+            10u);
+}
+
+TEST(Restart, SkippedUpdatesResumeBitwise) {
+  // With train.on_nan = skip, step 3's update is left out: AdamW has taken 4 updates after step
+  // 5, and its bias correction after the restart must count 4, not 5.
+  const std::string dir = own_dir("skipped");
+  fs::remove_all(dir);
+  ::setenv("TRELLIS_FAULT_NAN_AT_STEP", "3", 1);
+  const std::vector<double> whole =
+      train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.on_nan=skip"});
+  fs::remove(fs::path(dir) / checkpoint_file_name(10));
+  publish_latest(dir, checkpoint_file_name(5));
+  const std::vector<double> resumed =
+      train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.on_nan=skip"});
+  ::unsetenv("TRELLIS_FAULT_NAN_AT_STEP");
+  ASSERT_EQ(whole.size(), 10u);
+  ASSERT_EQ(resumed.size(), 5u);
+  for (size_t s = 0; s < 5; ++s) EXPECT_EQ(resumed[s], whole[5 + s]) << "step " << 5 + s;
+}
+
 TEST(Restart, ChainOfLayoutsOnEightRanks) {
   // 1×1×1 → 2×2×2 with ZeRO 3 → 4×1×2 with ZeRO 1 → 2×4×1 (dp × tp × pp), each run resuming
   // from the previous one's checkpoint five steps later.
