@@ -1,8 +1,10 @@
 #include "comm/world.hpp"
 
 #include <climits>
+#include <new>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace trellis {
@@ -36,6 +38,24 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   text.resize(len);
   MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
   return std::string(text.begin(), text.end());
+}
+
+std::string setup_error(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const UserError& e) {
+    return e.what();
+  } catch (const std::bad_alloc&) {
+    return "out of host memory while setting up: what a rank holds grows with the model (trellis "
+           "plan DECK gives its share), data.synthetic_tokens and the held-out set (eval.batches "
+           "global batches)";
+  }
+  return {};
+}
+
+void setup_together(MPI_Comm comm, const std::function<void()>& work) {
+  const std::string error = agree_on_error(comm, setup_error(work));
+  if (!error.empty()) throw UserError(error);
 }
 
 MinAvgMax min_avg_max(MPI_Comm comm, double value) {

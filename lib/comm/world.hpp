@@ -3,6 +3,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
 namespace trellis {
@@ -32,6 +33,16 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error);
 /// Collective: agree_on_error, then, when some rank failed, rank 0 of comm prints
 /// "<who>: error: <message>" once. True when some rank failed (the caller then exits 2).
 bool failed_together(MPI_Comm comm, const std::string& error, const std::string& who);
+
+/// This rank's part of a setup phase: runs `work` and returns "" or what went wrong — bad input
+/// (UserError) as it says, a want of host memory (std::bad_alloc) named as such with the keys
+/// that size what a rank holds. Other exceptions (internal errors) pass through.
+std::string setup_error(const std::function<void()>& work);
+
+/// Collective: setup_error(work) on every rank, then agree_on_error; a failure on any rank is a
+/// UserError with the lowest failing rank's message on every rank. For per-rank work (opening
+/// data files, choosing a device) that comes before a collective the failed ranks would miss.
+void setup_together(MPI_Comm comm, const std::function<void()>& work);
 
 struct MinAvgMax {
   double min, avg, max;

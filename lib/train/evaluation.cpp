@@ -122,7 +122,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   std::string error, path;
   Config cfg;
   std::unique_ptr<Trainer> trainer;
-  try {
+  error = setup_error([&] {
     std::vector<std::string> overrides;
     for (const std::string& a : args) {
       if (a.rfind("--", 0) == 0) {
@@ -154,15 +154,13 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // so that a corpus moved or gone since the training does not stop an evaluation.
     if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;
     trainer = std::make_unique<Trainer>(cfg, world.comm());
-  } catch (const UserError& e) {
-    error = e.what();
-    // The held-out set is eval.batches global batches: a layout that does not divide one is
-    // for the micro-batch or the layout to change, not train.global_batch.
-    if (error.find("is not divisible by parallel.dp * train.micro_batch") != std::string::npos)
-      error +=
-          " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
-          "--train.micro_batch or the layout)";
-  }
+  });
+  // The held-out set is eval.batches global batches: a layout that does not divide one is for
+  // the micro-batch or the layout to change, not train.global_batch.
+  if (error.find("is not divisible by parallel.dp * train.micro_batch") != std::string::npos)
+    error +=
+        " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
+        "--train.micro_batch or the layout)";
   if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
 
   // Phase 2: load (a damaged file is the same UserError on every rank), then measure.

@@ -91,21 +91,22 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  if (backend) {
-    backend_ = std::move(backend);
-  } else {
-    const NodeRanks node = node_ranks(comm_);
-    backend_ = make_backend(cfg_.system.backend, node.rank, node.size);
-  }
-  backend_->set_threads(cfg_.system.threads);
-  backend_->set_precision(cfg_.system.precision);
-  if (cfg_.eval.every > 0) {  // first: `trellis eval` points the training source here too
-    const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
-    held_out_source_ = make_held_out_source(cfg_.data, cfg_.eval, cfg_.model, sequences);
-    held_out_ = std::make_unique<HeldOutSet>(*held_out_source_, cfg_.model.seq_len, sequences);
-  }
-  source_ = make_token_source(cfg_.data, cfg_.model);
-  sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+  const NodeRanks node = backend ? NodeRanks{} : node_ranks(comm_);
+  // Each rank's own device and data files, agreed before the first collective of the grid: a
+  // file one node cannot read (node-local storage) or a missing GPU stops every rank together.
+  setup_together(comm_, [&] {
+    backend_ =
+        backend ? std::move(backend) : make_backend(cfg_.system.backend, node.rank, node.size);
+    backend_->set_threads(cfg_.system.threads);
+    backend_->set_precision(cfg_.system.precision);
+    if (cfg_.eval.every > 0) {  // first: `trellis eval` points the training source here too
+      const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
+      held_out_source_ = make_held_out_source(cfg_.data, cfg_.eval, cfg_.model, sequences);
+      held_out_ = std::make_unique<HeldOutSet>(*held_out_source_, cfg_.model.seq_len, sequences);
+    }
+    source_ = make_token_source(cfg_.data, cfg_.model);
+    sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+  });
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
@@ -345,6 +346,11 @@ static double median(std::vector<double> v) {
 
 static volatile std::sig_atomic_t g_stop_requests = 0;
 static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
+/// From as early as the deck is known: a signal that comes during the set-up or a long resume
+/// then stops the run at its first step boundary instead of killing the rank (and the requeue).
+static void catch_stop_signal(const Config& cfg) {
+  std::signal(cfg.system.stop_signal == "TERM" ? SIGTERM : SIGUSR1, on_stop_signal);
+}
 
 std::optional<int64_t> Trainer::resume(bool to_train) {
   if (!checkpointer_)
@@ -378,8 +384,8 @@ double Trainer::run() {
   const double start = now_seconds();
   int64_t first_step = 0;
   if (checkpointing_) {
+    catch_stop_signal(cfg_);
     if (auto resumed = resume()) first_step = *resumed;
-    std::signal(cfg_.system.stop_signal == "TERM" ? SIGTERM : SIGUSR1, on_stop_signal);
   }
   if (!quiet_) {
     print_start();
@@ -538,15 +544,20 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   // Phase 1: everything that bad input can break, on every rank; then all ranks agree.
   Config cfg;
   std::unique_ptr<Trainer> trainer;
-  std::string error;
-  try {
+  std::string error = setup_error([&] {
     set_fault_rank(world.rank(), world.size());  // tests only: TRELLIS_FAULT_KILL
     cfg = load_config(deck, overrides, world.size());
     check_writable_dir(cfg.run.dir, "run.dir");
     check_writable_dir(cfg.checkpoint.dir, "checkpoint.dir");
-    trainer = std::make_unique<Trainer>(cfg, world.comm());
-  } catch (const UserError& e) {
-    error = e.what();
+  });
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  catch_stop_signal(cfg);
+  {
+    // The trainer's set-up has collectives (the grid, NCCL's communicators): watched as the run
+    // is, so that a rank that never arrives ends the job rather than keeping it waiting.
+    Watchdog watchdog(cfg.system.hang_timeout_s, world.rank());
+    watchdog_beat("setting up the trainer");
+    error = setup_error([&] { trainer = std::make_unique<Trainer>(cfg, world.comm()); });
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   // Phase 2: the run.

@@ -98,6 +98,7 @@ expect "interleaved, chunks uneven"   2 2 "parallel.virtual_stages"      -- trai
 expect "world size not dp*tp*pp"      4 2 "parallel.dp"                  -- train "$ok" --parallel.dp=3
 expect "unknown precision"            1 2 "system.precision"             -- train "$ok" --system.precision=fp16
 expect "grad reduction dtype"         2 2 "system.grad_reduce"           -- train "$ok" --system.grad_reduce=fp16
+expect "corpus beyond host memory"    2 2 "out of host memory"           -- train "$ok" --parallel.dp=2 --data.synthetic_tokens=100000000000000
 expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
 # The CUDA backend: absent from a build without nvcc, or no device, or fewer GPUs than ranks.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
@@ -106,6 +107,22 @@ fi
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect "cuda without a device"      1 2 "system.backend"               -- train "$ok" --system.backend=cuda
   expect "cuda bf16 without a device" 1 2 "system.backend"               -- train "$ok" --system.backend=cuda --system.precision=bf16
+fi
+
+# A data file that one rank cannot read while the other can (node-local storage staged on one
+# node only): both ranks stop together, before the grid's first collective, instead of one
+# waiting there for a rank that has gone to report its error. Two programs (mpirun's MPMD form),
+# a data.path each.
+base64 /dev/urandom | head -c 6000 > "$work/corpus.txt"
+run="$work/run-mpmd" out="$work/out.txt"
+common=(train "$ok" --data.source=text --model.vocab=256 --parallel.dp=2 --run.dir="$run")
+timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" "${common[@]}" --data.path="$work/corpus.txt" \
+  : -np 1 "$trellis" "${common[@]}" --data.path="$work/not-on-this-node.txt" > "$out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c -F "not-on-this-node.txt" "$out")" -eq 1 ] && [ ! -e "$run" ]; then
+  passed=$((passed + 1)); echo "ok   data file missing on one rank only"
+else
+  failed=$((failed + 1)); echo "FAIL data file missing on one rank only: exit $rc"; sed 's/^/     | /' "$out" | head -20
 fi
 
 echo "cli: $passed passed, $failed failed"
