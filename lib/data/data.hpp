@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.hpp"
@@ -28,7 +29,17 @@ class TokenSource {
   virtual void window(int64_t k, int len, int32_t* out) const = 0;
   /// The lowest reachable loss in nats/token, where known (the synthetic source's entropy rate).
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
+  /// The files it reads, by path and identity (none for the synthetic source).
+  struct File {
+    std::string path;
+    std::pair<uint64_t, uint64_t> id;  // (device, inode)
+  };
+  virtual std::vector<File> files() const { return {}; }
 };
+
+/// "" when no file of `held_out` is one of `training`'s (under any name), else what is shared,
+/// naming eval.path and data.path.
+std::string held_out_overlap(const TokenSource& training, const TokenSource& held_out);
 
 /// The individual sources (make_token_source chooses among them by data.source). `key` names
 /// data.path in messages (eval.path for the held-out data).

@@ -35,6 +35,7 @@ MappedFile::MappedFile(const std::string& path, const std::string& what) : path_
     throw UserError(strfmt("%s: '%s' is not a regular file", what.c_str(), path.c_str()));
   }
   size_ = size_t(st.st_size);
+  id_ = {uint64_t(st.st_dev), uint64_t(st.st_ino)};
   if (size_ == 0) {
     ::close(fd);
     throw UserError(strfmt("%s: '%s' is empty", what.c_str(), path.c_str()));
@@ -49,7 +50,7 @@ MappedFile::MappedFile(const std::string& path, const std::string& what) : path_
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
+    : path_(std::move(o.path_)), id_(o.id_), data_(o.data_), size_(o.size_) {
   o.data_ = nullptr;
   o.size_ = 0;
 }

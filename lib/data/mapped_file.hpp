@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace trellis {
 
@@ -19,9 +20,12 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  /// The file itself (device, inode): one file under two names (a link, ./x and x) is one id.
+  std::pair<uint64_t, uint64_t> id() const { return id_; }
 
  private:
   std::string path_;
+  std::pair<uint64_t, uint64_t> id_{0, 0};
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

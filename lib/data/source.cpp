@@ -1,4 +1,6 @@
 // Chooses the token source by data.source, for training and for the held-out evaluation.
+#include <map>
+
 #include "core/error.hpp"
 #include "data/data.hpp"
 
@@ -11,6 +13,17 @@ std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const Mod
   if (data.source == "tokens") return make_tokens_source(data, model, key);
   throw UserError(strfmt("data.source = '%s' is not one of synthetic, text, tokens",
                          data.source.c_str()));
+}
+
+std::string held_out_overlap(const TokenSource& training, const TokenSource& held_out) {
+  std::map<std::pair<uint64_t, uint64_t>, std::string> trained;
+  for (const TokenSource::File& f : training.files()) trained.emplace(f.id, f.path);
+  for (const TokenSource::File& f : held_out.files())
+    if (auto it = trained.find(f.id); it != trained.end())
+      return "eval.path and data.path both read " + f.path +
+             (it->second == f.path ? std::string() : " (as " + it->second + " in data.path)") +
+             ": the held-out loss would be measured on the training data";
+  return {};
 }
 
 std::unique_ptr<TokenSource> make_held_out_source(const DataConfig& data, const EvalConfig& eval,

@@ -16,6 +16,7 @@ class TextSource final : public TokenSource {
                   file_.size());
   }
   int vocab() const override { return 256; }
+  std::vector<File> files() const override { return {{file_.path(), file_.id()}}; }
   int64_t size() const override { return int64_t(file_.size()); }
   int64_t num_windows(int len) const override { return std::max<int64_t>(0, size() - len + 1); }
   void window(int64_t k, int len, int32_t* out) const override {

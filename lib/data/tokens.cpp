@@ -102,6 +102,11 @@ class TokensSource final : public TokenSource {
     }
   }
 
+  std::vector<File> files() const override {
+    std::vector<File> out;
+    for (const Shard& s : shards_) out.push_back({s.file.path(), s.file.id()});
+    return out;
+  }
   std::string describe() const override {
     int llmc = 0;
     for (const auto& s : shards_) llmc += s.llmc;

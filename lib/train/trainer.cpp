@@ -287,6 +287,10 @@ void Trainer::print_start() const {
     log("communication: device buffers through the " + link->kind() + " link" +
         (link->kind() == "staged" ? " (device -> host -> MPI -> device)" : " (NCCL)"));
   log("data: " + source_->describe());
+  if (cfg_.data.source == "synthetic" && !cfg_.data.path.empty())  // (a deck's files overridden)
+    log("warning: data.path = '" + cfg_.data.path +
+        "' is not read: data.source = synthetic generates its corpus (data.source = tokens or "
+        "text trains on the files)");
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
   if (held_out_) {
@@ -557,7 +561,15 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     // is, so that a rank that never arrives ends the job rather than keeping it waiting.
     Watchdog watchdog(cfg.system.hang_timeout_s, world.rank());
     watchdog_beat("setting up the trainer");
-    error = setup_error([&] { trainer = std::make_unique<Trainer>(cfg, world.comm()); });
+    error = setup_error([&] {
+      trainer = std::make_unique<Trainer>(cfg, world.comm());
+      // The same file under two names (eval.path ./val.bin, data.path *.bin): the deck's check
+      // compares the keys' text only.
+      if (const TokenSource* held_out = trainer->held_out_source())
+        if (const std::string shared = held_out_overlap(trainer->source(), *held_out);
+            !shared.empty())
+          throw UserError(shared);
+    });
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   // Phase 2: the run.

@@ -38,6 +38,7 @@ expect() {
   local problem=""
   [ "$rc" -eq "$want" ] || problem="exit $rc, expected $want"
   [ -z "$problem" ] && [ "$want" -ne 0 ] && [ "$count" -ne 1 ] && problem="message '$fragment' printed $count times"
+  [ -z "$problem" ] && [ "$want" -eq 0 ] && [ "$count" -lt 1 ] && problem="no '$fragment' in the output"
   [ -z "$problem" ] && [ "$want" -ne 0 ] && [ -e "$run" ] && problem="created $run"
   if [ -z "$problem" ]; then
     passed=$((passed + 1)); echo "ok   $name"
@@ -49,6 +50,7 @@ expect() {
 ok="$work/ok.deck"
 expect "valid deck runs"              1 0 "done:"                        -- train "$ok"
 expect "valid deck, 2 ranks, zero 3"  2 0 "done:"                        -- train "$ok" --parallel.dp=2 --parallel.zero=3
+expect "synthetic with a data.path: said" 1 0 "is not read: data.source = synthetic" -- train "$ok" --data.path=shards/x_*.bin
 expect "missing deck"                 2 2 "no-such.deck"                 -- train "$work/no-such.deck"
 expect "unknown key"                  2 2 "did you mean 'model.layers'"  -- train "$ok" --model.layer=3
 expect "bad value"                    2 2 "train.steps"                  -- train "$ok" --train.steps=abc
@@ -114,6 +116,10 @@ fi
 # waiting there for a rank that has gone to report its error. Two programs (mpirun's MPMD form),
 # a data.path each.
 base64 /dev/urandom | head -c 6000 > "$work/corpus.txt"
+# The training file as held-out data under another name: the keys' text differs, the file not.
+expect "eval.path is data.path by another name" 2 2 "eval.path and data.path both read" -- train "$ok" \
+  --parallel.dp=2 --data.source=text --model.vocab=256 --data.path="$work/corpus.txt" \
+  --eval.every=1 --eval.path="$work/./corpus.txt"
 run="$work/run-mpmd" out="$work/out.txt"
 common=(train "$ok" --data.source=text --model.vocab=256 --parallel.dp=2 --run.dir="$run")
 timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" "${common[@]}" --data.path="$work/corpus.txt" \

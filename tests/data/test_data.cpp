@@ -471,6 +471,34 @@ TEST(HeldOut, FileErrorsNameEvalPath) {
                     {"eval.path", "val_0.bin", "model.vocab = 256"});
 }
 
+TEST(HeldOut, OverlapWithTheTrainingFilesIsFoundUnderAnyName) {
+  TempDir dir;
+  const std::vector<uint16_t> toks(40, 7);
+  write_llmc(dir.file("fineweb_train_000.bin"), toks);
+  write_llmc(dir.file("fineweb_val_000.bin"), toks);
+  // A glob that takes the validation shard too: found, naming both keys and the shard.
+  const std::string shared = held_out_overlap(*tokens_source(dir.file("fineweb_*.bin")),
+                                              *tokens_source(dir.file("fineweb_val_*.bin")));
+  for (const std::string& part : {std::string("eval.path"), std::string("data.path"),
+                                  dir.file("fineweb_val_000.bin")})
+    EXPECT_NE(shared.find(part), std::string::npos) << shared;
+  // Apart: nothing.
+  EXPECT_EQ(held_out_overlap(*tokens_source(dir.file("fineweb_train_*.bin")),
+                             *tokens_source(dir.file("fineweb_val_*.bin"))),
+            "");
+  // One text file under another name (a symbolic link), and the synthetic source (no files).
+  write_bytes(dir.file("corpus.txt"), "some training text", 18);
+  std::filesystem::create_symlink(dir.file("corpus.txt"), dir.file("held-out.txt"));
+  const std::string linked =
+      held_out_overlap(*text_source(dir.file("corpus.txt")), *text_source(dir.file("held-out.txt")));
+  EXPECT_NE(linked.find("(as " + dir.file("corpus.txt") + " in data.path)"), std::string::npos)
+      << linked;
+  DataConfig d;
+  ModelConfig m;
+  m.vocab = 256;
+  EXPECT_EQ(held_out_overlap(*make_synthetic_source(d, m), *text_source(dir.file("corpus.txt"))), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sampler
 
