@@ -289,6 +289,17 @@ class Validator {
 
   void training() {
     const auto& t = c_.train;
+    // A micro-batch's tokens index the activations as 32-bit counts (B·T rows of every tensor),
+    // and so do the held-out set's sequences.
+    constexpr int64_t kMaxCount = std::numeric_limits<int32_t>::max();
+    if (int64_t{t.micro_batch} * c_.model.seq_len > kMaxCount)
+      fail(where({"train.micro_batch", "model.seq_len"}),
+           "train.micro_batch * model.seq_len = " + n(int64_t{t.micro_batch} * c_.model.seq_len) +
+               " tokens exceeds " + n(kMaxCount) + ": use a smaller micro_batch");
+    if (c_.eval.every > 0 && int64_t{c_.eval.batches} * t.global_batch > kMaxCount)
+      fail(where({"eval.batches", "train.global_batch"}),
+           "eval.batches * train.global_batch = " + n(int64_t{c_.eval.batches} * t.global_batch) +
+               " held-out sequences exceeds " + n(kMaxCount) + ": use fewer eval.batches");
     const int64_t per_step = int64_t{c_.parallel.dp} * t.micro_batch;
     if (t.global_batch % per_step != 0)
       fail(where({"train.global_batch", "train.micro_batch", "parallel.dp"}),

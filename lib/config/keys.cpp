@@ -48,7 +48,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "model",
        .key = "seq_len",
        .field = FIELD(model.seq_len),
-       .bound = at_least(1),
+       .bound = between(1, 1 << 24),  // seq_len + 1 (a window with its target) fits an int
        .help = "tokens per sequence"},
       {.section = "model",
        .key = "vocab",
