@@ -195,6 +195,7 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
                     adamw == meta.integers.end() ? step : adamw->second);
   const auto tokens = meta.integers.find("tokens_seen");
   resumed_step_ = step;
+  resumed_seconds_ = io.seconds;
   resumed_tokens_ = tokens == meta.integers.end()
                         ? step * int64_t(cfg_.train.global_batch) * cfg_.model.seq_len
                         : tokens->second;
@@ -204,21 +205,41 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   return step;
 }
 
-std::optional<int64_t> Checkpointer::resume(bool say_changes) {
+std::optional<int64_t> Checkpointer::resume(bool training) {
   const std::string& how = cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
-  if (how != "auto")
-    return load(how, say_changes);  // an explicit path: any problem is the user's error
+  const bool say_changes = training;
+  std::vector<std::string> candidates;
+  if (how != "auto") {
+    // A start point from elsewhere (another run, a model to fine-tune) is where a training run
+    // begins. Once the run has checkpoints of its own, a requeued job running the same command
+    // goes on from them: loading the start point again would throw its progress away. A file
+    // in checkpoint.dir itself (going back to an earlier step) loads as asked, and so does any
+    // file for an evaluation.
+    auto resolved = [](const std::string& p) {
+      std::error_code ec;
+      const fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+      return ec ? fs::absolute(p).lexically_normal() : r;
+    };
+    if (!training || resolved(how).parent_path() == resolved(cfg_.checkpoint.dir))
+      return load(how, say_changes);  // any problem is the user's error
+    candidates = resume_candidates(world_, cfg_.checkpoint.dir);
+    if (candidates.empty()) return load(how, say_changes);
+    log("checkpoint.resume = " + how + ": " + cfg_.checkpoint.dir +
+        " holds this run's own checkpoints (a requeued job): going on from the newest, " +
+        candidates.front());
+  } else {
+    candidates = resume_candidates(world_, cfg_.checkpoint.dir);
+  }
   // Damage falls back to an older checkpoint. But a directory whose checkpoints all fail to load
   // (another model, another format) is refused: starting over there would overwrite the run's
   // metrics and, step by step, its checkpoints.
-  const std::vector<std::string> candidates = resume_candidates(world_, cfg_.checkpoint.dir);
   std::string first_error;
   for (const std::string& candidate : candidates) {
     try {
       return load(candidate, say_changes);
     } catch (const IncompatibleCheckpoint& e) {
-      throw UserError(std::string("checkpoint.resume = auto: ") + e.what());
+      throw UserError("checkpoint.resume = " + how + ": " + e.what());
     } catch (const UserError& e) {
       if (first_error.empty()) first_error = candidate + ": " + e.what();
       log(std::string("warning: cannot resume from ") + candidate + ": " + e.what() +
@@ -227,10 +248,10 @@ std::optional<int64_t> Checkpointer::resume(bool say_changes) {
   }
   if (!candidates.empty())
     throw UserError(
-        strfmt("checkpoint.resume = auto: none of the %zu checkpoints in %s loads "
+        strfmt("checkpoint.resume = %s: none of the %zu checkpoints in %s loads "
                "(the newest: %s); --checkpoint.resume=never or another "
                "checkpoint.dir starts over",
-               candidates.size(), cfg_.checkpoint.dir.c_str(), first_error.c_str()));
+               how.c_str(), candidates.size(), cfg_.checkpoint.dir.c_str(), first_error.c_str()));
   return std::nullopt;
 }
 

@@ -33,8 +33,11 @@ class Checkpointer {
   /// older ones with a warning; never; or a path). Returns the number of completed steps, or
   /// nothing when starting fresh (auto and no checkpoint yet). A bad explicit path, another
   /// model's checkpoint, or an auto resume where none of the checkpoints loads throw UserError.
-  /// `say_changes`: warn of changed training keys (not for an evaluation).
-  std::optional<int64_t> resume(bool say_changes = true);
+  /// `training` (not an evaluation): warn of changed training keys, and once checkpoint.dir holds
+  /// checkpoints prefer them to an explicit path outside it (a requeued job's command).
+  std::optional<int64_t> resume(bool training = true);
+  /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
+  double resumed_seconds() const { return resumed_seconds_; }
 
  private:
   /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
@@ -53,6 +56,7 @@ class Checkpointer {
   ShardedParams& store_;
   MPI_Comm world_;
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
+  double resumed_seconds_ = 0;                     // and the time its read took
   Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 

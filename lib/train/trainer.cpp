@@ -420,7 +420,9 @@ double Trainer::run() {
                  (long long)cfg_.train.steps, cfg_.run.dir.c_str()));
     return NAN;
   }
-  double slowest = 0, checkpoint_seconds = 0;
+  // Until this run has written a checkpoint, the time its resume took to read one (the same
+  // bytes, the same filesystem) stands for the cost of the one system.max_hours leaves room for.
+  double slowest = 0, checkpoint_seconds = checkpointer_ ? checkpointer_->resumed_seconds() : 0;
   int64_t saved = first_step;
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     watchdog_beat("a training step");

@@ -219,6 +219,32 @@ TEST(Restart, SkippedUpdatesResumeBitwise) {
   for (size_t s = 0; s < 5; ++s) EXPECT_EQ(resumed[s], whole[5 + s]) << "step " << 5 + s;
 }
 
+TEST(Restart, RequeuedJobGoesOnFromItsOwnCheckpointsNotTheStartPoint) {
+  // A run started from another run's step-5 checkpoint (checkpoint.resume = that file), cut off
+  // after its step-10 checkpoint, then requeued with the same command: it goes on from step 10
+  // of its own directory, exactly, instead of from step 5 again.
+  const std::string from_dir = own_dir("start-point"), dir = own_dir("requeued");
+  fs::remove_all(from_dir);
+  fs::remove_all(dir);
+  train(MPI_COMM_SELF, from_dir, {"--parallel.dp=1"});
+  const std::vector<std::string> command = {
+      "--parallel.dp=1", "--train.steps=15",
+      "--checkpoint.resume=" + (fs::path(from_dir) / checkpoint_file_name(5)).string()};
+  const std::vector<double> first = train(MPI_COMM_SELF, dir, command);
+  ASSERT_EQ(first.size(), 10u);  // steps 5..14
+  fs::remove(fs::path(dir) / checkpoint_file_name(15));
+  publish_latest(dir, checkpoint_file_name(10));
+  const std::vector<double> requeued = train(MPI_COMM_SELF, dir, command);
+  ASSERT_EQ(requeued.size(), 5u);  // steps 10..14
+  for (size_t s = 0; s < 5; ++s) EXPECT_EQ(requeued[s], first[5 + s]) << "step " << 10 + s;
+  // A file of the run's own directory loads as asked (going back to an earlier step).
+  const std::vector<double> back =
+      train(MPI_COMM_SELF, dir,
+            {"--parallel.dp=1", "--train.steps=15",
+             "--checkpoint.resume=" + (fs::path(dir) / checkpoint_file_name(10)).string()});
+  EXPECT_EQ(back.size(), 5u);
+}
+
 TEST(Restart, ChainOfLayoutsOnEightRanks) {
   // 1×1×1 → 2×2×2 with ZeRO 3 → 4×1×2 with ZeRO 1 → 2×4×1 (dp × tp × pp), each run resuming
   // from the previous one's checkpoint five steps later.
