@@ -6,13 +6,85 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "core/error.hpp"
 
 namespace trellis {
+
+// ---- a file that shrinks under its map --------------------------------------------------------
+// Reading a mapped page past the end of a file truncated since (a shard rewritten in place, `>`
+// onto a corpus) raises SIGBUS, which would end the rank with no word of why. The maps are
+// registered here, and the handler names the file when the fault is inside one; any other
+// SIGBUS takes its default course.
+
+namespace {
+
+struct MapRange {
+  std::atomic<const uint8_t*> begin{nullptr};
+  size_t size = 0;
+  char path[512] = {};
+};
+constexpr int kMaxRanges = 4096;  // shards mapped at once; beyond that a map goes unnamed
+MapRange g_ranges[kMaxRanges];
+std::mutex g_ranges_mutex;
+
+void write_all(const char* s) {
+  for (size_t n = std::strlen(s); n > 0;) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w, n -= size_t(w);
+  }
+}
+
+void on_sigbus(int, siginfo_t* info, void*) {
+  const auto* at = static_cast<const uint8_t*>(info->si_addr);
+  for (const MapRange& r : g_ranges) {
+    const uint8_t* b = r.begin.load(std::memory_order_acquire);
+    if (b && at >= b && at < b + r.size) {
+      write_all("trellis: error: data file '");
+      write_all(r.path);
+      write_all(
+          "' became shorter while the run read it (truncated or rewritten in place): leave "
+          "the files of data.path and eval.path as they are during a run (write new data "
+          "under new names)\n");
+      ::_exit(2);  // kExitBadInput; async-signal-safe
+    }
+  }
+  std::signal(SIGBUS, SIG_DFL);  // not a data file's: the fault repeats and ends the process
+}
+
+void register_map(const uint8_t* data, size_t size, const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_ranges_mutex);
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+  for (MapRange& r : g_ranges)
+    if (!r.begin.load(std::memory_order_relaxed)) {
+      std::strncpy(r.path, path.c_str(), sizeof r.path - 1);
+      r.size = size;
+      r.begin.store(data, std::memory_order_release);
+      return;
+    }
+}
+
+void unregister_map(const uint8_t* data) {
+  std::lock_guard<std::mutex> lock(g_ranges_mutex);
+  for (MapRange& r : g_ranges)
+    if (r.begin.load(std::memory_order_relaxed) == data) r.begin.store(nullptr);
+}
+
+}  // namespace
 
 MappedFile::MappedFile(const std::string& path, const std::string& what) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -47,6 +119,7 @@ MappedFile::MappedFile(const std::string& path, const std::string& what) : path_
     throw UserError(strfmt("%s: cannot read '%s': %s", what.c_str(), path.c_str(),
                            std::strerror(e)));
   data_ = static_cast<const uint8_t*>(p);
+  register_map(data_, size_, path_);
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
@@ -56,7 +129,9 @@ MappedFile::MappedFile(MappedFile&& o) noexcept
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (!data_) return;
+  unregister_map(data_);
+  ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 }  // namespace trellis

@@ -280,6 +280,24 @@ TEST(Text, ReadsBytes) {
   EXPECT_NE(s->describe().find(p), std::string::npos);
 }
 
+TEST(Text, AFileTruncatedUnderTheRunIsNamed) {
+  // The corpus cut short after it was opened (`> corpus.txt` while a run reads it): reading the
+  // lost pages ends the process with status 2 and the file's name, not a bare SIGBUS.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  const std::string path = dir.file("corpus.txt");
+  const std::string text(3 * 65536, 'a');
+  write_bytes(path, text.data(), text.size());
+  EXPECT_EXIT(
+      {
+        auto s = text_source(path);
+        std::filesystem::resize_file(path, 10);
+        std::vector<int32_t> w(16);
+        s->window(2 * 65536, 16, w.data());
+      },
+      ::testing::ExitedWithCode(2), "corpus.txt' became shorter while the run read it");
+}
+
 TEST(Text, Errors) {
   TempDir dir;
   const std::string missing = dir.file("missing.txt");
