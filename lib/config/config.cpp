@@ -257,6 +257,10 @@ class Validator {
         fail(where({"parallel.schedule", "parallel.virtual_stages"}),
              "parallel.schedule = interleaved needs parallel.virtual_stages > 1 "
              "(or use schedule = 1f1b)");
+      if (p.pp < 2)
+        fail(where({"parallel.schedule", "parallel.pp"}),
+             "parallel.schedule = interleaved needs parallel.pp > 1: one stage has no pipeline to "
+             "interleave (use schedule = 1f1b)");
       const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
       if (m.layers % chunks != 0)
         fail(where({"model.layers", "parallel.pp", "parallel.virtual_stages"}),

@@ -17,6 +17,20 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
       store_(store) {
   first_ = pp_.rank() == 0;
   last_ = pp_.rank() == pp_.size() - 1;
+  // Activations and their gradients are tagged by micro-batch and chunk; the tied weight's two
+  // messages take the largest tags this MPI allows (MPI_TAG_UB: the standard promises only
+  // 32767; Open MPI over UCX gives 2^23 - 1), above all of those.
+  int* ub = nullptr;
+  int have_ub = 0;
+  MPI_Comm_get_attr(pp_.comm(), MPI_TAG_UB, &ub, &have_ub);
+  tied_tag_ = have_ub && ub ? *ub - 1 : 32766;
+  const int64_t largest = 2 * (int64_t(micro_batches_) * chunks_ + chunks_) + 1;
+  if (pp_.size() > 1 && largest >= tied_tag_)
+    throw UserError(strfmt(
+        "parallel.pp = %d: this MPI's message tags end at %d (MPI_TAG_UB) and the pipeline needs "
+        "%lld for %d micro-batches per step x %d chunks: use fewer micro-batches (a larger "
+        "train.micro_batch) or fewer parallel.virtual_stages",
+        pp_.size(), tied_tag_ + 1, (long long)largest, micro_batches_, chunks_));
   const int slots = gpt_.num_slots();
   grad_out_.resize(slots * chunks_);
   act_sends_.resize(slots * chunks_);
@@ -46,7 +60,7 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
     // add the last stage's LM-head gradient of the same tied weight.
     gpt_.set_before_embedding_release([this](float* dwte) {
       if (!last_micro_batch_) return;
-      pp_.recv(tied_in_.f32(), head_count_, pp_.size() - 1, /*tag=*/1 << 24);
+      pp_.recv(tied_in_.f32(), head_count_, pp_.size() - 1, tied_tag_);
       gpt_.backend().add(dwte, dwte, tied_in_.f32(), head_count_);  // dwte (Vl, C) += LM head's
     });
   }
@@ -117,7 +131,7 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
     }
   }
   // The last stage's LM-head gradient goes to the first stage, which adds it to wte's.
-  if (last_ && !first_) pp_.send(head_dwte_.f32(), head_count_, 0, 1 << 24);
+  if (last_ && !first_) pp_.send(head_dwte_.f32(), head_count_, 0, tied_tag_);
   for (auto& r : act_sends_) r.wait();
   for (auto& r : grad_sends_) r.wait();
   return loss_sum;
@@ -155,10 +169,10 @@ void Pipeline::sync_tied_weights() {
     const int emb = gpt_.table().embedding_unit();
     CPtr p = store_.acquire_params(emb);  // gathers under ZeRO-3
     pp_.send(p.at(gpt_.table().wte - gpt_.table().units[emb].begin), head_count_, pp_.size() - 1,
-             (1 << 24) + 1);
+             tied_tag_ + 1);
     store_.release_params(emb);
   } else if (last_) {
-    pp_.recv(head_wte_.as(gpt_.dtype()), head_count_, 0, (1 << 24) + 1);
+    pp_.recv(head_wte_.as(gpt_.dtype()), head_count_, 0, tied_tag_ + 1);
   }
 }
 

@@ -61,6 +61,7 @@ class Pipeline {
   GPT& gpt_;
   ShardedParams& store_;
   bool first_, last_;
+  int tied_tag_;  // the tied LM head's gradient to the first stage; +1: its weights back
   std::vector<int32_t> inputs_, targets_;  // (B, T)
   std::vector<Buffer> grad_out_;  // (slots, R, C) gradients sent back, per slot (model's type)
   std::vector<Request> act_sends_, grad_sends_;

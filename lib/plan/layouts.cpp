@@ -142,8 +142,10 @@ std::string LayoutPlan::overrides() const {
                          p.dp, p.tp, p.pp, p.zero, cfg.train.micro_batch);
   if (cfg.train.recompute != "none") s += " --train.recompute=" + cfg.train.recompute;
   if (p.tp > 1) s += std::string(" --parallel.sequence_parallel=") + (p.sequence_parallel ? "true" : "false");
-  if (p.pp > 1) s += " --parallel.schedule=" + p.schedule;
+  if (p.pp > 1 || schedule_fallback) s += " --parallel.schedule=" + p.schedule;
   if (p.schedule == "interleaved") s += strfmt(" --parallel.virtual_stages=%d", p.virtual_stages);
+  else if (schedule_fallback)
+    s += " --parallel.virtual_stages=1";
   return s;
 }
 
@@ -264,11 +266,15 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
             {"--parallel.schedule=1f1b", "--parallel.virtual_stages=1"},
             {"--parallel.sequence_parallel=false", "--parallel.schedule=1f1b", "--parallel.virtual_stages=1"}};
         std::optional<Config> cfg;
+        bool schedule_fallback = false;
         for (const auto& extra : attempts) {
           std::vector<std::string> oo = o;
           oo.insert(oo.end(), extra.begin(), extra.end());
           try {
             cfg = load_config(req.deck, oo, N, false);
+            schedule_fallback =
+                deck.parallel.schedule != "1f1b" &&
+                std::find(extra.begin(), extra.end(), "--parallel.schedule=1f1b") != extra.end();
             break;
           } catch (const UserError&) {
           }
@@ -283,6 +289,7 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
             c.parallel.zero = zero;
             c.train.recompute = recompute;
             out.layouts.push_back(evaluate_layout(c, req, out.fits_one_device));
+            out.layouts.back().schedule_fallback = schedule_fallback;
           }
       }
     }

@@ -61,6 +61,7 @@ struct LayoutPlan {
   double tokens_per_s = 0;
   double mfu = 0;      // model FLOPs / (devices · peak) per second
   std::string advice;  // one line: the seed documents' rules applied to this layout
+  bool schedule_fallback = false;  // the deck's schedule does not fit this layout: 1f1b instead
   /// The layout's keys as --section.key=value overrides (for `trellis train`).
   std::string overrides() const;
 };
