@@ -220,10 +220,20 @@ Generation generate(Decoder& decoder, Comm* tp, const std::vector<int32_t>& prom
   auto keep = [&](const float* logits, int rows) {
     if (keep_logits) g.logits.insert(g.logits.end(), logits, logits + int64_t(rows) * V);
   };
-  // Rank 0 draws; the others take its token, so every rank feeds the same sequence.
+  // Rank 0 draws; the others take its token, so every rank feeds the same sequence. Logits that
+  // are not finite (weights that are not: a foreign or hand-made checkpoint) have no
+  // distribution to draw from: -1 tells every rank to stop with the same error.
   auto next = [&](const float* logits_row) {
-    int32_t token = root ? sampler.sample(logits_row, V) : 0;
+    int32_t token = 0;
+    if (root)
+      token = std::all_of(logits_row, logits_row + V, [](float x) { return std::isfinite(x); })
+                  ? sampler.sample(logits_row, V)
+                  : -1;
     if (tp && tp->size() > 1) tp->broadcast(&token, sizeof token, 0);
+    if (token < 0)
+      throw UserError(
+          "the model's logits are not finite (NaN or Inf): so are some of the "
+          "checkpoint's weights (trellis inspect CKPT counts them)");
     return token;
   };
 
@@ -313,7 +323,10 @@ int generate_main(const std::vector<std::string>& args, World& world) {
       std::ofstream out(opt.logits_out, std::ios::binary);
       out.write(reinterpret_cast<const char*>(g.logits.data()),
                 std::streamsize(g.logits.size() * sizeof(float)));
-      if (!out) log_error("trellis generate: warning: could not write " + opt.logits_out);
+      if (!out) {
+        log_error("trellis generate: error: could not write --logits-out " + opt.logits_out);
+        return kExitFailure;
+      }
     }
     const int n = int(g.tokens.size());
     auto f = [](const char* fmt, double v) { return strfmt(fmt, v); };
@@ -335,6 +348,9 @@ int generate_main(const std::vector<std::string>& args, World& world) {
     };
     std::printf("%s", format_table("Generation", {"what", "value"}, rows).c_str());
     std::fflush(stdout);
+  } catch (const UserError& e) {  // thrown on every rank together (generate's `next`)
+    if (rank == 0) log_error("trellis generate: error: " + std::string(e.what()));
+    return kExitBadInput;
   } catch (const std::exception& e) {
     log_error(strfmt("trellis generate: rank %d: error: %s", rank, e.what()));
     MPI_Abort(world.comm(), kExitFailure);

@@ -9,10 +9,11 @@
 #include <random>
 
 #include "backend/backend.hpp"
+#include "core/error.hpp"
 #include "infer/decoder.hpp"
-#include "infer_test_util.hpp"
 #include "infer/generate.hpp"
 #include "infer/sampling.hpp"
+#include "infer_test_util.hpp"
 #include "model/gpt.hpp"
 #include "model/param_store.hpp"
 
@@ -116,6 +117,23 @@ TEST(Generate, GreedyFollowsTheArgmaxAndStopsAtCount) {
     EXPECT_EQ(g.tokens[k], int32_t(std::max_element(row, row + m.vocab) - row)) << k;
   }
   EXPECT_GT(g.first_token_s, 0.0);
+}
+
+TEST(Generate, NonFiniteWeightsAreAnErrorNotADraw) {
+  // A checkpoint whose weights hold a NaN (not one Trellis wrote: training stops at one) gives
+  // NaN logits, from which no token can be drawn: an error, greedy or sampled.
+  const ModelConfig m = tiny_model(2);
+  ParamTable table(m);
+  std::vector<float> params(table.total());
+  init_parameters(table, m.seed, params.data());
+  params[table.find("ln_f.weight").offset] = std::nanf("");
+  auto be = make_backend("cpu");
+  Decoder dec(m, table, params.data(), *be);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  for (const SamplingOptions& o : {SamplingOptions{0.0, 0, 1}, SamplingOptions{1.0, 0, 1}}) {
+    TokenSampler sampler(o);
+    EXPECT_THROW(generate(dec, nullptr, prompt, 4, sampler, false), trellis::UserError);
+  }
 }
 
 TEST(Sampling, GreedyAndTopOneTakeTheFirstMaximum) {
