@@ -45,7 +45,8 @@ usage:
   trellis --help                                              this text
 
 exit status: 0 done, 1 internal failure, 2 bad input (deck, command line, files),
-             3 stopped early with a checkpoint (signal, system.max_hours): resubmit to continue
+             3 stopped early with a checkpoint (signal, system.max_hours, TRELLIS_DEADLINE):
+             resubmit to continue, 4 a rank made no progress for system.hang_timeout_s
              (trellis inspect: 0 sound, 1 damaged)
 )";
 

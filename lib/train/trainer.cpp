@@ -5,6 +5,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -91,6 +93,15 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // The job's end (Unix seconds), as slurm/train.sbatch reads it from Slurm: a stop in time for
+  // the checkpoint, as system.max_hours would give, whatever the deck's budget.
+  if (const char* end = std::getenv("TRELLIS_DEADLINE"); end && *end) {
+    char* rest = nullptr;
+    deadline_ = std::strtod(end, &rest);
+    if (*rest != '\0' || !(deadline_ > 0))
+      throw UserError(std::string("TRELLIS_DEADLINE = '") + end +
+                      "': not a time (seconds since 1970, e.g. date -d ... +%s)");
+  }
   const NodeRanks node = backend ? NodeRanks{} : node_ranks(comm_);
   // Each rank's own device and data files, agreed before the first collective of the grid: a
   // file one node cannot read (node-local storage) or a missing GPU stops every rank together.
@@ -368,9 +379,12 @@ std::optional<int64_t> Trainer::resume(bool to_train) {
 bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
   // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
   double want = double(g_stop_requests);
-  if (cfg_.system.max_hours > 0 && rank_ == 0) {
-    // Leave room for two more steps and a checkpoint before the budget runs out.
-    const double left = cfg_.system.max_hours * 3600 - (now_seconds() - run_start);
+  if ((cfg_.system.max_hours > 0 || deadline_ > 0) && rank_ == 0) {
+    // Leave room for two more steps and a checkpoint before the budget or the job's end.
+    double left = INFINITY;
+    if (cfg_.system.max_hours > 0)
+      left = cfg_.system.max_hours * 3600 - (now_seconds() - run_start);
+    if (deadline_ > 0) left = std::min(left, deadline_ - double(std::time(nullptr)));
     if (left < 2 * slowest_step + 2 * checkpoint_seconds + 5) want = std::max(want, 1.0);
   }
   double agreed = want;
@@ -378,7 +392,8 @@ bool Trainer::should_stop(double run_start, double slowest_step, double checkpoi
   if (agreed >= 1) {
     stopped_early_ = true;
     log(agreed >= 2 ? "stop requested twice: stopping now, without a new checkpoint"
-                    : "stop requested (signal or system.max_hours): checkpoint, then stop");
+                    : "stop requested (signal, system.max_hours or the job's end time): "
+                      "checkpoint, then stop");
   }
   stop_level_ = int(std::min(agreed, 2.0));
   return agreed >= 1;
@@ -577,7 +592,12 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   // Phase 2: the run.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis", [&] {
     trainer->run();
-    return trainer->stopped_early() ? kExitRequeue : kExitOk;
+    if (!trainer->stopped_early()) return int(kExitOk);
+    // For the batch script: this job stopped on purpose, whatever status the launcher reports
+    // (srun --kill-on-bad-exit signals the ranks still exiting once the first has exited 3).
+    if (const char* file = std::getenv("TRELLIS_STOP_FILE"); file && *file && world.rank() == 0)
+      std::ofstream(file) << "stopped after checkpointing: requeue\n";
+    return int(kExitRequeue);
   });
 }
 

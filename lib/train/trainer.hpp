@@ -132,6 +132,7 @@ class Trainer {
   bool quiet_ = false;
   bool checkpointing_ = true;
   bool stopped_early_ = false;
+  double deadline_ = 0;  // TRELLIS_DEADLINE: the job's end in Unix seconds (0: none)
   int stop_level_ = 0;
   int skips_in_a_row_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
   std::unique_ptr<Checkpointer> checkpointer_;

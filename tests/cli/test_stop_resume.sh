@@ -33,7 +33,7 @@ timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" 
 check "uninterrupted run finishes" '[ $? -eq 0 ] && [ -f "$work/whole/summary.json" ]'
 
 # The same run, stopped by SIGUSR1 once it is under way.
-timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/cut" > "$work/cut.log" 2>&1 &
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_STOP_FILE="$work/stopped" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/cut" > "$work/cut.log" 2>&1 &
 job=$!
 for _ in $(seq 1 600); do
   [ -f "$work/cut/metrics.csv" ] && [ "$(wc -l < "$work/cut/metrics.csv")" -ge 50 ] && break
@@ -43,6 +43,7 @@ pkill -USR1 -f "^$build/trellis train $work/stop.deck --run.dir=$work/cut"
 wait $job
 rc=$?
 check "stopped run exits with status 3" '[ $rc -eq 3 ]'
+check "and leaves the marker slurm/train.sbatch requeues on (TRELLIS_STOP_FILE)" '[ -f "$work/stopped" ]'
 check "stopped run left a checkpoint named by latest" '[ -f "$work/cut/ckpt/$(cat "$work/cut/ckpt/latest")" ]'
 check "stopped before the end" '! grep -q "^3000," "$work/cut/metrics.csv"'
 
@@ -60,5 +61,13 @@ rc=$?
 elapsed=$(( $(date +%s) - start ))
 check "system.max_hours stops with status 3 within the budget (${elapsed}s)" '[ $rc -eq 3 ] && [ $elapsed -le 12 ]'
 check "and leaves a checkpoint" '[ -f "$work/budget/ckpt/$(cat "$work/budget/ckpt/latest")" ]'
+# The job's end time as slurm/train.sbatch passes it (TRELLIS_DEADLINE, 10 s from now) does the same.
+start=$(date +%s)
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_DEADLINE=$((start + 10)) -np 2 "$build/trellis" train "$work/stop.deck" \
+  --run.dir="$work/deadline" --train.steps=1000000 > "$work/deadline.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+check "TRELLIS_DEADLINE stops with status 3 before it (${elapsed}s) with a checkpoint" \
+  '[ $rc -eq 3 ] && [ $elapsed -le 10 ] && [ -f "$work/deadline/ckpt/$(cat "$work/deadline/ckpt/latest")" ]'
 echo "stop: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
