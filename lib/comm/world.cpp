@@ -1,6 +1,7 @@
 #include "comm/world.hpp"
 
 #include <climits>
+#include <cstdlib>
 #include <new>
 #include <vector>
 
@@ -40,22 +41,37 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   return std::string(text.begin(), text.end());
 }
 
+static const char* kOutOfMemory =
+    "out of host memory while setting up: what a rank holds grows with the model (trellis plan "
+    "DECK gives its share), data.synthetic_tokens and the held-out set (eval.batches global "
+    "batches)";
+
 std::string setup_error(const std::function<void()>& work) {
   try {
     work();
   } catch (const UserError& e) {
     return e.what();
-  } catch (const std::bad_alloc&) {
-    return "out of host memory while setting up: what a rank holds grows with the model (trellis "
-           "plan DECK gives its share), data.synthetic_tokens and the held-out set (eval.batches "
-           "global batches)";
   }
   return {};
 }
 
 void setup_together(MPI_Comm comm, const std::function<void()>& work) {
-  const std::string error = agree_on_error(comm, setup_error(work));
+  std::string error;
+  try {
+    error = setup_error(work);
+  } catch (const std::bad_alloc&) {
+    error = kOutOfMemory;
+  }
+  error = agree_on_error(comm, error);
   if (!error.empty()) throw UserError(error);
+}
+
+void abort_out_of_memory(MPI_Comm comm, const std::string& who) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  log_error(who + ": rank " + std::to_string(rank) + ": error: " + kOutOfMemory);
+  MPI_Abort(comm, 2);  // kExitBadInput
+  std::abort();
 }
 
 MinAvgMax min_avg_max(MPI_Comm comm, double value) {

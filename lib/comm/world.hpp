@@ -34,15 +34,19 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error);
 /// "<who>: error: <message>" once. True when some rank failed (the caller then exits 2).
 bool failed_together(MPI_Comm comm, const std::string& error, const std::string& who);
 
-/// This rank's part of a setup phase: runs `work` and returns "" or what went wrong — bad input
-/// (UserError) as it says, a want of host memory (std::bad_alloc) named as such with the keys
-/// that size what a rank holds. Other exceptions (internal errors) pass through.
+/// This rank's part of a setup phase: runs `work` and returns "" or what bad input (a UserError)
+/// went wrong. Other exceptions pass through.
 std::string setup_error(const std::function<void()>& work);
 
-/// Collective: setup_error(work) on every rank, then agree_on_error; a failure on any rank is a
-/// UserError with the lowest failing rank's message on every rank. For per-rank work (opening
-/// data files, choosing a device) that comes before a collective the failed ranks would miss.
+/// Collective: setup_error(work) on every rank, then agree_on_error; a failure on any rank — bad
+/// input, or a want of host memory (std::bad_alloc), named with the keys that size what a rank
+/// holds — is a UserError with the lowest failing rank's message on every rank. For per-rank
+/// work (opening data files, choosing a device) before a collective the failed ranks would miss.
 void setup_together(MPI_Comm comm, const std::function<void()>& work);
+
+/// For a want of host memory where the other ranks may be inside a collective (set-up after the
+/// grid exists): says so, naming the rank and the keys, and aborts the job with status 2.
+[[noreturn]] void abort_out_of_memory(MPI_Comm comm, const std::string& who);
 
 struct MinAvgMax {
   double min, avg, max;

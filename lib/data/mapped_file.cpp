@@ -33,6 +33,7 @@ struct MapRange {
 constexpr int kMaxRanges = 4096;  // shards mapped at once; beyond that a map goes unnamed
 MapRange g_ranges[kMaxRanges];
 std::mutex g_ranges_mutex;
+struct sigaction g_previous;  // the handler before ours (MPI's, a sanitizer's): any other SIGBUS
 
 void write_all(const char* s) {
   for (size_t n = std::strlen(s); n > 0;) {
@@ -50,13 +51,15 @@ void on_sigbus(int, siginfo_t* info, void*) {
       write_all("trellis: error: data file '");
       write_all(r.path);
       write_all(
-          "' became shorter while the run read it (truncated or rewritten in place): leave "
-          "the files of data.path and eval.path as they are during a run (write new data "
-          "under new names)\n");
+          "' could not be read where it was mapped: it became shorter while the run read it "
+          "(truncated or rewritten in place), or its storage failed; leave the files of "
+          "data.path and eval.path as they are during a run (write new data under new "
+          "names)\n");
       ::_exit(2);  // kExitBadInput; async-signal-safe
     }
   }
-  std::signal(SIGBUS, SIG_DFL);  // not a data file's: the fault repeats and ends the process
+  // Not a data file's: the handler before ours takes it when the fault repeats on return.
+  ::sigaction(SIGBUS, &g_previous, nullptr);
 }
 
 void register_map(const uint8_t* data, size_t size, const std::string& path) {
@@ -66,7 +69,7 @@ void register_map(const uint8_t* data, size_t size, const std::string& path) {
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    return ::sigaction(SIGBUS, &sa, nullptr) == 0;
+    return ::sigaction(SIGBUS, &sa, &g_previous) == 0;
   }();
   (void)installed;
   for (MapRange& r : g_ranges)

@@ -22,7 +22,8 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
   // 32767; Open MPI over UCX gives 2^23 - 1), above all of those.
   int* ub = nullptr;
   int have_ub = 0;
-  MPI_Comm_get_attr(pp_.comm(), MPI_TAG_UB, &ub, &have_ub);
+  // (Read on MPI_COMM_WORLD: Open MPI 4.1 does not carry it to communicators made by a split.)
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &have_ub);
   tied_tag_ = have_ub && ub ? *ub - 1 : 32766;
   const int64_t largest = 2 * (int64_t(micro_batches_) * chunks_ + chunks_) + 1;
   if (pp_.size() > 1 && largest >= tied_tag_)

@@ -153,7 +153,11 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // Nothing reads the training data here: its (unused) source is pointed at the held-out data,
     // so that a corpus moved or gone since the training does not stop an evaluation.
     if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;
-    trainer = std::make_unique<Trainer>(cfg, world.comm());
+    try {
+      trainer = std::make_unique<Trainer>(cfg, world.comm());
+    } catch (const std::bad_alloc&) {
+      abort_out_of_memory(world.comm(), "trellis eval");
+    }
   });
   // The held-out set is eval.batches global batches: a layout that does not divide one is for
   // the micro-batch or the layout to change, not train.global_batch.

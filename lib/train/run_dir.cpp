@@ -61,7 +61,7 @@ void RunDir::write_file(const std::string& name, const std::string& content) con
 void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
                         int64_t resumed_at) {
   fs::path file = fs::path(path_) / name;
-  const bool continuing = resumed_at > 0 && fs::exists(file);
+  bool continuing = resumed_at > 0 && fs::exists(file);
   if (continuing) {
     // The header, then the rows of steps 1..resumed_at (the first field), via a rename.
     std::ifstream in(file);
@@ -72,7 +72,10 @@ void RunDir::open_table(const std::string& name, const std::vector<std::string>&
       if (header || (end != line.c_str() && *end == ',' && step <= resumed_at)) kept += line + "\n";
     }
     if (in.bad()) throw UserError("run.dir: cannot read " + file.string());
-    write_file(name, kept);
+    if (kept.empty())
+      continuing = false;  // an empty file (cut before its header): start it anew
+    else
+      write_file(name, kept);
   }
   std::FILE* f = std::fopen(file.c_str(), continuing ? "a" : "w");
   if (!f) throw UserError("run.dir: cannot write " + file.string() + ": " + std::strerror(errno));

@@ -93,19 +93,23 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  // The job's end (Unix seconds), as slurm/train.sbatch reads it from Slurm: a stop in time for
-  // the checkpoint, as system.max_hours would give, whatever the deck's budget.
-  if (const char* end = std::getenv("TRELLIS_DEADLINE"); end && *end) {
-    char* rest = nullptr;
-    deadline_ = std::strtod(end, &rest);
-    if (*rest != '\0' || !(deadline_ > 0))
-      throw UserError(std::string("TRELLIS_DEADLINE = '") + end +
-                      "': not a time (seconds since 1970, e.g. date -d ... +%s)");
-  }
   const NodeRanks node = backend ? NodeRanks{} : node_ranks(comm_);
   // Each rank's own device and data files, agreed before the first collective of the grid: a
   // file one node cannot read (node-local storage) or a missing GPU stops every rank together.
   setup_together(comm_, [&] {
+    // The job's end (Unix seconds), as slurm/train.sbatch reads it from Slurm: a stop in time
+    // for the checkpoint, as system.max_hours would give, whatever the deck's budget.
+    if (const char* end = std::getenv("TRELLIS_DEADLINE"); end && *end) {
+      char* rest = nullptr;
+      deadline_ = std::strtod(end, &rest);
+      if (*rest != '\0' || !(deadline_ > 0))
+        throw UserError(std::string("TRELLIS_DEADLINE = '") + end +
+                        "': not a time (seconds since 1970, e.g. date -d ... +%s)");
+      if (deadline_ <= double(std::time(nullptr))) {  // a misread end: it would stop every step
+        log(std::string("warning: TRELLIS_DEADLINE = ") + end + " is past: ignored");
+        deadline_ = 0;
+      }
+    }
     backend_ =
         backend ? std::move(backend) : make_backend(cfg_.system.backend, node.rank, node.size);
     backend_->set_threads(cfg_.system.threads);
@@ -579,7 +583,11 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     Watchdog watchdog(cfg.system.hang_timeout_s, world.rank());
     watchdog_beat("setting up the trainer");
     error = setup_error([&] {
-      trainer = std::make_unique<Trainer>(cfg, world.comm());
+      try {
+        trainer = std::make_unique<Trainer>(cfg, world.comm());
+      } catch (const std::bad_alloc&) {
+        abort_out_of_memory(world.comm(), "trellis");
+      }
       // The same file under two names (eval.path ./val.bin, data.path *.bin): the deck's check
       // compares the keys' text only.
       if (const TokenSource* held_out = trainer->held_out_source())

@@ -237,6 +237,14 @@ TEST(Restart, RequeuedJobGoesOnFromItsOwnCheckpointsNotTheStartPoint) {
   const std::vector<double> requeued = train(MPI_COMM_SELF, dir, command);
   ASSERT_EQ(requeued.size(), 5u);  // steps 10..14
   for (size_t s = 0; s < 5; ++s) EXPECT_EQ(requeued[s], first[5 + s]) << "step " << 10 + s;
+  // Another start point loads as asked: from_dir's step 10, not this run's (whose steps 5..9
+  // ran under train.steps = 15, so its weights differ).
+  const std::vector<double> other =
+      train(MPI_COMM_SELF, dir,
+            {"--parallel.dp=1", "--train.steps=15",
+             "--checkpoint.resume=" + (fs::path(from_dir) / checkpoint_file_name(10)).string()});
+  ASSERT_EQ(other.size(), 5u);
+  EXPECT_NE(other[0], first[5]);
   // A file of the run's own directory loads as asked (going back to an earlier step).
   const std::vector<double> back =
       train(MPI_COMM_SELF, dir,
