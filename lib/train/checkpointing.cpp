@@ -209,22 +209,29 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
   const std::string& how = cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
   const bool say_changes = training;
-  if (how != "auto" && !training) return load(how, say_changes);  // an evaluation: as asked
-  const std::vector<std::string> candidates = resume_candidates(world_, cfg_.checkpoint.dir);
+  std::vector<std::string> candidates;
   if (how != "auto") {
-    // A start point (another run's checkpoint, a model to fine-tune, an earlier step to go back
-    // to) is where a training run begins. A requeued job runs the same command again: once
-    // checkpoint.dir holds checkpoints this run made from that start point (their stored deck
-    // names it), it goes on from them, since loading the start point again would throw its
-    // progress away. Another start point loads as asked (any problem is the user's error). Rank
-    // 0 decides, so that every rank takes one branch.
+    // A start point (another run's checkpoint, a model to fine-tune) is where a training run
+    // begins. A requeued job runs the same command again: once checkpoint.dir holds checkpoints
+    // this run made from that start point (their stored deck names it), it goes on from them,
+    // since loading the start point again would throw its progress away. Anything else — a file
+    // in checkpoint.dir itself (going back to an earlier step), another start point, an
+    // evaluation — loads as asked. Rank 0 decides, so that every rank takes one branch.
+    if (!training) return load(how, say_changes);  // any problem is the user's error
+    candidates = resume_candidates(world_, cfg_.checkpoint.dir);
     int rank = 0, go_on = 0;
     MPI_Comm_rank(world_, &rank);
     if (rank == 0 && !candidates.empty()) {
+      auto resolved = [](const std::string& p) {
+        std::error_code ec;
+        const fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+        return ec ? fs::absolute(p).lexically_normal() : r;
+      };
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");
-        go_on = deck != meta.text.end() &&
+        go_on = resolved(how).parent_path() != resolved(cfg_.checkpoint.dir) &&
+                deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how;
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked
@@ -235,6 +242,8 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
     log("checkpoint.resume = " + how + ": " + cfg_.checkpoint.dir +
         " holds this run's own checkpoints from it (a requeued job): going on from the newest, " +
         candidates.front());
+  } else {
+    candidates = resume_candidates(world_, cfg_.checkpoint.dir);
   }
   // Damage falls back to an older checkpoint. But a directory whose checkpoints all fail to load
   // (another model, another format) is refused: starting over there would overwrite the run's
