@@ -223,6 +223,42 @@ check "uninterrupted run finishes" '[ $whole_rc -eq 0 ] && [ -f "$work/whole/sum
 a=$(final_loss "$work/run/summary.json") b=$(final_loss "$work/whole/summary.json")
 echo "final loss: slurm job ${a:-none}, uninterrupted ${b:-none}"
 check "same final loss as the uninterrupted run" '[ -n "$a" ] && [ "$a" = "$b" ]'
+# slurm/chain.sh, for sites that forbid requeue: links that end on bad input (status 2) cancel the
+# links left; a link that finishes the run leaves the next one's dependency unmet, which Slurm
+# cancels (--kill-on-invalid-dep). Both chains run from a directory of their own, where the
+# links write their output.
+job_state() {   # JOBID: its state, once it has ended (at most 120 s); PURGED once Slurm forgot it
+  local st=""
+  for _ in $(seq 1 240); do
+    st=$(scontrol -o show job "$1" 2>/dev/null | sed -nE 's/.*JobState=([A-Z_]+).*/\1/p')
+    case $st in
+      "") echo PURGED; return ;;
+      COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)
+        echo "$st"; return ;;
+    esac
+    sleep 0.5
+  done
+  echo "$st"
+}
+chain_links() { sed -nE 's/^submitted ([0-9]+) .*/\1/p' "$1"; }
+mkdir -p "$work/chain"
+(cd "$work/chain" && TRELLIS="$build/trellis" bash "$repo/slurm/chain.sh" 2 "$work/slurm.deck" \
+   --run.dir="$work/chain/bad" --train.steps=many > submitted-bad.txt 2>&1)
+(cd "$work/chain" && TRELLIS="$build/trellis" bash "$repo/slurm/chain.sh" 2 "$work/slurm.deck" \
+   --run.dir="$work/chain/ok" --train.steps=20 > submitted-ok.txt 2>&1)
+cat "$work/chain/submitted-bad.txt" "$work/chain/submitted-ok.txt"
+mapfile -t bad < <(chain_links "$work/chain/submitted-bad.txt")
+mapfile -t ok < <(chain_links "$work/chain/submitted-ok.txt")
+bad1=$(job_state "${bad[0]:-none}") bad2=$(job_state "${bad[1]:-none}")
+ok1=$(job_state "${ok[0]:-none}") ok2=$(job_state "${ok[1]:-none}")
+echo "chain on bad input: $bad1, $bad2; chain that finishes: $ok1, $ok2"
+for f in "$work"/chain/*.out; do echo "----- $(basename "$f")"; grep -v '^[│┌└├]' "$f"; done
+check "chain: a link ending on bad input cancels the links left, which never start" \
+  '[ "$bad1" = FAILED ] && [ "$bad2" = CANCELLED ] && ! ls "$work"/chain/*-"${bad[1]:-none}".out >/dev/null 2>&1'
+check "chain: the links after the one that finishes are cancelled" \
+  '[ "$ok1" = COMPLETED ] && [ "$ok2" = CANCELLED ] && [ -f "$work/chain/ok/summary.json" ] &&
+   ! ls "$work"/chain/*-"${ok[1]:-none}".out >/dev/null 2>&1'
+
 echo "slurm: took $(elapsed)"
 echo "slurm: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
