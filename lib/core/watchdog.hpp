@@ -30,6 +30,8 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
   /// Progress: `what` (a string literal) is what this rank was last seen doing.
   void beat(const char* what);
+  /// What this rank was last seen doing: the last beat's `what`.
+  const char* last_seen() const { return what_.load(std::memory_order_relaxed); }
 
  private:
   void watch();

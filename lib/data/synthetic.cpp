@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/watchdog.hpp"
 #include "data/data.hpp"
 #include "data/rng.hpp"
 
@@ -163,6 +164,9 @@ class SyntheticSource final : public TokenSource {
   bool estimated_ = false;
   bool converged_ = true;
 
+  // A long corpus (billions of tokens) is progress for the hang watchdog, every 2^20 tokens.
+  static constexpr int64_t kBeatEvery = (int64_t(1) << 20) - 1;
+
   Xoshiro256 corpus_rng() const { return Xoshiro256(hash_combine(law_.seed, 0xC0524755ull)); }
 
   /// Fills the first max(n, order) entries of tokens_ with a random initial context.
@@ -182,6 +186,7 @@ class SyntheticSource final : public TokenSource {
     std::vector<double> prob(b);
     double hsum = 0.0;
     for (int64_t t = k; t < n; ++t) {
+      if ((t & kBeatEvery) == 0) watchdog_beat("generating the synthetic corpus");
       hsum += law_successors(law_, tokens_.data() + t - k, tok.data(), prob.data());
       tokens_[t] = tok[pick(prob.data(), b, uniform(rng))];
     }
@@ -230,6 +235,7 @@ class SyntheticSource final : public TokenSource {
     for (int i = 0; i < k; ++i) code = code * V + uint64_t(tokens_[i]);
     std::vector<double> count;
     for (int64_t t = k; t < n; ++t) {
+      if ((t & kBeatEvery) == 0) watchdog_beat("generating the synthetic corpus");
       const int32_t s = state(code);
       if (size_t(s) >= count.size()) count.resize(size_t(s) + 1, 0.0);
       count[size_t(s)] += 1.0;

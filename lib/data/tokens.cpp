@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/watchdog.hpp"
 #include "data/data.hpp"
 #include "data/mapped_file.hpp"
 
@@ -67,8 +68,15 @@ Shard open_shard(const std::string& path, int vocab, const std::string& key) {
     s.tokens = reinterpret_cast<const uint16_t*>(d);
     s.n = int64_t(bytes / 2);
   }
+  // Every token is read once here (a shard of billions, from a parallel file system, takes a
+  // while): progress for the hang watchdog chunk by chunk.
   uint16_t mx = 0;
-  for (int64_t i = 0; i < s.n; ++i) mx = std::max(mx, s.tokens[i]);
+  constexpr int64_t kChunk = int64_t(1) << 24;
+  for (int64_t begin = 0; begin < s.n; begin += kChunk) {
+    watchdog_beat("reading the token shards");
+    const int64_t end = std::min(s.n, begin + kChunk);
+    for (int64_t i = begin; i < end; ++i) mx = std::max(mx, s.tokens[i]);
+  }
   if (int(mx) >= vocab) {
     const int64_t at = std::find(s.tokens, s.tokens + s.n, mx) - s.tokens;
     throw UserError(

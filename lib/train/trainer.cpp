@@ -122,6 +122,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     source_ = make_token_source(cfg_.data, cfg_.model);
     sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
   });
+  // Each phase of the set-up is progress for the hang watchdog (train_main's): each may be long
+  // for a large model on its own, but only one that never ends is a hang.
+  watchdog_beat("connecting the ranks (grid, communicators)");
   grid_ = std::make_unique<Grid>(cfg_.parallel, comm_);
   dp_comm_ = std::make_unique<Comm>(grid_->dp_comm(), "dp");
   tp_comm_ = std::make_unique<Comm>(grid_->tp_comm(), "tp");
@@ -140,7 +143,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   store_ = std::make_unique<ShardedParams>(
       *table_, cfg_.parallel, cfg_.train, *dp_comm_, *backend_,
       cfg_.system.grad_reduce == "bf16" ? Wire::bf16 : Wire::fp32);
+  watchdog_beat("initialising the parameters");
   store_->init_parameters(cfg_.model.seed);
+  watchdog_beat("building the model and the pipeline");
 
   tp_grads_ = std::make_unique<TensorParallelGrads>(*table_, cfg_.model.kv_heads,
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
