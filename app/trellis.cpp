@@ -84,14 +84,27 @@ int main(int argc, char** argv) {
     return trellis::plan_main(rest);
   }
   if (command == "inspect") {  // no MPI needed: a serial read of one file
+    if (wants_help(rest)) {
+      std::fputs(trellis::kInspectUsage, stdout);
+      return trellis::kExitOk;
+    }
     if (rest.size() != 1) {
       std::fprintf(stderr, "trellis inspect: usage: trellis inspect CKPT\n");
       return trellis::kExitBadInput;
     }
-    return trellis::inspect_checkpoint(rest[0], stdout);
+    try {
+      return trellis::inspect_checkpoint(trellis::resolve_checkpoint(rest[0]), stdout);
+    } catch (const trellis::UserError& e) {  // a directory without checkpoints
+      std::fprintf(stderr, "trellis inspect: error: %s\n", e.what());
+      return trellis::kExitBadInput;
+    }
   }
   if (command == "eval" && wants_help(rest)) {  // before Kokkos, which reads --help too
     std::fputs(trellis::kEvalUsage, stdout);
+    return trellis::kExitOk;
+  }
+  if (command == "tune" && wants_help(rest)) {  // before Kokkos, which reads --help too
+    std::fputs(trellis::kTuneUsage, stdout);
     return trellis::kExitOk;
   }
   if (command == "generate" && wants_help(rest)) {  // before Kokkos, which reads --help too

@@ -84,9 +84,9 @@ std::vector<std::string> resume_candidates(const std::string& dir);
 /// that all ranks try the same files even where the directory reads differently on each.
 std::vector<std::string> resume_candidates(MPI_Comm comm, const std::string& dir);
 
-/// A checkpoint named on the command line: a file as it is; a checkpoint directory or a run
-/// directory (with ckpt/) → its newest checkpoint (`latest`, else the highest step). A directory
-/// without any → UserError.
+/// A checkpoint named on the command line: a file as it is; a `latest` pointer → the step file it
+/// names; a checkpoint directory or a run directory (with ckpt/) → its newest checkpoint
+/// (`latest`, else the highest step). A directory without any, or an empty pointer → UserError.
 std::string resolve_checkpoint(const std::string& path);
 /// The same, collective: rank 0 resolves and every rank gets its answer (or its UserError), so
 /// that all open one file even while a run publishes a newer checkpoint.
@@ -96,5 +96,7 @@ std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
 /// Returns 0 if the file is sound, 1 if not (with what is wrong printed).
 int inspect_checkpoint(const std::string& path, std::FILE* out);
+
+extern const char* const kInspectUsage;  // trellis inspect --help
 
 }  // namespace trellis

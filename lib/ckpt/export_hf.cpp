@@ -21,7 +21,7 @@ namespace {
 
 const char* kExportUsage = R"(usage: trellis export CKPT --format hf-gpt2 OUTDIR
 
-  CKPT      a checkpoint file, or a checkpoint/run directory (its newest checkpoint)
+  CKPT      a checkpoint file, a `latest` pointer, or a checkpoint/run directory (its newest)
   OUTDIR    receives config.json and model.safetensors (float32), loadable with
             transformers.GPT2LMHeadModel.from_pretrained(OUTDIR)
 Models with grouped key/value heads (model.kv_heads < model.heads) have no GPT-2 equivalent and
@@ -163,14 +163,16 @@ int export_main(const std::vector<std::string>& args) {
                  format.c_str());
     return kExitBadInput;
   }
+  std::string path;
   try {
-    export_hf_gpt2(positional[0], positional[1]);
+    path = resolve_checkpoint(positional[0]);  // (said below: a directory names no step)
+    export_hf_gpt2(path, positional[1]);
   } catch (const UserError& e) {
     std::fprintf(stderr, "trellis export: error: %s\n", e.what());
     return kExitBadInput;
   }
-  std::printf("exported %s → %s/config.json, %s/model.safetensors (HF GPT-2)\n",
-              positional[0].c_str(), positional[1].c_str(), positional[1].c_str());
+  std::printf("exported %s → %s/config.json, %s/model.safetensors (HF GPT-2)\n", path.c_str(),
+              positional[1].c_str(), positional[1].c_str());
   return kExitOk;
 }
 

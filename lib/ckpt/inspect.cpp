@@ -65,6 +65,13 @@ std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t
 
 }  // namespace
 
+const char* const kInspectUsage =
+    "usage: trellis inspect CKPT\n"
+    "  A checkpoint's step, layout, deck and tensors (shape, type), each read in full so that\n"
+    "  HDF5 verifies its checksums. CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
+    "  or run directory (its newest checkpoint). Exit status 0: sound; 1: damaged (each PROBLEM\n"
+    "  printed); 2: no checkpoint there.\n";
+
 int inspect_checkpoint(const std::string& path, std::FILE* out) {
   silence_hdf5();
   std::string err = check_regular(path);

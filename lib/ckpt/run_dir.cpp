@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
+
+namespace fs = std::filesystem;
 
 namespace trellis {
 
@@ -150,7 +153,18 @@ std::vector<std::string> resume_candidates(const std::string& dir) {
 
 std::string resolve_checkpoint(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;  // a file (or not)
+  if (::stat(path.c_str(), &st) != 0) return path;  // (opening it says what is wrong)
+  if (!S_ISDIR(st.st_mode)) {
+    // A `latest` pointer (ckpt/latest, as a newcomer types it): the step file it names.
+    if (fs::path(path).filename() != "latest") return path;
+    const std::string dir = fs::path(path).parent_path().string();
+    const std::string name = read_latest(dir.empty() ? "." : dir);
+    if (name.empty())
+      throw UserError("checkpoint " + path +
+                      ": a `latest` pointer that names no step file (give "
+                      "the step file, or the directory: its newest checkpoint)");
+    return (dir.empty() ? name : dir + "/" + name);
+  }
   for (const std::string& dir : {path, path + "/ckpt"}) {
     const std::vector<std::string> c = resume_candidates(dir);
     if (!c.empty()) return c.front();

@@ -267,7 +267,8 @@ const std::vector<KeyEntry>& key_table() {
        .key = "resume",
        .field = FIELD(checkpoint.resume),
        .check = Check::NonEmpty,
-       .help = "auto (latest in dir, if any) | never | a checkpoint path"},
+       .help = "auto (latest in dir, if any) | never | a checkpoint to start from: a file, "
+               "a `latest` pointer, or a checkpoint or run directory (its newest)"},
       // [run]
       {.section = "run",
        .key = "dir",

@@ -24,9 +24,11 @@ namespace trellis {
 
 namespace {
 
-const char* kGenerateUsage = R"(usage: mpirun -np TP trellis generate CKPT (--prompt TEXT | --prompt-ids IDS) [options]
+const char* kGenerateUsage =
+    R"(usage: mpirun -np TP trellis generate CKPT (--prompt TEXT | --prompt-ids IDS) [options]
 
-  CKPT                 a checkpoint file, or a checkpoint/run directory (its newest checkpoint)
+  CKPT                 a checkpoint file, a `latest` pointer, or a checkpoint/run directory
+                       (its newest checkpoint)
   --prompt TEXT        the prompt as text: byte-level models (trained with data.source = text)
   --prompt-ids IDS     the prompt as token ids, e.g. 50256,318 (any model; token-id models have no
                        tokenizer in Trellis, so their output is printed as ids too)

@@ -218,6 +218,8 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
     // in checkpoint.dir itself (going back to an earlier step), another start point, an
     // evaluation — loads as asked. Rank 0 decides, so that every rank takes one branch.
     if (!training) return load(how, say_changes);  // any problem is the user's error
+    // (A run directory, a checkpoint directory or a `latest` pointer: its newest checkpoint.)
+    const std::string start = resolve_checkpoint(world_, how);
     candidates = resume_candidates(world_, cfg_.checkpoint.dir);
     int rank = 0, go_on = 0;
     MPI_Comm_rank(world_, &rank);
@@ -230,7 +232,7 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");
-        go_on = resolved(how).parent_path() != resolved(cfg_.checkpoint.dir) &&
+        go_on = resolved(start).parent_path() != resolved(cfg_.checkpoint.dir) &&
                 deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how;
       } catch (const std::exception&) {
@@ -238,7 +240,7 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
       }
     }
     MPI_Bcast(&go_on, 1, MPI_INT, 0, world_);
-    if (!go_on) return load(how, say_changes);
+    if (!go_on) return load(start, say_changes);
     log("checkpoint.resume = " + how + ": " + cfg_.checkpoint.dir +
         " holds this run's own checkpoints from it (a requeued job): going on from the newest, " +
         candidates.front());

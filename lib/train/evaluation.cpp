@@ -92,10 +92,11 @@ double Trainer::run_evaluation(int64_t step) {
 
 const char* const kEvalUsage =
     "usage: mpirun -np N trellis eval CKPT [--section.key=value ...]\n"
-    "  The held-out loss of a checkpoint: CKPT is a checkpoint file, a checkpoint directory or a\n"
-    "  run directory (its newest checkpoint). The deck is the one the checkpoint stores, with\n"
-    "  the overrides: [eval] says what to measure (eval.path, eval.batches), [parallel] the\n"
-    "  layout of the N ranks (default dp = N), system.backend where (default cpu).\n";
+    "  The held-out loss of a checkpoint: CKPT is a checkpoint file, a `latest` pointer, a\n"
+    "  checkpoint directory or a run directory (its newest checkpoint). The deck is the one the\n"
+    "  checkpoint stores, with the overrides: [eval] says what to measure (eval.path,\n"
+    "  eval.batches), [parallel] the layout of the N ranks (default dp = N), system.backend\n"
+    "  where (default cpu).\n";
 
 // Measures the held-out loss of the loaded checkpoint (collective) and says it (rank 0).
 static void report_evaluation(Trainer& trainer, const Config& cfg, const std::string& path,

@@ -155,6 +155,17 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   return out;
 }
 
+const char* const kTuneUsage =
+    "usage: mpirun -np N trellis tune DECK [--candidates K] [--steps S] [--out FILE]\n"
+    "                                 [--section.key=value ...]\n"
+    "  Finds the fastest layout of the deck's model for these N ranks by measuring: the planner\n"
+    "  (trellis plan) ranks every layout that fits in memory, the best K run on the real ranks\n"
+    "  for S timed steps each after one warm-up step, and the fastest is written as a deck.\n"
+    "\n"
+    "  --candidates K   layouts to run, the planner's best first (default 6)\n"
+    "  --steps S        timed steps per layout, after one warm-up step (default 4)\n"
+    "  --out FILE       where to write the winning deck (default RUN_DIR/tuned.deck)\n";
+
 int tune_main(const std::vector<std::string>& args, World& world) {
   TuneOptions opt;
   std::vector<LayoutChoice> candidates;

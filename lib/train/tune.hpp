@@ -29,4 +29,6 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
 
 int tune_main(const std::vector<std::string>& args, World& world);
 
+extern const char* const kTuneUsage;  // trellis tune --help
+
 }  // namespace trellis

@@ -103,5 +103,33 @@ TEST_F(CkptDirTest, PublishLatestErrors) {
   EXPECT_TRUE(entries().empty());
 }
 
+// What `trellis eval/generate/export/inspect CKPT` and checkpoint.resume = CKPT load.
+TEST_F(CkptDirTest, ResolveCheckpointOnTheCommandLine) {
+  fs::create_directories(dir_ + "/run/ckpt");
+  const std::string ckpt = dir_ + "/run/ckpt";
+  for (int s : {100, 300}) std::ofstream(ckpt + "/" + checkpoint_file_name(s)) << "x";
+  EXPECT_EQ(resolve_checkpoint(ckpt + "/step_00000100.h5"), ckpt + "/step_00000100.h5");
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/missing.h5"), dir_ + "/missing.h5");  // (opening says)
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step_00000300.h5");
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/run"), ckpt + "/step_00000300.h5");
+  // `latest` as a path: the file it names, even where a newer step file exists beside it.
+  publish_latest(ckpt, "step_00000100.h5");
+  EXPECT_EQ(resolve_checkpoint(ckpt + "/latest"), ckpt + "/step_00000100.h5");
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/run"), ckpt + "/step_00000100.h5");
+  for (const char* bad : {"", "\n", "../run/ckpt/step_00000300.h5\n"}) {
+    std::ofstream(ckpt + "/latest") << bad;
+    try {
+      resolve_checkpoint(ckpt + "/latest");
+      ADD_FAILURE() << "a `latest` holding '" << bad << "' resolved";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(ckpt + "/latest: a `latest` pointer that names no"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  fs::create_directories(dir_ + "/empty");
+  EXPECT_THROW(resolve_checkpoint(dir_ + "/empty"), UserError);
+}
+
 }  // namespace
 }  // namespace trellis

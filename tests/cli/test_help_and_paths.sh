@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The command line a newcomer types: every subcommand's --help prints its own usage on stdout with
+# status 0 (not Kokkos' help, which reads --help too; not "no such file"); a checkpoint is named
+# by its file, its `latest` pointer, its checkpoint directory or its run directory alike in
+# inspect, eval, generate, export and checkpoint.resume; an empty pointer or a directory without
+# checkpoints is status 2 naming the path.
+# Usage: test_help_and_paths.sh BUILD_DIR. Ends with "paths: N passed, M failed".
+set -u
+build=${1:-build}
+trellis="$build/trellis"
+work=$(mktemp -d /tmp/trellis-paths-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/common.sh"
+check_log="$work/out.log"
+
+for cmd in train plan bench tune inspect eval generate export; do
+  "$trellis" "$cmd" --help > "$work/help.out" 2> "$work/help.err"
+  rc=$?
+  check "$cmd --help: its usage on stdout, status 0" \
+    '[ $rc -eq 0 ] && grep -q "usage:.*trellis $cmd\|trellis $cmd DECK\|trellis $cmd \[" "$work/help.out" &&
+     ! grep -qi kokkos "$work/help.out" && [ ! -s "$work/help.err" ]'
+done
+
+tiny_deck "$work/tiny.deck" <<'DECK'
+[train]
+steps = 4
+global_batch = 4
+micro_batch = 2
+[checkpoint]
+every = 2
+keep = 5
+DECK
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/run" \
+  > "$work/out.log" 2>&1
+check "the run trains" '[ $? -eq 0 ] && [ "$(cat "$work/run/ckpt/latest")" = step_00000004.h5 ]'
+newest="$work/run/ckpt/step_00000004.h5"
+printf 'step_00000002.h5\n' > "$work/run/ckpt/latest"   # (latest names an older step now)
+older="$work/run/ckpt/step_00000002.h5"
+
+for where in "$work/run/ckpt/latest" "$work/run/ckpt" "$work/run"; do
+  "$trellis" inspect "$where" > "$work/out.log" 2>&1
+  check "inspect $(basename "$where"): the file latest names" \
+    '[ $? -eq 0 ] && head -1 "$work/out.log" | grep -q "^checkpoint $older "'
+done
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" eval "$work/run/ckpt/latest" > "$work/out.log" 2>&1
+check "eval ckpt/latest: the file latest names" '[ $? -eq 0 ] && grep -q "eval: $older, after 2 steps" "$work/out.log"'
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" generate "$work/run/ckpt/latest" --prompt-ids 3,1 \
+  --tokens 2 --temperature 0 > "$work/out.log" 2>&1
+check "generate ckpt/latest" '[ $? -eq 0 ] && grep -q "$older" "$work/out.log"'
+"$trellis" export "$work/run/ckpt/latest" --format hf-gpt2 "$work/hf" > "$work/out.log" 2>&1
+check "export ckpt/latest" '[ $? -eq 0 ] && [ -f "$work/hf/model.safetensors" ] && grep -q "$older" "$work/out.log"'
+# A new run starting from another run's directory: its newest checkpoint (the one latest names).
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/tuned" \
+  --checkpoint.resume="$work/run" --train.steps=6 > "$work/out.log" 2>&1
+check "checkpoint.resume = RUN_DIR: starts from the checkpoint latest names" \
+  '[ $? -eq 0 ] && grep -q "resumed from $older at step 2" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
+
+: > "$work/run/ckpt/latest"
+"$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
+check "inspect of an empty latest: status 2 naming it" \
+  '[ $? -eq 2 ] && grep -q "checkpoint $work/run/ckpt/latest: a .latest. pointer that names no step file" "$work/out.log"'
+timeout 120 mpirun "${flags[@]}" -np 2 "$trellis" train "$work/tiny.deck" --run.dir="$work/bad" \
+  --checkpoint.resume="$work/run/ckpt/latest" > "$work/out.log" 2>&1
+check "checkpoint.resume = an empty latest: status 2 on every rank, one message" \
+  '[ $? -eq 2 ] && [ "$(grep -c "a .latest. pointer that names no step file" "$work/out.log")" -eq 1 ]'
+mkdir -p "$work/nothing"
+"$trellis" inspect "$work/nothing" > "$work/out.log" 2>&1
+check "inspect of a directory without checkpoints: status 2 naming it" \
+  '[ $? -eq 2 ] && grep -q "$work/nothing: a directory without step_\*.h5 files" "$work/out.log"'
+
+echo "paths: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
