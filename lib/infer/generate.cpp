@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -63,11 +64,20 @@ struct GenerateOptions {
 GenerateOptions parse_options(const std::vector<std::string>& args) {
   GenerateOptions o;
   po::options_description desc;
-  desc.add_options()("checkpoint", po::value<std::string>(&o.checkpoint))(
-      "prompt", po::value<std::string>(&o.prompt))("prompt-ids", po::value<std::string>(&o.prompt_ids))(
-      "tokens", po::value<int>(&o.tokens))("temperature", po::value<double>(&o.sampling.temperature))(
-      "top-k", po::value<int>(&o.sampling.top_k))("seed", po::value<uint64_t>(&o.sampling.seed))(
-      "logits-out", po::value<std::string>(&o.logits_out))("blas-threads", po::value<int>(&o.threads))("help,h", po::bool_switch(&o.help));
+  std::string seed;  // (read as text: Boost would wrap "-1" round to 2^64 - 1)
+  // clang-format off
+  desc.add_options()
+      ("checkpoint", po::value<std::string>(&o.checkpoint))
+      ("prompt", po::value<std::string>(&o.prompt))
+      ("prompt-ids", po::value<std::string>(&o.prompt_ids))
+      ("tokens", po::value<int>(&o.tokens))
+      ("temperature", po::value<double>(&o.sampling.temperature))
+      ("top-k", po::value<int>(&o.sampling.top_k))
+      ("seed", po::value<std::string>(&seed))
+      ("logits-out", po::value<std::string>(&o.logits_out))
+      ("blas-threads", po::value<int>(&o.threads))
+      ("help,h", po::bool_switch(&o.help));
+  // clang-format on
   po::positional_options_description positional;
   positional.add("checkpoint", 1);
   po::variables_map vm;
@@ -91,6 +101,17 @@ GenerateOptions parse_options(const std::vector<std::string>& args) {
     throw UserError("--blas-threads " + std::to_string(o.threads) + ": expected ≥ 0 (0 = all cores)");
   if (o.sampling.top_k < 0)
     throw UserError("--top-k " + std::to_string(o.sampling.top_k) + ": expected ≥ 0 (0 = all)");
+  if (vm.count("seed")) {
+    size_t used = 0;
+    try {
+      if (!seed.empty() && std::isdigit(static_cast<unsigned char>(seed[0])))
+        o.sampling.seed = std::stoull(seed, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != seed.size())
+      throw UserError("--seed " + seed + ": expected an integer in [0, 2^64)");
+  }
   return o;
 }
 
@@ -104,6 +125,9 @@ std::vector<int32_t> prompt_tokens(GenerateOptions& o, const Config& cfg) {
     for (unsigned char c : o.prompt) ids.push_back(c);
     if (ids.empty()) throw UserError("--prompt: empty; give at least one character");
   } else {
+    // getline drops a last empty item: "3,1," would pass as "3,1", though ",3" and "3,,1" do not.
+    if (!o.prompt_ids.empty() && o.prompt_ids.back() == ',')
+      throw UserError("--prompt-ids: '" + o.prompt_ids + "' ends in a comma: a missing id?");
     std::stringstream list(o.prompt_ids);
     for (std::string item; std::getline(list, item, ',');) {
       size_t used = 0;
@@ -187,8 +211,10 @@ std::string bytes_as_text(const std::vector<int32_t>& t) {
       for (size_t k = 0; k < n; ++k) s += char(t[i + k]);
       i += n;
       continue;
-    } else {
-      s += strfmt("\\x%02x", unsigned(b) & 0xFF);
+    } else if (b >= 0 && b <= 0xFF) {
+      s += strfmt("\\x%02x", unsigned(b));
+    } else {  // not a byte (a text model with model.vocab > 256 may sample one): the id
+      s += strfmt("\\id{%d}", b);
     }
     ++i;
   }

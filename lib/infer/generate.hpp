@@ -38,7 +38,7 @@ Generation generate(Decoder& decoder, Comm* tp, const std::vector<int32_t>& prom
                     TokenSampler& sampler, bool keep_logits = false);
 
 /// Bytes (token ids 0–255) as text: printable ASCII, newlines, tabs and well-formed UTF-8 as they
-/// are; any other byte as \xNN, a backslash as \\.
+/// are; any other byte as \xNN, a backslash as \\; an id past 255 (not a byte) as \id{ID}.
 std::string bytes_as_text(const std::vector<int32_t>& tokens);
 
 /// `trellis generate` with its arguments (after the command); returns the exit status. Bad

@@ -185,4 +185,7 @@ TEST(BytesAsText, PrintableAndUtf8PassOthersEscaped) {
   EXPECT_EQ(bytes_as_text(bytes("caf\xc3\xa9")), "caf\xc3\xa9");      // é
   EXPECT_EQ(bytes_as_text(bytes("\xc3(")), "\\xc3(");                 // a broken sequence
   EXPECT_EQ(bytes_as_text(bytes("\xe2\x82")), "\\xe2\\x82");          // cut short
+  // A text model's vocab may exceed 256: an id that is no byte is not folded onto one.
+  EXPECT_EQ(bytes_as_text({'a', 300, 0x2c, 256}), "a\\id{300},\\id{256}");
+  EXPECT_EQ(bytes_as_text({0xc3, 0x1a9}), "\\xc3\\id{425}");  // (no UTF-8 across a non-byte)
 }
