@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -74,6 +75,11 @@ std::string checkpoint_file_name(int64_t step);
 int64_t checkpoint_step(const std::string& file_name);
 /// Replaces dir/latest atomically (temp file, fsync, rename, fsync dir) with file_name + "\n".
 void publish_latest(const std::string& dir, const std::string& file_name);
+/// Writes `path` atomically: `fill` writes the content to a temporary of its own beside it (a name
+/// no other process writing the same path picks) and returns false on an I/O error; then fsync,
+/// rename into place, fsync the directory. A reader sees the old file or the whole new one.
+/// Any failure removes the temporary and throws UserError("cannot write PATH: ...").
+void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
 /// Keeps the newest `keep` step_*.h5 files of dir (by step; keep ≤ 0 keeps all) and the one
 /// `latest` names; removes the others and any stale *.tmp-* files.
 void apply_retention(const std::string& dir, int keep);

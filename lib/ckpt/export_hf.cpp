@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
@@ -122,11 +121,10 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
     throw UserError("OUTDIR " + outdir + ": cannot create this directory" +
                     (ec ? ": " + ec.message() : std::string()));
   write_safetensors(outdir + "/model.safetensors", tensors, {{"format", "pt"}});
-  const std::string json = outdir + "/config.json";
-  std::ofstream out(json);
-  out << config_json(m, path, step);
-  out.close();
-  if (!out) throw UserError("cannot write " + json);
+  const std::string json = config_json(m, path, step);
+  write_file_atomically(outdir + "/config.json", [&](std::FILE* f) {
+    return std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  });
 }
 
 int export_main(const std::vector<std::string>& args) {

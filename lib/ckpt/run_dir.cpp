@@ -87,37 +87,32 @@ std::string read_latest(const std::string& dir) {
 
 }  // namespace
 
+void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill) {
+  const std::string tmp = path + ".tmp-" + random_suffix(::getpid());
+  auto fail = [&](const std::string& what, int e) {
+    ::unlink(tmp.c_str());
+    throw UserError("cannot write " + path + ": " + what + (e ? ": " + errno_text(e) : ""));
+  };
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("create " + tmp, errno);
+  errno = 0;
+  bool ok = fill(f) && std::fflush(f) == 0;
+  int e = errno;
+  if (ok && ::fsync(::fileno(f)) != 0) ok = false, e = errno;
+  if (std::fclose(f) != 0 && ok) ok = false, e = errno;
+  if (!ok) fail("write", e);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  const std::string err = fsync_file(dir_of(path), true);
+  if (!err.empty()) throw UserError("cannot write " + path + ": " + err);
+}
+
 void publish_latest(const std::string& dir, const std::string& file_name) {
   if (file_name.empty() || file_name.find('/') != std::string::npos)
     throw std::logic_error("publish_latest: '" + file_name + "' is not a bare file name");
-  const std::string final_path = dir + "/latest";
-  const std::string tmp = final_path + ".tmp-" + random_suffix(::getpid());
   const std::string content = file_name + "\n";
-  auto fail = [&](const std::string& what) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw UserError("cannot update " + final_path + ": " + what + ": " + errno_text(e));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("create " + tmp);
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t w = ::write(fd, content.data() + done, content.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      fail("write");
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    fail("fsync");
-  }
-  if (::close(fd) != 0) fail("close");
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) fail("rename");
-  const std::string e = fsync_file(dir, true);
-  if (!e.empty()) throw UserError("cannot update " + final_path + ": " + e);
+  write_file_atomically(dir + "/latest", [&](std::FILE* f) {
+    return std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  });
 }
 
 void apply_retention(const std::string& dir, int keep) {

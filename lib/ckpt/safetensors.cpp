@@ -1,10 +1,9 @@
 #include "ckpt/safetensors.hpp"
 
 #include <bit>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 
+#include "ckpt/checkpoint.hpp"  // write_file_atomically
 #include "core/error.hpp"
 
 namespace trellis {
@@ -56,21 +55,15 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
   const uint64_t n = header.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(header.data(), 1, n, f) == n;
-  for (const SafeTensor& t : tensors)
-    ok = ok && std::fwrite(t.data.data(), sizeof(float), t.data.size(), f) == t.data.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw UserError("cannot write " + path + ": " + why);
-  }
+  write_file_atomically(path, [&](std::FILE* f) {
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(header.data(), 1, n, f) == n;
+    for (const SafeTensor& t : tensors)
+      ok = ok && std::fwrite(t.data.data(), sizeof(float), t.data.size(), f) == t.data.size();
+    return ok;
+  });
 }
 
 }  // namespace trellis

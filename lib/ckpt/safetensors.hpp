@@ -16,8 +16,8 @@ struct SafeTensor {
   std::vector<float> data;  // row-major, Πshape values
 };
 
-/// Writes float32 tensors in the order given, with string metadata (e.g. {"format": "pt"}), to
-/// path + ".tmp" and renames it into place. I/O failure → UserError naming the path.
+/// Writes float32 tensors in the order given, with string metadata (e.g. {"format": "pt"}),
+/// atomically (write_file_atomically). I/O failure → UserError naming the path.
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

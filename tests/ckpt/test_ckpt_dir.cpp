@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -101,6 +104,42 @@ TEST_F(CkptDirTest, PublishLatestErrors) {
   EXPECT_THROW(publish_latest(dir_, "a/b.h5"), std::logic_error);
   EXPECT_THROW(apply_retention(dir_ + "/missing", 1), UserError);
   EXPECT_TRUE(entries().empty());
+}
+
+// Two writers of one path (`mpirun -np 2 trellis export`) each write a temporary of their own:
+// the file is one writer's whole content, never a mix, and no temporary is left behind.
+TEST_F(CkptDirTest, WriteFileAtomicallyWithTwoWriters) {
+  const std::string path = dir_ + "/model.bin";
+  auto writer = [&](char c) {
+    return [&path, c] {
+      for (int round = 0; round < 20; ++round)
+        write_file_atomically(path, [c](std::FILE* f) {
+          const std::string chunk(4096, c);
+          for (int i = 0; i < 64; ++i)  // 256 KiB in many writes, for the two to interleave
+            if (std::fwrite(chunk.data(), 1, chunk.size(), f) != chunk.size()) return false;
+          return true;
+        });
+    };
+  };
+  std::thread a(writer('a')), b(writer('b'));
+  a.join();
+  b.join();
+  std::ifstream in(path, std::ios::binary);
+  const std::string content((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(content.size(), 64u * 4096);
+  EXPECT_TRUE(content == std::string(content.size(), 'a') ||
+              content == std::string(content.size(), 'b'));
+  EXPECT_EQ(entries(), std::set<std::string>{"model.bin"});
+  // A failed write leaves the old file and no temporary; the error names the path.
+  try {
+    write_file_atomically(path, [](std::FILE*) { return false; });
+    ADD_FAILURE() << "a failed fill was not an error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write " + path), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(entries(), std::set<std::string>{"model.bin"});
+  EXPECT_THROW(write_file_atomically(dir_ + "/missing/x", [](std::FILE*) { return true; }),
+               UserError);
 }
 
 // What `trellis eval/generate/export/inspect CKPT` and checkpoint.resume = CKPT load.

@@ -52,6 +52,15 @@ check "a tiny MHA model trains" '[ $? -eq 0 ] && [ -f "$work/mha/ckpt/latest" ]'
 check "export writes config.json and model.safetensors" \
   '[ $? -eq 0 ] && [ -s "$work/hf/config.json" ] && [ -s "$work/hf/model.safetensors" ]'
 
+# Under mpirun by mistake: each rank writes the same files, each through a temporary of its own,
+# so the files are whole (the same bytes as the serial export) and no temporary is left.
+timeout 60 mpirun "${flags[@]}" -np 2 "$trellis" export "$work/mha" --format hf-gpt2 "$work/hf2" \
+  > "$work/out.log" 2>&1
+check "export under mpirun -np 2: the serial export's bytes, no temporary left" \
+  '[ $? -eq 0 ] && cmp -s "$work/hf/model.safetensors" "$work/hf2/model.safetensors" &&
+   cmp -s "$work/hf/config.json" "$work/hf2/config.json" && [ "$(ls "$work/hf2")" = "config.json
+model.safetensors" ]'
+
 ids=72,101,108,108,111,44,32,119,111,114,108,100,33,10,84,104
 timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" generate "$work/mha" --prompt-ids "$ids" --tokens 0 \
   --logits-out "$work/logits.bin" > "$work/out.log" 2>&1
