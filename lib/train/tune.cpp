@@ -155,38 +155,10 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   return out;
 }
 
-const char* const kTuneUsage =
-    "usage: mpirun -np N trellis tune DECK [--candidates K] [--steps S] [--out FILE]\n"
-    "                                 [--section.key=value ...]\n"
-    "  Finds the fastest layout of the deck's model for these N ranks by measuring: the planner\n"
-    "  (trellis plan) ranks every layout that fits in memory, the best K run on the real ranks\n"
-    "  for S timed steps each after one warm-up step, and the fastest is written as a deck.\n"
-    "\n"
-    "  --candidates K   layouts to run, the planner's best first (default 6)\n"
-    "  --steps S        timed steps per layout, after one warm-up step (default 4)\n"
-    "  --out FILE       where to write the winning deck (default RUN_DIR/tuned.deck)\n";
-
-int tune_main(const std::vector<std::string>& args, World& world) {
-  TuneOptions opt;
-  std::vector<LayoutChoice> candidates;
-  std::string error;
-  try {
-    opt = parse_tune_options(args);
-    candidates = tune_candidates(opt.deck, opt.overrides, world.size(), local_ranks(world.comm()),
-                                 opt.candidates);
-    if (candidates.empty())
-      throw UserError(strfmt("trellis tune: no layout of %s for %d ranks fits in memory (see "
-                             "trellis plan %s --gpus %d)", opt.deck.c_str(), world.size(),
-                             opt.deck.c_str(), world.size()));
-    if (opt.out.empty()) opt.out = base_config(opt.deck, opt.overrides).run.dir + "/tuned.deck";
-    check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");
-  } catch (const UserError& e) {
-    error = e.what();
-  }
-  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
-  log(strfmt("tune: %zu layout(s) of %s on %d rank(s), %d timed step(s) each after a warm-up",
-             candidates.size(), opt.deck.c_str(), world.size(), opt.steps));
-
+// Runs each candidate for a few steps, prints the ranking and writes the fastest as a deck
+// (collective; returns the exit status).
+int measure_and_write(const TuneOptions& opt, const std::vector<LayoutChoice>& candidates,
+                      World& world) {
   std::vector<Measured> results;
   for (const LayoutChoice& c : candidates) {
     Measured m;
@@ -253,6 +225,47 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   if (failed_together(world.comm(), write_error, "trellis")) return kExitBadInput;
   log("tune: the winner, " + best.layout.name + ", is written to " + opt.out);
   return kExitOk;
+}
+
+const char* const kTuneUsage =
+    "usage: mpirun -np N trellis tune DECK [--candidates K] [--steps S] [--out FILE]\n"
+    "                                 [--section.key=value ...]\n"
+    "  Finds the fastest layout of the deck's model for these N ranks by measuring: the planner\n"
+    "  (trellis plan) ranks every layout that fits in memory, the best K run on the real ranks\n"
+    "  for S timed steps each after one warm-up step, and the fastest is written as a deck.\n"
+    "\n"
+    "  --candidates K   layouts to run, the planner's best first (default 6)\n"
+    "  --steps S        timed steps per layout, after one warm-up step (default 4)\n"
+    "  --out FILE       where to write the winning deck (default RUN_DIR/tuned.deck)\n";
+
+int tune_main(const std::vector<std::string>& args, World& world) {
+  TuneOptions opt;
+  std::vector<LayoutChoice> candidates;
+  std::string error;
+  double hang_timeout_s = 0;
+  try {
+    opt = parse_tune_options(args);
+    candidates = tune_candidates(opt.deck, opt.overrides, world.size(), local_ranks(world.comm()),
+                                 opt.candidates);
+    if (candidates.empty())
+      throw UserError(
+          strfmt("trellis tune: no layout of %s for %d ranks fits in memory (see "
+                 "trellis plan %s --gpus %d)",
+                 opt.deck.c_str(), world.size(), opt.deck.c_str(), world.size()));
+    const Config base = base_config(opt.deck, opt.overrides);
+    if (opt.out.empty()) opt.out = base.run.dir + "/tuned.deck";
+    hang_timeout_s = base.system.hang_timeout_s;
+    check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  log(strfmt("tune: %zu layout(s) of %s on %d rank(s), %d timed step(s) each after a warm-up",
+             candidates.size(), opt.deck.c_str(), world.size(), opt.steps));
+  // The runs are collective work as training is: a data file no rank can open is every rank's
+  // UserError (status 2), a rank that stops is the watchdog's (status 4).
+  return run_collective_phase(world, hang_timeout_s, "trellis tune",
+                              [&] { return measure_and_write(opt, candidates, world); });
 }
 
 }  // namespace trellis

@@ -46,5 +46,11 @@ rc=$(run -np 2 "$build/trellis" tune)
 check "no deck: status 2" '[ $rc -eq 2 ] && grep -q "which deck" "$work/out.log"'
 rc=$(run -np 2 "$build/trellis" tune "$work/missing.deck")
 check "a missing deck: status 2, named" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
+# Bad input the runs themselves meet (a data path nothing matches): every rank's UserError, status
+# 2 and one message (it ended in std::terminate, status 134).
+rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --candidates 1 --data.source=tokens \
+  --data.path="$work/none/*.bin")
+check "a data path nothing matches: status 2 with one message naming it" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "error: data.path: no file matches .$work/none/\*.bin." "$work/out.log")" -eq 1 ]'
 echo "tune: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
