@@ -28,6 +28,15 @@ class CollectiveError : public std::runtime_error {
   explicit CollectiveError(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// Bad input one rank finds alone in the middle of collective work — a data file rewritten under
+/// a running job, so that a window now holds a token id past model.vocab. The other ranks wait in
+/// a collective and cannot be told, so the job ends at once: this rank's message, then MPI_Abort
+/// with status 2 (run_collective_phase).
+class RankInputError : public std::runtime_error {
+ public:
+  explicit RankInputError(const std::string& what) : std::runtime_error(what) {}
+};
+
 /// printf-style formatting into a std::string.
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -627,6 +627,9 @@ int run_collective_phase(World& world, double hang_timeout_s, const std::string&
   } catch (const CollectiveError& e) {
     if (world.rank() == 0) log_error(who + ": error: " + std::string(e.what()));
     return kExitFailure;
+  } catch (const RankInputError& e) {  // this rank's alone: the others wait in a collective
+    log_error(strfmt("%s: rank %d: error: %s", who.c_str(), world.rank(), e.what()));
+    MPI_Abort(world.comm(), kExitBadInput);
   } catch (const std::exception& e) {
     log_error(strfmt("%s: rank %d: error: %s", who.c_str(), world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitFailure);

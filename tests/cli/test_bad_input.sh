@@ -131,5 +131,27 @@ else
   failed=$((failed + 1)); echo "FAIL data file missing on one rank only: exit $rc"; sed 's/^/     | /' "$out" | head -20
 fi
 
+# A token shard rewritten in place mid-run (same size, ids past model.vocab): the rank that reads
+# such a window says so, naming the file, and the job ends with status 2 within seconds — not an
+# embedding lookup past its table, nor its peers waiting in a collective.
+run="$work/run-rewritten" out="$work/out.txt"
+python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes([3, 0]) * 65536)' "$work/shard.bin"
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=20 -np 2 "$trellis" train "$ok" \
+  --parallel.dp=2 --train.steps=2000 --data.source=tokens --data.path="$work/shard.bin" \
+  --checkpoint.every=0 --run.dir="$run" > "$out" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "^step " "$out" 2>/dev/null && break; sleep 0.2; done
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.write(bytes([200, 0]) * 65536)' "$work/shard.bin"
+t_rewrite=$(date +%s)
+wait $pid
+rc=$? took=$(( $(date +%s) - t_rewrite ))
+if [ $rc -eq 2 ] && [ $took -lt 30 ] &&
+   grep -q "error: data file '$work/shard.bin' holds token 200 at token [0-9]*, not below model.vocab = 32" "$out"; then
+  passed=$((passed + 1)); echo "ok   a token shard rewritten in place mid-run: status 2 naming it (${took}s)"
+else
+  failed=$((failed + 1)); echo "FAIL a token shard rewritten in place mid-run: exit $rc after ${took}s"
+  sed 's/^/     | /' "$out" | tail -20
+fi
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

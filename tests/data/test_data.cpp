@@ -300,6 +300,36 @@ TEST(Text, AFileTruncatedUnderTheRunIsNamed) {
       "corpus.txt' could not be read where it was mapped: it became shorter");
 }
 
+TEST(Tokens, AShardRewrittenInPlaceIsNamed) {
+  // A shard overwritten in place with other ids (same size: no SIGBUS) while the run reads it: a
+  // window holding an id past model.vocab would index past the embedding table. It is this
+  // rank's error alone (RankInputError: the job ends with MPI_Abort, status 2), naming the file.
+  TempDir dir;
+  const std::string path = dir.file("shard.bin");
+  write_raw(path, std::vector<uint16_t>(64, 3));
+  auto s = tokens_source(path, 100);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);  // no truncation
+    f.seekp(2 * 40);
+    const uint16_t big = 500;
+    f.write(reinterpret_cast<const char*>(&big), 2);
+  }
+  std::vector<int32_t> w(8);
+  s->window(0, 8, w.data());  // (what it holds is still fine)
+  try {
+    s->window(36, 8, w.data());
+    ADD_FAILURE() << "a window with token 500 of vocab 100 was read";
+  } catch (const RankInputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("data file '" + path +
+                     "' holds token 500 at token 40, not below model.vocab "
+                     "= 100"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("changed under the run"), std::string::npos) << m;
+  }
+}
+
 TEST(Text, Errors) {
   TempDir dir;
   const std::string missing = dir.file("missing.txt");
