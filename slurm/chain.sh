@@ -15,7 +15,8 @@ prev=""
 for i in $(seq 1 "$n"); do
   dep=${prev:+--dependency=afternotok:$prev --kill-on-invalid-dep=yes}
   # shellcheck disable=SC2086  # $dep is two options or none
-  prev=$(sbatch --parsable --no-requeue --job-name="$TRELLIS_CHAIN" $dep "$script" "$@")
+  prev=$(TRELLIS_CHAIN_LINK="$i/$n" sbatch --parsable --no-requeue --job-name="$TRELLIS_CHAIN" $dep \
+         "$script" "$@")
   prev=${prev%%;*}   # "id;cluster" on federated sites
   echo "submitted $prev (link $i of $n, chain $TRELLIS_CHAIN)"
 done

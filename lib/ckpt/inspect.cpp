@@ -69,8 +69,9 @@ const char* const kInspectUsage =
     "usage: trellis inspect CKPT\n"
     "  A checkpoint's step, layout, deck and tensors (shape, type), each read in full so that\n"
     "  HDF5 verifies its checksums. CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
-    "  or run directory (its newest checkpoint). Exit status 0: sound; 1: damaged (each PROBLEM\n"
-    "  printed); 2: no checkpoint there.\n";
+    "  or run directory (the checkpoint its `latest` names, else its highest step). Exit status\n"
+    "  0: sound; 1: missing, unreadable or damaged (each PROBLEM printed); 2: a directory\n"
+    "  without checkpoints, or a `latest` that names none.\n";
 
 int inspect_checkpoint(const std::string& path, std::FILE* out) {
   silence_hdf5();

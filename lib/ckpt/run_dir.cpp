@@ -150,15 +150,19 @@ std::string resolve_checkpoint(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return path;  // (opening it says what is wrong)
   if (!S_ISDIR(st.st_mode)) {
-    // A `latest` pointer (ckpt/latest, as a newcomer types it): the step file it names.
-    if (fs::path(path).filename() != "latest") return path;
-    const std::string dir = fs::path(path).parent_path().string();
+    // A `latest` pointer (ckpt/latest, as a newcomer types it): the step file it names, beside
+    // the pointer itself (a symbolic link to one: beside its target). A checkpoint that was
+    // merely named `latest` (a link to a step file, a copy: no HDF5 file is this small) is one.
+    if (fs::path(path).filename() != "latest" || st.st_size > 511) return path;
+    std::error_code ec;
+    const fs::path real = fs::canonical(path, ec);
+    const std::string dir = (ec ? fs::path(path) : real).parent_path().string();
     const std::string name = read_latest(dir.empty() ? "." : dir);
     if (name.empty())
       throw UserError("checkpoint " + path +
-                      ": a `latest` pointer that names no step file (give "
-                      "the step file, or the directory: its newest checkpoint)");
-    return (dir.empty() ? name : dir + "/" + name);
+                      ": a `latest` pointer that names no step file (give the step file, or the "
+                      "directory: the checkpoint its `latest` names, else its highest step)");
+    return dir.empty() ? name : dir + "/" + name;
   }
   for (const std::string& dir : {path, path + "/ckpt"}) {
     const std::vector<std::string> c = resume_candidates(dir);

@@ -147,18 +147,17 @@ class TokensSource final : public TokenSource {
       offset = k - prefix_[shard];
     }
     const uint16_t* p = shards_[shard].tokens + offset;
-    uint16_t mx = 0;
-    for (int i = 0; i < len; ++i) mx = std::max(mx, p[i]), out[i] = p[i];
+    int32_t mx = 0;
+    for (int i = 0; i < len; ++i) mx = std::max(mx, out[i] = p[i]);
     // Every id was below the vocabulary when the shard was opened; one past it now means the
     // file changed under the run, and it would index past the embedding table.
-    if (int(mx) >= vocab_) {
-      const int at = int(std::find(p, p + len, mx) - p);
+    if (mx >= vocab_) {
+      const int at = int(std::find(out, out + len, mx) - out);  // (what was read: not p again)
       throw RankInputError(strfmt(
           "data file '%s' holds token %d at token %lld, not below model.vocab = %d, though "
           "every token was when the run opened it: the file changed under the run (rewritten "
           "in place); leave the files of data.path and eval.path as they are during a run",
-          shards_[shard].file.path().c_str(), int(mx), static_cast<long long>(offset + at),
-          vocab_));
+          shards_[shard].file.path().c_str(), mx, static_cast<long long>(offset + at), vocab_));
     }
   }
 

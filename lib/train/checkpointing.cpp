@@ -218,8 +218,15 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
     // in checkpoint.dir itself (going back to an earlier step), another start point, an
     // evaluation — loads as asked. Rank 0 decides, so that every rank takes one branch.
     if (!training) return load(how, say_changes);  // any problem is the user's error
-    // (A run directory, a checkpoint directory or a `latest` pointer: its newest checkpoint.)
-    const std::string start = resolve_checkpoint(world_, how);
+    // (A run directory, a checkpoint directory or a `latest` pointer: the file it names. One
+    // that no longer resolves — the start point's run since removed — matters only when the
+    // run does not go on from its own checkpoints.)
+    std::string start = how, start_error;
+    try {
+      start = resolve_checkpoint(world_, how);
+    } catch (const UserError& e) {
+      start_error = e.what();  // (every rank's: rank 0 resolved it)
+    }
     candidates = resume_candidates(world_, cfg_.checkpoint.dir);
     int rank = 0, go_on = 0;
     MPI_Comm_rank(world_, &rank);
@@ -240,6 +247,7 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
       }
     }
     MPI_Bcast(&go_on, 1, MPI_INT, 0, world_);
+    if (!go_on && !start_error.empty()) throw UserError(start_error);
     if (!go_on) return load(start, say_changes);
     log("checkpoint.resume = " + how + ": " + cfg_.checkpoint.dir +
         " holds this run's own checkpoints from it (a requeued job): going on from the newest, " +

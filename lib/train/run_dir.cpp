@@ -17,8 +17,8 @@ namespace trellis {
 
 void check_writable_dir(const std::string& dir, const std::string& key) {
   // Walk up to the first existing ancestor: that is where a directory would be created.
-  fs::path p = fs::absolute(dir);
   std::error_code ec;
+  fs::path p = fs::absolute(dir.empty() ? "." : dir, ec);  // ("": libstdc++'s absolute throws)
   while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
   if (!fs::is_directory(p, ec))
     throw UserError(strfmt("%s = '%s': '%s' is not a directory", key.c_str(), dir.c_str(),

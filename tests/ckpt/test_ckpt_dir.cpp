@@ -110,20 +110,27 @@ TEST_F(CkptDirTest, PublishLatestErrors) {
 // the file is one writer's whole content, never a mix, and no temporary is left behind.
 TEST_F(CkptDirTest, WriteFileAtomicallyWithTwoWriters) {
   const std::string path = dir_ + "/model.bin";
-  auto writer = [&](char c) {
-    return [&path, c] {
-      for (int round = 0; round < 20; ++round)
-        write_file_atomically(path, [c](std::FILE* f) {
-          const std::string chunk(4096, c);
-          for (int i = 0; i < 64; ++i)  // 256 KiB in many writes, for the two to interleave
-            if (std::fwrite(chunk.data(), 1, chunk.size(), f) != chunk.size()) return false;
-          return true;
-        });
+  std::string errors[2];  // (an exception escaping a thread would end the test binary)
+  auto writer = [&](char c, std::string& error) {
+    return [&path, c, &error] {
+      try {
+        for (int round = 0; round < 20; ++round)
+          write_file_atomically(path, [c](std::FILE* f) {
+            const std::string chunk(4096, c);
+            for (int i = 0; i < 64; ++i)  // 256 KiB in many writes, for the two to interleave
+              if (std::fwrite(chunk.data(), 1, chunk.size(), f) != chunk.size()) return false;
+            return true;
+          });
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
     };
   };
-  std::thread a(writer('a')), b(writer('b'));
+  std::thread a(writer('a', errors[0])), b(writer('b', errors[1]));
   a.join();
   b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
   std::ifstream in(path, std::ios::binary);
   const std::string content((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(content.size(), 64u * 4096);
@@ -166,6 +173,16 @@ TEST_F(CkptDirTest, ResolveCheckpointOnTheCommandLine) {
           << e.what();
     }
   }
+  // A link to another run's pointer: the file beside its target. A checkpoint merely named
+  // `latest` (a copy, a link to a step file) is a checkpoint, not a pointer.
+  publish_latest(ckpt, "step_00000300.h5");
+  fs::create_directories(dir_ + "/other");
+  fs::create_symlink(ckpt + "/latest", dir_ + "/other/latest");
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/other/latest"),
+            fs::canonical(ckpt).string() + "/step_00000300.h5");
+  fs::create_directories(dir_ + "/copy");
+  std::ofstream(dir_ + "/copy/latest") << std::string(4096, 'h');  // (an HDF5 file's size)
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/copy/latest"), dir_ + "/copy/latest");
   fs::create_directories(dir_ + "/empty");
   EXPECT_THROW(resolve_checkpoint(dir_ + "/empty"), UserError);
 }

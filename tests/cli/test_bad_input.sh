@@ -140,7 +140,8 @@ timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=20 -np 2 "$trellis" tr
   --parallel.dp=2 --train.steps=2000 --data.source=tokens --data.path="$work/shard.bin" \
   --checkpoint.every=0 --run.dir="$run" > "$out" 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do grep -q "^step " "$out" 2>/dev/null && break; sleep 0.2; done
+for _ in $(seq 1 300); do grep -q "^step " "$out" 2>/dev/null && break; sleep 0.2; done
+grep -q "^step " "$out" || echo "     (no step line after 60 s: the rewrite may come before the shard is opened)"
 python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.write(bytes([200, 0]) * 65536)' "$work/shard.bin"
 t_rewrite=$(date +%s)
 wait $pid

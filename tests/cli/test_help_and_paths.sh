@@ -54,6 +54,18 @@ timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.
   --checkpoint.resume="$work/run" --train.steps=6 > "$work/out.log" 2>&1
 check "checkpoint.resume = RUN_DIR: starts from the checkpoint latest names" \
   '[ $? -eq 0 ] && grep -q "resumed from $older at step 2" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
+# The same command again (a requeued job) once the start point is gone: the run goes on from its
+# own checkpoints, which never needed it.
+mv "$work/run/ckpt" "$work/run/ckpt-moved"
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/tuned" \
+  --checkpoint.resume="$work/run" --train.steps=8 > "$work/out.log" 2>&1
+check "requeued with the start point gone: goes on from its own checkpoints" \
+  '[ $? -eq 0 ] && grep -q "resumed from $work/tuned/ckpt/step_00000006.h5 at step 6" "$work/out.log" && grep -q "^8," "$work/tuned/metrics.csv"'
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/fresh" \
+  --checkpoint.resume="$work/run" > "$work/out.log" 2>&1
+check "a new run from a start point that is gone: status 2 naming it" \
+  '[ $? -eq 2 ] && grep -q "checkpoint $work/run: a directory without step_\*.h5 files" "$work/out.log"'
+mv "$work/run/ckpt-moved" "$work/run/ckpt"
 
 : > "$work/run/ckpt/latest"
 "$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1

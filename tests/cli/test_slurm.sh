@@ -230,9 +230,11 @@ check "same final loss as the uninterrupted run" '[ -n "$a" ] && [ "$a" = "$b" ]
 job_state() {   # JOBID: its state, once it has ended (at most 120 s); PURGED once Slurm forgot it
   local st=""
   for _ in $(seq 1 240); do
-    st=$(scontrol -o show job "$1" 2>/dev/null | sed -nE 's/.*JobState=([A-Z_]+).*/\1/p')
+    local info
+    info=$(scontrol -o show job "$1" 2>&1)
+    grep -q "Invalid job id" <<< "$info" && { echo PURGED; return; }
+    st=$(sed -nE 's/.*JobState=([A-Z_]+).*/\1/p' <<< "$info")   # ("": slurmctld slow to answer)
     case $st in
-      "") echo PURGED; return ;;
       COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)
         echo "$st"; return ;;
     esac

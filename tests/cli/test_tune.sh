@@ -46,6 +46,10 @@ rc=$(run -np 2 "$build/trellis" tune)
 check "no deck: status 2" '[ $rc -eq 2 ] && grep -q "which deck" "$work/out.log"'
 rc=$(run -np 2 "$build/trellis" tune "$work/missing.deck")
 check "a missing deck: status 2, named" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
+# --out as a bare file name: the current directory (its parent "" made std::filesystem throw).
+abs_build=$(cd "$build" && pwd)
+rc=$(cd "$work" && run -np 1 "$abs_build/trellis" tune "$work/tiny.deck" --candidates 1 --steps 1 --out here.deck)
+check "--out here.deck: written in the current directory" '[ $rc -eq 0 ] && [ -f "$work/here.deck" ]'
 # Bad input the runs themselves meet (a data path nothing matches): every rank's UserError, status
 # 2 and one message (it ended in std::terminate, status 134).
 rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --candidates 1 --data.source=tokens \
