@@ -150,9 +150,15 @@ bench:
 	@bash scripts/bench.sh $(BUILD)
 
 # The binaries with every library they need but glibc, libstdc++ and cuBLASLt, for a GPU machine
-# without MPI, HDF5, Boost or Kokkos (scripts/gpu-check.sh runs there).
-gpu-bundle: $(BUILD)/trellis $(BUILD)/unit_tests
-	@bash scripts/gpu-bundle.sh $(BUILD)
+# without MPI, HDF5, Boost or Kokkos (scripts/gpu-check.sh runs there): built apart, in
+# GPU_BUNDLE_BUILD, for any x86-64 host of the last decade (AVX2; -march=native would tie them to
+# this machine's AVX-512, which the GPU machine's host may lack) → GPU_BUNDLE_BUILD/gpu-bundle.tar.xz.
+GPU_BUNDLE_BUILD ?= build-gpu
+GPU_BUNDLE_ARCH  ?= -march=x86-64-v3
+gpu-bundle:
+	@$(MAKE) BUILD=$(GPU_BUNDLE_BUILD) ARCH_FLAGS='$(GPU_BUNDLE_ARCH)' \
+	  $(GPU_BUNDLE_BUILD)/trellis $(GPU_BUNDLE_BUILD)/unit_tests
+	@bash scripts/gpu-bundle.sh $(GPU_BUNDLE_BUILD)
 
 # ---- the CUDA sources on an emulated GPU (tests/cuda_emu/cuda_emu.hpp) ---------------------------
 # Where nvcc exists: lib/**/*.cu rewritten (emulate.sed) and compiled by the host compiler against

@@ -64,6 +64,7 @@ packed_kib=$(( $(stat -c %s "$OUT.tar.xz") / 1024 ))
 echo "gpu-bundle: $OUT ($((size_kib / 1024)) MiB, $(ls "$OUT/lib" | wc -l) libraries), packed as" \
      "$OUT.tar.xz ($((packed_kib / 1024)) MiB)"
 echo "  on the GPU machine: tar -xJf gpu-bundle.tar.xz && bash gpu-bundle/scripts/gpu-check.sh gpu-bundle/build"
+echo "  (README, \"GPUs\": the command for one call of a lease)"
 if (( packed_kib > LIMIT_MIB * 1024 )); then
   echo "gpu-bundle: the archive is larger than $LIMIT_MIB MiB" >&2
   exit 1

@@ -36,7 +36,10 @@
 #   4. a short table of all that, last.
 # Environment: GPU_CHECK_B (first micro-batch tried, 64), GPU_CHECK_STEPS (timed steps, 10),
 # PEAK_TFLOPS (the device's dense bf16 peak, when the script does not know the device),
-# GPU_CHECK_OUT (logs; default BIN_DIR/gpu-check), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
+# GPU_CHECK_OUT (logs and run directories; default BIN_DIR/gpu-check), GPU_CHECK_RESULTS (a
+# directory that gets summary.txt — the table — and logs.tar.gz — every log, no checkpoints —
+# after each phase, so that a lease cut short still returns what ran; unset: none),
+# GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_TIMEOUT
 # (seconds for the GPU tests, 600, and for each benchmark run, 900: a lease is short),
 # GPU_CHECK_SANITIZER_TIMEOUT (seconds for each compute-sanitizer rerun of failed tests, 120),
 # GPU_CHECK_LAYOUT_STEPS (30) and GPU_CHECK_LAYOUT_RTOL (1e-4) for step 3, GPU_CHECK_DEADLINE
@@ -52,6 +55,12 @@ STEPS=${GPU_CHECK_STEPS:-10}
 TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-600}
 BENCH_TIMEOUT=${GPU_CHECK_TIMEOUT:-900}
 SANITIZER_TIMEOUT=${GPU_CHECK_SANITIZER_TIMEOUT:-120}
+LAYOUT_STEPS=${GPU_CHECK_LAYOUT_STEPS:-30}
+LAYOUT_RTOL=${GPU_CHECK_LAYOUT_RTOL:-1e-4}
+LAYOUT_RTOL_BF16=${GPU_CHECK_LAYOUT_RTOL_BF16:-2e-3}
+# What the summary says of the phases that have not run (yet).
+layout_summary="not run yet" torch_summary="not run yet" main_tps="" main_log="" rows=()
+tests_line="" failed_tests="" fragment_line="" test_status=1 no_device=0
 # GPU_CHECK_DEADLINE (seconds from the start; 0: none): no run starts or goes on past it, so that
 # the summary still prints inside a lease's call limit; what did not run says so.
 DEADLINE=${GPU_CHECK_DEADLINE:-0}
@@ -64,6 +73,56 @@ limit() {
   echo $(($1 < left ? $1 : left))
 }
 ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}  # (PyTorch's own libraries, not the bundle's)
+# Every run gets `timeout -k 10` (a process that ignores TERM is killed 10 s later).
+TIMEOUT=(timeout -k 10)
+RESULTS=${GPU_CHECK_RESULTS:-}
+[[ -n $RESULTS ]] && mkdir -p "$RESULTS"
+# save_logs: GPU_CHECK_RESULTS/logs.tar.gz, every log so far (not the checkpoints), replaced
+# whole (a lease that ends meanwhile keeps the previous one).
+save_logs() {
+  [[ -n $RESULTS ]] || return 0
+  tar -C "$OUTDIR" --exclude='*.h5' -czf "$RESULTS/.logs.tar.gz" . 2>/dev/null &&
+    mv -f "$RESULTS/.logs.tar.gz" "$RESULTS/logs.tar.gz"
+}
+
+# The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
+summary() {
+  echo
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
+  (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
+  echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
+  [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
+  echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
+  echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
+  printf '%-10s %-13s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
+  for r in "${rows[@]}"; do echo "$r"; done
+  # PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
+  best_tps=""
+  while read -r tline; do
+    [[ -n $tline ]] || continue
+    tps=$(field "$tline" tokens_per_s)
+    [[ -n $tps ]] || continue
+    sdpa=$(sed -n 's/.* sdpa=\([a-z]*\).*/\1/p' <<< "$tline")
+    printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
+      "$(field "$tline" B)x$(field "$tline" T)" "$tps" "$(awk -v m="$(field "$tline" mfu)" 'BEGIN {print 100 * m}')" \
+      "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
+    awk -v a="$tps" -v b="${best_tps:-0}" 'BEGIN { exit !(a > b) }' && best_tps=$tps
+  done < <(grep -s '^torch-bench: gpt2-124m' "$OUTDIR/torch-bench.log")
+  # (Trellis's row is profiled — two CUDA events a call —, PyTorch's is not; both are the median of
+  # rounds of 3 steps, each round's fastest, at the same B·T)
+  [[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s (Trellis profiled, PyTorch not)\n", a / b }' 
+  grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
+  [[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
+  if [[ -n ${main_log:-} ]] && grep -qs 'CUDA device time per kernel class' "$main_log"; then
+    echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
+    awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
+  fi
+  echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
+}
+write_summary() {  # (mid-run: what has run so far; a lease cut short keeps it)
+  [[ -n $RESULTS ]] && summary > "$RESULTS/.summary.txt" 2>&1 && mv -f "$RESULTS/.summary.txt" "$RESULTS/summary.txt"
+  save_logs
+}
 
 # ---- a bundle: its libraries, Open MPI's and PMIx's components and help files ----
 if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, not openmpi/)
@@ -74,18 +133,28 @@ if [[ -d $BIN/../openmpi && -d $BIN/../lib ]]; then  # (a source tree has lib/, 
   export PMIX_INSTALL_PREFIX=$BUNDLE/pmix
   export OMPI_MCA_mca_base_component_show_load_errors=0
 fi
-# One process, no launcher: shared memory and self only.
+# One process, no launcher: shared memory and self only, and no `orted` started beside it (Open
+# MPI's singleton looks for one in its install directory, which a bare GPU machine lacks).
+export OMPI_MCA_ess_singleton_isolated=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# find_lib NAME: its first copy under the usual places (pip's site-packages included), else
+# anywhere — each search at most 30 s.
+find_lib() {
+  local hit
+  hit=$(timeout -k 5 30 find /usr/local /opt /usr/lib /usr/lib64 /root -name "$1" -print -quit 2>/dev/null)
+  [[ -n $hit ]] || hit=$(timeout -k 5 30 find / \( -path /proc -o -path /sys \) -prune -o -name "$1" -print -quit 2>/dev/null)
+  echo "$hit"
+}
 # cuBLASLt: from the CUDA toolkit, else from a pip nvidia-cublas package.
 if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
-  lt=$(find / \( -path /proc -o -path /sys \) -prune -o -name 'libcublasLt.so.13' -print -quit 2>/dev/null)
+  lt=$(find_lib libcublasLt.so.13)
   [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 fi
 # NCCL (opened at run time by the NCCL link; the bundle does not carry its 200+ MB): from the
 # CUDA installation, else from a pip nvidia-nccl package. Without it the NCCL tests skip.
 if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
-  nccl=$(find / \( -path /proc -o -path /sys \) -prune -o -name 'libnccl.so.2' -print -quit 2>/dev/null)
+  nccl=$(find_lib libnccl.so.2)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"
 fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
@@ -113,10 +182,14 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.
 tc_tests='Cuda*TensorCore*'
-timeout "$(limit "$TEST_TIMEOUT")" "$BIN/unit_tests" --gtest_filter="Cuda*:NcclLink*-$tc_tests" 2>&1 |
+t=$(limit "$TEST_TIMEOUT")
+(( t > 0 )) || t=1  # (timeout 0 would be no limit)
+"${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter="Cuda*:NcclLink*-$tc_tests" 2>&1 |
   tee "$OUTDIR/tests.log"
 test_status=${PIPESTATUS[0]}
-TRELLIS_TC_ATTENTION=1 timeout "$(limit "$TEST_TIMEOUT")" "$BIN/unit_tests" --gtest_filter="$tc_tests" 2>&1 |
+t=$(limit "$TEST_TIMEOUT")
+(( t > 0 )) || t=1
+TRELLIS_TC_ATTENTION=1 "${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter="$tc_tests" 2>&1 |
   tee "$OUTDIR/tests-tc.log"
 tc_status=${PIPESTATUS[0]}
 (( tc_status == 0 )) || test_status=1
@@ -132,7 +205,9 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
   if [[ -n $MPIRUN ]]; then
     # (a hang between real NCCL ranks must not take the lease; kernels loaded at start, since a
     # lazily loaded one may wait for a device that an NCCL kernel keeps busy)
-    CUDA_MODULE_LOADING=EAGER timeout "$TEST_TIMEOUT" "$MPIRUN" --mca plm isolated --bind-to none \
+    t=$(limit "$TEST_TIMEOUT")
+    (( t > 0 )) || t=1
+    CUDA_MODULE_LOADING=EAGER "${TIMEOUT[@]}" "$t" "$MPIRUN" --mca plm isolated --bind-to none \
       --oversubscribe -np 2 "$BIN/unit_tests" --gtest_filter='NcclLink*' 2>&1 |
       tee "$OUTDIR/tests-np2.log"
     (( PIPESTATUS[0] == 0 )) || test_status=1
@@ -147,6 +222,7 @@ fragment_line=$(grep -h '^fragment layouts:' "$OUTDIR/tests-tc.log" | tail -1)
 no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
+write_summary
 
 # ---- 2. benchmarks ----
 # Each run: a deck, a precision and the attention kernels. bf16 keeps activations and the
@@ -154,9 +230,8 @@ grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests
 # losses; every kernel computes in fp32: README "GPUs"); tc 1 puts its attention on the tensor
 # cores (the mma.sync kernels; tc wmma: the WMMA ones, for comparison), tc 0 runs the fp32
 # attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
-rows=()
 bench_failed=0
-main_tps="" main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
+main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
   local name precision tc variant gemm_tune bgrad block_rows residual gelu deck tf32 B t label
@@ -184,7 +259,7 @@ bench_row() {
     TRELLIS_TF32=$tf32 TRELLIS_TC_ATTENTION=$tc TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDA_PROFILE=1 \
-      timeout "$t" "$BIN/trellis" bench "$deck" \
+      "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
       --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
       --train.micro_batch=$B --train.global_batch=$B --train.steps=$STEPS --train.warmup_steps=1 \
@@ -235,7 +310,9 @@ field() { sed -n "s/.*[ :]$2=\([0-9.e+-]*\).*/\1/p" <<< "$1"; }
 
 # The two rows of the targets first, then PyTorch beside them, then the comparisons.
 bench_row "gpt2-124m bf16 1"
+write_summary
 bench_row "gpt2-350m bf16 1"
+write_summary
 
 # ---- 2b. PyTorch beside it, where python3 has torch (scripts/torch_bench.py) ----
 # GPT-2 124M in eager PyTorch as Trellis's bf16 runs it (same B·T, MFU by the same count), its
@@ -253,7 +330,7 @@ else
     torch_summary="skipped (GPU_CHECK_DEADLINE)"
   else
     echo "gpu-check: PyTorch beside it: GPT-2 124M, its attention and its GEMMs ..."
-    env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout "$t" "$PY" "$ROOT/scripts/torch_bench.py" \
+    env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "${TIMEOUT[@]}" "$t" "$PY" "$ROOT/scripts/torch_bench.py" \
       --B "$main_B" --steps "$STEPS" --peak-tflops "$PEAK" 2>&1 | tee "$OUTDIR/torch-bench.log"
     ts=${PIPESTATUS[0]}
     (( ts == 124 )) && torch_summary="timed out after ${t} s (what it printed is above)"
@@ -261,10 +338,13 @@ else
   fi
 fi
 
+write_summary
+
 for run in "gpt2-124m bf16 1 tune" "gpt2-124m bf16 1 nobgrad" "gpt2-124m bf16 1 b64" \
            "gpt2-124m bf16 1 nores" "gpt2-124m bf16 1 nogelu" "gpt2-124m bf16 wmma" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   bench_row "$run"
+  write_summary
 done
 
 # ---- 3. several ranks on this GPU (after the benchmarks: the lease is short) ----
@@ -279,9 +359,6 @@ done
 # backend: 5.0e-5 dp, 5.6e-5 tp with SP, 3e-8 pp). Each run also writes its checkpoint
 # collectively. Needs a launcher: the bundle's (build/mpirun) or the machine's; a launcher that
 # cannot start ranks here is reported, not counted as a failure.
-LAYOUT_STEPS=${GPU_CHECK_LAYOUT_STEPS:-30}
-LAYOUT_RTOL=${GPU_CHECK_LAYOUT_RTOL:-1e-4}
-LAYOUT_RTOL_BF16=${GPU_CHECK_LAYOUT_RTOL_BF16:-2e-3}
 layout_summary="not run (no launcher)"
 layouts_failed=0
 # max over steps of |loss − reference| / |reference| between two metrics.csv files
@@ -298,11 +375,11 @@ elif [[ -n $MPIRUN ]]; then
          --checkpoint.resume=never)
   echo "gpu-check: the default deck, $LAYOUT_STEPS steps, one rank on the GPU in fp32 and in bf16 (the references) ..."
   t1=$(limit "$BENCH_TIMEOUT")
-  (( t1 > 0 )) && timeout "$t1" "$BIN/trellis" "${train[@]}" --run.dir="$OUTDIR/layout-1" \
+  (( t1 > 0 )) && "${TIMEOUT[@]}" "$t1" "$BIN/trellis" "${train[@]}" --run.dir="$OUTDIR/layout-1" \
     > "$OUTDIR/layout-1.log" 2>&1
   ref_status=$?
   t2=$(limit "$BENCH_TIMEOUT")
-  (( t1 > 0 && t2 > 0 )) && timeout "$t2" "$BIN/trellis" "${train[@]}" --system.precision=bf16 \
+  (( t1 > 0 && t2 > 0 )) && "${TIMEOUT[@]}" "$t2" "$BIN/trellis" "${train[@]}" --system.precision=bf16 \
     --run.dir="$OUTDIR/layout-1-bf16" > "$OUTDIR/layout-1-bf16.log" 2>&1
   ref2_status=$?
   if (( t1 == 0 || t2 == 0 )); then
@@ -338,7 +415,7 @@ elif [[ -n $MPIRUN ]]; then
         break
       fi
       echo "gpu-check: $np ranks on the GPU: $settings ..."
-      TRELLIS_SHARE_GPUS=1 timeout "$t" "$MPIRUN" --mca plm isolated --bind-to none --oversubscribe -np "$np" \
+      TRELLIS_SHARE_GPUS=1 "${TIMEOUT[@]}" "$t" "$MPIRUN" --mca plm isolated --bind-to none --oversubscribe -np "$np" \
         "$BIN/trellis" "${train[@]}" "${args[@]}" --system.device_comm=staged \
         --run.dir="$OUTDIR/layout-$name" > "$OUTDIR/layout-$name.log" 2>&1
       status=$?
@@ -359,6 +436,7 @@ elif [[ -n $MPIRUN ]]; then
   fi
 fi
 echo "gpu-check: several ranks on one GPU: $layout_summary"
+write_summary
 
 # ---- 3b. a failed GPU test again under compute-sanitizer (after everything else: the lease is
 # short) — out-of-bounds accesses, then shared-memory races — when it is there and reads this
@@ -371,44 +449,16 @@ if (( test_status != 0 )) && command -v compute-sanitizer >/dev/null; then
       t=$(limit "$SANITIZER_TIMEOUT")
       (( t > 0 )) || { echo "gpu-check: compute-sanitizer skipped (GPU_CHECK_DEADLINE)"; break; }
       echo "gpu-check: compute-sanitizer --tool $tool on $failed"
-      TRELLIS_TC_ATTENTION=1 timeout "$t" compute-sanitizer --tool "$tool" --print-limit 20 \
+      TRELLIS_TC_ATTENTION=1 "${TIMEOUT[@]}" "$t" compute-sanitizer --tool "$tool" --print-limit 20 \
         "$BIN/unit_tests" --gtest_filter="$failed" > "$OUTDIR/sanitizer-$tool.log" 2>&1
       grep -E '=========|FAILED|OK \]' "$OUTDIR/sanitizer-$tool.log" | head -60
     done
   fi
 fi
-# ---- 4. the table ----
+# ---- 4. the table, last (and GPU_CHECK_RESULTS/summary.txt) ----
 echo
-echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
-(( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
-echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
-[[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
-echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
-echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
-printf '%-10s %-13s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
-for r in "${rows[@]}"; do echo "$r"; done
-# PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
-best_tps=""
-while read -r tline; do
-  [[ -n $tline ]] || continue
-  tps=$(field "$tline" tokens_per_s)
-  [[ -n $tps ]] || continue
-  sdpa=$(sed -n 's/.* sdpa=\([a-z]*\).*/\1/p' <<< "$tline")
-  printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
-    "$(field "$tline" B)x$(field "$tline" T)" "$tps" "$(awk -v m="$(field "$tline" mfu)" 'BEGIN {print 100 * m}')" \
-    "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
-  awk -v a="$tps" -v b="${best_tps:-0}" 'BEGIN { exit !(a > b) }' && best_tps=$tps
-done < <(grep -s '^torch-bench: gpt2-124m' "$OUTDIR/torch-bench.log")
-# (Trellis's row is profiled — two CUDA events a call —, PyTorch's is not; both are the median of
-# rounds of 3 steps, each round's fastest, at the same B·T)
-[[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s (Trellis profiled, PyTorch not)\n", a / b }' 
-grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
-[[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
-if [[ -n ${main_log:-} ]] && grep -qs 'CUDA device time per kernel class' "$main_log"; then
-  echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
-  awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
-fi
-echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
+summary
+write_summary
 # Success means: a device was there, every GPU test passed, every layout that ran matched the
 # one-rank run, and every benchmark ran.
 [[ $test_status -eq 0 && $no_device -eq 0 && $layouts_failed -eq 0 && $bench_failed -eq 0 ]]

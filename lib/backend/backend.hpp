@@ -88,6 +88,11 @@ class Backend {
   /// A table of device time per kernel class where the backend measures it (cuda with
   /// TRELLIS_CUDA_PROFILE=1); empty otherwise.
   virtual std::string profile_report() { return ""; }
+  /// Starts the profile over: what ran so far (a benchmark's warm-up) is dropped.
+  virtual void reset_profile() {}
+  /// Leaves the calls from now on out of the profile (true: a benchmark's reference GEMMs) or
+  /// counts them again (false).
+  virtual void pause_profile(bool /*paused*/) {}
 
   // ---- the kernels. A Ptr/CPtr argument is a tensor of the run's type (activations, the
   //      parameters the model reads: fp32 or bf16); a float* one is fp32 whatever the precision

@@ -10,6 +10,7 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
+#include "core/watchdog.hpp"
 #include "plan/flops.hpp"
 #include "train/trainer.hpp"
 
@@ -59,26 +60,9 @@ class ReferenceGemm {
   Buffer a_, b_, c_;  // (M,K), (N,K), (M,N)
 };
 
-int bench_main(const std::vector<std::string>& args, World& world) {
-  std::string deck = "inputs/bench.deck";
-  std::vector<std::string> overrides;
-  for (const auto& a : args) {
-    if (a.rfind("--", 0) == 0 || a.find('=') != std::string::npos) overrides.push_back(a);
-    else deck = a;
-  }
-  Config cfg;
-  std::unique_ptr<Trainer> trainer;
-  std::string error;
-  try {
-    cfg = load_config(deck, overrides, world.size());
-    cfg.eval.every = 0;  // training steps only: no held-out data to read
-    trainer = std::make_unique<Trainer>(cfg, world.comm());
-  } catch (const UserError& e) {
-    error = e.what();
-  }
-  if (failed_together(world.comm(), error, "trellis bench")) return kExitBadInput;
-
-  Backend& backend = trainer->backend();  // the sgemm runs where the model runs
+// Measures the step against the sgemm (below) and prints the table and the `bench:` line.
+static int measure(Trainer& trainer, const Config& cfg, const std::string& deck, World& world) {
+  Backend& backend = trainer.backend();  // the sgemm runs where the model runs
   // A shared machine's speed drifts by tens of percent within seconds: measure side by side, and
   // the two sides alike. Each round alternates 3 samples of the 2048³ sgemm with 3 training steps
   // and takes each side's fastest, every sample of about a step's length (a sample of the sgemm is as many
@@ -94,10 +78,16 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   ReferenceGemm square(backend, 2048, 2048, 2048);
   const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   const double step_flops = train_flops_per_token(cfg.model) * tokens;
-  trainer->set_quiet(true);
+  trainer.set_quiet(true);
   double warm_step = 1e30;
-  for (int s = 0; s < 2; ++s) warm_step = std::min(warm_step, trainer->train_step(s).seconds);
+  for (int s = 0; s < 2; ++s) {
+    watchdog_beat("a bench step");
+    warm_step = std::min(warm_step, trainer.train_step(s).seconds);
+  }
   const int calls = std::clamp(int(std::lround(warm_step / square.seconds(1))), 1, 8);
+  // The kernel profile (TRELLIS_CUDA_PROFILE) of the timed steps alone: not the warm-up, nor the
+  // reference GEMMs between the steps.
+  backend.reset_profile();
   // Rounds of 3 steps: as many rounds as train.steps allows (at least one), so that a longer
   // benchmark narrows the spread of the median round rather than lengthening each round.
   const int per_round = 3, rounds = std::max<int>(1, int(cfg.train.steps) / per_round);
@@ -109,8 +99,11 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   for (int r = 0; r < rounds; ++r) {
     Round round{0, 1e30, 0};
     for (int i = 0; i < per_round; ++i) {  // interleaved: an sgemm sample, then a step
+      watchdog_beat("a bench step");
+      backend.pause_profile(true);
       round.sgemm = std::max(round.sgemm, square.gflops(1, calls));
-      round.step_ms = std::min(round.step_ms, trainer->train_step(step++).seconds * 1e3);
+      backend.pause_profile(false);
+      round.step_ms = std::min(round.step_ms, trainer.train_step(step++).seconds * 1e3);
     }
     round.ratio = step_flops / (round.step_ms * 1e-3) / 1e9 / round.sgemm;
     results.push_back(round);
@@ -150,6 +143,33 @@ int bench_main(const std::vector<std::string>& args, World& world) {
              tokens / (step_ms * 1e-3), gflops, sgemm_square, mid.ratio, results.front().ratio,
              results.back().ratio, peak_bytes, peak_gflops > 0 ? gflops / peak_gflops : 0.0));
   return kExitOk;
+}
+
+int bench_main(const std::vector<std::string>& args, World& world) {
+  std::string deck = "inputs/bench.deck";
+  std::vector<std::string> overrides;
+  for (const auto& a : args) {
+    if (a.rfind("--", 0) == 0 || a.find('=') != std::string::npos)
+      overrides.push_back(a);
+    else
+      deck = a;
+  }
+  Config cfg;
+  std::unique_ptr<Trainer> trainer;
+  std::string error;
+  try {
+    cfg = load_config(deck, overrides, world.size());
+    cfg.eval.every = 0;  // training steps only: no held-out data to read
+    trainer = std::make_unique<Trainer>(cfg, world.comm());
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (failed_together(world.comm(), error, "trellis bench")) return kExitBadInput;
+
+  // Collective work as training is: bad input met on the way is status 2, a device error or a
+  // host out of memory one message and status 1, a rank that stops the watchdog's (status 4).
+  return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis bench",
+                              [&] { return measure(*trainer, cfg, deck, world); });
 }
 
 }  // namespace trellis

@@ -513,6 +513,35 @@ TEST_F(CudaKernels, ProfileReportsRatesOnTheLeastWork) {
   }
 }
 
+// A benchmark's profile is of its timed steps: reset_profile drops the warm-up, pause_profile
+// leaves the reference GEMMs between the steps out.
+TEST_F(CudaKernels, ProfileResetAndPause) {
+  fresh_gpu({{"TRELLIS_CUDA_PROFILE", "1"}});
+  const int N = 32, C = 48, OC = 40;
+  float *d_out = up(std::vector<float>(size_t(N) * OC)),
+        *d_ln = up(std::vector<float>(size_t(N) * C));
+  float *d_mean = up(std::vector<float>(N)), *d_rstd = up(std::vector<float>(N));
+  float *d_x = up(random_vec(size_t(N) * C, 80)), *d_w = up(random_vec(size_t(OC) * C, 81)),
+        *d_g = up(random_vec(C, 82)), *d_b = up(random_vec(C, 83));
+  gpu->matmul_forward(d_out, d_x, d_w, nullptr, N, C, OC);  // the warm-up
+  gpu->layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_g, d_b, N, C);
+  gpu->reset_profile();
+  gpu->pause_profile(true);
+  gpu->matmul_forward(d_out, d_x, d_w, nullptr, N, C, OC);  // a reference GEMM
+  gpu->pause_profile(false);
+  gpu->layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_g, d_b, N, C);
+  gpu->layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_g, d_b, N, C);
+  const std::string report = gpu->profile_report();
+  std::printf("%s", report.c_str());
+  EXPECT_EQ(report.find("GEMM (cuBLASLt)"), std::string::npos) << report;
+  const size_t at = report.find("layer norm");
+  ASSERT_NE(at, std::string::npos) << report;
+  std::string ln =
+      report.substr(at, report.find('\n', at) - at);  // name │ ms │ share │ calls │ rate
+  for (int bar = 0; bar < 3; ++bar) ln = ln.substr(ln.find("│") + std::string("│").size());
+  EXPECT_EQ(std::stoi(ln), 2) << "calls: " << ln;
+}
+
 TEST_F(CudaKernels, MemoryIsOnTheDeviceAndCounted) {
   EXPECT_TRUE(gpu->on_device());
   const int64_t before = memory_stats().current[int(MemKind::Scratch)];

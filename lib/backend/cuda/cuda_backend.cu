@@ -191,8 +191,18 @@ void CudaBackend::resolve_profile() {
   pending_.clear();
 }
 
+void CudaBackend::reset_profile() {
+  if (!profiling_) return;
+  resolve_profile();
+  std::fill(std::begin(class_ms_), std::end(class_ms_), 0.0);
+  std::fill(std::begin(class_flops_), std::end(class_flops_), 0.0);
+  std::fill(std::begin(class_bytes_), std::end(class_bytes_), 0.0);
+  std::fill(std::begin(class_calls_), std::end(class_calls_), int64_t(0));
+  tuning_ms_ = 0;
+}
+
 CudaBackend::Profiled::Profiled(CudaBackend& be, KernelClass cls) : be_(be), cls_(cls) {
-  if (!be_.profiling_) return;
+  if (!be_.profiling()) return;
   start_ = be_.take_event();
   TRELLIS_CUDA(cudaEventRecord(start_, be_.stream_));
 }

@@ -246,6 +246,10 @@ class CudaBackend : public Backend {
   /// (every input read once, every output written once) — what to hold against the device's
   /// ceilings; empty otherwise.
   std::string profile_report() override;
+  void reset_profile() override;
+  void pause_profile(bool paused) override { profile_paused_ = paused; }
+  /// True while calls are being profiled (TRELLIS_CUDA_PROFILE, not paused).
+  bool profiling() const { return profiling_ && !profile_paused_; }
 
   // Kernel classes for the profile.
   enum KernelClass { kGemm, kCast, kAttention, kLayerNorm, kGelu, kElementwise, kEmbedding, kLoss,
@@ -253,7 +257,7 @@ class CudaBackend : public Backend {
   /// Adds to a class's least work for the profile (when profiling): floating-point operations of
   /// its products, bytes it must move through device memory.
   void add_work(KernelClass cls, double flops, double bytes) {
-    if (!profiling_) return;
+    if (!profiling()) return;
     class_flops_[cls] += flops;
     class_bytes_[cls] += bytes;
   }
@@ -443,6 +447,7 @@ class CudaBackend : public Backend {
     cudaEvent_t start, stop;
   };
   bool profiling_ = false;
+  bool profile_paused_ = false;
   std::vector<PendingTime> pending_;
   std::vector<cudaEvent_t> free_events_;
   double class_ms_[kClasses] = {};

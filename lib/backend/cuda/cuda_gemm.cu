@@ -231,7 +231,7 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
       TRELLIS_CUDA(cudaEventSynchronize(stop));
       float ms = 0;
       TRELLIS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      tuning_ms_ += ms;  // (left out of the profile's GEMM row)
+      if (profiling()) tuning_ms_ += ms;  // (left out of the profile's GEMM row)
       if (rep > 0) total += ms;
     }
     if (!ok) continue;  // (a candidate this configuration refuses: not a choice)
