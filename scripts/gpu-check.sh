@@ -50,6 +50,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUTDIR=${GPU_CHECK_OUT:-$BIN/gpu-check}
 mkdir -p "$OUTDIR"
+# What an earlier run left there (a warm machine) would pass for this one's results.
+rm -rf "$OUTDIR"/tests*.log "$OUTDIR"/bench-*.log "$OUTDIR"/torch-bench.log "$OUTDIR"/layout-* \
+  "$OUTDIR"/sanitizer-*.log
+# field LINE KEY: the number after KEY= in a `bench:` or `torch-bench:` line.
+field() { sed -n "s/.*[ :]$2=\([0-9.e+-]*\).*/\1/p" <<< "$1"; }
 B0=${GPU_CHECK_B:-64}
 STEPS=${GPU_CHECK_STEPS:-10}
 TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-600}
@@ -81,8 +86,8 @@ RESULTS=${GPU_CHECK_RESULTS:-}
 # whole (a lease that ends meanwhile keeps the previous one).
 save_logs() {
   [[ -n $RESULTS ]] || return 0
-  tar -C "$OUTDIR" --exclude='*.h5' -czf "$RESULTS/.logs.tar.gz" . 2>/dev/null &&
-    mv -f "$RESULTS/.logs.tar.gz" "$RESULTS/logs.tar.gz"
+  tar -C "$OUTDIR" --exclude='*.h5*' -czf "$RESULTS/.logs.tar.gz" . 2>/dev/null
+  (( $? <= 1 )) && mv -f "$RESULTS/.logs.tar.gz" "$RESULTS/logs.tar.gz"  # (1: a file changed meanwhile)
 }
 
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
@@ -147,13 +152,14 @@ find_lib() {
   echo "$hit"
 }
 # cuBLASLt: from the CUDA toolkit, else from a pip nvidia-cublas package.
-if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
+# (a here-string: `ldconfig -p | grep -q` fails under pipefail once grep stops reading early)
+if ! grep -q libcublasLt.so.13 <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
   lt=$(find_lib libcublasLt.so.13)
   [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 fi
 # NCCL (opened at run time by the NCCL link; the bundle does not carry its 200+ MB): from the
 # CUDA installation, else from a pip nvidia-nccl package. Without it the NCCL tests skip.
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
+if ! grep -q libnccl.so.2 <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
   nccl=$(find_lib libnccl.so.2)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"
 fi
@@ -196,7 +202,7 @@ tc_status=${PIPESTATUS[0]}
 # Tensor-core tests that timed out (a kernel that hangs): the benchmarks' tensor-core rows would
 # hang as long each, so they are skipped.
 tc_hung=0
-(( tc_status == 124 )) && tc_hung=1
+(( tc_status == 124 || tc_status == 137 )) && tc_hung=1  # (137: killed after -k 10)
 # A launcher: the bundle's (build/mpirun) or the machine's.
 MPIRUN=""
 if [[ -x $BIN/mpirun ]]; then MPIRUN=$BIN/mpirun; elif command -v mpirun >/dev/null; then MPIRUN=$(command -v mpirun); fi
@@ -267,7 +273,7 @@ bench_row() {
     status=$?
     cat "$log"
     if (( status == 0 )); then break; fi
-    if (( status == 124 && t < BENCH_TIMEOUT )); then
+    if (( (status == 124 || status == 137) && t < BENCH_TIMEOUT )); then
       why="cut short (GPU_CHECK_DEADLINE)"
       break
     fi
@@ -305,8 +311,6 @@ bench_row() {
     bench_failed=1
   fi
 }
-# field LINE KEY: the number after KEY= in a `bench:` or `torch-bench:` line.
-field() { sed -n "s/.*[ :]$2=\([0-9.e+-]*\).*/\1/p" <<< "$1"; }
 
 # The two rows of the targets first, then PyTorch beside them, then the comparisons.
 bench_row "gpt2-124m bf16 1"
@@ -333,8 +337,8 @@ else
     env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "${TIMEOUT[@]}" "$t" "$PY" "$ROOT/scripts/torch_bench.py" \
       --B "$main_B" --steps "$STEPS" --peak-tflops "$PEAK" 2>&1 | tee "$OUTDIR/torch-bench.log"
     ts=${PIPESTATUS[0]}
-    (( ts == 124 )) && torch_summary="timed out after ${t} s (what it printed is above)"
-    (( ts != 0 && ts != 124 )) && torch_summary="exit $ts (see $OUTDIR/torch-bench.log)"
+    (( ts == 124 || ts == 137 )) && torch_summary="timed out after ${t} s (what it printed is above)"
+    (( ts != 0 && ts != 124 && ts != 137 )) && torch_summary="exit $ts (see $OUTDIR/torch-bench.log)"
   fi
 fi
 
