@@ -1,5 +1,6 @@
 #include "train/checkpointing.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -11,6 +12,14 @@
 namespace fs = std::filesystem;
 
 namespace trellis {
+
+// The deck file's absolute path, as checkpoints store it ("" for a deck that is no file: tests).
+static std::string deck_identity(const std::string& deck_path) {
+  if (deck_path.empty()) return "";
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(deck_path, ec), ec);
+  return ec ? fs::absolute(deck_path).lexically_normal().string() : p.string();
+}
 
 namespace {
 
@@ -101,6 +110,7 @@ void Checkpointer::save(int64_t step) {
   meta.integers["train_seed"] = int64_t(cfg_.train.seed);
   meta.integers["adamw_steps"] = store_.optimizer().steps_taken();
   meta.text["deck"] = effective_deck_ini(cfg_);
+  meta.text["deck_path"] = deck_identity(cfg_.deck_path);
   meta.text["layout"] = strfmt("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d "
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
                                p.virtual_stages, p.sequence_parallel ? "true" : "false");
@@ -135,6 +145,27 @@ void Checkpointer::save(int64_t step) {
              format_bytes(io.bytes).c_str(), io.seconds, io.bytes / 1e6 / std::max(io.seconds, 1e-9)));
 }
 
+// Two decks of one file name (exp1/gpt.deck, exp2/gpt.deck) share the default run.dir,
+// runs/gpt: the second would go on from the first's checkpoints, changed keys merely warned. A
+// run directory derived from the deck's name is the run of the deck file that wrote it; one the
+// user named (run.dir, checkpoint.dir) is theirs to share. (Checkpoints written before
+// deck_path was stored pass.)
+void Checkpointer::check_same_deck(const CkptMeta& meta, const std::string& path) const {
+  const auto derived = [&](const char* key) {
+    return std::find(cfg_.derived.begin(), cfg_.derived.end(), key) != cfg_.derived.end();
+  };
+  if (cfg_.checkpoint.resume != "auto" || !derived("run.dir") || !derived("checkpoint.dir")) return;
+  const auto stored = meta.text.find("deck_path");
+  const std::string here = deck_identity(cfg_.deck_path);
+  if (stored == meta.text.end() || stored->second.empty() || here.empty() || stored->second == here)
+    return;
+  throw IncompatibleCheckpoint(
+      path + " was written by the run of another deck file, " + stored->second + ", not of " +
+      here + ": two decks of one name share the run directory derived from it (" + cfg_.run.dir +
+      "); give this run its own (--run.dir=DIR), or name " + cfg_.run.dir +
+      " explicitly (--run.dir=" + cfg_.run.dir + ") to go on with that run under this deck");
+}
+
 void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
   // Rank 0 reads the root attributes (serially, before any tensor) and every rank gets its verdict.
   std::string incompatible, unreadable, changes;
@@ -150,6 +181,7 @@ void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
       if (!meta.integers.count("step") || !meta.text.count("deck"))
         throw UserError(path + ": no step or deck attribute");
       const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
+      check_same_deck(meta, path);
       std::string model;
       for (const KeyChange& c : changed_keys(stored, cfg_)) {
         const std::string change = c.key + " = " + c.before + " there, " + c.after + " here";

@@ -47,6 +47,9 @@ class Checkpointer {
   /// run's. Another model → UserError naming each differing key; changed training keys (lr,
   /// steps, data, …) → a warning naming them.
   void check_compatible(const std::string& path, bool say_changes);
+  /// (Rank 0, in check_compatible.) With run.dir derived from the deck's name and an auto resume:
+  /// a checkpoint another deck file wrote → IncompatibleCheckpoint naming both files.
+  void check_same_deck(const CkptMeta& meta, const std::string& path) const;
   int64_t load(const std::string& path, bool say_changes);
 
   const Config& cfg_;

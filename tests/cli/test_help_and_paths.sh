@@ -80,5 +80,28 @@ mkdir -p "$work/nothing"
 check "inspect of a directory without checkpoints: status 2 naming it" \
   '[ $? -eq 2 ] && grep -q "$work/nothing: a directory without step_\*.h5 files" "$work/out.log"'
 
+# Two decks of one file name share the run directory derived from it (runs/gpt): the second does
+# not go on from the first's checkpoints (a warning about its lr was all it got), unless the
+# directory is named explicitly. The same deck by another path (a/../a/gpt.deck) is the same deck.
+mkdir -p "$work/same/a" "$work/same/b"
+for d in a b; do
+  { printf '[model]\nlayers = 1\nd_model = 16\nheads = 2\nseq_len = 8\nvocab = 29\n'
+    printf '[train]\nsteps = 2\nglobal_batch = 2\nmicro_batch = 1\nlr = %s\n' "$([ $d = a ] && echo 1e-3 || echo 3e-3)"
+    printf '[data]\nsynthetic_tokens = 4096\n'; } > "$work/same/$d/gpt.deck"
+done
+same() { (cd "$work/same" && timeout 120 mpirun "${flags[@]}" -np 1 "$abs_trellis" train "$@" > "$work/out.log" 2>&1); }
+abs_trellis=$(cd "$build" && pwd)/trellis
+same a/gpt.deck
+check "a/gpt.deck trains in runs/gpt" '[ $? -eq 0 ] && [ -f "$work/same/runs/gpt/ckpt/step_00000002.h5" ]'
+same b/gpt.deck --train.steps=4
+check "b/gpt.deck: status 2 naming both deck files, runs/gpt untouched" \
+  '[ $? -eq 2 ] && grep -q "written by the run of another deck file, $work/same/a/gpt.deck, not of $work/same/b/gpt.deck" "$work/out.log" &&
+   [ ! -e "$work/same/runs/gpt/ckpt/step_00000004.h5" ] && [ "$(tail -n +2 "$work/same/runs/gpt/metrics.csv" | wc -l)" -eq 2 ]'
+same a/../a/gpt.deck --train.steps=3
+check "the same deck by another path goes on" '[ $? -eq 0 ] && grep -q "at step 2 " "$work/out.log" && [ -f "$work/same/runs/gpt/ckpt/step_00000003.h5" ]'
+same b/gpt.deck --train.steps=4 --run.dir=runs/gpt
+check "b/gpt.deck with run.dir named: goes on, the changed lr warned" \
+  '[ $? -eq 0 ] && grep -q "at step 3 " "$work/out.log" && grep -q "train.lr = 0.001 there, 0.003 here" "$work/out.log"'
+
 echo "paths: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
