@@ -10,7 +10,6 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
-#include "core/watchdog.hpp"
 #include "plan/flops.hpp"
 #include "train/trainer.hpp"
 
@@ -80,10 +79,7 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   const double step_flops = train_flops_per_token(cfg.model) * tokens;
   trainer.set_quiet(true);
   double warm_step = 1e30;
-  for (int s = 0; s < 2; ++s) {
-    watchdog_beat("a bench step");
-    warm_step = std::min(warm_step, trainer.train_step(s).seconds);
-  }
+  for (int s = 0; s < 2; ++s) warm_step = std::min(warm_step, trainer.train_step(s).seconds);
   const int calls = std::clamp(int(std::lround(warm_step / square.seconds(1))), 1, 8);
   // The kernel profile (TRELLIS_CUDA_PROFILE) of the timed steps alone: not the warm-up, nor the
   // reference GEMMs between the steps.
@@ -99,7 +95,6 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   for (int r = 0; r < rounds; ++r) {
     Round round{0, 1e30, 0};
     for (int i = 0; i < per_round; ++i) {  // interleaved: an sgemm sample, then a step
-      watchdog_beat("a bench step");
       backend.pause_profile(true);
       round.sgemm = std::max(round.sgemm, square.gflops(1, calls));
       backend.pause_profile(false);

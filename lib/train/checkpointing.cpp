@@ -13,12 +13,16 @@ namespace fs = std::filesystem;
 
 namespace trellis {
 
-// The deck file's absolute path, as checkpoints store it ("" for a deck that is no file: tests).
-static std::string deck_identity(const std::string& deck_path) {
-  if (deck_path.empty()) return "";
+// A path as one file is named whatever way it was reached (links, `..`): for comparing two.
+static fs::path resolved(const std::string& p) {
   std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(deck_path, ec), ec);
-  return ec ? fs::absolute(deck_path).lexically_normal().string() : p.string();
+  const fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+  return ec ? fs::absolute(p).lexically_normal() : r;
+}
+
+// The deck file's path, as checkpoints store it ("" for a deck that is no file: tests).
+static std::string deck_identity(const std::string& deck_path) {
+  return deck_path.empty() ? "" : resolved(deck_path).string();
 }
 
 namespace {
@@ -263,11 +267,6 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
     int rank = 0, go_on = 0;
     MPI_Comm_rank(world_, &rank);
     if (rank == 0 && !candidates.empty()) {
-      auto resolved = [](const std::string& p) {
-        std::error_code ec;
-        const fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
-        return ec ? fs::absolute(p).lexically_normal() : r;
-      };
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");

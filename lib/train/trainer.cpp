@@ -204,6 +204,7 @@ double Trainer::blocked_seconds(const char* group) const {
 }
 
 StepResult Trainer::train_step(int64_t step) {
+  watchdog_beat("a training step");  // (whoever steps: the run, tune, bench)
   // Tests whose timing must not depend on the machine's speed (tests/cli/test_slurm.sh): each step
   // first waits TRELLIS_FAULT_STEP_MS milliseconds, not counted in its time.
   static const int delay_ms = [] {
@@ -452,7 +453,6 @@ double Trainer::run() {
   double slowest = 0, checkpoint_seconds = checkpointer_ ? checkpointer_->resumed_seconds() : 0;
   int64_t saved = first_step;
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
-    watchdog_beat("a training step");
     StepResult r = train_step(step);
     history_.push_back(r);
     {

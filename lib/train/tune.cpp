@@ -13,7 +13,6 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
-#include "core/watchdog.hpp"
 #include "plan/layouts.hpp"
 #include "train/run_dir.hpp"
 #include "train/trainer.hpp"
@@ -158,8 +157,8 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
 
 // Runs each candidate for a few steps, prints the ranking and writes the fastest as a deck
 // (collective; returns the exit status).
-int measure_and_write(const TuneOptions& opt, const std::vector<LayoutChoice>& candidates,
-                      World& world) {
+static int measure_and_write(const TuneOptions& opt, const std::vector<LayoutChoice>& candidates,
+                             World& world) {
   std::vector<Measured> results;
   for (const LayoutChoice& c : candidates) {
     Measured m;
@@ -173,7 +172,6 @@ int measure_and_write(const TuneOptions& opt, const std::vector<LayoutChoice>& c
       Trainer trainer(timed, world.comm());
       trainer.set_quiet(true);
       for (int s = 0; s <= opt.steps; ++s) {
-        watchdog_beat("a tune step");
         StepResult r = trainer.train_step(s);
         double slowest = r.seconds;
         MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm());
@@ -257,8 +255,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     const Config base = base_config(opt.deck, opt.overrides);
     if (opt.out.empty()) opt.out = base.run.dir + "/tuned.deck";
     hang_timeout_s = base.system.hang_timeout_s;
-    const fs::path out_dir = fs::path(opt.out).parent_path();  // ("" for a bare file name)
-    check_writable_dir(out_dir.empty() ? "." : out_dir.string(), "--out");
+    check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");  // ("": here)
   } catch (const UserError& e) {
     error = e.what();
   }

@@ -21,6 +21,12 @@ for cmd in train plan bench tune inspect eval generate export; do
      ! grep -qi kokkos "$work/help.out" && [ ! -s "$work/help.err" ]'
 done
 
+# tiny_train NP RUN_DIR [overrides]: the tiny deck on NP ranks, its output in out.log.
+tiny_train() {
+  local np=$1 run=$2; shift 2
+  timeout 120 mpirun "${flags[@]}" -np "$np" "$trellis" train "$work/tiny.deck" --run.dir="$run" "$@" \
+    > "$work/out.log" 2>&1
+}
 tiny_deck "$work/tiny.deck" <<'DECK'
 [train]
 steps = 4
@@ -30,8 +36,7 @@ micro_batch = 2
 every = 2
 keep = 5
 DECK
-timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/run" \
-  > "$work/out.log" 2>&1
+tiny_train 1 "$work/run"
 check "the run trains" '[ $? -eq 0 ] && [ "$(cat "$work/run/ckpt/latest")" = step_00000004.h5 ]'
 newest="$work/run/ckpt/step_00000004.h5"
 printf 'step_00000002.h5\n' > "$work/run/ckpt/latest"   # (latest names an older step now)
@@ -50,19 +55,16 @@ check "generate ckpt/latest" '[ $? -eq 0 ] && grep -q "$older" "$work/out.log"'
 "$trellis" export "$work/run/ckpt/latest" --format hf-gpt2 "$work/hf" > "$work/out.log" 2>&1
 check "export ckpt/latest" '[ $? -eq 0 ] && [ -f "$work/hf/model.safetensors" ] && grep -q "$older" "$work/out.log"'
 # A new run starting from another run's directory: its newest checkpoint (the one latest names).
-timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/tuned" \
-  --checkpoint.resume="$work/run" --train.steps=6 > "$work/out.log" 2>&1
+tiny_train 1 "$work/tuned" --checkpoint.resume="$work/run" --train.steps=6
 check "checkpoint.resume = RUN_DIR: starts from the checkpoint latest names" \
   '[ $? -eq 0 ] && grep -q "resumed from $older at step 2" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
 # The same command again (a requeued job) once the start point is gone: the run goes on from its
 # own checkpoints, which never needed it.
 mv "$work/run/ckpt" "$work/run/ckpt-moved"
-timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/tuned" \
-  --checkpoint.resume="$work/run" --train.steps=8 > "$work/out.log" 2>&1
+tiny_train 1 "$work/tuned" --checkpoint.resume="$work/run" --train.steps=8
 check "requeued with the start point gone: goes on from its own checkpoints" \
   '[ $? -eq 0 ] && grep -q "resumed from $work/tuned/ckpt/step_00000006.h5 at step 6" "$work/out.log" && grep -q "^8," "$work/tuned/metrics.csv"'
-timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/fresh" \
-  --checkpoint.resume="$work/run" > "$work/out.log" 2>&1
+tiny_train 1 "$work/fresh" --checkpoint.resume="$work/run"
 check "a new run from a start point that is gone: status 2 naming it" \
   '[ $? -eq 2 ] && grep -q "checkpoint $work/run: a directory without step_\*.h5 files" "$work/out.log"'
 mv "$work/run/ckpt-moved" "$work/run/ckpt"
@@ -71,8 +73,7 @@ mv "$work/run/ckpt-moved" "$work/run/ckpt"
 "$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
 check "inspect of an empty latest: status 2 naming it" \
   '[ $? -eq 2 ] && grep -q "checkpoint $work/run/ckpt/latest: a .latest. pointer that names no step file" "$work/out.log"'
-timeout 120 mpirun "${flags[@]}" -np 2 "$trellis" train "$work/tiny.deck" --run.dir="$work/bad" \
-  --checkpoint.resume="$work/run/ckpt/latest" > "$work/out.log" 2>&1
+tiny_train 2 "$work/bad" --checkpoint.resume="$work/run/ckpt/latest"
 check "checkpoint.resume = an empty latest: status 2 on every rank, one message" \
   '[ $? -eq 2 ] && [ "$(grep -c "a .latest. pointer that names no step file" "$work/out.log")" -eq 1 ]'
 mkdir -p "$work/nothing"
