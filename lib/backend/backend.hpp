@@ -16,6 +16,10 @@
 
 namespace trellis {
 
+/// A GPU backend's GEMM workspace (cuBLASLt's): allocated once, counted as scratch, and planned
+/// by `trellis plan` (plan/memory.cpp).
+inline constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
 /// Which of a bf16 run's kernel calls a backend widens to its fp32 kernels (Backend::Widened).
 enum class Widening {
   none,       // it has bf16 kernels for every call (cuda with the tensor-core attention)
@@ -60,6 +64,12 @@ class Backend {
   //      cross with the copies below (plain memcpy/memset on the CPU). The copies are
   //      synchronous: when one returns, dst holds the values and src may be reused. ----
   virtual Allocator* allocator() { return &host_allocator(); }
+  /// The accelerator's memory as its driver reports it now (bytes); zeros for host memory (the
+  /// CPU backend: /proc/meminfo is the caller's to read).
+  struct MemoryInfo {
+    size_t free = 0, total = 0;
+  };
+  virtual MemoryInfo memory_info() { return {}; }
   bool on_device() { return allocator()->device(); }
   virtual void copy_from_host(void* dst, const void* host_src, size_t bytes);
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes);

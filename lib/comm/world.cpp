@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/memory.hpp"
 
 namespace trellis {
 
@@ -41,10 +42,19 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   return std::string(text.begin(), text.end());
 }
 
-static const char* kOutOfMemory =
-    "out of host memory while setting up: what a rank holds grows with the model (trellis plan "
-    "DECK gives its share), data.synthetic_tokens and the held-out set (eval.batches global "
-    "batches)";
+std::string out_of_memory_message(const std::bad_alloc& e) {
+  // The allocators throw OutOfMemory, which says which memory and how much; anything else is
+  // the host's (std::vector, std::string, ...).
+  const bool ours = dynamic_cast<const OutOfMemory*>(&e) != nullptr;
+  const std::string what = ours ? e.what() : "out of host memory";
+  const bool device = what.find("GPU") != std::string::npos;
+  return what + (device ? ": what a rank holds on its GPU grows with the model and the layout "
+                          "(train.micro_batch, train.recompute, parallel.zero, parallel.tp, "
+                          "parallel.pp; trellis plan DECK --gpu-mem SIZE gives each rank's share)"
+                        : ": what a rank holds grows with the model (trellis plan DECK gives its "
+                          "share), data.synthetic_tokens and the held-out set (eval.batches "
+                          "global batches)");
+}
 
 std::string setup_error(const std::function<void()>& work) {
   try {
@@ -59,17 +69,17 @@ void setup_together(MPI_Comm comm, const std::function<void()>& work) {
   std::string error;
   try {
     error = setup_error(work);
-  } catch (const std::bad_alloc&) {
-    error = kOutOfMemory;
+  } catch (const std::bad_alloc& e) {
+    error = out_of_memory_message(e) + " (while setting up)";
   }
   error = agree_on_error(comm, error);
   if (!error.empty()) throw UserError(error);
 }
 
-void abort_out_of_memory(MPI_Comm comm, const std::string& who) {
+void abort_out_of_memory(MPI_Comm comm, const std::string& who, const std::bad_alloc& e) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  log_error(who + ": rank " + std::to_string(rank) + ": error: " + kOutOfMemory);
+  log_error(who + ": rank " + std::to_string(rank) + ": error: " + out_of_memory_message(e));
   MPI_Abort(comm, 2);  // kExitBadInput
   std::abort();
 }

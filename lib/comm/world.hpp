@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <new>
 #include <string>
 
 namespace trellis {
@@ -39,14 +40,19 @@ bool failed_together(MPI_Comm comm, const std::string& error, const std::string&
 std::string setup_error(const std::function<void()>& work);
 
 /// Collective: setup_error(work) on every rank, then agree_on_error; a failure on any rank — bad
-/// input, or a want of host memory (std::bad_alloc), named with the keys that size what a rank
+/// input, or a want of memory (std::bad_alloc: out_of_memory_message), named with the keys that size what a rank
 /// holds — is a UserError with the lowest failing rank's message on every rank. For per-rank
 /// work (opening data files, choosing a device) before a collective the failed ranks would miss.
 void setup_together(MPI_Comm comm, const std::function<void()>& work);
 
-/// For a want of host memory where the other ranks may be inside a collective (set-up after the
-/// grid exists): says so, naming the rank and the keys, and aborts the job with status 2.
-[[noreturn]] void abort_out_of_memory(MPI_Comm comm, const std::string& who);
+/// What running out of memory (an allocator's OutOfMemory: host or GPU memory, the request and
+/// what was free; else the host's) tells the user: that, and the keys that size what a rank holds.
+std::string out_of_memory_message(const std::bad_alloc& e);
+
+/// For a want of memory where the other ranks may be inside a collective (set-up after the grid
+/// exists, or the run): says so, naming the rank and the keys, and aborts the job with status 2.
+[[noreturn]] void abort_out_of_memory(MPI_Comm comm, const std::string& who,
+                                      const std::bad_alloc& e);
 
 struct MinAvgMax {
   double min, avg, max;

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace trellis {
 
@@ -33,7 +34,7 @@ void reset_memory_peaks() {
   s.total_peak = s.total_current;
 }
 
-static void count(MemKind kind, int64_t delta) {
+void count_memory(MemKind kind, int64_t delta) {
   MemoryStats& s = memory_stats();
   int k = static_cast<int>(kind);
   s.current[k] += delta;
@@ -56,7 +57,7 @@ class HostAllocator : public Allocator {
     const size_t align = bytes >= kHugePage ? kHugePage : kAlign;
     size_t rounded = (bytes + align - 1) / align * align;
     void* p = std::aligned_alloc(align, rounded);
-    if (!p) throw std::bad_alloc();
+    if (!p) throw OutOfMemory("out of host memory: a request for " + format_bytes(double(bytes)));
 #ifdef MADV_HUGEPAGE
     if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif
@@ -77,7 +78,7 @@ Buffer::Buffer(MemKind kind, size_t bytes, Allocator* where)
     : bytes_(bytes), kind_(kind), where_(where ? where : &host_allocator()) {
   if (bytes == 0) return;
   data_ = where_->allocate(bytes);
-  count(kind_, static_cast<int64_t>(bytes_));
+  count_memory(kind_, static_cast<int64_t>(bytes_));
 }
 
 Buffer::~Buffer() { reset(); }
@@ -85,7 +86,7 @@ Buffer::~Buffer() { reset(); }
 void Buffer::reset() {
   if (data_) {
     where_->release(data_);
-    count(kind_, -static_cast<int64_t>(bytes_));
+    count_memory(kind_, -static_cast<int64_t>(bytes_));
   }
   data_ = nullptr;
   bytes_ = 0;

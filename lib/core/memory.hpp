@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
+#include <string>
 
 #include "core/dtype.hpp"
 
@@ -23,6 +25,20 @@ struct MemoryStats {
 MemoryStats& memory_stats();
 /// Starts a new measurement: every peak becomes the current value.
 void reset_memory_peaks();
+/// Counts memory allocated outside a Buffer (a backend's own workspace and scratch, which it
+/// allocates ordered on its own stream) under `kind`: +bytes once allocated, -bytes once freed.
+void count_memory(MemKind kind, int64_t delta);
+
+/// An allocator's failure, saying which memory ran out and how much was asked for (a
+/// std::bad_alloc, so that code catching those sees it too).
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
 
 /// Where a Buffer's memory comes from: host memory (the default), or an accelerator's memory,
 /// which only that backend's kernels and copy functions may touch. allocate() returns zero-filled

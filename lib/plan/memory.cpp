@@ -1,6 +1,7 @@
 #include "plan/memory.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 
 #include "core/error.hpp"
@@ -240,6 +241,13 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
   return *slot;
 }
 
+void set_gpu_kernels_from_env(MemoryOptions& opt) {
+  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
+  opt.tc_attention = tc && std::string(tc) != "0";
+  const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
+  opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
+}
+
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
@@ -403,10 +411,24 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
           : std::string();
   if (device && !textbook) {
     // cuBLASLt's, and the backend's scratch grown to its largest use: the attention backward's
-    // Σ dout·out per row (B,H,T) (cuda_attention.cu).
-    const double scratch = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
-    r.workspace = {opt.workspace_bytes + scratch + widened,
-                   "cuBLASLt workspace, attention scratch" + widened_how};
+    // Σ dout·out per row (B,H,T) (cuda_attention.cu); the layer norm backward's partial sums, 2·C
+    // per chunk of 64 rows (cuda_layernorm.cu: of fewer rows where N is under 256 per SM, a few
+    // KiB); the loss's 512 partial sums in fp64 (cuda_loss_optim.cu); and, in bf16 with the GELU
+    // kept out of the GEMM's epilogue (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output
+    // (N, d_ff) (cuda_gemm.cu).
+    const double attention = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
+    const double layernorm = 4.0 * ((R + 63) / 64) * 2 * C;
+    const double gelu = bf16 && !opt.gelu_epilogue ? 4.0 * N * table.d_ff_local : 0.0;
+    const double scratch = std::max({attention, layernorm, 8.0 * 512, gelu});
+    const char* largest = scratch == gelu        ? "MLP GEMM fp32 output"
+                          : scratch == attention ? "attention backward"
+                          : scratch == layernorm ? "layer norm backward"
+                                                 : "loss partial sums";
+    r.workspace = {
+        opt.workspace_bytes + scratch + widened,
+        strfmt("cuBLASLt workspace %s, scratch %s (%s)", format_bytes(opt.workspace_bytes).c_str(),
+               format_bytes(scratch).c_str(), largest) +
+            widened_how};
   } else if (!textbook) {
     // The CPU backend's scratch, grown to the larger of its two uses: the attention backward's
     // (T, T) dP / dS per thread (cpu_gemm.cpp) and the layer norm backward's partial sums, 2·C

@@ -102,10 +102,15 @@ struct MemoryOptions {
   Precision precision = Precision::FP32;
   bool device = false;                // a GPU run (system.backend = cuda); bf16-full implies it
   bool tc_attention = false;          // GPU bf16: attention on the tensor cores (not widened)
+  bool gelu_epilogue = true;          // GPU bf16: the MLP's GELU in cuBLASLt's epilogue
   ParamTableCache* tables = nullptr;  // optional; one model only
   int threads = 1;                    // CPU: threads of the attention backward (its scratch)
-  double workspace_bytes = 32 << 20;  // GPU: cuBLASLt workspace
+  double workspace_bytes = kGemmWorkspaceBytes;  // GPU: cuBLASLt workspace
 };
+
+/// tc_attention and gelu_epilogue as the cuda backend chooses its kernels from the environment
+/// (TRELLIS_TC_ATTENTION, TRELLIS_GELU_EPILOGUE: cuda_backend.cuh).
+void set_gpu_kernels_from_env(MemoryOptions& opt);
 
 /// The rank of pipeline stage `stage` under cfg's layout (cfg.parallel, cfg.train.micro_batch,
 /// cfg.train.recompute; validated by load_config).

@@ -28,7 +28,8 @@ options (defaults in brackets):
                          2+4+12 bytes per parameter); or bf16-full, a full bf16 GPU run as ZeRO
                          and Megatron-LM count it (bf16 gradients too: 2+2+12)
                          [the deck's system.precision; CPU or GPU by system.backend; a GPU's
-                         bf16 attention as TRELLIS_TC_ATTENTION says]
+                         bf16 attention and scratch as TRELLIS_TC_ATTENTION and
+                         TRELLIS_GELU_EPILOGUE say]
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
@@ -292,9 +293,7 @@ int plan_main(const std::vector<std::string>& args) {
     req.precision = parse_precision(!o.precision.empty() ? o.precision : cfg.system.precision);
     req.memory.precision = req.precision;
     req.memory.device = cfg.system.backend == "cuda" || req.precision == Precision::BF16_FULL;
-    // As the cuda backend picks its attention kernels (cuda_backend.cuh).
-    const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
-    req.memory.tc_attention = tc && std::string(tc) != "0";
+    set_gpu_kernels_from_env(req.memory);
     const bool bf16 = req.precision != Precision::FP32 && req.memory.device;  // a bf16 GPU run
     req.memory.threads = o.threads > 0 ? o.threads : default_threads(cfg);
     DeviceModel& d = req.device;

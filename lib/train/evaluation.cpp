@@ -156,8 +156,8 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;
     try {
       trainer = std::make_unique<Trainer>(cfg, world.comm());
-    } catch (const std::bad_alloc&) {
-      abort_out_of_memory(world.comm(), "trellis eval");
+    } catch (const std::bad_alloc& e) {
+      abort_out_of_memory(world.comm(), "trellis eval", e);
     }
   });
   // The held-out set is eval.batches global batches: a layout that does not divide one is for

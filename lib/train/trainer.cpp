@@ -593,8 +593,8 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     error = setup_error([&] {
       try {
         trainer = std::make_unique<Trainer>(cfg, world.comm());
-      } catch (const std::bad_alloc&) {
-        abort_out_of_memory(world.comm(), "trellis");
+      } catch (const std::bad_alloc& e) {
+        abort_out_of_memory(world.comm(), "trellis", e);
       }
       // The same file under two names (eval.path ./val.bin, data.path *.bin): the deck's check
       // compares the keys' text only.
@@ -633,6 +633,8 @@ int run_collective_phase(World& world, double hang_timeout_s, const std::string&
   } catch (const RankInputError& e) {  // this rank's alone: the others wait in a collective
     log_error(strfmt("%s: rank %d: error: %s", who.c_str(), world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitBadInput);
+  } catch (const std::bad_alloc& e) {  // (a scratch grown mid-run): the layout asks too much
+    abort_out_of_memory(world.comm(), who, e);
   } catch (const std::exception& e) {
     log_error(strfmt("%s: rank %d: error: %s", who.c_str(), world.rank(), e.what()));
     MPI_Abort(world.comm(), kExitFailure);

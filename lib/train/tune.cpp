@@ -9,6 +9,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "backend/backend.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -102,20 +103,40 @@ DeviceModel cpu_device_model(const Config& cfg, int local_ranks) {
   return d;
 }
 
-int local_ranks(MPI_Comm comm) {
+struct NodePlace {
+  int rank = 0, size = 1;  // this rank's index among the ranks of its node, and their number
+};
+NodePlace node_place(MPI_Comm comm) {
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int n = 1;
-  MPI_Comm_size(node, &n);
+  NodePlace p;
+  MPI_Comm_rank(node, &p.rank);
+  MPI_Comm_size(node, &p.size);
   MPI_Comm_free(&node);
-  return n;
+  return p;
+}
+
+// Collective, for a GPU backend: the device memory a run may take on the rank with the least —
+// what the driver says is free now on each rank's GPU (chosen as the trainer chooses it), plus
+// what the backend opened for asking holds itself (its workspace: freed again at once). A rank
+// that cannot open its GPU is every rank's UserError.
+double gpu_memory_free(const Config& base, MPI_Comm comm) {
+  const NodePlace node = node_place(comm);
+  double free = 0;
+  setup_together(comm, [&] {
+    const int64_t before = memory_stats().total_current;
+    std::unique_ptr<Backend> backend = make_backend(base.system.backend, node.rank, node.size);
+    free = double(backend->memory_info().free) + double(memory_stats().total_current - before);
+  });
+  MPI_Allreduce(MPI_IN_PLACE, &free, 1, MPI_DOUBLE, MPI_MIN, comm);
+  return free;
 }
 
 }  // namespace
 
 std::vector<LayoutChoice> tune_candidates(const std::string& deck,
                                           const std::vector<std::string>& overrides, int world,
-                                          int local_ranks, int count) {
+                                          int local_ranks, int count, double gpu_memory) {
   PlanRequest req;
   req.deck = deck;
   req.overrides = overrides;
@@ -124,7 +145,14 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   req.precision = parse_precision(base.system.precision);  // what the runs will use
   req.memory.device = base.system.backend != "cpu";
   req.memory.threads = std::max(1, base.system.threads);
+  set_gpu_kernels_from_env(req.memory);
   if (base.system.backend == "cpu") req.device = cpu_device_model(base, local_ranks);
+  if (req.memory.device) {
+    // The planner's GPU (an H100/H200 node) with the memory these ranks' GPUs have free.
+    req.device.per_node = local_ranks;
+    if (gpu_memory > 0) req.device.memory_bytes = gpu_memory;
+    if (base.system.peak_gflops > 0) req.device.peak_flops = base.system.peak_gflops * 1e9;
+  }
   const LayoutSearch search = search_layouts(req);
   // The planner's ranking, best first, but one layout per grid shape (dp, tp, pp) before any
   // second one: the question tune answers is which degree of each parallelism pays here.
@@ -243,16 +271,30 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   std::vector<LayoutChoice> candidates;
   std::string error;
   double hang_timeout_s = 0;
+  Config base;
   try {
     opt = parse_tune_options(args);
-    candidates = tune_candidates(opt.deck, opt.overrides, world.size(), local_ranks(world.comm()),
-                                 opt.candidates);
+    base = base_config(opt.deck, opt.overrides);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  double gpu_memory = 0;
+  try {
+    if (base.system.backend != "cpu") gpu_memory = gpu_memory_free(base, world.comm());
+    candidates = tune_candidates(opt.deck, opt.overrides, world.size(),
+                                 node_place(world.comm()).size, opt.candidates, gpu_memory);
     if (candidates.empty())
       throw UserError(
-          strfmt("trellis tune: no layout of %s for %d ranks fits in memory (see "
-                 "trellis plan %s --gpus %d)",
-                 opt.deck.c_str(), world.size(), opt.deck.c_str(), world.size()));
-    const Config base = base_config(opt.deck, opt.overrides);
+          strfmt("trellis tune: no layout of %s for %d ranks fits in memory", opt.deck.c_str(),
+                 world.size()) +
+          (gpu_memory > 0
+               ? strfmt(": %s free on the fullest GPU, of which the planner keeps %s back for "
+                        "NCCL and the allocator (see trellis plan %s --gpus %d --gpu-mem %.0fMiB)",
+                        format_bytes(gpu_memory).c_str(),
+                        format_bytes(DeviceModel().reserve_bytes).c_str(), opt.deck.c_str(),
+                        world.size(), gpu_memory / (1 << 20))
+               : strfmt(" (see trellis plan %s --gpus %d)", opt.deck.c_str(), world.size())));
     if (opt.out.empty()) opt.out = base.run.dir + "/tuned.deck";
     hang_timeout_s = base.system.hang_timeout_s;
     check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");  // ("": here)
@@ -261,7 +303,10 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   log(strfmt("tune: %zu layout(s) of %s on %d rank(s), %d timed step(s) each after a warm-up",
-             candidates.size(), opt.deck.c_str(), world.size(), opt.steps));
+             candidates.size(), opt.deck.c_str(), world.size(), opt.steps) +
+      (gpu_memory > 0 ? strfmt("; planned for %s of GPU memory a rank (the fullest GPU's free)",
+                               format_bytes(gpu_memory).c_str())
+                      : std::string()));
   // The runs are collective work as training is: a data file no rank can open is every rank's
   // UserError (status 2), a rank that stops is the watchdog's (status 4).
   return run_collective_phase(world, hang_timeout_s, "trellis tune",

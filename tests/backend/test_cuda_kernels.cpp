@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/log.hpp"
 #include "cuda_test_util.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
@@ -553,6 +554,31 @@ TEST_F(CudaKernels, MemoryIsOnTheDeviceAndCounted) {
     for (float z : zeros) ASSERT_EQ(z, 0.f);  // zero-filled, as host Buffers
   }
   EXPECT_EQ(memory_stats().current[int(MemKind::Scratch)], before);
+}
+
+// cuBLASLt's workspace is the backend's own counted allocation (trellis plan counts it too), the
+// driver's figures are the device's, and a request beyond the device says so: which device, how
+// much was asked for, what was free.
+TEST_F(CudaKernels, WorkspaceIsCountedAndRunningOutOfMemorySaysSo) {
+  EXPECT_GE(memory_stats().current[int(MemKind::Scratch)], int64_t(kGemmWorkspaceBytes));
+  const Backend::MemoryInfo info = gpu->memory_info();
+  ASSERT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+  const int64_t before = memory_stats().total_current;
+  try {
+    Buffer b(MemKind::Scratch, info.total + 1, gpu->allocator());
+    FAIL() << "more than the device's memory allocated";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("out of GPU memory on device ", 0), 0u) << what;
+    EXPECT_NE(what.find("a request for " + format_bytes(double(info.total + 1))), std::string::npos)
+        << what;
+    EXPECT_NE(what.find(" free of "), std::string::npos) << what;
+  }
+  EXPECT_EQ(memory_stats().total_current, before);
+  // The device is usable after the failure (the error is not left for the next CUDA call).
+  Buffer ok(MemKind::Scratch, 1 << 20, gpu->allocator());
+  gpu->synchronize();
 }
 
 }  // namespace

@@ -110,6 +110,21 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   expect "cuda without a device"      1 2 "system.backend"               -- train "$ok" --system.backend=cuda
   expect "cuda bf16 without a device" 1 2 "system.backend"               -- train "$ok" --system.backend=cuda --system.precision=bf16
 fi
+# Out of GPU memory (the emulated GPU, build/trellis-emu, with TRELLIS_EMU_MEMORY bytes): status
+# 2 with the device, the request, what was free and the keys that size a rank's share — when the
+# backend's first allocation fails (every rank's set-up error) and in the trainer's (the rank says
+# so and aborts the job).
+if [ -x "$build/trellis-emu" ]; then
+  saved_trellis=$trellis saved_flags=("${flags[@]}")
+  trellis="$build/trellis-emu"
+  flags+=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY)
+  export TRELLIS_EMU_MEMORY=16000000  # less than cuBLASLt's 32 MiB workspace
+  expect "GPU memory: not the workspace"  2 2 "out of GPU memory on device 0: a request for 32.0 MiB with 15.3 MiB free of 15.3 MiB" -- train "$ok" --system.backend=cuda --parallel.dp=2
+  export TRELLIS_EMU_MEMORY=33600000  # the workspace and the parameters, not the gradients
+  expect "GPU memory: not the gradients"  1 2 "(train.micro_batch, train.recompute, parallel.zero" -- train "$ok" --system.backend=cuda
+  unset TRELLIS_EMU_MEMORY
+  trellis=$saved_trellis flags=("${saved_flags[@]}")
+fi
 
 # A data file that one rank cannot read while the other can (node-local storage staged on one
 # node only): both ranks stop together, before the grid's first collective, instead of one

@@ -56,5 +56,39 @@ rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --candidates 1 --data.sou
   --data.path="$work/none/*.bin")
 check "a data path nothing matches: status 2 with one message naming it" \
   '[ $rc -eq 2 ] && [ "$(grep -c "error: data.path: no file matches .$work/none/\*.bin." "$work/out.log")" -eq 1 ]'
+
+# On the emulated GPU (build/trellis-emu, where nvcc built it): the layouts are planned for the
+# memory the GPUs have free (TRELLIS_EMU_MEMORY: the emulated device's), less the planner's 2 GiB
+# reserve; with 36.5 MiB left, the layouts that need more (dp2 zero0/1/2 with 4-sample
+# micro-batches: 37.3-37.7 MiB a rank, most of it cuBLASLt's 32 MiB workspace) are not run, and no
+# layout run measures more; with less than the reserve, nothing fits: status 2 saying so.
+if [ -x "$build/trellis-emu" ]; then
+  small_deck "$work/gpu.deck" <<'DECK'
+[system]
+backend = cuda
+DECK
+  emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY)
+  # peaks COLUMN: the table's column (7: measured peak a rank, 8: planned), in MiB, one a line.
+  peaks() { grep -E "^│ [0-9]+ " "$work/out.log" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
+  export TRELLIS_EMU_MEMORY=$((141 << 30))
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 4 --out "$work/gpu-141.deck")
+  check "emulated GPU, 141 GiB: status 0, planned for the GPU's free memory" \
+    '[ $rc -eq 0 ] && grep -q "planned for 141.0 GiB of GPU memory a rank" "$work/out.log"'
+  check "emulated GPU, 141 GiB: layouts above 36.5 MiB a rank among the best" \
+    '[ "$(peaks 8 | awk "\$1 > 36.5" | wc -l)" -ge 1 ]'
+  export TRELLIS_EMU_MEMORY=$(((2 << 30) + 73 * (1 << 19)))  # the reserve and 36.5 MiB
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 4 --out "$work/gpu-small.deck")
+  check "emulated GPU, 36.5 MiB over the reserve: status 0, four layouts" \
+    '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 4 ] && [ -f "$work/gpu-small.deck" ]'
+  check "emulated GPU, 36.5 MiB over the reserve: none planned or measured above it" \
+    '[ "$(peaks 8 | wc -l)" -eq 4 ] && [ "$(peaks 7 | wc -l)" -eq 4 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
+  export TRELLIS_EMU_MEMORY=2000000000
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
+  check "emulated GPU, less than the reserve: status 2, saying what is free" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back" "$work/out.log")" -eq 1 ]'
+  unset TRELLIS_EMU_MEMORY
+else
+  echo "SKIP: $build/trellis-emu not built (no nvcc): tune on the emulated GPU"
+fi
 echo "tune: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -42,8 +42,29 @@ State& state() {
   return s;
 }
 
+// TRELLIS_EMU_MEMORY (bytes; default 141 GiB, an H200's): the device's memory, which allocations
+// may not exceed (each process's own, whichever device it picks), for tests of running out of it.
+size_t memory_total() {
+  static const size_t total = [] {
+    const char* env = std::getenv("TRELLIS_EMU_MEMORY");
+    const unsigned long long n = env ? std::strtoull(env, nullptr, 10) : 0;
+    return n > 0 ? size_t(n) : size_t(141) << 30;
+  }();
+  return total;
+}
+
+size_t used_locked() {
+  size_t used = 0;
+  for (const auto& [start, bytes] : state().allocations) used += bytes;
+  return used;
+}
+
 cudaError_t allocate(void** p, size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    if (used_locked() + bytes > memory_total()) return cudaErrorMemoryAllocation;
+  }
   // 256-byte aligned as cudaMalloc's; NaN bits, as memory nobody has written holds garbage.
   void* q = nullptr;
   if (posix_memalign(&q, 256, bytes == 0 ? 1 : bytes) != 0) return cudaErrorMemoryAllocation;
@@ -170,11 +191,11 @@ cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-  *total = size_t(141) << 30;
+  *total = trellis_emu::memory_total();
   size_t used = 0;
   {
     std::lock_guard<std::mutex> lock(state().mutex);
-    for (const auto& [start, bytes] : state().allocations) used += bytes;
+    used = trellis_emu::used_locked();
   }
   *free = *total > used ? *total - used : 0;
   return cudaSuccess;

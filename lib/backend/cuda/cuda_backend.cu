@@ -17,13 +17,25 @@ namespace trellis {
 
 // ---- device and memory ----
 
+/// What a failed device allocation of `bytes` says: the device, the request, what is free.
+static OutOfMemory device_out_of_memory(size_t bytes) {
+  cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
+  int device = -1;
+  size_t free = 0, total = 0;
+  cudaGetDevice(&device);
+  const bool known = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  cudaGetLastError();
+  return OutOfMemory(strfmt("out of GPU memory on device %d: a request for %s", device,
+                            format_bytes(double(bytes)).c_str()) +
+                     (known ? strfmt(" with %s free of %s", format_bytes(double(free)).c_str(),
+                                     format_bytes(double(total)).c_str())
+                            : std::string()));
+}
+
 void* DeviceAllocator::allocate(size_t bytes) {
   void* p = nullptr;
   if (!stream_) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();  // clear the error, so that the next CUDA call does not report it
-      throw std::bad_alloc();
-    }
+    if (cudaMalloc(&p, bytes) != cudaSuccess) throw device_out_of_memory(bytes);
     TRELLIS_CUDA(cudaMemset(p, 0, bytes));
     // The memset runs on the legacy default stream, which does not order itself with the
     // backend's non-blocking stream: finish it before any kernel can touch the memory.
@@ -32,18 +44,15 @@ void* DeviceAllocator::allocate(size_t bytes) {
   }
   if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
     cudaGetLastError();
-    // The pool may hold freed memory that cudaMalloc elsewhere (cuBLASLt workspace, scratch)
-    // or this request could use: give it back to the device and try once more.
+    // The pool may hold freed memory that a cudaMalloc elsewhere (cuBLASLt's own, NCCL's) or
+    // this request could use: give it back to the device and try once more.
     cudaMemPool_t pool;
     int device = 0;
     TRELLIS_CUDA(cudaGetDevice(&device));
     TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
     TRELLIS_CUDA(cudaStreamSynchronize(stream_));
     TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
-    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
-      cudaGetLastError();
-      throw std::bad_alloc();
-    }
+    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) throw device_out_of_memory(bytes);
   }
   TRELLIS_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   return p;
@@ -61,6 +70,13 @@ static DeviceAllocator& device_allocator() {
 
 Allocator* CudaBackend::allocator() { return &device_allocator(); }
 
+Backend::MemoryInfo CudaBackend::memory_info() {
+  MemoryInfo m;
+  TRELLIS_CUDA(cudaSetDevice(device_));
+  TRELLIS_CUDA(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
 CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
@@ -73,7 +89,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   device_allocator().set_stream(stream_);
   TRELLIS_LT(cublasLtCreate(&lt_));
-  TRELLIS_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+  if (cudaMallocAsync(&workspace_, workspace_bytes_, stream_) != cudaSuccess)
+    throw device_out_of_memory(workspace_bytes_);
+  count_memory(MemKind::Scratch, int64_t(workspace_bytes_));
   const char* tf32 = std::getenv("TRELLIS_TF32");
   tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
   const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
@@ -106,9 +124,10 @@ CudaBackend::~CudaBackend() {
     cublasLtMatrixLayoutDestroy(p.d);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  if (scratch_) cudaFreeAsync(scratch_, stream_);
+  for (void* p : {scratch_, workspace_})
+    if (p) cudaFreeAsync(p, stream_);
+  count_memory(MemKind::Scratch, -int64_t(scratch_bytes_ + (workspace_ ? workspace_bytes_ : 0)));
   cudaStreamSynchronize(stream_);
-  cudaFree(workspace_);
   cublasLtDestroy(lt_);
   cudaStreamDestroy(stream_);
 }
@@ -158,9 +177,15 @@ void* CudaBackend::scratch(size_t bytes) {
     // and cudaMalloc would wait for the whole device — NCCL kernels of a gradient bucket or a
     // pipeline send still in flight on the links' streams included.)
     if (scratch_) TRELLIS_CUDA(cudaFreeAsync(scratch_, stream_));
+    count_memory(MemKind::Scratch, -int64_t(scratch_bytes_));
     scratch_ = nullptr;
-    TRELLIS_CUDA(cudaMallocAsync(&scratch_, bytes, stream_));
+    scratch_bytes_ = 0;
+    if (cudaMallocAsync(&scratch_, bytes, stream_) != cudaSuccess) {
+      scratch_ = nullptr;
+      throw device_out_of_memory(bytes);
+    }
     scratch_bytes_ = bytes;
+    count_memory(MemKind::Scratch, int64_t(bytes));
   }
   return scratch_;
 }

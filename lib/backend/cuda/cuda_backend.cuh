@@ -107,6 +107,7 @@ class CudaBackend : public Backend {
   void set_threads(int) override {}
 
   Allocator* allocator() override;
+  MemoryInfo memory_info() override;  // cudaMemGetInfo on this backend's device
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
@@ -433,8 +434,11 @@ class CudaBackend : public Backend {
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
-  void* workspace_ = nullptr;  // cuBLASLt's
-  size_t workspace_bytes_ = 32u << 20;
+  // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
+  // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank
+  // measures includes them.
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = kGemmWorkspaceBytes;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::map<GemmKey, GemmPlan> plans_;

@@ -22,3 +22,12 @@ tiny_deck() {
     cat
     printf '[checkpoint]\nresume = never\n[data]\nsynthetic_tokens = 8192\n'; } > "$1"
 }
+# small_deck FILE: the 4-layer model (d_model 64, 4 heads, seq_len 32, vocab 64; 2 steps of 8
+# sequences in micro-batches of 2, synthetic data, no resuming) whose memory the plan and tune
+# tests measure, with more sections ([system]) from standard input.
+small_deck() {
+  { printf '[model]\nlayers = 4\nd_model = 64\nheads = 4\nseq_len = 32\nvocab = 64\n'
+    printf '[train]\nsteps = 2\nglobal_batch = 8\nmicro_batch = 2\n'
+    printf '[checkpoint]\nresume = never\n[data]\nsynthetic_tokens = 16384\n'
+    cat; } > "$1"
+}
