@@ -24,7 +24,8 @@
 #      karpathy/llm.c#338, and faster on H100, #653), in bf16 with the WMMA tensor-core kernels
 #      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
 #      copies of its bf16 tensors), and in fp32 with TF32 GEMMs; tokens/s, MFU against the
-#      device's dense bf16 peak (for every row, TF32's too), peak memory, device time per kernel
+#      device's dense bf16 peak (for every row, TF32's too), peak memory (measured, and trellis
+#      plan's figure beside it), device time per kernel
 #      class — the two rows of the targets first, then
 #   2b. where python3 has torch, PyTorch beside it on the same device (scripts/torch_bench.py):
 #      GPT-2 124M in eager PyTorch as Trellis's bf16 runs it, its attention through each SDPA
@@ -99,7 +100,7 @@ summary() {
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
   echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
   echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
-  printf '%-10s %-13s %8s %9s %9s %10s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB"
+  printf '%-10s %-13s %8s %9s %9s %10s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB"
   for r in "${rows[@]}"; do echo "$r"; done
   # PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
   best_tps=""
@@ -277,7 +278,7 @@ bench_row() {
       why="cut short (GPU_CHECK_DEADLINE)"
       break
     fi
-    if grep -qiE 'out of memory|bad_alloc|cudaErrorMemoryAllocation' "$log"; then
+    if grep -qiE 'out of (GPU )?memory|bad_alloc|cudaErrorMemoryAllocation' "$log"; then
       B=$((B / 2))
       continue
     fi
@@ -302,9 +303,10 @@ bench_row() {
     rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "$why")")
     bench_failed=1
   elif (( B >= 1 )) && [[ -n $line ]]; then
-    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f' "$name" "$label" "${B}x1024" \
+    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
       "$(field "$line" tokens_per_s)" "$(awk -v m="$(field "$line" mfu)" 'BEGIN {print 100 * m}')" \
-      "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')")")
+      "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')" \
+      "$(awk -v b="$(field "$line" planned_bytes)" 'BEGIN {print b / 2^30}')")")
     [[ $label == bf16+tc && $name == gpt2-124m ]] && main_tps=$(field "$line" tokens_per_s) main_B=$B
   else
     rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "FAILED: see $log")")

@@ -20,6 +20,17 @@ namespace trellis {
 /// by `trellis plan` (plan/memory.cpp).
 inline constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 
+/// The cuda backend's layer norm backward adds up its weight and bias gradients per chunk of rows
+/// (2·C floats of scratch a chunk): this many rows a chunk of its fused kernel — 64, or fewer,
+/// down to 8, where N rows would make fewer than 4 blocks a multiprocessor (a pipeline stage's
+/// micro-batch of a sequence or two: the device filled first, fewer partial sums second). Beside
+/// Widening so that the planner counts the same scratch.
+inline int layernorm_backward_chunk_rows(int64_t N, int sm_count) {
+  int rows = 64;
+  while (rows > 8 && N < int64_t(rows) * 4 * sm_count) rows /= 2;
+  return rows;
+}
+
 /// Which of a bf16 run's kernel calls a backend widens to its fp32 kernels (Backend::Widened).
 enum class Widening {
   none,       // it has bf16 kernels for every call (cuda with the tensor-core attention)

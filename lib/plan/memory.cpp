@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -241,11 +242,20 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
   return *slot;
 }
 
-void set_gpu_kernels_from_env(MemoryOptions& opt) {
+MemoryOptions run_memory_options(const Config& cfg) {
+  MemoryOptions opt;
+  opt.precision = parse_precision(cfg.system.precision);
+  opt.device = cfg.system.backend == "cuda";
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
   opt.tc_attention = tc && std::string(tc) != "0";
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  opt.threads = cfg.system.threads > 0 ? cfg.system.threads
+                : blas && std::atoi(blas) > 0
+                    ? std::atoi(blas)
+                    : int(std::max(1u, std::thread::hardware_concurrency()));
+  return opt;
 }
 
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
@@ -412,18 +422,22 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   if (device && !textbook) {
     // cuBLASLt's, and the backend's scratch grown to its largest use: the attention backward's
     // Σ dout·out per row (B,H,T) (cuda_attention.cu); the layer norm backward's partial sums, 2·C
-    // per chunk of 64 rows (cuda_layernorm.cu: of fewer rows where N is under 256 per SM, a few
-    // KiB); the loss's 512 partial sums in fp64 (cuda_loss_optim.cu); and, in bf16 with the GELU
-    // kept out of the GEMM's epilogue (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output
-    // (N, d_ff) (cuda_gemm.cu).
+    // per chunk of rows of the R this rank holds (cuda_layernorm.cu: chunks of
+    // layernorm_backward_chunk_rows where a lane's registers take a row, C ≤ 256·W with W values
+    // a 16-byte load, else of 256 rows); the gradient norm's 512 partial sums in fp64
+    // (cuda_loss_optim.cu); and, in bf16 with the GELU kept out of the GEMM's epilogue
+    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu).
     const double attention = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
-    const double layernorm = 4.0 * ((R + 63) / 64) * 2 * C;
+    const int lane_values = C % (bf16 ? 8 : 4) == 0 ? (bf16 ? 8 : 4) : 1;
+    const int64_t ln_rows =
+        C <= 256 * lane_values ? layernorm_backward_chunk_rows(R, opt.sm_count) : 256;
+    const double layernorm = 4.0 * ((R + ln_rows - 1) / ln_rows) * 2 * C;
     const double gelu = bf16 && !opt.gelu_epilogue ? 4.0 * N * table.d_ff_local : 0.0;
     const double scratch = std::max({attention, layernorm, 8.0 * 512, gelu});
     const char* largest = scratch == gelu        ? "MLP GEMM fp32 output"
                           : scratch == attention ? "attention backward"
                           : scratch == layernorm ? "layer norm backward"
-                                                 : "loss partial sums";
+                                                 : "gradient norm partial sums";
     r.workspace = {
         opt.workspace_bytes + scratch + widened,
         strfmt("cuBLASLt workspace %s, scratch %s (%s)", format_bytes(opt.workspace_bytes).c_str(),

@@ -103,14 +103,17 @@ struct MemoryOptions {
   bool device = false;                // a GPU run (system.backend = cuda); bf16-full implies it
   bool tc_attention = false;          // GPU bf16: attention on the tensor cores (not widened)
   bool gelu_epilogue = true;          // GPU bf16: the MLP's GELU in cuBLASLt's epilogue
+  int sm_count = 132;                 // GPU: multiprocessors (an H100/H200 SXM's), for scratch
   ParamTableCache* tables = nullptr;  // optional; one model only
   int threads = 1;                    // CPU: threads of the attention backward (its scratch)
   double workspace_bytes = kGemmWorkspaceBytes;  // GPU: cuBLASLt workspace
 };
 
-/// tc_attention and gelu_epilogue as the cuda backend chooses its kernels from the environment
-/// (TRELLIS_TC_ATTENTION, TRELLIS_GELU_EPILOGUE: cuda_backend.cuh).
-void set_gpu_kernels_from_env(MemoryOptions& opt);
+/// The memory model of a run of cfg as this process would start it: cfg's system.precision, a
+/// GPU where system.backend is cuda (tc_attention and gelu_epilogue as that backend chooses its
+/// kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_GELU_EPILOGUE), the CPU attention
+/// scratch of system.threads (else $OPENBLAS_NUM_THREADS, else every core).
+MemoryOptions run_memory_options(const Config& cfg);
 
 /// The rank of pipeline stage `stage` under cfg's layout (cfg.parallel, cfg.train.micro_batch,
 /// cfg.train.recompute; validated by load_config).

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <thread>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -255,12 +254,6 @@ std::string scaling_table(const PlanRequest& req, const LayoutSearch& at_n) {
                       {"devices", "best layout", "step", "tok/s", "tok/s per device", "per-device efficiency"}, rows);
 }
 
-int default_threads(const Config& cfg) {
-  if (cfg.system.threads > 0) return cfg.system.threads;
-  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS"); env && std::atoi(env) > 0) return std::atoi(env);
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 }  // namespace
 
 double parse_size(const std::string& text, const std::string& option) {
@@ -291,11 +284,11 @@ int plan_main(const std::vector<std::string>& args) {
     req.overrides = o.overrides;
     req.devices = o.gpus > 0 ? o.gpus : deck_world;
     req.precision = parse_precision(!o.precision.empty() ? o.precision : cfg.system.precision);
+    req.memory = run_memory_options(cfg);
     req.memory.precision = req.precision;
-    req.memory.device = cfg.system.backend == "cuda" || req.precision == Precision::BF16_FULL;
-    set_gpu_kernels_from_env(req.memory);
+    req.memory.device = req.memory.device || req.precision == Precision::BF16_FULL;
     const bool bf16 = req.precision != Precision::FP32 && req.memory.device;  // a bf16 GPU run
-    req.memory.threads = o.threads > 0 ? o.threads : default_threads(cfg);
+    if (o.threads > 0) req.memory.threads = o.threads;
     DeviceModel& d = req.device;
     d.memory_bytes = o.gpu_mem;
     d.per_node = o.per_node;

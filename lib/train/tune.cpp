@@ -142,10 +142,9 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   req.overrides = overrides;
   req.devices = world;
   const Config base = base_config(deck, overrides);
-  req.precision = parse_precision(base.system.precision);  // what the runs will use
-  req.memory.device = base.system.backend != "cpu";
+  req.memory = run_memory_options(base);  // what the runs will use
   req.memory.threads = std::max(1, base.system.threads);
-  set_gpu_kernels_from_env(req.memory);
+  req.precision = req.memory.precision;
   if (base.system.backend == "cpu") req.device = cpu_device_model(base, local_ranks);
   if (req.memory.device) {
     // The planner's GPU (an H100/H200 node) with the memory these ranks' GPUs have free.
@@ -288,13 +287,18 @@ int tune_main(const std::vector<std::string>& args, World& world) {
       throw UserError(
           strfmt("trellis tune: no layout of %s for %d ranks fits in memory", opt.deck.c_str(),
                  world.size()) +
-          (gpu_memory > 0
-               ? strfmt(": %s free on the fullest GPU, of which the planner keeps %s back for "
+          (gpu_memory <= 0
+               ? strfmt(" (see trellis plan %s --gpus %d)", opt.deck.c_str(), world.size())
+           : gpu_memory <= DeviceModel().reserve_bytes
+               ? strfmt(": %s free on the fullest GPU, less than the %s the planner keeps back "
+                        "for NCCL and the allocator (what else holds the GPU's memory?)",
+                        format_bytes(gpu_memory).c_str(),
+                        format_bytes(DeviceModel().reserve_bytes).c_str())
+               : strfmt(": %s free on the fullest GPU, of which the planner keeps %s back for "
                         "NCCL and the allocator (see trellis plan %s --gpus %d --gpu-mem %.0fMiB)",
                         format_bytes(gpu_memory).c_str(),
                         format_bytes(DeviceModel().reserve_bytes).c_str(), opt.deck.c_str(),
-                        world.size(), gpu_memory / (1 << 20))
-               : strfmt(" (see trellis plan %s --gpus %d)", opt.deck.c_str(), world.size())));
+                        world.size(), gpu_memory / (1 << 20))));
     if (opt.out.empty()) opt.out = base.run.dir + "/tuned.deck";
     hang_timeout_s = base.system.hang_timeout_s;
     check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");  // ("": here)

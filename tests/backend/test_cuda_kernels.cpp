@@ -576,8 +576,10 @@ TEST_F(CudaKernels, WorkspaceIsCountedAndRunningOutOfMemorySaysSo) {
     EXPECT_NE(what.find(" free of "), std::string::npos) << what;
   }
   EXPECT_EQ(memory_stats().total_current, before);
-  // The device is usable after the failure (the error is not left for the next CUDA call).
+  // The device is usable after the failure: the error is not left for the next kernel launch's
+  // check (cudaGetLastError) to report.
   Buffer ok(MemKind::Scratch, 1 << 20, gpu->allocator());
+  gpu->scale(ok.f32(), 2.f, (1 << 20) / 4);
   gpu->synchronize();
 }
 

@@ -89,16 +89,33 @@ compare 2 --parallel.dp=2 --parallel.zero=1 --system.precision=bf16
 compare 2 --parallel.dp=2 --parallel.zero=3 --system.precision=bf16
 compare 2 --parallel.tp=2 --parallel.sequence_parallel=true --system.precision=bf16
 compare 2 --parallel.pp=2 --parallel.schedule=1f1b --system.precision=bf16 --train.recompute=selective
+# trellis bench prints the plan's peak beside the one it measured (the training's allocations, not
+# its reference GEMM's), as gpu-check.sh's table does on a GPU: within 10 %.
+check_log="$work/bench.log"
+timeout 120 "$build/trellis" bench "$work/tiny.deck" --train.steps=3 > "$work/bench.log" 2>&1
+bench_line=$(grep '^bench: ' "$work/bench.log")
+peak=$(sed -n 's/.* peak_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
+planned=$(sed -n 's/.* planned_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
+echo "     bench: measured $peak, planned $planned bytes"
+check "bench: the planned peak within 10 % of the measured one" \
+  '[ -n "$peak" ] && [ -n "$planned" ] && awk -v m="$peak" -v p="$planned" "BEGIN { d = p - m; if (d < 0) d = -d; exit !(m > 0 && d <= 0.1 * m) }"'
+check_log="$work/out.log"
+
 # The cuda backend on the emulated GPU: cuBLASLt's workspace and the kernels' scratch counted and
 # planned; bf16 with the tensor-core attention, and with the GELU out of the GEMM's epilogue (its
-# fp32 GEMM output in scratch); device buffers crossing ranks by the staged link and by NCCL.
+# fp32 GEMM output in scratch); device buffers crossing ranks by the staged link and by NCCL. At
+# micro-batches of 4 and 8 (SP: 128 rows a rank) the layer norm backward's partial sums are the
+# largest scratch (chunks of 8 rows: fewer than 4 blocks of 64 for each of 132 SMs), above the
+# gradient norm's 4 KiB.
 if [ -x "$build/trellis-emu" ]; then
   export TRELLIS_TC_ATTENTION=1
   GPU=1 compare 1
+  GPU=1 compare 1 --train.micro_batch=4
   GPU=1 compare 1 --system.precision=bf16
   TRELLIS_GELU_EPILOGUE=0 GPU=1 compare 1 --system.precision=bf16
   GPU=1 compare 2 --parallel.dp=2 --parallel.zero=2
   GPU=1 compare 2 --parallel.tp=2 --parallel.sequence_parallel=true --system.precision=bf16
+  GPU=1 compare 2 --parallel.tp=2 --parallel.sequence_parallel=true --train.micro_batch=8
   GPU=1 compare 2 --parallel.dp=2 --parallel.zero=3 --system.precision=bf16 --system.device_comm=nccl
   GPU=1 compare 2 --parallel.pp=2 --parallel.schedule=1f1b --system.device_comm=nccl
   unset TRELLIS_TC_ATTENTION

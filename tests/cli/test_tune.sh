@@ -61,7 +61,8 @@ check "a data path nothing matches: status 2 with one message naming it" \
 # memory the GPUs have free (TRELLIS_EMU_MEMORY: the emulated device's), less the planner's 2 GiB
 # reserve; with 36.5 MiB left, the layouts that need more (dp2 zero0/1/2 with 4-sample
 # micro-batches: 37.3-37.7 MiB a rank, most of it cuBLASLt's 32 MiB workspace) are not run, and no
-# layout run measures more; with less than the reserve, nothing fits: status 2 saying so.
+# layout run measures more; with too little, or less than the reserve, nothing fits: status 2
+# saying so.
 if [ -x "$build/trellis-emu" ]; then
   small_deck "$work/gpu.deck" <<'DECK'
 [system]
@@ -82,10 +83,14 @@ DECK
     '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 4 ] && [ -f "$work/gpu-small.deck" ]'
   check "emulated GPU, 36.5 MiB over the reserve: none planned or measured above it" \
     '[ "$(peaks 8 | wc -l)" -eq 4 ] && [ "$(peaks 7 | wc -l)" -eq 4 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
+  export TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20)))  # the reserve and 30 MiB: too little
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
+  check "emulated GPU, 30 MiB over the reserve: status 2, and the plan to look at" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 2.0 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back for NCCL and the allocator (see trellis plan .*gpu.deck --gpus 2 --gpu-mem 2078MiB)" "$work/out.log")" -eq 1 ]'
   export TRELLIS_EMU_MEMORY=2000000000
   rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
   check "emulated GPU, less than the reserve: status 2, saying what is free" \
-    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back" "$work/out.log")" -eq 1 ]'
+    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, less than the 2.0 GiB the planner keeps back" "$work/out.log")" -eq 1 ]'
   unset TRELLIS_EMU_MEMORY
 else
   echo "SKIP: $build/trellis-emu not built (no nvcc): tune on the emulated GPU"

@@ -61,15 +61,16 @@ size_t used_locked() {
 
 cudaError_t allocate(void** p, size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
-  {
-    std::lock_guard<std::mutex> lock(state().mutex);
-    if (used_locked() + bytes > memory_total()) return cudaErrorMemoryAllocation;
-  }
-  // 256-byte aligned as cudaMalloc's; NaN bits, as memory nobody has written holds garbage.
-  void* q = nullptr;
-  if (posix_memalign(&q, 256, bytes == 0 ? 1 : bytes) != 0) return cudaErrorMemoryAllocation;
-  std::memset(q, 0xff, bytes);
   std::lock_guard<std::mutex> lock(state().mutex);
+  // 256-byte aligned as cudaMalloc's; NaN bits, as memory nobody has written holds garbage. A
+  // failure is also the last error, as the runtime's is (cleared by cudaGetLastError).
+  void* q = nullptr;
+  if (used_locked() + bytes > memory_total() ||
+      posix_memalign(&q, 256, bytes == 0 ? 1 : bytes) != 0) {
+    state().last_error = cudaErrorMemoryAllocation;
+    return cudaErrorMemoryAllocation;
+  }
+  std::memset(q, 0xff, bytes);
   state().allocations[reinterpret_cast<uintptr_t>(q)] = bytes;
   *p = q;
   return cudaSuccess;

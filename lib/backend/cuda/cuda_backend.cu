@@ -32,6 +32,23 @@ static OutOfMemory device_out_of_memory(size_t bytes) {
                             : std::string()));
 }
 
+/// `bytes` of device memory ordered on `stream`: from the pool, else once more after the pool has
+/// given back to the device the freed memory it keeps (which a cudaMalloc elsewhere — cuBLASLt's
+/// own, NCCL's — or this request could use); else OutOfMemory.
+static void* allocate_on_stream(size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  if (cudaMallocAsync(&p, bytes, stream) == cudaSuccess) return p;
+  cudaGetLastError();
+  cudaMemPool_t pool;
+  int device = 0;
+  TRELLIS_CUDA(cudaGetDevice(&device));
+  TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+  TRELLIS_CUDA(cudaStreamSynchronize(stream));
+  TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
+  if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) throw device_out_of_memory(bytes);
+  return p;
+}
+
 void* DeviceAllocator::allocate(size_t bytes) {
   void* p = nullptr;
   if (!stream_) {
@@ -42,18 +59,7 @@ void* DeviceAllocator::allocate(size_t bytes) {
     TRELLIS_CUDA(cudaDeviceSynchronize());
     return p;
   }
-  if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
-    cudaGetLastError();
-    // The pool may hold freed memory that a cudaMalloc elsewhere (cuBLASLt's own, NCCL's) or
-    // this request could use: give it back to the device and try once more.
-    cudaMemPool_t pool;
-    int device = 0;
-    TRELLIS_CUDA(cudaGetDevice(&device));
-    TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
-    TRELLIS_CUDA(cudaStreamSynchronize(stream_));
-    TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
-    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) throw device_out_of_memory(bytes);
-  }
+  p = allocate_on_stream(bytes, stream_);
   TRELLIS_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   return p;
 }
@@ -87,11 +93,16 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
   uint64_t keep = UINT64_MAX;
   TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  device_allocator().set_stream(stream_);
   TRELLIS_LT(cublasLtCreate(&lt_));
-  if (cudaMallocAsync(&workspace_, workspace_bytes_, stream_) != cudaSuccess)
-    throw device_out_of_memory(workspace_bytes_);
+  try {
+    workspace_ = allocate_on_stream(workspace_bytes_, stream_);
+  } catch (...) {  // (no destructor runs for a constructor that throws)
+    cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+    throw;
+  }
   count_memory(MemKind::Scratch, int64_t(workspace_bytes_));
+  device_allocator().set_stream(stream_);
   const char* tf32 = std::getenv("TRELLIS_TF32");
   tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
   const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
@@ -180,10 +191,7 @@ void* CudaBackend::scratch(size_t bytes) {
     count_memory(MemKind::Scratch, -int64_t(scratch_bytes_));
     scratch_ = nullptr;
     scratch_bytes_ = 0;
-    if (cudaMallocAsync(&scratch_, bytes, stream_) != cudaSuccess) {
-      scratch_ = nullptr;
-      throw device_out_of_memory(bytes);
-    }
+    scratch_ = allocate_on_stream(bytes, stream_);
     scratch_bytes_ = bytes;
     count_memory(MemKind::Scratch, int64_t(bytes));
   }

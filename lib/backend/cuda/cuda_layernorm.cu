@@ -331,14 +331,6 @@ int ln_fused_steps(int C) {
     if (32 * W * J >= C) return J;
   return 0;
 }
-/// Rows a block of the fused backward takes: 64, or fewer (down to 8, a row a warp) where N rows
-/// would make fewer than 4 blocks a multiprocessor — a pipeline stage's micro-batch of a sequence
-/// or two: the device filled first, fewer partial sums second.
-int ln_fused_rows(int N, int sm_count) {
-  int rows = 64;
-  while (rows > 8 && int64_t(N) < int64_t(rows) * 4 * sm_count) rows /= 2;
-  return rows;
-}
 template <typename T, int W, int J>
 void launch_ln_fused(cudaStream_t stream, int rows, T* dinp, float* partial, const T* dout,
                      const T* inp, const T* weight, const float* mean, const float* rstd, int N,
@@ -372,7 +364,8 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   const bool wide = cuda::wide_rows<T>(C, {dinp, dout, inp, weight});
   const int J = wide ? ln_fused_steps<W>(C) : ln_fused_steps<1>(C);
   // partial (chunks, 2C): Σ dout, then Σ xhat·dout, per chunk of rows.
-  const int rows = J > 0 ? ln_fused_rows(N, sm_count_) : kRowChunk;
+  // Rows a block of the fused backward takes (backend.hpp: a row a warp at the fewest).
+  const int rows = J > 0 ? layernorm_backward_chunk_rows(N, sm_count_) : kRowChunk;
   const int chunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
   if (J > 0 && wide) {
