@@ -45,6 +45,9 @@ class Backend {
   virtual std::string name() const = 0;
   /// Threads the backend may use for its GEMMs (0: all of this rank's cores).
   virtual void set_threads(int threads) = 0;
+  /// The host threads its kernels use (1 where the work is a device's): the CPU's attention
+  /// backward keeps a scratch per thread, which the memory plan counts.
+  virtual int threads() const { return 1; }
   /// The deck's system.precision: "fp32", or "bf16": activations and the parameters the model
   /// reads are then bf16 (dtype()), gradients, master weights, AdamW's state, layer norm's
   /// statistics, attention's saved state and the losses stay fp32, and every kernel computes in

@@ -55,12 +55,18 @@ ModelStateBytes zero_formula(int64_t psi, int dp, int stage) {
   return {stage == 3 ? shard : all, stage >= 2 ? shard : all, 2 * (stage >= 1 ? shard : all)};
 }
 
-std::string memory_table(MPI_Comm comm, const ModelStateBytes& formula) {
+std::string memory_table(MPI_Comm comm, const ModelStateBytes& formula,
+                         const std::vector<double>& planned) {
   const MemoryStats& mem = memory_stats();
+  const bool plan = planned.size() == size_t(MemKind::Count) + 1;
+  auto plan_cells = [&](size_t i, double max) -> std::vector<std::string> {
+    if (!plan) return {};
+    return {format_bytes(planned[i]), planned[i] > 0 ? strfmt("%.3f", max / planned[i]) : ""};
+  };
   std::vector<std::vector<std::string>> rows;
   for (int k = 0; k < int(MemKind::Count); ++k) {
     MinAvgMax s = min_avg_max(comm, double(mem.peak[k]));
-    if (s.max == 0) continue;
+    if (s.max == 0 && !(plan && planned[k] > 0)) continue;
     double expect = 0;
     if (MemKind(k) == MemKind::Params) expect = formula.params;
     if (MemKind(k) == MemKind::Grads) expect = formula.grads;
@@ -68,11 +74,15 @@ std::string memory_table(MPI_Comm comm, const ModelStateBytes& formula) {
     rows.push_back({mem_kind_name(MemKind(k)), format_bytes(s.min), format_bytes(s.max),
                     expect > 0 ? format_bytes(expect) : "",
                     expect > 0 ? strfmt("%.3f", s.max / expect) : ""});
+    for (std::string& cell : plan_cells(size_t(k), s.max)) rows.back().push_back(cell);
   }
   MinAvgMax peak = min_avg_max(comm, double(mem.total_peak));
   rows.push_back({"peak total", format_bytes(peak.min), format_bytes(peak.max), "", ""});
-  return format_table("memory per rank (peak, measured from the allocations)",
-                      {"kind", "min", "max", "ZeRO formula", "max / formula"}, rows);
+  for (std::string& cell : plan_cells(size_t(MemKind::Count), peak.max))
+    rows.back().push_back(cell);
+  std::vector<std::string> header = {"kind", "min", "max", "ZeRO formula", "max / formula"};
+  if (plan) header.insert(header.end(), {"trellis plan", "max / plan"});
+  return format_table("memory per rank (peak, measured from the allocations)", header, rows);
 }
 
 }  // namespace trellis

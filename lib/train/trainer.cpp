@@ -515,7 +515,18 @@ void Trainer::finish() {
   for (size_t i = 0; i < group_count; ++i) groups.push_back({names[i], training_stats(i)});
   log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
-  log(memory_table(comm_, formula));
+  // trellis plan's figures for this layout beside the measured ones (its largest stage's).
+  MemoryOptions plan_options = run_memory_options(cfg_);
+  plan_options.threads = backend_->threads();
+  std::vector<double> planned(size_t(MemKind::Count) + 1, 0.0);
+  for (const RankMemory& stage : layout_memory(cfg_, plan_options)) {
+    const double kinds[] = {
+        stage.params.bytes, stage.grads.bytes,     stage.optim.bytes, stage.activations.bytes,
+        stage.comm.bytes,   stage.workspace.bytes, stage.total()};
+    static_assert(std::size(kinds) == size_t(MemKind::Count) + 1, "a MemKind the plan lacks");
+    for (size_t k = 0; k < planned.size(); ++k) planned[k] = std::max(planned[k], kinds[k]);
+  }
+  log(memory_table(comm_, formula, planned));
   const MemoryStats& mem = memory_stats();
   JsonObject mem_json;
   for (int k = 0; k < int(MemKind::Count); ++k)
@@ -558,6 +569,7 @@ void Trainer::finish() {
   if (peak_gflops > 0) s.num("mfu", gflops / peak_gflops);
   else s.null("mfu");
   s.num("peak_bytes_per_rank", peak.max)
+      .num("planned_peak_bytes_per_rank", planned.back())
       .obj("peak_bytes_by_kind", mem_json)
       .obj("communication", comm_json)
       .obj("layout", layout)

@@ -27,6 +27,7 @@ class CpuBackend : public Backend {
   ~CpuBackend() override;
   std::string name() const override { return "cpu"; }
   void set_threads(int threads) override;
+  int threads() const override;
   std::string details() const override;
 
   void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,

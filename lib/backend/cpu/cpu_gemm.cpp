@@ -148,6 +148,8 @@ void CpuBackend::set_threads(int threads) {
   pool_->resize(openblas_get_num_threads());
 }
 
+int CpuBackend::threads() const { return pool_->size(); }
+
 std::string CpuBackend::details() const {
   const int threads = openblas_get_num_threads();
   return std::to_string(threads) + (threads == 1 ? " thread; " : " threads; ") + blas_description();
