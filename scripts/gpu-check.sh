@@ -296,7 +296,7 @@ bench_row() {
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep -s '^bench: ' "$log" | tail -1)
   local k
-  for k in tokens_per_s mfu step_ms peak_bytes; do
+  for k in tokens_per_s mfu step_ms peak_bytes planned_bytes; do
     [[ -n $line && -z $(field "$line" $k) ]] && why="FAILED (no $k in its bench line: see $log)"
   done
   if [[ -n $why ]]; then

@@ -48,6 +48,9 @@ class Backend {
   /// The host threads its kernels use (1 where the work is a device's): the CPU's attention
   /// backward keeps a scratch per thread, which the memory plan counts.
   virtual int threads() const { return 1; }
+  /// The device's multiprocessors (0 for host memory): some kernels' scratch depends on them
+  /// (layernorm_backward_chunk_rows), which the memory plan counts.
+  virtual int multiprocessors() const { return 0; }
   /// The deck's system.precision: "fp32", or "bf16": activations and the parameters the model
   /// reads are then bf16 (dtype()), gradients, master weights, AdamW's state, layer norm's
   /// statistics, attention's saved state and the losses stay fp32, and every kernel computes in

@@ -72,6 +72,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // Timing one ~80 ms call against a ~300 ms step would favour the sgemm: on a shared CPU the
   // shorter sample more often lands in a fast moment.
   const int N = cfg.train.micro_batch * cfg.model.seq_len;
+  // A bf16 run's widening arena as the trainer reserved it (the planner's figure): the reference
+  // GEMMs may grow it for themselves (every CPU kernel widens), which is not the training's.
+  const size_t trainer_arena = backend.widening_bytes();
   const double sgemm_model = [&] {
     ReferenceGemm mlp(backend, N, cfg.model.d_ff, cfg.model.d_model);
     return mlp.gflops(10, 1);
@@ -133,9 +136,15 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
        strfmt("%.1f – %.1f %%", 100 * results.front().ratio, 100 * results.back().ratio)},
   };
   const double peak_gflops = cfg.system.peak_gflops * world.size();
-  const double peak_bytes = double(memory_stats().total_peak) - double(square.bytes());
-  // What trellis plan says this rank needs, beside what it measured (gpu-check prints both).
-  const MemoryOptions memory = run_memory_options(cfg);
+  const double reference_arena = double(backend.widening_bytes() - trainer_arena);
+  const double peak_bytes =
+      min_avg_max(world.comm(),
+                  double(memory_stats().total_peak) - double(square.bytes()) - reference_arena)
+          .max;  // the largest rank's (pipeline stages differ), as the plan's largest stage
+  // What trellis plan says a rank needs, beside what it measured (gpu-check prints both).
+  MemoryOptions memory = run_memory_options(cfg);
+  memory.threads = backend.threads();
+  if (backend.multiprocessors() > 0) memory.sm_count = backend.multiprocessors();
   double planned_bytes = 0;
   for (const RankMemory& stage : layout_memory(cfg, memory))
     planned_bytes = std::max(planned_bytes, stage.total());

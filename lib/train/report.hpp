@@ -30,8 +30,8 @@ struct ModelStateBytes {
 ModelStateBytes zero_formula(int64_t psi, int dp, int stage);
 
 /// The per-rank peaks of each kind (min and max over ranks) beside ZeRO's formulas and, where
-/// given, trellis plan's figures for this layout (`planned`: the largest stage's per kind, in
-/// MemKind order, then the largest stage's total).
+/// given, trellis plan's figures for this layout (`planned`: each kind's largest over the
+/// pipeline stages, in MemKind order, then the largest stage's total).
 std::string memory_table(MPI_Comm comm, const ModelStateBytes& formula,
                          const std::vector<double>& planned = {});
 

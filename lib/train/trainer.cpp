@@ -515,9 +515,12 @@ void Trainer::finish() {
   for (size_t i = 0; i < group_count; ++i) groups.push_back({names[i], training_stats(i)});
   log(comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
-  // trellis plan's figures for this layout beside the measured ones (its largest stage's).
+  // trellis plan's figures for this layout beside the measured ones: each kind's largest over the
+  // stages, and the largest stage's total (as the measured columns take each kind's largest over
+  // the ranks).
   MemoryOptions plan_options = run_memory_options(cfg_);
   plan_options.threads = backend_->threads();
+  if (backend_->multiprocessors() > 0) plan_options.sm_count = backend_->multiprocessors();
   std::vector<double> planned(size_t(MemKind::Count) + 1, 0.0);
   for (const RankMemory& stage : layout_memory(cfg_, plan_options)) {
     const double kinds[] = {

@@ -32,7 +32,6 @@ struct State {
   std::mutex mutex;  // host threads (the comm's progress thread) may allocate too
   std::map<uintptr_t, size_t> allocations;  // device allocations: start → bytes
   std::map<const void*, size_t> dynamic_shared;
-  cudaError_t last_error = cudaSuccess;
   int device = 0;
   CUmemPoolHandle_st pool{0};
 };
@@ -40,6 +39,13 @@ struct State {
 State& state() {
   static State s;
   return s;
+}
+
+// The last error, per host thread as the runtime's (an allocation failing on the comm's progress
+// thread is not the main thread's next launch check's).
+cudaError_t& last_error() {
+  thread_local cudaError_t e = cudaSuccess;
+  return e;
 }
 
 // TRELLIS_EMU_MEMORY (bytes; default 141 GiB, an H200's): the device's memory, which allocations
@@ -67,7 +73,7 @@ cudaError_t allocate(void** p, size_t bytes) {
   void* q = nullptr;
   if (used_locked() + bytes > memory_total() ||
       posix_memalign(&q, 256, bytes == 0 ? 1 : bytes) != 0) {
-    state().last_error = cudaErrorMemoryAllocation;
+    trellis_emu::last_error() = cudaErrorMemoryAllocation;
     return cudaErrorMemoryAllocation;
   }
   std::memset(q, 0xff, bytes);
@@ -88,7 +94,7 @@ cudaError_t release(void* p) {
 
 }  // namespace
 
-void set_error(cudaError_t e) { state().last_error = e; }
+void set_error(cudaError_t e) { trellis_emu::last_error() = e; }
 
 size_t max_dynamic_shared(const void* kernel) {
   std::lock_guard<std::mutex> lock(state().mutex);
@@ -203,11 +209,11 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 }
 
 cudaError_t cudaGetLastError(void) {
-  const cudaError_t e = state().last_error;
-  state().last_error = cudaSuccess;
+  const cudaError_t e = trellis_emu::last_error();
+  trellis_emu::last_error() = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return state().last_error; }
+cudaError_t cudaPeekAtLastError(void) { return trellis_emu::last_error(); }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
     case cudaSuccess:

@@ -108,6 +108,7 @@ class CudaBackend : public Backend {
 
   Allocator* allocator() override;
   MemoryInfo memory_info() override;  // cudaMemGetInfo on this backend's device
+  int multiprocessors() const override { return sm_count_; }
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
