@@ -113,7 +113,6 @@ check_log="$work/out.log"
 # gradient norm's 4 KiB.
 if [ -x "$build/trellis-emu" ]; then
   export TRELLIS_TC_ATTENTION=1
-  GPU=1 compare 1
   GPU=1 compare 1 --train.micro_batch=4
   GPU=1 compare 1 --system.precision=bf16
   TRELLIS_GELU_EPILOGUE=0 GPU=1 compare 1 --system.precision=bf16

@@ -72,17 +72,17 @@ DECK
   # peaks COLUMN: the table's column (7: measured peak a rank, 8: planned), in MiB, one a line.
   peaks() { grep -E "^│ [0-9]+ " "$work/out.log" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
   export TRELLIS_EMU_MEMORY=$((141 << 30))
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 4 --out "$work/gpu-141.deck")
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-141.deck")
   check "emulated GPU, 141 GiB: status 0, planned for the GPU's free memory" \
     '[ $rc -eq 0 ] && grep -q "planned for 141.0 GiB of GPU memory a rank" "$work/out.log"'
   check "emulated GPU, 141 GiB: layouts above 36.5 MiB a rank among the best" \
     '[ "$(peaks 8 | awk "\$1 > 36.5" | wc -l)" -ge 1 ]'
   export TRELLIS_EMU_MEMORY=$(((2 << 30) + 73 * (1 << 19)))  # the reserve and 36.5 MiB
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 4 --out "$work/gpu-small.deck")
-  check "emulated GPU, 36.5 MiB over the reserve: status 0, four layouts" \
-    '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 4 ] && [ -f "$work/gpu-small.deck" ]'
+  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-small.deck")
+  check "emulated GPU, 36.5 MiB over the reserve: status 0, three layouts" \
+    '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 3 ] && [ -f "$work/gpu-small.deck" ]'
   check "emulated GPU, 36.5 MiB over the reserve: none planned or measured above it" \
-    '[ "$(peaks 8 | wc -l)" -eq 4 ] && [ "$(peaks 7 | wc -l)" -eq 4 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
+    '[ "$(peaks 8 | wc -l)" -eq 3 ] && [ "$(peaks 7 | wc -l)" -eq 3 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
   export TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20)))  # the reserve and 30 MiB: too little
   rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
   check "emulated GPU, 30 MiB over the reserve: status 2, and the plan to look at" \
