@@ -42,6 +42,16 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   return std::string(text.begin(), text.end());
 }
 
+NodeRanks node_ranks(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  NodeRanks r;
+  MPI_Comm_rank(node, &r.rank);
+  MPI_Comm_size(node, &r.size);
+  MPI_Comm_free(&node);
+  return r;
+}
+
 std::string out_of_memory_message(const std::bad_alloc& e) {
   // The allocators throw OutOfMemory, which says which memory and how much; anything else is
   // the host's (std::vector, std::string, ...).

@@ -45,6 +45,13 @@ std::string setup_error(const std::function<void()>& work);
 /// work (opening data files, choosing a device) before a collective the failed ranks would miss.
 void setup_together(MPI_Comm comm, const std::function<void()>& work);
 
+/// This rank's index among the ranks of comm on its node, and their number: a GPU per rank,
+/// chosen by the index (collective).
+struct NodeRanks {
+  int rank = 0, size = 1;
+};
+NodeRanks node_ranks(MPI_Comm comm);
+
 /// What running out of memory (an allocator's OutOfMemory: host or GPU memory, the request and
 /// what was free; else the host's) tells the user: that, and the keys that size what a rank holds.
 std::string out_of_memory_message(const std::bad_alloc& e);

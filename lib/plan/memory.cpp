@@ -258,6 +258,13 @@ MemoryOptions run_memory_options(const Config& cfg) {
   return opt;
 }
 
+MemoryOptions run_memory_options(const Config& cfg, const Backend& backend) {
+  MemoryOptions opt = run_memory_options(cfg);
+  opt.threads = backend.threads();
+  if (backend.multiprocessors() > 0) opt.sm_count = backend.multiprocessors();
+  return opt;
+}
+
 RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;

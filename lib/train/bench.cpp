@@ -142,11 +142,8 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
                   double(memory_stats().total_peak) - double(square.bytes()) - reference_arena)
           .max;  // the largest rank's (pipeline stages differ), as the plan's largest stage
   // What trellis plan says a rank needs, beside what it measured (gpu-check prints both).
-  MemoryOptions memory = run_memory_options(cfg);
-  memory.threads = backend.threads();
-  if (backend.multiprocessors() > 0) memory.sm_count = backend.multiprocessors();
   double planned_bytes = 0;
-  for (const RankMemory& stage : layout_memory(cfg, memory))
+  for (const RankMemory& stage : layout_memory(cfg, run_memory_options(cfg, backend)))
     planned_bytes = std::max(planned_bytes, stage.total());
   rows.push_back({"peak memory (measured: the training's allocations)", format_bytes(peak_bytes)});
   rows.push_back({"peak memory (trellis plan)", format_bytes(planned_bytes)});

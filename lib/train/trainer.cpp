@@ -25,21 +25,6 @@
 
 namespace trellis {
 
-// This rank's index among the ranks of comm on its node, and their number: a GPU per rank,
-// chosen by the index.
-struct NodeRanks {
-  int rank = 0, size = 1;
-};
-static NodeRanks node_ranks(MPI_Comm comm) {
-  MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  NodeRanks r;
-  MPI_Comm_rank(node, &r.rank);
-  MPI_Comm_size(node, &r.size);
-  MPI_Comm_free(&node);
-  return r;
-}
-
 // Whether two ranks of comm on one node drive the same device (TRELLIS_SHARE_GPUS=1, for tests),
 // agreed by every rank of comm: NCCL refuses a communicator with two ranks on one GPU.
 static bool ranks_share_a_device(MPI_Comm comm, int device) {
@@ -518,11 +503,8 @@ void Trainer::finish() {
   // trellis plan's figures for this layout beside the measured ones: each kind's largest over the
   // stages, and the largest stage's total (as the measured columns take each kind's largest over
   // the ranks).
-  MemoryOptions plan_options = run_memory_options(cfg_);
-  plan_options.threads = backend_->threads();
-  if (backend_->multiprocessors() > 0) plan_options.sm_count = backend_->multiprocessors();
   std::vector<double> planned(size_t(MemKind::Count) + 1, 0.0);
-  for (const RankMemory& stage : layout_memory(cfg_, plan_options)) {
+  for (const RankMemory& stage : layout_memory(cfg_, run_memory_options(cfg_, *backend_))) {
     const double kinds[] = {
         stage.params.bytes, stage.grads.bytes,     stage.optim.bytes, stage.activations.bytes,
         stage.comm.bytes,   stage.workspace.bytes, stage.total()};

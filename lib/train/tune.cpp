@@ -103,25 +103,12 @@ DeviceModel cpu_device_model(const Config& cfg, int local_ranks) {
   return d;
 }
 
-struct NodePlace {
-  int rank = 0, size = 1;  // this rank's index among the ranks of its node, and their number
-};
-NodePlace node_place(MPI_Comm comm) {
-  MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  NodePlace p;
-  MPI_Comm_rank(node, &p.rank);
-  MPI_Comm_size(node, &p.size);
-  MPI_Comm_free(&node);
-  return p;
-}
-
 // Collective, for a GPU backend: the device memory a run may take on the rank with the least —
 // what the driver says is free now on each rank's GPU (chosen as the trainer chooses it), plus
 // what the backend opened for asking holds itself (its workspace: freed again at once). A rank
 // that cannot open its GPU is every rank's UserError.
 double gpu_memory_free(const Config& base, MPI_Comm comm) {
-  const NodePlace node = node_place(comm);
+  const NodeRanks node = node_ranks(comm);
   double free = 0;
   setup_together(comm, [&] {
     const int64_t before = memory_stats().total_current;
@@ -282,7 +269,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
   try {
     if (base.system.backend != "cpu") gpu_memory = gpu_memory_free(base, world.comm());
     candidates = tune_candidates(opt.deck, opt.overrides, world.size(),
-                                 node_place(world.comm()).size, opt.candidates, gpu_memory);
+                                 node_ranks(world.comm()).size, opt.candidates, gpu_memory);
     if (candidates.empty())
       throw UserError(
           strfmt("trellis tune: no layout of %s for %d ranks fits in memory", opt.deck.c_str(),
