@@ -246,8 +246,8 @@ MemoryOptions run_memory_options(const Config& cfg) {
   MemoryOptions opt;
   opt.precision = parse_precision(cfg.system.precision);
   opt.device = cfg.system.backend == "cuda";
-  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
-  opt.tc_attention = tc && std::string(tc) != "0";
+  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");  // unset: the checked default
+  opt.tc_attention = !tc || std::string(tc) != "0";
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
@@ -262,6 +262,10 @@ MemoryOptions run_memory_options(const Config& cfg, const Backend& backend) {
   MemoryOptions opt = run_memory_options(cfg);
   opt.threads = backend.threads();
   if (backend.multiprocessors() > 0) opt.sm_count = backend.multiprocessors();
+  // Whether its bf16 attention is on the tensor cores, as the backend decided (its check).
+  if (opt.device && opt.precision == Precision::BF16 && cfg.model.heads > 0)
+    opt.tc_attention =
+        backend.widened_calls(cfg.model.d_model / cfg.model.heads) == Widening::none;
   return opt;
 }
 

@@ -114,8 +114,9 @@ struct MemoryOptions {
 /// kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_GELU_EPILOGUE), the CPU attention
 /// scratch of system.threads (else $OPENBLAS_NUM_THREADS, else every core).
 MemoryOptions run_memory_options(const Config& cfg);
-/// The same for a run on `backend` as it is: its host threads (the CPU's attention scratch) and
-/// its device's multiprocessors (the layer norm's partial sums).
+/// The same for a run on `backend` as it is: its host threads (the CPU's attention scratch), its
+/// device's multiprocessors (the layer norm's partial sums) and where its bf16 attention runs
+/// (the tensor cores, or widened to the fp32 kernels where its check found them disagreeing).
 MemoryOptions run_memory_options(const Config& cfg, const Backend& backend);
 
 /// The rank of pipeline stage `stage` under cfg's layout (cfg.parallel, cfg.train.micro_batch,

@@ -27,8 +27,8 @@ options (defaults in brackets):
                          2+4+12 bytes per parameter); or bf16-full, a full bf16 GPU run as ZeRO
                          and Megatron-LM count it (bf16 gradients too: 2+2+12)
                          [the deck's system.precision; CPU or GPU by system.backend; a GPU's
-                         bf16 attention and scratch as TRELLIS_TC_ATTENTION and
-                         TRELLIS_GELU_EPILOGUE say]
+                         bf16 attention on the tensor cores unless TRELLIS_TC_ATTENTION=0, its
+                         scratch as TRELLIS_GELU_EPILOGUE says]
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]

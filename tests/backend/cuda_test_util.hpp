@@ -187,7 +187,7 @@ class CudaKernelTest : public ::testing::Test {
   /// A new CUDA backend made with these environment variables set (a CudaBackend reads its
   /// TRELLIS_* switches when it is made), the process's values put back after. One CUDA backend
   /// at a time (each has its own stream; device memory is allocated on the newest one's): the old
-  /// one and the fixture's device buffers go first.
+  /// one and the fixture's device buffers go first. A null value: the variable unset.
   void fresh_gpu(std::initializer_list<std::pair<const char*, const char*>> env) {
     buffers.clear();
     gpu.reset();
@@ -195,7 +195,7 @@ class CudaKernelTest : public ::testing::Test {
     for (auto [name, value] : env) {
       const char* v = std::getenv(name);
       saved.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
-      setenv(name, value, 1);
+      value ? setenv(name, value, 1) : unsetenv(name);
     }
     gpu = make_backend("cuda");
     for (auto& [name, value] : saved)

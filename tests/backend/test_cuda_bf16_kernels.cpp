@@ -257,6 +257,76 @@ TEST_F(CudaBf16Kernels, TensorCoreFragmentsFollowThePtxLayouts) {
   EXPECT_TRUE(errors.empty()) << errors.size() << " off";
 }
 
+// The default (TRELLIS_TC_ATTENTION unset): bf16 attention on the mma.sync kernels at each head
+// size where a check on the device (cuda_attention_check.cu: one small attention, forward and
+// backward, against the fp32 kernels from the same bf16 inputs) finds them agreeing; where it does
+// not, a warning and the fp32 kernels. Here they agree at 32 and 64 (48 has no tensor-core
+// kernels), and a call at 64 runs on the tensor cores (its out differs from the CPU's in more
+// than 3% of the bf16 entries, as in Bf16AttentionOnTensorCores). Then, on the emulated GPU,
+// tensor cores that disagree (TRELLIS_EMU_MMA_FAULT, tests/cuda_emu/cuda_emu.hpp — 1: every
+// mma.sync misplaces its accumulators, which the register-layout check names; 2: all but each
+// thread's first, which only the comparison finds): the warning names what differed, the
+// details say where attention runs, and a call at 64 gets the fp32 kernels' results. (A GPU
+// ignores the variable: that half is skipped there.)
+TEST_F(CudaBf16Kernels, TensorCoreAttentionIsTheDefaultWhereItAgreesWithTheFp32Kernels) {
+  const auto set_fault = [](const char* fault) {
+    fault ? setenv("TRELLIS_EMU_MMA_FAULT", fault, 1) : unsetenv("TRELLIS_EMU_MMA_FAULT");
+  };
+  const char* saved_fault = std::getenv("TRELLIS_EMU_MMA_FAULT");
+  const std::optional<std::string> saved =
+      saved_fault ? std::optional<std::string>(saved_fault) : std::nullopt;
+  set_fault(nullptr);
+  const AttentionShape s{1, 130, 2, 1, 64};
+  const Bits qkv = bf16_random(s.qkv_elems(), 94, -2.f, 2.f), dout = bf16_random(s.out_elems(), 95);
+  const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
+
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}});
+  gpu->set_precision("bf16");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(gpu->widened_calls(64), Widening::none);
+  EXPECT_EQ(gpu->widened_calls(32), Widening::none);
+  EXPECT_EQ(gpu->widened_calls(48), Widening::attention);
+  const std::string quiet = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet.find("disagrees"), std::string::npos) << quiet;
+  std::printf("default: %s\n", gpu->details().c_str());
+  EXPECT_NE(gpu->details().find("head size 64 on the tensor cores"), std::string::npos);
+  const Bf16AttentionRun got = attention_bf16_on(*gpu, s, qkv, dout);
+  const Bf16Diff out = bf16_diff(got.out, want.out, 0.0);
+  print_bf16("out (default)", out, 0.0, got.out.size());
+  EXPECT_LE(out.rel_l2, 1e-2);
+  EXPECT_GE(out.differ, 0.03) << "as close as the fp32 kernels: did the tensor cores run?";
+
+  for (const char* fault : {"1", "2"}) {
+    SCOPED_TRACE(std::string("TRELLIS_EMU_MMA_FAULT=") + fault);
+    set_fault("1");
+    const bool emulated = !cuda_fragment_layout_errors().empty();
+    set_fault(nullptr);
+    if (!emulated) {
+      std::printf("no emulated fault on this device: the disagreeing half skipped\n");
+      break;
+    }
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}});
+    gpu->set_precision("bf16");
+    set_fault(fault);
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(gpu->widened_calls(64), Widening::attention);
+    EXPECT_EQ(gpu->widened_calls(64), Widening::attention) << "the verdict kept";
+    const std::string warning = testing::internal::GetCapturedStderr();
+    std::printf("%s", warning.c_str());
+    EXPECT_NE(warning.find("at head size 64 disagrees with the fp32 attention kernels"),
+              std::string::npos);
+    EXPECT_EQ(warning.find("trellis: warning"), warning.rfind("trellis: warning")) << "said once";
+    EXPECT_NE(warning.find(std::string(fault) == "1" ? "registers hold other elements"
+                                                     : "relative L2 error"),
+              std::string::npos);
+    EXPECT_NE(gpu->details().find("head size 64 on the fp32 kernels"), std::string::npos)
+        << gpu->details();
+    expect_widened_attention(attention_bf16_on(*gpu, s, qkv, dout), want, qkv, dout, s);
+    set_fault(nullptr);
+  }
+  set_fault(saved ? saved->c_str() : nullptr);
+}
+
 // The mma.sync kernels take 128 rows a block at hd ≤ 64 (above: T = 130, 250, 257 make blocks that
 // end past T in the first or the second half of their rows; T = 64 one whose second half is all
 // past T; T = 1). Each row's arithmetic is the same either way — the same tiles in the same order,

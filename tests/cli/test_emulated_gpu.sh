@@ -4,7 +4,8 @@
 # staged link (ranks sharing one emulated device, TRELLIS_SHARE_GPUS=1) or by the NCCL link (the
 # emulated NCCL over MPI, a device per rank, TRELLIS_EMU_DEVICES):
 # the layouts gpu-check.sh runs on a real GPU, each step's loss against the one-rank emulated run
-# (relative 1e-4 in fp32; 2e-3 in bf16, with the tensor-core attention: head size 32), and the
+# (relative 1e-4 in fp32; 2e-3 in bf16, with the tensor-core attention as by default: head size
+# 32, once each rank's check of it has passed), and the
 # one-rank emulated run against the CPU's (1e-3; bf16 5e-3), and so the held-out losses
 # ([eval], after steps 2 and 4); ranks sharing the device take the
 # staged link under device_comm = auto and stop at start under nccl. Built where nvcc exists;
@@ -21,6 +22,9 @@ fi
 work=$(mktemp -d /tmp/trellis-emugpu-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+# bf16 attention as by default: on the tensor cores once each rank's check of them against the fp32
+# kernels on its (emulated) device has passed.
+unset TRELLIS_TC_ATTENTION
 cat > "$work/tiny.deck" <<'DECK'
 [model]
 layers = 2
@@ -57,9 +61,9 @@ train() {
   check_log="$work/$name.log"
   local devices=1 share=1
   [[ " $* " == *" --system.device_comm=nccl "* && -z ${SHARED:-} ]] && devices=$np share=0
-  TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share TRELLIS_TC_ATTENTION=1 timeout 300 \
+  TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share timeout 300 \
     mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
-    -x TRELLIS_SHARE_GPUS -x TRELLIS_TC_ATTENTION -np "$np" \
+    -x TRELLIS_SHARE_GPUS -np "$np" \
     "$bin" train "$work/tiny.deck" --run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1
 }
 # close A B RTOL [FILE ROWS]: every step's loss of run A within RTOL (relative) of run B's, and 4
@@ -87,6 +91,9 @@ for precision in fp32 bf16; do
   check "$precision: one rank on the emulated GPU runs" "[ $status -eq 0 ]"
   check "$precision: one rank on the emulated GPU against the CPU" \
     "close one-$precision cpu-$precision $cpu_rtol && close one-$precision cpu-$precision $eval_cpu_rtol eval.csv 2"
+  [ "$precision" = bf16 ] &&
+    check "bf16: attention on the tensor cores by default, once checked against the fp32 kernels" \
+      "grep -q 'bf16 attention: head size 32 on the tensor cores (mma.sync; agreed with the fp32 kernels)' $work/one-bf16.log"
   # "NP LINK SETTINGS": device buffers through the staged link (ranks sharing the one device) or
   # through NCCL (the emulated one, over MPI: a device per rank, as NCCL wants).
   layouts=("2 staged dp=2 zero=3" "2 staged tp=2 sequence_parallel=true" "2 nccl dp=2 zero=1"

@@ -105,6 +105,11 @@ struct MmaMemo {
 MmaMemo& warp_mma_memo();
 /// The running lane's next mma_sync call number (from 0 at the block's start).
 size_t next_mma_call();
+/// TRELLIS_EMU_MMA_FAULT as the running kernel's launch read it: a device whose tensor cores the
+/// backend's check must find disagreeing. 1: every mma.sync misplaces its accumulators — D's
+/// (g, 2t) and (g, 2t+1) swapped, a layout the PTX tables do not describe —; 2: all but each
+/// thread's first of its block (the register-layout check makes only one); 0: none.
+int mma_fault();
 /// Reports a misuse of the device API with the caller's message and stops the process.
 [[noreturn]] void fault(const char* what);
 
@@ -243,6 +248,8 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint3
     for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
     d[i] = sum;
   }
+  const int fault = mma_fault();
+  if (fault == 1 || (fault == 2 && next_mma_call() > 0)) std::swap(d[0], d[1]), std::swap(d[2], d[3]);
 }
 
 }  // namespace trellis_emu

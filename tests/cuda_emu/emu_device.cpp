@@ -335,10 +335,18 @@ void fault(const char* what) {
   std::abort();
 }
 
+namespace {
+int g_mma_fault = 0;  // TRELLIS_EMU_MMA_FAULT, as the running kernel's launch found it
+}  // namespace
+
+int mma_fault() { return g_mma_fault; }
+
 void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 const std::function<void()>& body) {
   Machine& m = machine();
   if (m.current) fault("a kernel launched from device code");
+  const char* fault_env = std::getenv("TRELLIS_EMU_MMA_FAULT");
+  g_mma_fault = fault_env ? std::atoi(fault_env) : 0;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > kMaxThreads || block.z > 64 || grid.x == 0 || grid.y == 0 ||
       grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)

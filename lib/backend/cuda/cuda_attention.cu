@@ -8,12 +8,16 @@
 // other tile, so the 32 dot products of a row run in parallel across the warp; each lane also
 // owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs: correct and
 // deterministic (no atomics: dQ and dK/dV are separate kernels), not FlashAttention's speed.
-// With bf16 tensors (system.precision = bf16), TRELLIS_TC_ATTENTION=1 (or =wmma) and head sizes
-// 32, 64 or 128 the tensor-core kernels of cuda_attention_mma.cu (cuda_attention_wmma.cu) run
-// instead (same layout, same logsumexp state); other bf16 calls are widened to these fp32 kernels
-// (the Backend's default).
+// With bf16 tensors (system.precision = bf16) and head sizes 32, 64 or 128 the tensor-core
+// kernels of cuda_attention_mma.cu run instead (same layout, same logsumexp state) once
+// cuda_attention_check.cu has found them agreeing with these on the device
+// (TRELLIS_TC_ATTENTION=1: without the check; =wmma: cuda_attention_wmma.cu; =0: never); other
+// bf16 calls are widened to these fp32 kernels (the Backend's default).
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_backend.cuh"
@@ -408,21 +412,28 @@ void CudaBackend::attention_cached(float* out, float* k_cache, float* v_cache, c
   TRELLIS_CUDA_LAUNCHED();
 }
 
-void CudaBackend::attention_forward_f32(float* out, float* att, const float* qkv, int B, int T,
-                                        int H, int KV, int hd) {
-  Profiled prof(*this, kAttention);
-  add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
-  // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
+namespace cuda {
+
+void fp32_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
+                            int hd, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * H);
-  dispatch_dpl<LaunchForward>(hd, grid, stream_, out, att, qkv, heads(T, H, KV, hd),
+  dispatch_dpl<LaunchForward>(hd, grid, stream, out, lse, qkv, heads(T, H, KV, hd),
                               1.0f / sqrtf(float(hd)));
   TRELLIS_CUDA_LAUNCHED();
 }
 
-// dsum (B,H,T) = Σ_d dout·out per row.
+void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                             const float* dsum, int B, int T, int H, int KV, int hd,
+                             cudaStream_t stream) {
+  const int tiles = (T + kTile - 1) / kTile;
+  dispatch_dpl<LaunchBackward>(hd, dim3(tiles, B * H), dim3(tiles, B * KV), stream, dqkv, dout,
+                               qkv, lse, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
+  TRELLIS_CUDA_LAUNCHED();
+}
+
 template <typename T_>
-static void attention_dsum(float* dsum, const T_* dout, const T_* out, int B, int T, int H, int hd,
-                           cudaStream_t stream) {
+static void dsum_rows(float* dsum, const T_* dout, const T_* out, int B, int T, int H, int hd,
+                      cudaStream_t stream) {
   const int64_t rows = int64_t(B) * T * H;
   constexpr int W = cuda::kWide<T_>;
   const bool wide = cuda::wide_rows<T_>(hd, {dout, out});
@@ -436,6 +447,26 @@ static void attention_dsum(float* dsum, const T_* dout, const T_* out, int B, in
   TRELLIS_CUDA_LAUNCHED();
 }
 
+void attention_dsum(float* dsum, const float* dout, const float* out, int B, int T, int H, int hd,
+                    cudaStream_t stream) {
+  dsum_rows(dsum, dout, out, B, T, H, hd, stream);
+}
+
+void attention_dsum(float* dsum, const __nv_bfloat16* dout, const __nv_bfloat16* out, int B, int T,
+                    int H, int hd, cudaStream_t stream) {
+  dsum_rows(dsum, dout, out, B, T, H, hd, stream);
+}
+
+}  // namespace cuda
+
+void CudaBackend::attention_forward_f32(float* out, float* att, const float* qkv, int B, int T,
+                                        int H, int KV, int hd) {
+  Profiled prof(*this, kAttention);
+  add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
+  // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
+  cuda::fp32_attention_forward(out, att, qkv, B, T, H, KV, hd, stream_);
+}
+
 void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const float* qkv,
                                          const float* out, const float* att, int B, int T, int H,
                                          int KV, int hd) {
@@ -443,16 +474,13 @@ void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const f
   add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
   // dqkv (B,T,(H+2KV)·hd) overwritten, dout (B,T,H·hd), out (B,T,H·hd), att = logsumexp (B,H,T)
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
-  attention_dsum(dsum, dout, out, B, T, H, hd, stream_);
-  const int tiles = (T + kTile - 1) / kTile;
-  dispatch_dpl<LaunchBackward>(hd, dim3(tiles, B * H), dim3(tiles, B * KV), stream_, dqkv, dout,
-                               qkv, att, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
-  TRELLIS_CUDA_LAUNCHED();
+  cuda::attention_dsum(dsum, dout, out, B, T, H, hd, stream_);
+  cuda::fp32_attention_backward(dqkv, dout, qkv, att, dsum, B, T, H, KV, hd, stream_);
 }
 
 void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
                                          int hd) {
-  // The tensor cores where they take the call (TRELLIS_TC_ATTENTION=1, hd 32/64/128, aligned),
+  // The tensor cores where they take the call (hd 32/64/128, aligned, checked on this device),
   // else the fp32 kernels on widened copies.
   if (out.is_f32() || qkv.is_f32() || !tc_attention_takes(hd, {out.data, qkv.data}))
     return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
@@ -475,7 +503,7 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
   Profiled prof(*this, kAttention);
   add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
-  attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
+  cuda::attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
   if (tc_attention_ == TcAttention::mma)
     cuda::mma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
                                  cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd,
@@ -487,10 +515,63 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
 
 bool CudaBackend::tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const {
   switch (tc_attention_) {
-    case TcAttention::mma: return cuda::mma_attention_fits(hd, pointers);
+    case TcAttention::mma:
+      return cuda::mma_attention_fits(hd, pointers) &&
+             (!tc_attention_checked_ || tc_attention_agrees(hd));
     case TcAttention::wmma: return cuda::wmma_attention_fits(hd, pointers);
     default: return false;
   }
+}
+
+bool CudaBackend::tc_attention_agrees(int hd) const {
+  auto it = tc_disagreements_.find(hd);
+  if (it == tc_disagreements_.end()) {
+    std::string why;
+    try {
+      why = cuda::tc_attention_disagreement(false, hd, attention_block_rows_, stream_);
+    } catch (const std::runtime_error& e) {  // (a kernel that faulted leaves the context unusable)
+      throw std::runtime_error(std::string(e.what()) + ", in the check of the tensor-core attention" +
+                               " at head size " + std::to_string(hd) + " on device " +
+                               std::to_string(device_) +
+                               " (TRELLIS_TC_ATTENTION=0 runs bf16 attention on the fp32 kernels"
+                               " without it)");
+    }
+    it = tc_disagreements_.emplace(hd, why).first;
+    if (!it->second.empty())
+      std::fprintf(stderr,
+                   "trellis: warning: on device %d the tensor-core attention at head size %d "
+                   "disagrees with the fp32 attention kernels (%s): bf16 attention runs on the "
+                   "fp32 kernels, on widened copies, which is slower (TRELLIS_TC_ATTENTION=1 puts "
+                   "it on the tensor cores all the same)\n",
+                   device_, hd, it->second.c_str());
+  }
+  return it->second.empty();
+}
+
+std::string CudaBackend::details() const {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
+  std::string s = "device " + std::to_string(device_) + ", compute capability " +
+                  std::to_string(major) + "." + std::to_string(minor) + ", " +
+                  std::to_string(sm_count_) + " multiprocessors";
+  if (dtype() != DType::bf16) return s;
+  s += "; bf16 attention: ";
+  switch (tc_attention_) {
+    case TcAttention::off: return s + "fp32 kernels on widened copies (TRELLIS_TC_ATTENTION=0)";
+    case TcAttention::wmma: return s + "tensor cores, WMMA (TRELLIS_TC_ATTENTION=wmma)";
+    case TcAttention::mma: break;
+  }
+  if (!tc_attention_checked_) return s + "tensor cores, mma.sync, unchecked (TRELLIS_TC_ATTENTION)";
+  if (tc_disagreements_.empty()) return s + "tensor cores, mma.sync, where they agree with fp32";
+  std::string sep;
+  for (const auto& [hd, why] : tc_disagreements_) {
+    s += sep + "head size " + std::to_string(hd) +
+         (why.empty() ? " on the tensor cores (mma.sync; agreed with the fp32 kernels)"
+                      : " on the fp32 kernels (the tensor cores disagreed)");
+    sep = ", ";
+  }
+  return s;
 }
 
 Widening CudaBackend::widened_calls(int head_dim) const {

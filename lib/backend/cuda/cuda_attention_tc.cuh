@@ -5,13 +5,15 @@
 // (P and dS rounded to bf16), accumulation, softmax and its statistics fp32. Two implementations
 // of the same plan: mma.sync with scores in registers (cuda_attention_mma.cu, the default) and
 // WMMA with scores in shared memory (cuda_attention_wmma.cu, TRELLIS_TC_ATTENTION=wmma). Only
-// cuda_attention.cu includes this header.
+// cuda_attention.cu and the check of the tensor cores against the fp32 kernels
+// (cuda_attention_check.cu) include this header.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 namespace trellis::cuda {
 
@@ -34,5 +36,24 @@ void wmma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16*
 void wmma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                              const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
                              int T, int H, int KV, int hd, cudaStream_t stream);
+
+// The fp32 kernels (cuda_attention.cu) on stream, nothing profiled or counted: forward out
+// (B,T,H·hd) and lse (B,H,T) from qkv (B,T,(H+2KV)·hd); backward dqkv overwritten.
+void fp32_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
+                            int hd, cudaStream_t stream);
+void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                             const float* dsum, int B, int T, int H, int KV, int hd,
+                             cudaStream_t stream);
+// dsum (B,H,T) = Σ_d dout·out per row, what every attention backward takes.
+void attention_dsum(float* dsum, const float* dout, const float* out, int B, int T, int H, int hd,
+                    cudaStream_t stream);
+void attention_dsum(float* dsum, const __nv_bfloat16* dout, const __nv_bfloat16* out, int B, int T,
+                    int H, int hd, cudaStream_t stream);
+
+// Where the tensor-core kernels (wmma: the WMMA ones, else mma.sync with block_rows as
+// mma_attention_forward takes it) disagree with the fp32 kernels on the current device at head
+// size hd (one it takes), on one small causal attention forward and backward from the same bf16
+// inputs: what differs and by how much; empty where they agree (cuda_attention_check.cu).
+std::string tc_attention_disagreement(bool wmma, int hd, int block_rows, cudaStream_t stream);
 
 }  // namespace trellis::cuda

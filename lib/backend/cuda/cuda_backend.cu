@@ -87,17 +87,17 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  // The pool keeps what is freed for the next allocation instead of returning it to the device
-  // at every synchronisation (its default threshold is 0).
-  cudaMemPool_t pool;
-  TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
-  uint64_t keep = UINT64_MAX;
-  TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  TRELLIS_LT(cublasLtCreate(&lt_));
-  try {
+  try {  // (no destructor runs for a constructor that throws: free what was made)
+    // The pool keeps what is freed for the next allocation instead of returning it to the device
+    // at every synchronisation (its default threshold is 0).
+    cudaMemPool_t pool;
+    TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t keep = UINT64_MAX;
+    TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    TRELLIS_LT(cublasLtCreate(&lt_));
     workspace_ = allocate_on_stream(workspace_bytes_, stream_);
-  } catch (...) {  // (no destructor runs for a constructor that throws)
-    cublasLtDestroy(lt_);
+  } catch (...) {
+    if (lt_) cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
     throw;
   }
@@ -107,9 +107,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
   const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
   profiling_ = profile && std::strcmp(profile, "0") != 0;
-  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");
-  if (tc && std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
-  else if (tc && std::strcmp(tc, "0") != 0) tc_attention_ = TcAttention::mma;
+  if (const char* tc = std::getenv("TRELLIS_TC_ATTENTION")) {
+    tc_attention_checked_ = false;
+    if (std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
+    else if (std::strcmp(tc, "0") == 0) tc_attention_ = TcAttention::off;
+  }
   // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
   // against the 128-row ones).
   const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS");

@@ -13,11 +13,14 @@
 //         sums. GEMMs: bf16 A and B, fp32 accumulation (CUBLAS_COMPUTE_32F), bf16 D for
 //         activations (the bias, bf16 too, added in fp32 by the epilogue before the rounding) and
 //         fp32 D with beta = 1 for dweight. The bf16 kernels take calls whose tensors are all
-//         bf16; a call with a mix of types goes to the Backend's widening default, as does
-//         attention unless TRELLIS_TC_ATTENTION=1 (experimental: not yet run on a GPU, README
-//         "GPUs") with head sizes 32, 64 or 128 and 16-byte aligned tensors puts it on the tensor
-//         cores (cuda_attention_mma.cu; =wmma: cuda_attention_wmma.cu; bf16 operands of its
-//         products — P and dS rounded to bf16 — fp32 softmax and accumulation).
+//         bf16; a call with a mix of types goes to the Backend's widening default. Attention
+//         with head sizes 32, 64 or 128 and 16-byte aligned tensors runs on the tensor cores
+//         (cuda_attention_mma.cu: bf16 operands of its products — P and dS rounded to bf16 —,
+//         fp32 softmax and accumulation) once a check on the device has found them agreeing
+//         with the fp32 kernels at that head size (cuda_attention_check.cu: they have not yet
+//         run on a GPU, README "GPUs"); otherwise, or with TRELLIS_TC_ATTENTION=0, on the fp32
+//         kernels behind widened copies. TRELLIS_TC_ATTENTION=1 takes the mma.sync kernels
+//         without the check, =wmma the WMMA ones (cuda_attention_wmma.cu).
 //
 // The MLP's GELU rides on its GEMMs where cuBLASLt has an algorithm for it (any precision): the
 // first layer's GEMM writes gelu(x·Wᵀ + b) and keeps its input (GELU_AUX_BIAS epilogue), the
@@ -41,7 +44,8 @@
 // row's logsumexp), cuda_attention_mma.cu and cuda_attention_wmma.cu (the same on the tensor
 // cores, bf16: mma.sync with the scores in registers — its warp-level pieces in cuda_mma_tiles.cuh,
 // the instructions in cuda_mma.cuh —, WMMA with them in shared memory), cuda_mma_check.cu (a
-// device check of the register layouts the mma.sync kernels assume).
+// device check of the register layouts the mma.sync kernels assume), cuda_attention_check.cu
+// (the tensor-core attention against the fp32 kernels, before a run gives it a head size).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -119,8 +123,10 @@ class CudaBackend : public Backend {
   int device_index() const override { return device_; }
 
   /// A bf16 run widens only its attention, and not even that where the tensor-core kernels take
-  /// the head size (TRELLIS_TC_ATTENTION=1): every other call has a bf16 kernel.
+  /// the head size: every other call has a bf16 kernel.
   Widening widened_calls(int head_dim) const override;
+  /// The device, and where bf16 attention runs (for the start of a run's log).
+  std::string details() const override;
   /// The logsumexp of each attention row, (B,H,T).
   int64_t attention_state_elems(int B, int T, int H) const override { return int64_t(B) * H * T; }
   void attention_cached(float* out, float* k_cache, float* v_cache, const float* qkv, int M, int p0,
@@ -425,13 +431,21 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;
-  // TRELLIS_TC_ATTENTION: bf16 attention on the tensor cores — 1: the mma.sync kernels, wmma: the
-  // WMMA ones (cuda_attention_tc.cuh); unset or 0: the fp32 kernels on widened copies.
+  // TRELLIS_TC_ATTENTION: bf16 attention on the tensor cores — unset: the mma.sync kernels at
+  // each head size the check against the fp32 kernels passes (tc_attention_checked_); 1: the
+  // mma.sync kernels, unchecked; wmma: the WMMA ones (cuda_attention_tc.cuh); 0: the fp32
+  // kernels on widened copies.
   enum class TcAttention { off, mma, wmma };
-  TcAttention tc_attention_ = TcAttention::off;
+  TcAttention tc_attention_ = TcAttention::mma;
+  bool tc_attention_checked_ = true;
   int attention_block_rows_ = 0;  // the mma.sync attention's rows a block (0: the kernels')
-  /// Whether the tensor-core kernels chosen take the head size and pointers (false when off).
+  /// Whether the tensor-core kernels chosen take the head size and pointers (false when off),
+  /// and, where they are checked, agree with the fp32 kernels at that head size.
   bool tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const;
+  /// The check's verdict at head size hd, run on the first question (a warning on stderr where
+  /// the kernels disagree): by head size, what differed ("" where they agreed).
+  bool tc_attention_agrees(int hd) const;
+  mutable std::map<int, std::string> tc_disagreements_;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
