@@ -17,6 +17,10 @@ struct ModelConfig {
   int d_ff = 0;       // 0 in the deck means "= 4 * d_model"; after validation always set
   int seq_len = 256;
   int vocab = 256;
+  // Each tensor-parallel rank's vocabulary rows padded up to a multiple of this, or of less where
+  // the share is small (vocab_rows_per_rank, model/params.hpp): the LM head's GEMMs want aligned
+  // rows. Changes no result: the padding is masked out of the loss and kept out of checkpoints.
+  int vocab_multiple = 64;
   double init_std = 0.02;
   uint64_t seed = 1234;
 };

@@ -56,6 +56,16 @@ const std::vector<KeyEntry>& key_table() {
        .bound = at_least(2),
        .help = "vocabulary size"},
       {.section = "model",
+       .key = "vocab_multiple",
+       .field = FIELD(model.vocab_multiple),
+       .bound = between(1, 1 << 16),
+       .help = "each tensor-parallel rank's vocabulary rows are padded up to a multiple of this "
+               "(of the largest power of two up to 1/8 of its share, where that is less: never "
+               "more than 1/8 padding), so that the LM head's GEMM rows are aligned (64: 128 "
+               "bytes in bf16, as Megatron-LM pads; GPT-2's 50257 becomes 50304); the padding is "
+               "masked out of the loss and never sampled, checkpoints and exports hold the "
+               "model.vocab rows only; 1: only what parallel.tp needs"},
+      {.section = "model",
        .key = "init_std",
        .field = FIELD(model.init_std),
        .bound = above(0),

@@ -99,14 +99,17 @@ const float* Decoder::forward(const int32_t* tokens, int n, bool all_rows) {
 
   // Every rank's vocabulary columns, in rank order, without the padding past V.
   const int V = cfg_.vocab;
-  if (tp_size_ == 1) return logits_local_;  // Vl = V: no padding with one rank
-  tp_->all_gather(logits_local_, gathered_,
-                  std::vector<int64_t>(tp_size_, int64_t(rows) * Vl_));
+  if (tp_size_ == 1 && Vl_ == V) return logits_local_;
+  const float* gathered = logits_local_;  // (tp, rows, Vl)
+  if (tp_size_ > 1) {
+    tp_->all_gather(logits_local_, gathered_, std::vector<int64_t>(tp_size_, int64_t(rows) * Vl_));
+    gathered = gathered_;
+  }
   for (int r = 0; r < tp_size_; ++r) {
     const int begin = r * Vl_, count = std::clamp(V - begin, 0, Vl_);
     for (int i = 0; i < rows; ++i)
       std::memcpy(logits_ + int64_t(i) * V + begin,
-                  gathered_ + (int64_t(r) * rows + i) * Vl_, sizeof(float) * count);
+                  gathered + (int64_t(r) * rows + i) * Vl_, sizeof(float) * count);
   }
   return logits_;
 }

@@ -105,6 +105,7 @@ class GPT {
   /// (B·T, Vl) this rank's vocabulary columns, after a forward with dloss = 0 (last stage); in the
   /// backend's memory, of the activations' type.
   CPtr logits(int slot = 0) const { return slots_[slot].logits; }
+  int vocab_rows() const { return Vl_; }  // Vl: this rank's vocabulary rows, padding included
   /// Bytes of activations and scratch, all slots (the arena's size).
   size_t activation_bytes() const { return act_arena_.capacity(); }
   int num_slots() const { return slots_per_chunk_; }  // per model chunk

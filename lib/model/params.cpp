@@ -61,6 +61,15 @@ int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape,
   return p.offset;
 }
 
+int vocab_rows_per_rank(const ModelConfig& m, int tp) {
+  const int64_t share = (int64_t(m.vocab) + tp - 1) / tp;
+  int64_t step = 1;
+  while (step * 2 <= std::min<int64_t>(m.vocab_multiple, share / 8)) step *= 2;
+  // The deck's multiple itself where the share allows it (it need not be a power of two).
+  if (m.vocab_multiple <= share / 8) step = m.vocab_multiple;
+  return int((share + step - 1) / step * step);
+}
+
 StageSpec stage_spec(const Config& cfg, int stage) {
   const int pp = cfg.parallel.pp;
   StageSpec spec{0, 0, stage == 0, stage == pp - 1};
@@ -103,8 +112,8 @@ ParamTable::ParamTable(const ModelConfig& m, int tp, int tp_rank, StageSpec stag
   const TpSplit sharded = tp > 1 ? TpSplit::Sharded : TpSplit::Replicated;
   d_ff_local = int(F / tp);
   const int64_t f0 = int64_t(tp_rank) * d_ff_local;
-  vocab_padded = int((V + tp - 1) / tp * tp);
-  vocab_local = vocab_padded / tp;
+  vocab_local = vocab_rows_per_rank(m, tp);
+  vocab_padded = vocab_local * tp;
   vocab_begin = tp_rank * vocab_local;
 
   const std::vector<RowRange> qkv_rows = {

@@ -5,7 +5,8 @@
 // range — what ZeRO-3 gathers and a pipeline stage owns.
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) over tp ranks:
-//   wte                 vocab-parallel: a contiguous block of ⌈V/tp⌉ rows (rows past V are padding)
+//   wte                 vocab-parallel: a contiguous block of vocab_rows_per_rank rows, ⌈V/tp⌉
+//                       rounded up (rows past V are padding)
 //   attn.c_attn         column-parallel by heads: this rank's heads/tp query heads' rows, then its
 //                       key heads' rows, then its value heads' rows (kv_heads < tp: one key/value
 //                       head, replicated on tp/kv_heads ranks)
@@ -85,6 +86,13 @@ struct StageSpec {
 /// equal slices.
 StageSpec stage_spec(const Config& cfg, int stage);
 
+/// The vocabulary rows each of tp ranks holds (wte's and the LM head's; logits (N, this)): ⌈V/tp⌉
+/// rounded up to a multiple of m.vocab_multiple, or, where that is more than an eighth of the
+/// share, of the largest power of two up to an eighth of it — so that the LM head's GEMMs write
+/// aligned rows (GPT-2's 50257 → 50304, an odd row length costs a GPU's tensor-core GEMMs their
+/// 16-byte loads) while a small vocabulary is padded by at most 1/8.
+int vocab_rows_per_rank(const ModelConfig& m, int tp);
+
 class ParamTable {
  public:
   /// The table for tensor-parallel rank tp_rank of tp (tp = 1: the whole model), on one
@@ -95,7 +103,7 @@ class ParamTable {
   // Local sizes on this rank: heads, key/value heads, d_ff, vocabulary rows (with padding).
   int heads_local, kv_heads_local, d_ff_local, vocab_local;
   int vocab_begin;   // first vocabulary row this rank holds
-  int vocab_padded;  // vocab rounded up to a multiple of tp
+  int vocab_padded;  // tp · vocab_rows_per_rank(m, tp): the rows of all ranks, padding included
 
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }

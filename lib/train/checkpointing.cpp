@@ -35,9 +35,11 @@ struct IncompatibleCheckpoint : UserError {
 
 /// Keys whose change a checkpoint cannot survive: the model's shape. (Some changes keep every
 /// tensor's shape, as fewer layers or more heads of the same width do; the weights would then be
-/// read as another model's.) init_std and seed only draw the initial weights it replaces.
+/// read as another model's.) init_std and seed only draw the initial weights it replaces;
+/// vocab_multiple pads rows that no checkpoint holds.
 bool is_model_shape_key(const std::string& key) {
-  return key.rfind("model.", 0) == 0 && key != "model.init_std" && key != "model.seed";
+  return key.rfind("model.", 0) == 0 && key != "model.init_std" && key != "model.seed" &&
+         key != "model.vocab_multiple";
 }
 
 /// Keys that change the run's course from the checkpoint on: said, not refused (a lower lr after

@@ -274,8 +274,9 @@ void Trainer::print_start() const {
              (long long)global, format_bytes(global * 4.0).c_str(), m.layers, m.d_model, m.heads,
              m.kv_heads, m.d_ff, (long long)table_->total()));
   if (table_->vocab_padded != m.vocab)
-    log(strfmt("model: vocabulary padded from %d to %d rows (a multiple of tp = %d); the padding is "
-               "masked out of the loss", m.vocab, table_->vocab_padded, grid_->tp_size()));
+    log(strfmt("model: vocabulary padded from %d to %d rows (%d on each of tp = %d ranks: "
+               "model.vocab_multiple); the padding is masked out of the loss", m.vocab,
+               table_->vocab_padded, table_->vocab_local, grid_->tp_size()));
   log(strfmt("compute: %s backend, precision %s%s", backend_->name().c_str(),
              backend_->precision().c_str(),
              backend_->precision() == "bf16"

@@ -151,3 +151,38 @@ TEST(GPT, GradientsAccumulateOverMicroBatches) {
   for (int64_t i = 0; i < gpt.table().total(); ++i)
     ASSERT_NEAR(store.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i])) << i;
 }
+
+// Each tensor-parallel rank's vocabulary rows: ⌈V/tp⌉ up to a multiple of model.vocab_multiple,
+// or of the largest power of two up to an eighth of the share where that is less.
+TEST(ParamTable, VocabularyRowsArePaddedForAlignedGemms) {
+  ModelConfig m = tiny_model(1);
+  const auto rows = [&](int vocab, int tp, int multiple = 64) {
+    m.vocab = vocab, m.vocab_multiple = multiple;
+    return vocab_rows_per_rank(m, tp);
+  };
+  EXPECT_EQ(rows(50257, 1), 50304);      // GPT-2's vocabulary, as llm.c and nanoGPT pad it
+  EXPECT_EQ(rows(50257, 8), 6336);       // ⌈50257/8⌉ = 6283 → 99 · 64
+  EXPECT_EQ(rows(50257, 1, 128), 50304);  // 393 · 128
+  EXPECT_EQ(rows(50257, 1, 100), 50300);  // any multiple, not only powers of two
+  EXPECT_EQ(rows(50304, 1), 50304);      // already aligned: no padding
+  EXPECT_EQ(rows(50257, 1, 1), 50257);   // 1: only what tp needs
+  EXPECT_EQ(rows(50257, 2, 1), 25129);
+  EXPECT_EQ(rows(300, 1), 320);          // 300/8 = 37: multiples of 32
+  EXPECT_EQ(rows(37, 1), 40);            // 37/8 = 4
+  EXPECT_EQ(rows(32, 1), 32);
+  EXPECT_EQ(rows(11, 1), 11);            // under 16 rows: no padding
+  EXPECT_EQ(rows(29, 2), 15);
+  for (int vocab : {2, 11, 37, 300, 1000, 50257})
+    for (int tp : {1, 2, 3, 8}) {
+      const int share = (vocab + tp - 1) / tp, r = rows(vocab, tp);
+      EXPECT_GE(r, share);
+      EXPECT_LE(r - share, share / 8) << vocab << " over " << tp;  // at most 1/8 padding
+    }
+  // The table holds them: wte's local rows, the padding past V.
+  m.vocab = 300, m.vocab_multiple = 64;
+  const ParamTable t(m, 2, 1);
+  EXPECT_EQ(t.vocab_local, 160);  // a share of 150, 150/8 = 18: multiples of 16
+  EXPECT_EQ(t.vocab_padded, 320);
+  EXPECT_EQ(t.vocab_begin, 160);
+  EXPECT_EQ(t.find("wte").numel(), 160 * 8);
+}

@@ -133,3 +133,52 @@ TEST(Trainer, RecomputationGivesTheSameLossesWithLessMemory) {
   EXPECT_LT(selective, none);
   EXPECT_LT(full, selective);
 }
+
+// model.vocab_multiple pads each rank's vocabulary rows (300 → 320: a multiple of 32, the largest
+// power of two up to an eighth of 300) and changes no result: the padding rows are masked out of
+// the loss, get no gradient and are not in checkpoints. Runs padded and unpadded (= 1) give the
+// same losses, and a checkpoint of either continues under the other as the run itself goes on.
+TEST(Trainer, VocabularyPaddingChangesNoResult) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("trellis-test-train-vocab-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto run = [&](const std::string& multiple, const std::string& ckpt, int steps, int* rows) {
+    Config cfg = load_config(write_deck("tiny.deck", kTinyDeck),
+                             {"--model.vocab=300", "--model.vocab_multiple=" + multiple,
+                              "--train.steps=" + std::to_string(steps), "--checkpoint.every=3",
+                              "--checkpoint.dir=" + (dir / ckpt).string()},
+                             1);
+    Trainer trainer(cfg, MPI_COMM_SELF);
+    trainer.set_quiet(true);
+    trainer.set_checkpointing(true);
+    trainer.run();
+    *rows = trainer.model().vocab_rows();
+    std::vector<double> losses;
+    for (const auto& r : trainer.history()) losses.push_back(r.loss);
+    return losses;
+  };
+  int padded_rows = 0, plain_rows = 0, rows = 0;
+  const std::vector<double> padded = run("64", "padded", 6, &padded_rows);
+  const std::vector<double> plain = run("1", "plain", 6, &plain_rows);
+  EXPECT_EQ(padded_rows, 320);
+  EXPECT_EQ(plain_rows, 300);
+  ASSERT_EQ(padded.size(), 6u);
+  ASSERT_EQ(plain.size(), 6u);
+  double worst = 0;
+  for (size_t i = 0; i < 6; ++i) worst = std::max(worst, std::fabs(padded[i] - plain[i]) / plain[i]);
+  std::printf("[ vocab padding ] 6 steps, 300 rows against 320: max relative loss difference %.2e\n",
+              worst);
+  EXPECT_LE(worst, 1e-6);
+  // Each run's step-3 checkpoint continued (steps 4-6) under the other padding.
+  fs::remove(dir / "padded" / "step_00000006.h5");
+  fs::remove(dir / "plain" / "step_00000006.h5");
+  const std::vector<double> from_padded = run("1", "padded", 6, &rows);
+  const std::vector<double> from_plain = run("64", "plain", 6, &rows);
+  ASSERT_EQ(from_padded.size(), 3u);
+  ASSERT_EQ(from_plain.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(from_padded[i], padded[3 + i], 1e-6 * padded[3 + i]) << "step " << 4 + i;
+    EXPECT_NEAR(from_plain[i], plain[3 + i], 1e-6 * plain[3 + i]) << "step " << 4 + i;
+  }
+  fs::remove_all(dir);
+}
