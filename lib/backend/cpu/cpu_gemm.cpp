@@ -39,15 +39,24 @@ class SingleThreadedBlas {
   int saved_;
 };
 
-/// Rows (or columns) of C per part are a multiple of this: whole micro-kernel tiles in every part
-/// but the last.
-constexpr int kGemmAlign = 64;
+/// Rows of C per part are a multiple of this. OpenBLAS computes row-major C's rows as its n
+/// dimension, in panels of 3·UNROLL_N rows (6·UNROLL_N with the AVX-512 kernels) from the call's
+/// first row, the panel's width choosing the micro-kernel's path — which adds in another order on
+/// some CPUs: with 0.3.21's Haswell/Zen sgemm a part of 64 rows gave its last 4 rows other bits
+/// than the whole product (measured on an AMD EPYC, 2026-12-03), parts of any multiple of 12 the
+/// same. 48 is a multiple of every such panel of the x86-64 kernels (3·UNROLL_N for UNROLL_N up to
+/// 16, 6·UNROLL_N up to 8), so that a part's panels are the whole product's, and still cuts a
+/// weight gradient of 256 rows into 144 + 112 for two threads (96 would give 96 + 160).
+constexpr int kGemmAlign = 48;
 
 /// A product C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major, that the host threads
-/// compute by ranges of rows or of columns of C, each range one single-threaded cblas_sgemm: no
-/// OpenBLAS worker threads are woken, so none is left spinning to compete with the pool's
-/// element-wise kernels afterwards. Each element of C is one dot product over K in OpenBLAS's order
-/// whichever range computes it.
+/// compute by ranges of rows of C, each range one single-threaded cblas_sgemm: no OpenBLAS worker
+/// threads are woken, so none is left spinning to compete with the pool's element-wise kernels
+/// afterwards. Each element of C is one dot product over K in OpenBLAS's order whichever range
+/// computes it — so the results do not depend on the thread count or the shares, which follow the
+/// threads' measured speeds. (Never by columns, which would pack less of op(A) per part: OpenBLAS
+/// blocks C's columns — its m — by halves of the call's width, so a part's columns fall into other
+/// blocks than the whole product's and come out otherwise, at any alignment, on the same EPYC.)
 struct SplitGemm {
   CBLAS_TRANSPOSE ta, tb;
   int M, Nc, K;
@@ -60,14 +69,9 @@ struct SplitGemm {
   float* C;
   int ldc;
 
-  /// Every part packs all of the operand it does not split: op(B) (K,Nc) when the rows are split,
-  /// op(A) (M,K) when the columns are. Split the dimension that makes that copy the smaller one
-  /// (a weight gradient with fewer outputs than inputs goes by columns: ~15 % faster per part).
-  bool by_columns() const { return M < Nc; }
-  int extent() const { return by_columns() ? Nc : M; }
-  /// The split dimension is cut in tiles of kGemmAlign; tile t starts at edge(t).
-  int64_t tiles() const { return (extent() + kGemmAlign - 1) / kGemmAlign; }
-  int edge(int64_t tile) const { return int(std::min<int64_t>(extent(), tile * kGemmAlign)); }
+  /// The rows are cut in tiles of kGemmAlign; tile t starts at edge(t).
+  int64_t tiles() const { return (M + kGemmAlign - 1) / kGemmAlign; }
+  int edge(int64_t tile) const { return int(std::min<int64_t>(M, tile * kGemmAlign)); }
   /// Large products (≥ 2^30 multiply-adds) gain more from OpenBLAS's own threads, which pack each
   /// panel of the shared operand once for all of them.
   bool large() const { return double(M) * Nc * K >= double(1 << 30); }
@@ -82,12 +86,8 @@ struct SplitGemm {
     int r0, r1, c0, c1;
   };
   Block whole() const { return {0, M, 0, Nc}; }
-  /// The block of tiles [t0, t1) of the split dimension.
-  Block part(int64_t t0, int64_t t1) const {
-    return by_columns() ? Block{0, M, edge(t0), edge(t1)} : Block{edge(t0), edge(t1), 0, Nc};
-  }
-  /// Part `k` of `parts` equal shares of the tiles.
-  Block share(int k, int parts) const { return part(tiles() * k / parts, tiles() * (k + 1) / parts); }
+  /// The rows of tiles [t0, t1).
+  Block part(int64_t t0, int64_t t1) const { return Block{edge(t0), edge(t1), 0, Nc}; }
   void run(const Block& b) const {
     if (b.r0 >= b.r1 || b.c0 >= b.c1) return;
     const float* Ap = ta == CblasNoTrans ? A + int64_t(b.r0) * lda : A + b.r0;
