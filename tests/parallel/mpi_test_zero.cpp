@@ -9,6 +9,7 @@
 
 #include "config/config.hpp"
 #include "core/memory.hpp"
+#include "model/params.hpp"
 #include "mpi_util.hpp"
 #include "train/trainer.hpp"
 
@@ -156,7 +157,11 @@ TEST_P(ZeroLayouts, PayloadPerStepIsTheAlgorithms) {
   const TrainedRun r = train(MPI_COMM_WORLD, {"--parallel.zero=" + std::to_string(stage), "--train.steps=1",
                                        "--train.micro_batch=" + std::to_string(micro)});
   const double psi = double(r.psi);
-  const double embeddings = double(29 * 24 + 12 * 24);  // the unit gathered twice in forward
+  // The unit gathered twice in forward: wte's rows, the vocabulary of 29 padded to 30
+  // (model.vocab_multiple: model/params.hpp), and wpe's.
+  ModelConfig vocab;
+  vocab.vocab = 29;
+  const double embeddings = double(vocab_rows_per_rank(vocab, 1) * 24 + 12 * 24);
   double expect = 0;
   switch (stage) {
     case 0: expect = 2 * psi + 2; break;                   // all-reduce; the loss
