@@ -16,7 +16,12 @@ mpirun_flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
 export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
-passed=0 failed=0 failures=()
+passed=0 failed=0 failures=() timings=()
+# took NAME T0: NAME's seconds since T0, said now and in the table at the end (CI's limit is 25 min).
+took() {
+  echo "--- $1: $((SECONDS - $2)) s"
+  timings+=("$(printf '%-22s %5d s' "$1" $((SECONDS - $2)))")
+}
 report="$build/test-reports"
 rm -rf "$report"; mkdir -p "$report"
 
@@ -25,8 +30,10 @@ run() {
   local name=$1 np=$2 limit=$3; shift 4
   local json="$report/$name.json"
   echo "=== $name (np=$np, timeout ${limit}s)"
+  local t0=$SECONDS
   timeout --kill-after=10 "$limit" mpirun "${mpirun_flags[@]}" -np "$np" "$@" --gtest_output=json:"$json"
   local rc=$?
+  took "$name" "$t0"
   if [ -f "$json" ]; then
     read -r t f < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["tests"], d["failures"]+d.get("errors",0))' "$json")
     passed=$((passed + t - f)); failed=$((failed + f))
@@ -93,9 +100,11 @@ fi
 for script in tests/cli/*.sh; do
   name=$(basename "$script" .sh)
   echo "=== $name"
+  t0=$SECONDS
   out=$(timeout --kill-after=10 900 bash "$script" "$build" 2>&1)
   rc=$?
   echo "$out"
+  took "$name" "$t0"
   line=$(echo "$out" | grep -E '^[a-z_0-9-]+: [0-9]+ passed, [0-9]+ failed$' | tail -1)
   if [ -n "$line" ]; then
     read -r p f < <(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1 \2/')
@@ -109,9 +118,11 @@ done
 # Fuzzers (Makefile: fuzz-build; scripts/fuzz.sh), FUZZ_SECONDS each (default 60).
 if [ -x "$build/fuzz/fuzz_deck" ] || [ -x "$build/fuzz/fuzz_ckpt" ]; then
   echo "=== fuzz"
+  t0=$SECONDS
   out=$(bash scripts/fuzz.sh "$build" "${FUZZ_SECONDS:-60}" 2>&1)
   rc=$?
   echo "$out"
+  took fuzz "$t0"
   read -r p f < <(echo "$out" | tail -1 | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1 \2/')
   passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
   [ $rc -eq 0 ] || failures+=("fuzz (exit $rc)")
@@ -120,6 +131,8 @@ else
 fi
 
 echo
+echo "time per phase (all: $SECONDS s):"
+printf '  %s\n' "${timings[@]}"
 [ ${#failures[@]} -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"
 echo "tests: $passed passed, $failed failed"
 [ ${#failures[@]} -eq 0 ] && [ $failed -eq 0 ]
