@@ -63,10 +63,9 @@ int64_t ParamTable::add(const std::string& name, std::vector<int64_t> shape,
 
 int vocab_rows_per_rank(const ModelConfig& m, int tp) {
   const int64_t share = (int64_t(m.vocab) + tp - 1) / tp;
-  int64_t step = 1;
-  while (step * 2 <= std::min<int64_t>(m.vocab_multiple, share / 8)) step *= 2;
-  // The deck's multiple itself where the share allows it (it need not be a power of two).
-  if (m.vocab_multiple <= share / 8) step = m.vocab_multiple;
+  int64_t step = m.vocab_multiple;  // (any number, not only a power of two)
+  if (step > share / 8)
+    for (step = 1; step * 2 <= share / 8;) step *= 2;
   return int((share + step - 1) / step * step);
 }
 

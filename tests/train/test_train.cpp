@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "comm/world.hpp"
 #include "config/config.hpp"
@@ -48,11 +49,17 @@ synthetic_branching = 2
 // Largest relative loss difference per step, bf16 against fp32, over the tiny deck's 40 steps.
 constexpr double kBf16LossBound = 3e-2;
 
-static std::vector<double> train_losses(const std::vector<std::string>& overrides) {
+/// The tiny deck's losses under `overrides`; `after` looks at the trainer once it has run. With
+/// `checkpointing`, checkpoints are written (and resumed from) as the deck's keys say.
+static std::vector<double> train_losses(const std::vector<std::string>& overrides,
+                                        const std::function<void(Trainer&)>& after = {},
+                                        bool checkpointing = false) {
   Config cfg = load_config(write_deck("tiny.deck", kTinyDeck), overrides, 1);
   Trainer trainer(cfg, MPI_COMM_SELF);
   trainer.set_quiet(true);
+  trainer.set_checkpointing(checkpointing);
   trainer.run();
+  if (after) after(trainer);
   std::vector<double> losses;
   for (const auto& r : trainer.history()) losses.push_back(r.loss);
   return losses;
@@ -116,15 +123,8 @@ TEST(Trainer, DefaultDeckStartsLearning) {
 TEST(Trainer, RecomputationGivesTheSameLossesWithLessMemory) {
   // Activations are allocated once, up front: the arena's size is the peak.
   auto run = [](const std::string& mode, size_t* bytes) {
-    Config cfg = load_config(write_deck("tiny.deck", kTinyDeck),
-                             {"--train.steps=6", "--train.recompute=" + mode}, 1);
-    Trainer trainer(cfg, MPI_COMM_SELF);
-    trainer.set_quiet(true);
-    trainer.run();
-    *bytes = trainer.model().activation_bytes();
-    std::vector<double> losses;
-    for (const auto& r : trainer.history()) losses.push_back(r.loss);
-    return losses;
+    return train_losses({"--train.steps=6", "--train.recompute=" + mode},
+                        [bytes](Trainer& t) { *bytes = t.model().activation_bytes(); });
   };
   size_t none = 0, selective = 0, full = 0;
   const std::vector<double> ref = run("none", &none);
@@ -142,24 +142,15 @@ TEST(Trainer, VocabularyPaddingChangesNoResult) {
   const fs::path dir = fs::temp_directory_path() /
                        ("trellis-test-train-vocab-" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  auto run = [&](const std::string& multiple, const std::string& ckpt, int steps, int* rows) {
-    Config cfg = load_config(write_deck("tiny.deck", kTinyDeck),
-                             {"--model.vocab=300", "--model.vocab_multiple=" + multiple,
-                              "--train.steps=" + std::to_string(steps), "--checkpoint.every=3",
-                              "--checkpoint.dir=" + (dir / ckpt).string()},
-                             1);
-    Trainer trainer(cfg, MPI_COMM_SELF);
-    trainer.set_quiet(true);
-    trainer.set_checkpointing(true);
-    trainer.run();
-    *rows = trainer.model().vocab_rows();
-    std::vector<double> losses;
-    for (const auto& r : trainer.history()) losses.push_back(r.loss);
-    return losses;
+  auto run = [&](const std::string& multiple, const std::string& ckpt, int* rows) {
+    return train_losses({"--model.vocab=300", "--model.vocab_multiple=" + multiple,
+                         "--train.steps=6", "--checkpoint.every=3",
+                         "--checkpoint.dir=" + (dir / ckpt).string()},
+                        [rows](Trainer& t) { *rows = t.model().vocab_rows(); }, true);
   };
   int padded_rows = 0, plain_rows = 0, rows = 0;
-  const std::vector<double> padded = run("64", "padded", 6, &padded_rows);
-  const std::vector<double> plain = run("1", "plain", 6, &plain_rows);
+  const std::vector<double> padded = run("64", "padded", &padded_rows);
+  const std::vector<double> plain = run("1", "plain", &plain_rows);
   EXPECT_EQ(padded_rows, 320);
   EXPECT_EQ(plain_rows, 300);
   ASSERT_EQ(padded.size(), 6u);
@@ -172,8 +163,8 @@ TEST(Trainer, VocabularyPaddingChangesNoResult) {
   // Each run's step-3 checkpoint continued (steps 4-6) under the other padding.
   fs::remove(dir / "padded" / "step_00000006.h5");
   fs::remove(dir / "plain" / "step_00000006.h5");
-  const std::vector<double> from_padded = run("1", "padded", 6, &rows);
-  const std::vector<double> from_plain = run("64", "plain", 6, &rows);
+  const std::vector<double> from_padded = run("1", "padded", &rows);
+  const std::vector<double> from_plain = run("64", "plain", &rows);
   ASSERT_EQ(from_padded.size(), 3u);
   ASSERT_EQ(from_plain.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {

@@ -528,7 +528,7 @@ bool CudaBackend::tc_attention_agrees(int hd) const {
   if (it == tc_disagreements_.end()) {
     std::string why;
     try {
-      why = cuda::tc_attention_disagreement(false, hd, attention_block_rows_, stream_);
+      why = cuda::tc_attention_disagreement(hd, attention_block_rows_, stream_);
     } catch (const std::runtime_error& e) {  // (a kernel that faulted leaves the context unusable)
       throw std::runtime_error(std::string(e.what()) + ", in the check of the tensor-core attention" +
                                " at head size " + std::to_string(hd) + " on device " +

@@ -78,13 +78,12 @@ std::vector<float> widened(const std::vector<uint16_t>& bits) {
 
 }  // namespace
 
-std::string tc_attention_disagreement(bool wmma, int hd, int block_rows, cudaStream_t stream) {
-  if (!wmma) {  // the layouts first: their check names the register that is off
-    const std::vector<std::string> layout = cuda_fragment_layout_errors();
-    if (!layout.empty())
-      return std::to_string(layout.size()) +
-             " registers hold other elements than the kernels assume, first " + layout.front();
-  }
+std::string tc_attention_disagreement(int hd, int block_rows, cudaStream_t stream) {
+  // The layouts first: their check names the register that is off.
+  const std::vector<std::string> layout = cuda_fragment_layout_errors();
+  if (!layout.empty())
+    return std::to_string(layout.size()) +
+           " registers hold other elements than the kernels assume, first " + layout.front();
   const int64_t n_qkv = int64_t(kB) * kT * (kH + 2 * kKV) * hd, n_out = int64_t(kB) * kT * kH * hd;
   const int64_t n_rows = int64_t(kB) * kH * kT;
   std::vector<uint16_t> qkv16(n_qkv), dout16(n_out);  // (B,T,(H+2KV)·hd), (B,T,H·hd)
@@ -109,17 +108,10 @@ std::string tc_attention_disagreement(bool wmma, int hd, int block_rows, cudaStr
   up(d_qkv32, qkv32.data(), n_qkv * sizeof(float));
   up(d_dout32, dout32.data(), n_out * sizeof(float));
 
-  if (wmma)
-    wmma_attention_forward(d_out16, lse16, d_qkv16, kB, kT, kH, kKV, hd, stream);
-  else
-    mma_attention_forward(d_out16, lse16, d_qkv16, kB, kT, kH, kKV, hd, block_rows, stream);
+  mma_attention_forward(d_out16, lse16, d_qkv16, kB, kT, kH, kKV, hd, block_rows, stream);
   attention_dsum(dsum16, d_dout16, d_out16, kB, kT, kH, hd, stream);
-  if (wmma)
-    wmma_attention_backward(d_dqkv16, d_dout16, d_qkv16, lse16, dsum16, kB, kT, kH, kKV, hd,
-                            stream);
-  else
-    mma_attention_backward(d_dqkv16, d_dout16, d_qkv16, lse16, dsum16, kB, kT, kH, kKV, hd,
-                           block_rows, stream);
+  mma_attention_backward(d_dqkv16, d_dout16, d_qkv16, lse16, dsum16, kB, kT, kH, kKV, hd,
+                         block_rows, stream);
   fp32_attention_forward(d_out32, lse32, d_qkv32, kB, kT, kH, kKV, hd, stream);
   attention_dsum(dsum32, d_dout32, d_out32, kB, kT, kH, hd, stream);
   fp32_attention_backward(d_dqkv32, d_dout32, d_qkv32, lse32, dsum32, kB, kT, kH, kKV, hd, stream);

@@ -50,10 +50,10 @@ void attention_dsum(float* dsum, const float* dout, const float* out, int B, int
 void attention_dsum(float* dsum, const __nv_bfloat16* dout, const __nv_bfloat16* out, int B, int T,
                     int H, int hd, cudaStream_t stream);
 
-// Where the tensor-core kernels (wmma: the WMMA ones, else mma.sync with block_rows as
-// mma_attention_forward takes it) disagree with the fp32 kernels on the current device at head
-// size hd (one it takes), on one small causal attention forward and backward from the same bf16
-// inputs: what differs and by how much; empty where they agree (cuda_attention_check.cu).
-std::string tc_attention_disagreement(bool wmma, int hd, int block_rows, cudaStream_t stream);
+// Where the mma.sync kernels (block_rows as mma_attention_forward takes it) disagree with the
+// fp32 kernels on the current device at head size hd (one they take): their register layouts,
+// then one small causal attention forward and backward from the same bf16 inputs. What differs
+// and by how much; empty where they agree (cuda_attention_check.cu).
+std::string tc_attention_disagreement(int hd, int block_rows, cudaStream_t stream);
 
 }  // namespace trellis::cuda
