@@ -10,69 +10,17 @@
 #include <thread>
 #include <vector>
 
-#include "comm/staged_link.hpp"
 #include "core/error.hpp"
 #include "core/fault.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/watchdog.hpp"
-#ifdef TRELLIS_HAVE_NCCL
-#include "comm/nccl_link.hpp"
-#endif
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
+#include "train/device_links.hpp"
 #include "train/report.hpp"
 
 namespace trellis {
-
-// Whether two ranks of comm on one node drive the same device (TRELLIS_SHARE_GPUS=1, for tests),
-// agreed by every rank of comm: NCCL refuses a communicator with two ranks on one GPU.
-static bool ranks_share_a_device(MPI_Comm comm, int device) {
-  MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int n = 1;
-  MPI_Comm_size(node, &n);
-  std::vector<int> devices(size_t(n), -1);
-  MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
-  MPI_Comm_free(&node);
-  int shared = std::count(devices.begin(), devices.end(), device) > 1 ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, comm);
-  return shared != 0;
-}
-
-// On a device backend, every communicator that may carry device buffers gets a device link:
-// NCCL where this build has it and the backend is CUDA (system.device_comm = auto or nccl), else
-// the staged link through host memory. `point_to_point`: the pipeline's group sends and receives.
-// `shared_device`: ranks share a GPU (auto takes the staged link; nccl is refused).
-static void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
-                               bool shared_device) {
-  if (!be.on_device()) return;
-#ifdef TRELLIS_HAVE_NCCL
-  std::string no_nccl;
-  if (how == "nccl" && shared_device && be.native_stream())
-    throw UserError(
-        "system.device_comm = nccl: ranks on one node share a GPU (TRELLIS_SHARE_GPUS=1), and "
-        "NCCL takes one GPU per rank (use auto or staged)");
-  if (how != "staged" && be.native_stream() && !shared_device) {
-    if (nccl_available(&no_nccl)) {
-      comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
-                                          be.native_stream(), point_to_point));
-      return;
-    }
-    if (how == "nccl") throw UserError("system.device_comm = nccl: " + no_nccl);
-  }
-#else
-  (void)point_to_point, (void)shared_device;
-#endif
-  if (how == "nccl")
-    throw UserError("system.device_comm = nccl: the backend '" + be.name() +
-                    "' has no CUDA stream for NCCL (use auto or staged)");
-  DeviceCopies copies{
-      [&be](void* host, const void* dev, size_t bytes) { be.copy_to_host(host, dev, bytes); },
-      [&be](void* dev, const void* host, size_t bytes) { be.copy_from_host(dev, host, bytes); },
-      [&be](const void* p) { return be.is_device_pointer(p); }};
-  comm.set_device_link(std::make_unique<StagedLink>(comm.comm(), comm.name(), std::move(copies)));
-}
 
 Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend)
     : cfg_(cfg), comm_(comm) {
