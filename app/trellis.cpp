@@ -29,7 +29,7 @@ usage:
   mpirun -np N trellis train DECK [--section.key=value ...]   train from an input deck
   trellis plan DECK [--gpus N --gpu-mem 80GiB ...]            memory per rank and ranked layouts
                                                               before submitting (no MPI needed)
-  trellis bench [--section.key=value ...]                     step speed vs. this machine's sgemm
+  trellis bench [DECK] [--section.key=value ...]              step speed vs. this machine's sgemm
   mpirun -np N trellis tune DECK [--candidates K --steps S --out FILE] [--section.key=value ...]
                                                               run the best layouts for N ranks a few
                                                               steps each; write the fastest as a deck
@@ -47,7 +47,7 @@ usage:
 exit status: 0 done, 1 internal failure, 2 bad input (deck, command line, files),
              3 stopped early with a checkpoint (signal, system.max_hours, TRELLIS_DEADLINE):
              resubmit to continue, 4 a rank made no progress for system.hang_timeout_s
-             (trellis inspect: 0 sound, 1 damaged)
+             (trellis inspect: 0 sound, 1 damaged, 2 no such file)
 )";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -71,7 +71,11 @@ int main(int argc, char** argv) {
   const bool parallel = command == "train" || command == "bench" || command == "tune" ||
                         command == "generate" || command == "eval";
   if (parallel) trellis::use_best_blas_kernels(argv);
-  if ((command == "train" || command == "bench") && wants_help(rest)) {
+  if (command == "bench" && wants_help(rest)) {
+    std::fputs(trellis::kBenchUsage, stdout);
+    return trellis::kExitOk;
+  }
+  if (command == "train" && wants_help(rest)) {
     std::printf("%s\ndeck keys (also as --section.key=value on the command line):\n\n%s", kUsage,
                 trellis::keys_help().c_str());
     return trellis::kExitOk;
@@ -94,7 +98,7 @@ int main(int argc, char** argv) {
     }
     try {
       return trellis::inspect_checkpoint(trellis::resolve_checkpoint(rest[0]), stdout);
-    } catch (const trellis::UserError& e) {  // a directory without checkpoints
+    } catch (const trellis::UserError& e) {  // no such file; a directory without checkpoints
       std::fprintf(stderr, "trellis inspect: error: %s\n", e.what());
       return trellis::kExitBadInput;
     }

@@ -83,6 +83,18 @@ void write_file_atomically(const std::string& path, const std::function<bool(std
 /// Keeps the newest `keep` step_*.h5 files of dir (by step; keep ≤ 0 keeps all) and the one
 /// `latest` names; removes the others and any stale *.tmp-* files.
 void apply_retention(const std::string& dir, int keep);
+/// Moves the step_*.h5 files of dir past `after_step` (-1: every one), and `latest` where it
+/// names one of them or none is left, into a new directory of dir (fresh_dir(dir,
+/// "superseded")): the checkpoints of a course the run leaves (a start over, a step gone back
+/// to, a damaged newest one fallen back from), kept but out of the way of retention and of
+/// later resumes. Renames within dir only. Returns the steps moved, ascending, and sets `into`
+/// to the directory's name (untouched where nothing moved). Errors → UserError naming the file.
+std::vector<int64_t> set_aside_checkpoints(const std::string& dir, int64_t after_step,
+                                           std::string& into);
+/// Creates a directory of `parent` that was not there, named `base`-UTC time
+/// (superseded-20261203-113701, then -2, -3, … within one second), and returns its name. Errors
+/// → UserError naming it.
+std::string fresh_dir(const std::string& parent, const std::string& base);
 /// Paths (dir/NAME) to try for a resume, newest first: the file `latest` names (if it exists),
 /// then the other step_*.h5 files by step, descending.
 std::vector<std::string> resume_candidates(const std::string& dir);
@@ -100,7 +112,8 @@ std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
-/// Returns 0 if the file is sound, 1 if not (with what is wrong printed).
+/// Returns 0 if the file is sound, 1 if not (with what is wrong printed). No file at `path` (or
+/// not a regular one) → UserError naming it.
 int inspect_checkpoint(const std::string& path, std::FILE* out);
 
 extern const char* const kInspectUsage;  // trellis inspect --help

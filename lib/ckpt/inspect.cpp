@@ -70,16 +70,15 @@ const char* const kInspectUsage =
     "  A checkpoint's step, layout, deck and tensors (shape, type), each read in full so that\n"
     "  HDF5 verifies its checksums. CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
     "  or run directory (the checkpoint its `latest` names, else its highest step). Exit status\n"
-    "  0: sound; 1: missing, unreadable or damaged (each PROBLEM printed); 2: a directory\n"
-    "  without checkpoints, or a `latest` that names none.\n";
+    "  0: sound; 1: unreadable as HDF5 or damaged (each PROBLEM printed); 2: no such file (or not\n"
+    "  a regular file), a directory without checkpoints, or a `latest` that names none.\n";
 
 int inspect_checkpoint(const std::string& path, std::FILE* out) {
   silence_hdf5();
+  // No file there at all (a mistyped path) is not a damaged checkpoint: a script that removes
+  // what exits 1 must not take one for the other.
   std::string err = check_regular(path);
-  if (!err.empty()) {
-    std::fprintf(out, "%s: %s\n", path.c_str(), err.c_str());
-    return 1;
-  }
+  if (!err.empty()) throw UserError(path + ": " + err);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) {
     std::fprintf(out, "%s: not a readable HDF5 file (truncated or corrupt?): %s\n", path.c_str(),

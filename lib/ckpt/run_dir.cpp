@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -132,6 +133,57 @@ void apply_retention(const std::string& dir, int keep) {
       if (steps[i].second != latest) remove(steps[i].second);
   }
   if (!err.empty()) throw UserError(err);
+}
+
+std::string fresh_dir(const std::string& parent, const std::string& base) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  const std::string name = base + "-" + stamp;
+  for (int n = 1;; ++n) {
+    const std::string candidate = n == 1 ? name : name + "-" + std::to_string(n);
+    if (::mkdir((parent + "/" + candidate).c_str(), 0755) == 0) return candidate;
+    if (errno != EEXIST)
+      throw UserError("cannot create " + parent + "/" + candidate + ": " + errno_text(errno));
+  }
+}
+
+std::vector<int64_t> set_aside_checkpoints(const std::string& dir, int64_t after_step,
+                                           std::string& into) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return {};  // no checkpoints yet
+  const std::vector<std::string> names = list_dir(dir);
+  std::vector<std::pair<int64_t, std::string>> moving;
+  for (const auto& [step, n] : step_files(names))
+    if (step > after_step) moving.emplace_back(step, n);
+  if (moving.empty()) return {};
+  into = fresh_dir(dir, "superseded");
+  const std::string target = dir + "/" + into;
+  const auto move = [&](const std::string& n) {
+    const std::string from = dir + "/" + n, to = target + "/" + n;
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      throw UserError("cannot move " + from + " to " + target + ": " + errno_text(errno));
+  };
+  // `latest` first where it names a file that goes: a crash between the moves then leaves no
+  // pointer to a file that is no longer there.
+  const std::string latest = read_latest(dir);
+  const bool latest_goes =
+      !latest.empty() && std::any_of(moving.begin(), moving.end(),
+                                     [&](const auto& m) { return m.second == latest; });
+  if (latest_goes || moving.size() == step_files(names).size()) {
+    struct stat lst;
+    if (::lstat((dir + "/latest").c_str(), &lst) == 0) move("latest");
+  }
+  std::vector<int64_t> steps;
+  for (auto it = moving.rbegin(); it != moving.rend(); ++it) {
+    move(it->second);
+    steps.push_back(it->first);
+  }
+  const std::string err = fsync_file(dir, true);
+  if (!err.empty()) throw UserError("cannot move checkpoints out of " + dir + ": " + err);
+  return steps;
 }
 
 std::vector<std::string> resume_candidates(const std::string& dir) {

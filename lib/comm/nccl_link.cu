@@ -80,6 +80,11 @@ NcclApi load_nccl(const std::string& file) {
 const NcclApi& nccl() {
   static const NcclApi api = [] {
     const char* env = std::getenv("TRELLIS_NCCL_LIBRARY");
+    // NCCL ≥ 2.22 connects peers and allocates their buffers (cudaMalloc) at a communicator's
+    // first collective, mid-step, where the backend's stream-ordered pool may by then hold the
+    // memory it needs: connecting at ncclCommInitRank, before the pool grows, leaves any want of
+    // memory to the backend's allocator, which says what ran out. (An explicit setting stays.)
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     return load_nccl(env && *env ? env : "libnccl.so.2");
   }();
   return api;

@@ -88,6 +88,28 @@ std::string line_of(const std::string& text, const std::string& bad) {
   return "";
 }
 
+// The line of each `key = value` of the deck by its full name (section.key), in order: a key
+// given twice has two. Boost's parsed options carry no line numbers.
+std::map<std::string, std::vector<int>> key_lines(const std::string& text) {
+  std::map<std::string, std::vector<int>> lines;
+  std::istringstream in(text);
+  std::string section;
+  int lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    const std::string s = significant(line);
+    if (s.size() >= 2 && s.front() == '[' && s.back() == ']') {
+      section = trim(s.substr(1, s.size() - 2));
+      continue;
+    }
+    const auto eq = s.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = trim(s.substr(0, eq));
+    lines[section.empty() ? key : section + "." + key].push_back(lineno);
+  }
+  return lines;
+}
+
 void parse_deck_text(const std::string& path, const std::string& text, Sources& sources);
 
 void read_deck(const std::string& path, Sources& sources) {
@@ -133,11 +155,19 @@ void parse_deck_text(const std::string& path, const std::string& text, Sources& 
     fail(path, std::string("syntax error: ") + e.what());
   }
 
+  // Each key's place in messages: the deck and its line (the second where it is given twice).
+  const std::map<std::string, std::vector<int>> lines = key_lines(text);
+  const auto at = [&](const std::string& key, size_t nth) {
+    const auto it = lines.find(key);
+    return it == lines.end() || it->second.size() <= nth
+               ? path
+               : path + ":" + std::to_string(it->second[nth]);
+  };
   for (const auto& opt : parsed.options) {
-    if (opt.unregistered) fail(path, unknown_key_message(opt.string_key));
+    if (opt.unregistered) fail(at(opt.string_key, 0), unknown_key_message(opt.string_key));
     if (sources.count(opt.string_key))
-      fail(path, "key '" + opt.string_key + "' is given more than once");
-    sources[opt.string_key] = {opt.value.empty() ? "" : opt.value.front(), path};
+      fail(at(opt.string_key, 1), "key '" + opt.string_key + "' is given more than once");
+    sources[opt.string_key] = {opt.value.empty() ? "" : opt.value.front(), at(opt.string_key, 0)};
   }
 }
 
@@ -149,7 +179,18 @@ void apply_overrides(const std::vector<std::string>& overrides, Sources& sources
     const std::string name = eq == std::string::npos ? "" : trim(s.substr(0, eq));
     if (name.empty())
       fail(kCommandLine, "malformed override '" + raw + "': expected --section.key=value");
-    if (!config::find_key(name)) fail(kCommandLine, unknown_key_message(name));
+    const config::KeyEntry* key = config::find_key(name);
+    if (!key) fail(kCommandLine, unknown_key_message(name));
+    // A bad value in the deck is one even where the command line overrides it: the deck is
+    // wrong for the next run that does not.
+    if (const auto given = sources.find(name);
+        given != sources.end() && given->second.where != kCommandLine) {
+      Config scratch;
+      const std::string expected = config::set_value(*key, scratch, given->second.text);
+      if (!expected.empty())
+        fail(given->second.where, "bad value '" + given->second.text + "' for " + name +
+                                      ": expected " + expected);
+    }
     sources[name] = {s.substr(eq + 1), kCommandLine};  // a later override wins over an earlier
   }
 }

@@ -370,7 +370,12 @@ namespace {
 std::string double_text(double v) {
   // to_chars' shortest form writes 3e-4 as "3e-04"; the fewest %g digits that round-trip read
   // the way people write decks ("0.0003", "1e-08").
+  // A whole number as people write one: 1800, not 1.8e+03; 16777216, not 1.67772e+07.
   char buf[64];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, v);
     double back = 0;
@@ -380,11 +385,7 @@ std::string double_text(double v) {
   return buf;
 }
 
-std::string bound_number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
+std::string bound_number(double v) { return double_text(v); }
 
 std::vector<std::string> split_choices(const char* choices) {
   std::vector<std::string> out;

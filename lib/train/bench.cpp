@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -15,6 +16,8 @@
 #include "train/trainer.hpp"
 
 namespace trellis {
+
+namespace fs = std::filesystem;
 
 /// Operands for the reference GEMM: out (M,N) = A (M,K)·B (N,K)ᵀ through the backend (in its
 /// memory, of the run's type: an fp32 run's sgemm, a bf16 run's bf16 GEMM — like with like),
@@ -159,8 +162,35 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   return kExitOk;
 }
 
+const char* const kBenchUsage =
+    "usage: [mpirun -np N] trellis bench [DECK] [--section.key=value ...]\n"
+    "  Times training steps of DECK (default: inputs/bench.deck, from the current directory or\n"
+    "  else beside the executable's directory, as build/../inputs) next to a large sgemm through\n"
+    "  the same backend, round by round, and prints the table and one `bench:` line\n"
+    "  (step_ms, tokens_per_s, gflops, the ratio to sgemm, peak and planned bytes, mfu). Training\n"
+    "  steps only: no checkpoints, no held-out evaluation, nothing written. Deck keys: trellis\n"
+    "  train --help.\n";
+
+namespace {
+
+/// inputs/bench.deck from here, else from the directory above the executable's (build/trellis
+/// of a checkout run from elsewhere).
+std::string default_bench_deck() {
+  const fs::path here = "inputs/bench.deck";
+  std::error_code ec;
+  if (fs::exists(here, ec)) return here.string();
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside = exe.parent_path().parent_path() / "inputs" / "bench.deck";
+    if (fs::exists(beside, ec)) return beside.string();
+  }
+  return here.string();  // (its load says it is not there)
+}
+
+}  // namespace
+
 int bench_main(const std::vector<std::string>& args, World& world) {
-  std::string deck = "inputs/bench.deck";
+  std::string deck;
   std::vector<std::string> overrides;
   for (const auto& a : args) {
     if (a.rfind("--", 0) == 0 || a.find('=') != std::string::npos)
@@ -168,6 +198,7 @@ int bench_main(const std::vector<std::string>& args, World& world) {
     else
       deck = a;
   }
+  if (deck.empty()) deck = default_bench_deck();
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   std::string error;

@@ -11,4 +11,6 @@ namespace trellis {
 
 int bench_main(const std::vector<std::string>& args, World& world);
 
+extern const char* const kBenchUsage;  // trellis bench --help
+
 }  // namespace trellis

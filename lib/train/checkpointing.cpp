@@ -8,6 +8,7 @@
 #include "comm/world.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -172,7 +173,7 @@ void Checkpointer::check_same_deck(const CkptMeta& meta, const std::string& path
       " explicitly (--run.dir=" + cfg_.run.dir + ") to go on with that run under this deck");
 }
 
-void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
+std::string Checkpointer::check_compatible(const std::string& path, bool say_changes) {
   // Rank 0 reads the root attributes (serially, before any tensor) and every rank gets its verdict.
   std::string incompatible, unreadable, changes;
   int rank = 0;
@@ -199,8 +200,10 @@ void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
       if (!model.empty())
         throw IncompatibleCheckpoint(
             path + " holds another model (" + model +
-            "): a checkpoint restarts the model it holds; give these keys its values, or start "
-            "over with --checkpoint.resume=never or another checkpoint.dir");
+            "): a checkpoint restarts the model it holds; give these keys its values" +
+            (say_changes ? ", or start over with --checkpoint.resume=never or another "
+                           "checkpoint.dir"
+                         : ""));
     } catch (const IncompatibleCheckpoint& e) {
       incompatible = e.what();
     } catch (const UserError& e) {
@@ -211,13 +214,11 @@ void Checkpointer::check_compatible(const std::string& path, bool say_changes) {
   if (!incompatible.empty()) throw IncompatibleCheckpoint(incompatible);
   unreadable = agree_on_error(world_, unreadable);
   if (!unreadable.empty()) throw UserError(unreadable);
-  if (say_changes && !changes.empty())
-    log("warning: resuming from " + path + " with keys changed since it was written (" + changes +
-        "); the run goes on from there under the new values");
+  return changes;
 }
 
 int64_t Checkpointer::load(const std::string& path, bool say_changes) {
-  check_compatible(path, say_changes);
+  const std::string changes = check_compatible(path, say_changes);
   const int64_t n = staged_.total();
   std::vector<float> params(n), m(n), v(n);
   std::vector<CkptSlab> all = slabs("model/", params.data(), false);
@@ -226,6 +227,15 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   CkptMeta meta;
   CkptIO io = read_checkpoint(world_, path, all, meta);
   const int64_t step = meta.integers.at("step");  // check_compatible saw it
+  // Said once the file has loaded: a damaged one, fallen back from, changes nothing.
+  if (say_changes && !changes.empty())
+    log("warning: resuming from " + path + " with keys changed since it was written (" + changes +
+        "); the run goes on from there under the new values");
+  const int64_t named = checkpoint_step(fs::path(path).filename().string());
+  if (named >= 0 && named != step)
+    log(strfmt("warning: %s holds step %lld, not %lld as its name says (copied or renamed?): "
+               "the run goes on from step %lld",
+               path.c_str(), (long long)step, (long long)named, (long long)step));
   // AdamW's bias correction counts the updates taken, fewer than the steps when some were
   // skipped (train.on_nan = skip); files written before adamw_steps counted them hold the step.
   const auto adamw = meta.integers.find("adamw_steps");
@@ -243,17 +253,68 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   return step;
 }
 
-std::optional<int64_t> Checkpointer::resume(bool training) {
+// A training run leaves the course of any checkpoint in checkpoint.dir past its start — all of
+// them when it starts over (checkpoint.resume = never), those past the step it resumed at
+// otherwise (a step gone back to, a damaged newest one fallen back from): moved into
+// checkpoint.dir/superseded-TIME/, and with a start over the run directory's logs (where this
+// run writes them: `logs_too`) into run.dir/superseded-TIME/, so that none is lost, retention (the newest `keep` by step) prunes
+// this run's own, and no later resume takes them for this run's.
+void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
+  const bool start_over = step < 0;
+  std::string err, said;
+  int rank = 0;
+  MPI_Comm_rank(world_, &rank);
+  if (rank == 0) {
+    try {
+      std::string into, logs_into;
+      const std::vector<int64_t> steps = set_aside_checkpoints(cfg_.checkpoint.dir, step, into);
+      std::vector<std::string> logs;
+      if (start_over && logs_too) logs = set_aside_run_files(cfg_.run.dir, logs_into);
+      if (!steps.empty())
+        said = strfmt("%zu checkpoint%s %s (step %lld%s%s) moved to %s/%s", steps.size(),
+                      steps.size() > 1 ? "s" : "",
+                      start_over ? "of an earlier run" : "past it (another course, or damaged)",
+                      (long long)steps.front(), steps.size() > 1 ? " to " : "",
+                      steps.size() > 1 ? std::to_string(steps.back()).c_str() : "",
+                      cfg_.checkpoint.dir.c_str(), into.c_str());
+      if (!logs.empty()) {
+        std::string names;
+        for (const std::string& n : logs) names += (names.empty() ? "" : ", ") + n;
+        said += (said.empty() ? "the earlier run's " : "; its ") + names + " moved to " +
+                cfg_.run.dir + "/" + logs_into;
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  err = agree_on_error(world_, err);
+  if (!err.empty()) throw UserError(err);
+  if (!said.empty())
+    log(std::string(start_over ? "checkpoint.resume = never: starting over; "
+                               : strfmt("resumed at step %lld: ", (long long)step)) +
+        said);
+}
+
+std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
+  if (!training) return resume_from(false);
+  const std::optional<int64_t> step = resume_from(true);
+  // (auto without a checkpoint is a first start, or a run cut off before its first checkpoint
+  // whose steps are redone: its logs stay, to be written over.)
+  set_aside_past(step ? *step : -1, logs_too && cfg_.checkpoint.resume == "never");
+  return step;
+}
+
+std::optional<int64_t> Checkpointer::resume_from(bool training) {
   const std::string& how = cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
   const bool say_changes = training;
   std::vector<std::string> candidates;
   if (how != "auto") {
-    // A start point (another run's checkpoint, a model to fine-tune) is where a training run
-    // begins. A requeued job runs the same command again: once checkpoint.dir holds checkpoints
-    // this run made from that start point (their stored deck names it), it goes on from them,
-    // since loading the start point again would throw its progress away. Anything else — a file
-    // in checkpoint.dir itself (going back to an earlier step), another start point, an
+    // A start point (another run's checkpoint, a model to fine-tune, or an earlier step of
+    // checkpoint.dir itself to go back to) is where a training run begins. A requeued job runs
+    // the same command again: once checkpoint.dir's newest checkpoint is one this command made
+    // from that start point (its stored deck names it), it goes on from there, since loading the
+    // start point again would throw its progress away. Anything else — another start point, an
     // evaluation — loads as asked. Rank 0 decides, so that every rank takes one branch.
     if (!training) return load(how, say_changes);  // any problem is the user's error
     // (A run directory, a checkpoint directory or a `latest` pointer: the file it names. One
@@ -272,8 +333,7 @@ std::optional<int64_t> Checkpointer::resume(bool training) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");
-        go_on = resolved(start).parent_path() != resolved(cfg_.checkpoint.dir) &&
-                deck != meta.text.end() &&
+        go_on = deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how;
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked

@@ -34,8 +34,11 @@ class Checkpointer {
   /// nothing when starting fresh (auto and no checkpoint yet). A bad explicit path, another
   /// model's checkpoint, or an auto resume where none of the checkpoints loads throw UserError.
   /// `training` (not an evaluation): warn of changed training keys, and once checkpoint.dir holds
-  /// checkpoints prefer them to an explicit path outside it (a requeued job's command).
-  std::optional<int64_t> resume(bool training = true);
+  /// checkpoints prefer them to an explicit path outside it (a requeued job's command); then move
+  /// the checkpoints of checkpoint.dir past the step resumed at (every one when starting over)
+  /// into checkpoint.dir/superseded-TIME/, and with a start over run.dir's logs likewise.
+  /// `logs_too`: this run writes run.dir's logs, which a start over moves aside as well.
+  std::optional<int64_t> resume(bool training = true, bool logs_too = false);
   /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
   double resumed_seconds() const { return resumed_seconds_; }
 
@@ -44,13 +47,20 @@ class Checkpointer {
   /// does not hold have no rows.
   std::vector<CkptSlab> slabs(const std::string& prefix, float* data, bool for_writing) const;
   /// Collective, before any tensor is read: the file's format and its stored deck against this
-  /// run's. Another model → UserError naming each differing key; changed training keys (lr,
-  /// steps, data, …) → a warning naming them.
-  void check_compatible(const std::string& path, bool say_changes);
+  /// run's. Another model → UserError naming each differing key. Returns the changed training
+  /// keys (lr, steps, data, …; rank 0's text, empty elsewhere) for load's warning once the file
+  /// has loaded.
+  std::string check_compatible(const std::string& path, bool say_changes);
   /// (Rank 0, in check_compatible.) With run.dir derived from the deck's name and an auto resume:
   /// a checkpoint another deck file wrote → IncompatibleCheckpoint naming both files.
   void check_same_deck(const CkptMeta& meta, const std::string& path) const;
   int64_t load(const std::string& path, bool say_changes);
+  /// resume() without what follows a training run's resume (set_aside_past).
+  std::optional<int64_t> resume_from(bool training);
+  /// Collective, after a training run's resume at `step` (-1: starting over): moves the
+  /// checkpoints past it (and with a start over and `logs_too` the run directory's logs) aside,
+  /// saying so.
+  void set_aside_past(int64_t step, bool logs_too);
 
   const Config& cfg_;
   const Grid& grid_;

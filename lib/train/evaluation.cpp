@@ -131,13 +131,13 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       } else if (path.empty()) {
         path = a;
       } else {
-        throw UserError("trellis eval: more than one checkpoint given ('" + path + "', '" + a +
+        throw UserError("more than one checkpoint given ('" + path + "', '" + a +
                         "')");
       }
     }
     if (path.empty())
       throw UserError(
-          "trellis eval: which checkpoint? usage: trellis eval CKPT "
+          "which checkpoint? usage: trellis eval CKPT "
           "[--section.key=value ...]");
     // Rank 0 finds the file, so that every rank opens the same one while a run publishes more;
     // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
@@ -145,7 +145,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     if (path == "never" || path == "auto") path = "./" + path;
     cfg = stored_config(path, overrides, world.size());
     if (cfg.data.source != "synthetic" && cfg.eval.path.empty())
-      throw UserError("trellis eval: " + path + " holds a model trained on data.source = " +
+      throw UserError(path + " holds a model trained on data.source = " +
                       cfg.data.source + " without [eval]: name the held-out data with " +
                       (cfg.data.source == "text" ? "--eval.path=FILE" : "--eval.path='GLOB'"));
     // The checkpoint is what to load, and an evaluation is what to do, whatever the deck says.

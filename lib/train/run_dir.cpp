@@ -1,15 +1,23 @@
 #include "train/run_dir.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "ckpt/checkpoint.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace fs = std::filesystem;
 
@@ -32,6 +40,96 @@ void check_writable_dir(const std::string& dir, const std::string& key) {
   fs::remove(probe, ec);
 }
 
+DirLock::DirLock(const std::string& dir, const std::string& key, double wait_s) {
+  std::error_code ec;
+  created_ = !fs::exists(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw UserError(strfmt("%s = '%s': cannot create the directory: %s", key.c_str(), dir.c_str(),
+                           ec ? ec.message().c_str() : "not a directory"));
+  const std::string file = (fs::path(dir) / ".trellis.lock").string();
+  dir_ = dir;
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw UserError(strfmt("%s = '%s': cannot open %s: %s", key.c_str(), dir.c_str(),
+                           file.c_str(), std::strerror(errno)));
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) break;
+    const int e = errno;
+    if (e == EINTR) continue;
+    if (e != EWOULDBLOCK) {  // ENOLCK, ENOSYS, EOPNOTSUPP: a filesystem without locks
+      ::close(fd_);
+      fd_ = -1;
+      log(strfmt("warning: %s = '%s': cannot lock %s (%s): a second job in this directory "
+                 "would not be stopped",
+                 key.c_str(), dir.c_str(), file.c_str(), std::strerror(e)));
+      return;
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= wait_s) {
+      char holder[512] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+      std::string who = n > 0 ? std::string(holder, size_t(n)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      throw UserError(strfmt(
+          "%s = '%s' is in use by another trellis job (%s): two runs in one directory would "
+          "overwrite each other's checkpoints and metrics; wait for it to end, or give this run "
+          "a directory of its own",
+          key.c_str(), dir.c_str(), who.empty() ? "its lock file names no process" : who.c_str()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // Who holds it, for the error another job gets.
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
+  const std::string who = strfmt("pid %d on %s%s%s, since %s\n", int(::getpid()), host,
+                                 job ? ", Slurm job " : "", job ? job : "", when);
+  // (Where this fails the lock holds all the same; only the other job's message names no one.)
+  const bool named = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, who.data(), who.size(), 0) > 0;
+  (void)named;
+}
+
+DirLock::~DirLock() {
+  if (fd_ < 0) return;
+  // A directory this lock made and the run then left empty (bad input found after: an explicit
+  // checkpoint that does not load) goes again, so that bad input leaves nothing behind.
+  if (created_) {
+    std::error_code ec;
+    bool only_the_lock = true;
+    for (const auto& entry : fs::directory_iterator(dir_, ec))
+      if (entry.path().filename() != ".trellis.lock") only_the_lock = false;
+    if (!ec && only_the_lock) {
+      fs::remove(fs::path(dir_) / ".trellis.lock", ec);
+      fs::remove(dir_, ec);
+    }
+  }
+  ::close(fd_);  // (releases the lock; a file left behind means nothing once no one holds it)
+}
+
+std::vector<std::string> set_aside_run_files(const std::string& run_dir, std::string& into) {
+  std::vector<std::string> moving, moved;
+  std::error_code ec;
+  for (const char* name : {"metrics.csv", "eval.csv", "summary.json", "deck.ini"})
+    if (fs::exists(fs::path(run_dir) / name, ec)) moving.push_back(name);
+  if (moving.empty()) return moved;
+  into = fresh_dir(run_dir, "superseded");
+  for (const std::string& name : moving) {
+    const fs::path from = fs::path(run_dir) / name, target = fs::path(run_dir) / into;
+    fs::rename(from, target / name, ec);
+    if (ec)
+      throw UserError("run.dir: cannot move " + from.string() + " to " + target.string() + ": " +
+                      ec.message());
+    moved.push_back(name);
+  }
+  return moved;
+}
+
 RunDir::RunDir(const std::string& path) : path_(path) {
   std::error_code ec;
   fs::create_directories(path_, ec);
@@ -45,17 +143,10 @@ RunDir::~RunDir() {
 }
 
 void RunDir::write_file(const std::string& name, const std::string& content) const {
-  fs::path target = fs::path(path_) / name;
-  fs::path tmp = target;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << content;
-    if (!out) throw UserError("run.dir: cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) throw UserError("run.dir: cannot write " + target.string() + ": " + ec.message());
+  // (A full disk or a quota shows at the flush or the close: write_file_atomically checks both.)
+  write_file_atomically((fs::path(path_) / name).string(), [&](std::FILE* f) {
+    return std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  });
 }
 
 void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
@@ -64,12 +155,17 @@ void RunDir::open_table(const std::string& name, const std::vector<std::string>&
   bool continuing = resumed_at > 0 && fs::exists(file);
   if (continuing) {
     // The header, then the rows of steps 1..resumed_at (the first field), via a rename.
+    // A row cut short (a full disk, a kill mid-write) has fewer fields than the header: dropped.
     std::ifstream in(file);
     std::string kept, line;
+    size_t fields = 0;
     for (bool header = true; std::getline(in, line); header = false) {
+      const size_t n = size_t(std::count(line.begin(), line.end(), ',')) + 1;
+      if (header) fields = n;
       char* end = nullptr;
       const long long step = std::strtoll(line.c_str(), &end, 10);
-      if (header || (end != line.c_str() && *end == ',' && step <= resumed_at)) kept += line + "\n";
+      if (header || (end != line.c_str() && *end == ',' && step <= resumed_at && n == fields))
+        kept += line + "\n";
     }
     if (in.bad()) throw UserError("run.dir: cannot read " + file.string());
     if (kept.empty())
@@ -87,10 +183,25 @@ void RunDir::open_table(const std::string& name, const std::vector<std::string>&
 void RunDir::append_row(const std::string& name, const std::vector<std::string>& values) {
   auto it = tables_.find(name);
   if (it == tables_.end() || !it->second) return;
-  for (size_t i = 0; i < values.size(); ++i)
-    std::fprintf(it->second, "%s%s", i ? "," : "", values[i].c_str());
-  std::fputc('\n', it->second);
-  std::fflush(it->second);
+  std::string row;
+  for (size_t i = 0; i < values.size(); ++i) row += (i ? "," : "") + values[i];
+  row += '\n';
+  errno = 0;
+  const bool written = std::fwrite(row.data(), 1, row.size(), it->second) == row.size() &&
+                       std::fflush(it->second) == 0;
+  if (written || !write_error_.empty()) return;
+  // A full disk or a quota: the run goes on (its checkpoints may well live elsewhere), says so
+  // now, once, and ends with status 2 (finish_writing) rather than 0 over a table cut short.
+  write_error_ = strfmt("cannot write %s (%s)", (fs::path(path_) / name).c_str(),
+                        errno ? std::strerror(errno) : "write failed");
+  log("warning: " + write_error_ + ": the run goes on; its rows from here are missing");
+}
+
+void RunDir::check_written() const {
+  if (!write_error_.empty())
+    throw UserError("run.dir: " + write_error_ +
+                    " during the run: its rows from there on are missing (the checkpoints are "
+                    "written apart, and whole); make room before the next run");
 }
 
 static std::string json_escape(const std::string& s) {

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -215,12 +216,20 @@ void Trainer::print_start() const {
   log(config_table(cfg_));
   log(grid_->layout_table());
   const ModelConfig& m = cfg_.model;
+  // The whole model's count (full_table_: every stage), and what each rank holds — its stage's
+  // tensor-parallel share, which differs from stage to stage (collective).
   int64_t global = 0;
-  for (const ParamInfo& p : table_->params()) global += p.global_numel();
+  for (const ParamInfo& p : full_table_->params()) global += p.global_numel();
+  long long share[2] = {-(long long)table_->total(), (long long)table_->total()};  // -min, max
+  MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_LONG_LONG, MPI_MAX, comm_);
+  const std::string per_rank =
+      -share[0] == share[1]
+          ? strfmt("%lld per rank", share[1])
+          : strfmt("%lld to %lld per rank (pipeline stages differ)", -share[0], share[1]);
   log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d; "
-             "%lld per tensor-parallel rank",
+             "%s (a pipeline stage's tensor-parallel share)",
              (long long)global, format_bytes(global * 4.0).c_str(), m.layers, m.d_model, m.heads,
-             m.kv_heads, m.d_ff, (long long)table_->total()));
+             m.kv_heads, m.d_ff, per_rank.c_str()));
   if (table_->vocab_padded != m.vocab)
     log(strfmt("model: vocabulary padded from %d to %d rows (%d on each of tp = %d ranks: "
                "model.vocab_multiple); the padding is masked out of the loss", m.vocab,
@@ -318,7 +327,7 @@ std::optional<int64_t> Trainer::resume(bool to_train) {
   if (!checkpointer_)
     checkpointer_ =
         std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
-  std::optional<int64_t> steps = checkpointer_->resume(to_train);
+  std::optional<int64_t> steps = checkpointer_->resume(to_train, to_train && !quiet_);
   pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
   return steps;
 }
@@ -512,9 +521,15 @@ void Trainer::finish() {
       .integer("world_size", size_)
       .num("seconds", total);
   run_dir_->write_file("summary.json", s.dump() + "\n");
-  log(strfmt("done: final loss %.7f after %zu steps; %.0f tok/s, %.2f GFLOP/s; %s/summary.json",
-             history_.empty() ? NAN : history_.back().loss, history_.size(), tps, gflops,
-             cfg_.run.dir.c_str()));
+  run_dir_->check_written();  // a metrics row that could not be written: status 2, not 0
+  // The run's step, not this job's count, which a resumed job's differs from; a stop says so.
+  const long long at = history_.empty() ? 0 : (long long)history_.back().step + 1;
+  log(strfmt("%s: final loss %.7f at step %lld of %lld (%zu in this job); %.0f tok/s, %.2f "
+             "GFLOP/s; %s/summary.json%s",
+             stopped_early_ ? "stopped early" : "done",
+             history_.empty() ? NAN : history_.back().loss, at, (long long)cfg_.train.steps,
+             history_.size(), tps, gflops, cfg_.run.dir.c_str(),
+             stopped_early_ ? " — resubmit the same command to continue from its last checkpoint" : ""));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -531,6 +546,14 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   });
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   catch_stop_signal(cfg);
+  // Ranks on GPUs that may talk through NCCL: CUDA modules loaded at start, not at a kernel's
+  // first launch. A lazy load waits for the device's queued work to drain (CUDA's lazy loading
+  // guide), and an NCCL kernel in that queue spins until its peer rank arrives — which may be
+  // waiting on this rank in turn: the first step (new kernels while gradient buckets and pipeline
+  // messages fly) could hang. Costs start-up time and device memory for every kernel of every
+  // library; CUDA_MODULE_LOADING=LAZY set by hand stays.
+  if (cfg.system.backend == "cuda" && cfg.system.device_comm != "staged" && world.size() > 1)
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   {
     // The trainer's set-up has collectives (the grid, NCCL's communicators): watched as the run
     // is, so that a rank that never arrives ends the job rather than keeping it waiting.
@@ -550,6 +573,23 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
           throw UserError(shared);
     });
   }
+  if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  // This job's hold on the directories rank 0 writes, until it ends: a second job started on
+  // the same run.dir or checkpoint.dir (a job submitted twice) stops here, before either reads a
+  // checkpoint, instead of both writing there.
+  struct Locks {  // let go in reverse: ckpt/ before the run.dir it may be inside
+    std::vector<std::unique_ptr<DirLock>> held;
+    ~Locks() {
+      while (!held.empty()) held.pop_back();
+    }
+  } locks;
+  error = setup_error([&] {
+    if (world.rank() != 0) return;
+    locks.held.push_back(std::make_unique<DirLock>(cfg.run.dir, "run.dir"));
+    std::error_code ec;
+    if (!std::filesystem::equivalent(cfg.run.dir, cfg.checkpoint.dir, ec))  // (one lock a dir)
+      locks.held.push_back(std::make_unique<DirLock>(cfg.checkpoint.dir, "checkpoint.dir"));
+  });
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
   // Phase 2: the run.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis", [&] {

@@ -430,7 +430,7 @@ TEST_F(CkptTest, TruncatedForeignAndMismatchedFiles) {
     EXPECT_EQ(inspect_checkpoint(half, devnull), 1);
     EXPECT_EQ(inspect_checkpoint(text, devnull), 1);
     EXPECT_EQ(inspect_checkpoint(dbl, devnull), 1);
-    EXPECT_EQ(inspect_checkpoint(dir_ + "/absent.h5", devnull), 1);
+    EXPECT_THROW(inspect_checkpoint(dir_ + "/absent.h5", devnull), UserError);  // (exit 2)
     std::fclose(devnull);
     EXPECT_THROW(read_checkpoint_meta(half), UserError);
     EXPECT_THROW(read_checkpoint_meta(text), UserError);

@@ -15,6 +15,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "core/error.hpp"
+#include "temp_dir.hpp"
 
 namespace trellis {
 namespace {
@@ -23,15 +24,6 @@ namespace fs = std::filesystem;
 
 class CkptDirTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/trellis_ckptdir_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   void touch(const std::string& name) { std::ofstream(dir_ + "/" + name) << "x"; }
   std::set<std::string> entries() const {
     std::set<std::string> s;
@@ -44,7 +36,8 @@ class CkptDirTest : public ::testing::Test {
     ss << f.rdbuf();
     return ss.str();
   }
-  std::string dir_;
+  testing::TempDir tmp_{"trellis_ckptdir"};
+  std::string dir_ = tmp_.path();
 };
 
 TEST(CkptNames, FileNameAndStep) {

@@ -77,7 +77,7 @@ full_case() {
   check "$name: one message naming the step-6 file and 'No space left on device'" \
     '[ "$(grep -c "error:.*step_00000006.h5.*No space left on device" "$check_log")" -eq 1 ]'
   check "$name: latest still names step_00000003.h5" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
-  check "$name: no step-6 file and no temporary file left" '[ "$(ls -A "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
+  check "$name: no step-6 file and no temporary file left" '[ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
   check "$name: step_00000003.h5 verifies (trellis inspect)" '"$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
 
   # Recovery: room made (here the filesystem grown), the same job resubmitted.

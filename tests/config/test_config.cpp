@@ -1,6 +1,9 @@
 // Deck parsing, overrides, derived values and every way a deck can be wrong. Decks are written
 // to a private temporary directory so tests can run side by side.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
 #include <unistd.h>
 
 #include <filesystem>
@@ -238,13 +241,19 @@ TEST_F(ConfigTest, SyntaxErrorQuotingBoostsPlaceholdersEnds) {
 TEST_F(ConfigTest, ErrorsComeFromTheRightPlace) {
   const std::string deck = write(kBase);
   EXPECT_EQ(error_of(deck, {"--train.steps=0"}).rfind("command line: ", 0), 0u);
+  // A deck's key is named with its line: the second after kBase's.
+  const std::string line = ":" + std::to_string(std::count(kBase, kBase + std::strlen(kBase), '\n') + 2);
   const std::string from_deck = write(std::string(kBase) + "[train]\nwarmup_steps = -1\n", "d2.ini");
-  EXPECT_EQ(error_of(from_deck).rfind(from_deck + ": ", 0), 0u);
+  EXPECT_EQ(error_of(from_deck).rfind(from_deck + line + ": ", 0), 0u) << error_of(from_deck);
   EXPECT_EQ(error_of(deck, {"--train.steps=abc"}),
             "command line: bad value 'abc' for train.steps: expected an integer ≥ 1");
   EXPECT_EQ(error_of(write(std::string(kBase) + "[model]\nlayer = 3\n", "typo.ini")),
-            (dir_ / "typo.ini").string() +
+            (dir_ / "typo.ini").string() + line +
                 ": unknown key 'model.layer' (did you mean 'model.layers'?)");
+  // A bad value in the deck is one even where the command line replaces it.
+  const std::string bad = write(std::string(kBase) + "[eval]\nevery = \"3\"\n", "bad.ini");
+  EXPECT_EQ(error_of(bad, {"--eval.every=4"}),
+            bad + line + ": bad value '\"3\"' for eval.every: expected an integer ≥ 0");
 }
 
 TEST_F(ConfigTest, SupportedLayoutCheckIsSeparate) {

@@ -2,6 +2,7 @@
 // the uninterrupted run — bitwise with the same layout, within 1e-5 under another layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,18 @@ std::string deck_path() {
     return p.string();
   }();
   return path;
+}
+
+/// The steps of the checkpoints moved into dir's superseded-*/ directories, ascending.
+std::vector<int64_t> superseded_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const auto& sub : fs::directory_iterator(dir))
+    if (sub.is_directory() && sub.path().filename().string().rfind("superseded-", 0) == 0)
+      for (const auto& f : fs::directory_iterator(sub.path()))
+        if (const int64_t s = checkpoint_step(f.path().filename().string()); s >= 0)
+          steps.push_back(s);
+  std::sort(steps.begin(), steps.end());
+  return steps;
 }
 
 std::vector<double> train(MPI_Comm comm, const std::string& ckpt_dir, std::vector<std::string> o) {
@@ -245,12 +258,39 @@ TEST(Restart, RequeuedJobGoesOnFromItsOwnCheckpointsNotTheStartPoint) {
              "--checkpoint.resume=" + (fs::path(from_dir) / checkpoint_file_name(10)).string()});
   ASSERT_EQ(other.size(), 5u);
   EXPECT_NE(other[0], first[5]);
-  // A file of the run's own directory loads as asked (going back to an earlier step).
-  const std::vector<double> back =
-      train(MPI_COMM_SELF, dir,
-            {"--parallel.dp=1", "--train.steps=15",
-             "--checkpoint.resume=" + (fs::path(dir) / checkpoint_file_name(10)).string()});
+  // A file of the run's own directory loads as asked (going back to an earlier step), and the
+  // later course's step-15 checkpoint moves aside (other's, whose start moved first's aside).
+  const std::vector<std::string> back_command = {
+      "--parallel.dp=1", "--train.steps=15",
+      "--checkpoint.resume=" + (fs::path(dir) / checkpoint_file_name(10)).string()};
+  const std::vector<double> back = train(MPI_COMM_SELF, dir, back_command);
   EXPECT_EQ(back.size(), 5u);
+  EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15}));
+  // That command requeued goes on from its own newest checkpoint (here: nothing left to train)
+  // instead of going back to step 10 once more.
+  EXPECT_EQ(train(MPI_COMM_SELF, dir, back_command).size(), 0u);
+  EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15}));
+}
+
+TEST(Restart, StartingOverMovesTheEarlierRunsCheckpointsAside) {
+  // checkpoint.resume = never in a directory of checkpoints: the earlier run's go into
+  // superseded-TIME/, so that retention keeps this run's own and a later auto resume takes this
+  // run's newest (step 5), not the earlier run's step 10.
+  const std::string dir = own_dir("start-over");
+  fs::remove_all(dir);
+  const std::vector<double> earlier = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  ASSERT_EQ(earlier.size(), 10u);
+  const std::vector<double> over = train(
+      MPI_COMM_SELF, dir,
+      {"--parallel.dp=1", "--checkpoint.resume=never", "--train.steps=5", "--checkpoint.keep=1"});
+  ASSERT_EQ(over.size(), 5u);
+  EXPECT_EQ(over[0], earlier[0]);  // the same start
+  EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{5, 10}));
+  EXPECT_EQ(resume_candidates(dir),
+            std::vector<std::string>{(fs::path(dir) / checkpoint_file_name(5)).string()});
+  const std::vector<double> resumed =
+      train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=7"});
+  EXPECT_EQ(resumed.size(), 2u);  // steps 5 and 6
 }
 
 TEST(Restart, ChainOfLayoutsOnEightRanks) {

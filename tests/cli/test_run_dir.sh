@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The run directory against what would mix or lose runs: a second job started on a run.dir in use
+# (a job submitted twice) stops with status 2 naming the holder, and the first finishes with its
+# own files; a start over (checkpoint.resume = never) in a directory of checkpoints moves the
+# earlier run's checkpoints and logs into superseded-TIME/ and a later auto resume takes the new
+# run's; a metrics.csv that cannot be written (a full disk: /dev/full) is warned of and ends the
+# run with status 2, not 0. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
+set -u
+build=${1:-build}
+work=$(mktemp -d /tmp/trellis-rundir-XXXXXX)
+trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/common.sh"
+tiny_deck "$work/run.deck" <<'DECK'
+[train]
+steps = 6
+global_batch = 4
+micro_batch = 2
+DECK
+run() { timeout 120 "$build/trellis" train "$work/run.deck" --checkpoint.resume=auto "$@"; }
+
+# 1. Two jobs, one run.dir: the first holds it for its whole run (SIGSTOP keeps it there).
+# (Started without `timeout`, so that $! is its pid; the trap ends it whatever happens.)
+"$build/trellis" train "$work/run.deck" --run.dir="$work/shared" --train.steps=100000 \
+  > "$work/first.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do grep -q '^step' "$work/first.log" 2>/dev/null && break; sleep 0.1; done
+kill -STOP $first
+run --run.dir="$work/shared" > "$work/second.log" 2>&1
+rc=$?
+check_log="$work/second.log"
+check "a second job on a run.dir in use stops with status 2 (got $rc)" '[ $rc -eq 2 ]'
+check "its error names the key, the directory and the holder's pid" \
+  "grep -q \"run.dir = '$work/shared' is in use by another trellis job (pid $first on \" '$work/second.log'"
+check "it wrote nothing there (no checkpoint)" '[ -z "$(ls "$work/shared/ckpt" 2>/dev/null | grep step_)" ]'
+kill -9 $first; wait $first 2>/dev/null
+run --run.dir="$work/shared" > "$work/third.log" 2>&1
+rc=$?
+check_log="$work/third.log"
+check "once the holder is gone (killed: no clean-up needed) the directory is free (status $rc)" '[ $rc -eq 0 ]'
+
+# 2. A start over in a directory of checkpoints.
+dir="$work/over"
+run --run.dir="$dir" --checkpoint.every=2 > "$work/earlier.log" 2>&1
+run --run.dir="$dir" --checkpoint.resume=never --train.steps=3 > "$work/over.log" 2>&1
+rc=$?
+check_log="$work/over.log"
+check "checkpoint.resume = never over an earlier run finishes (status $rc)" '[ $rc -eq 0 ]'
+check "it says where the earlier run's 3 checkpoints and its logs went" \
+  "grep -q '3 checkpoints of an earlier run (step 2 to 6) moved to $dir/ckpt/superseded-.*; its metrics.csv, summary.json, deck.ini moved to $dir/superseded-' '$work/over.log'"
+check "they are there, whole: the earlier run's 6 rows of metrics, step 6's checkpoint" \
+  '[ $(ls "$dir"/superseded-*/metrics.csv | wc -l) -eq 1 ] && [ $(wc -l < "$dir"/superseded-*/metrics.csv) -eq 7 ] && "$build/trellis" inspect "$dir"/ckpt/superseded-*/step_00000006.h5 > /dev/null'
+run --run.dir="$dir" --train.steps=5 > "$work/after.log" 2>&1
+check_log="$work/after.log"
+check "a later auto resume goes on from the new run's step 3, not the earlier run's 6" \
+  "grep -q 'resumed from $dir/ckpt/step_00000003.h5 at step 3' '$work/after.log' && [ \$(wc -l < '$dir/metrics.csv') -eq 6 ]"
+
+# 3. metrics.csv on a full disk.
+mkdir -p "$work/full"
+ln -s /dev/full "$work/full/metrics.csv"
+run --run.dir="$work/full" --train.steps=2 > "$work/full.log" 2>&1
+rc=$?
+check_log="$work/full.log"
+check "a metrics.csv that cannot be written ends the run with status 2 (got $rc)" '[ $rc -eq 2 ]'
+check "warned of when it happened, and named at the end with the reason" \
+  "grep -q '^warning: cannot write $work/full/metrics.csv (No space left on device): the run goes on' '$work/full.log' && grep -q 'error: run.dir: cannot write $work/full/metrics.csv (No space left on device) during the run' '$work/full.log'"
+check "the checkpoint and summary.json are written all the same" \
+  '[ -s "$work/full/summary.json" ] && [ -f "$work/full/ckpt/step_00000002.h5" ]'
+echo "rundir: $passed passed, $failed failed"
