@@ -47,6 +47,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     backend_ =
         backend ? std::move(backend) : make_backend(cfg_.system.backend, node.rank, node.size);
     backend_->set_threads(cfg_.system.threads);
+    if (!backend_->on_device() && cfg_.system.threads > backend_->threads())
+      log(strfmt("warning: system.threads = %d: this build's BLAS runs at most %d threads a rank",
+                 cfg_.system.threads, backend_->threads()));
     backend_->set_precision(cfg_.system.precision);
     if (cfg_.eval.every > 0) {  // first: `trellis eval` points the training source here too
       const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
@@ -455,8 +458,13 @@ void Trainer::finish() {
   const char* names[] = {"dp", "tp", "pp", "tp kv"};
   std::vector<GroupStats> groups;
   const size_t group_count = comm_groups().size();
-  for (size_t i = 0; i < group_count; ++i) groups.push_back({names[i], training_stats(i)});
-  log(comm_table(comm_, groups, int64_t(history_.size())));
+  // (A group of one rank talks to no one: its calls — the loss's sum over dp, say — return at
+  // once, and a row for it only puzzles.)
+  const int sizes[] = {grid_->dp_size(), grid_->tp_size(), grid_->pp_size(), 2};
+  for (size_t i = 0; i < group_count; ++i)
+    if (sizes[std::min<size_t>(i, 3)] > 1) groups.push_back({names[i], training_stats(i)});
+  log(groups.empty() ? std::string("communication: none (every group has one rank)")
+                     : comm_table(comm_, groups, int64_t(history_.size())));
   const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
   // trellis plan's figures for this layout beside the measured ones: each kind's largest over the
   // stages, and the largest stage's total (as the measured columns take each kind's largest over
