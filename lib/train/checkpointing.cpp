@@ -313,9 +313,10 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
     // A start point (another run's checkpoint, a model to fine-tune, or an earlier step of
     // checkpoint.dir itself to go back to) is where a training run begins. A requeued job runs
     // the same command again: once checkpoint.dir's newest checkpoint is one this command made
-    // from that start point (its stored deck names it), it goes on from there, since loading the
-    // start point again would throw its progress away. Anything else — another start point, an
-    // evaluation — loads as asked. Rank 0 decides, so that every rank takes one branch.
+    // from that start point (its stored deck names it; going back, its whole deck is this
+    // run's), it goes on from there, since loading the start point again would throw its
+    // progress away. Anything else — another start point, other settings, an evaluation — loads
+    // as asked. Rank 0 decides, so that every rank takes one branch.
     if (!training) return load(how, say_changes);  // any problem is the user's error
     // (A run directory, a checkpoint directory or a `latest` pointer: the file it names. One
     // that no longer resolves — the start point's run since removed — matters only when the
@@ -333,8 +334,13 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");
+        // Going back to a step of checkpoint.dir itself, only the very same run (its effective
+        // deck to the letter) goes on: the same step tried again under other settings (another
+        // lr, another precision) is a new course from it, not a requeue.
+        const bool inside = resolved(start).parent_path() == resolved(cfg_.checkpoint.dir);
         go_on = deck != meta.text.end() &&
-                stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how;
+                stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how &&
+                (!inside || deck->second == effective_deck_ini(cfg_));
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked
       }

@@ -270,6 +270,11 @@ TEST(Restart, RequeuedJobGoesOnFromItsOwnCheckpointsNotTheStartPoint) {
   // instead of going back to step 10 once more.
   EXPECT_EQ(train(MPI_COMM_SELF, dir, back_command).size(), 0u);
   EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15}));
+  // Step 10 tried again under another setting is a new course from it, not that requeue.
+  std::vector<std::string> other_lr = back_command;
+  other_lr.push_back("--train.lr=5e-3");
+  EXPECT_EQ(train(MPI_COMM_SELF, dir, other_lr).size(), 5u);
+  EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15, 15}));
 }
 
 TEST(Restart, StartingOverMovesTheEarlierRunsCheckpointsAside) {
