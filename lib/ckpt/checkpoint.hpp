@@ -84,17 +84,16 @@ void write_file_atomically(const std::string& path, const std::function<bool(std
 /// `latest` names; removes the others and any stale *.tmp-* files.
 void apply_retention(const std::string& dir, int keep);
 /// Moves the step_*.h5 files of dir past `after_step` (-1: every one), and `latest` where it
-/// names one of them or none is left, into a new directory of dir (fresh_dir(dir,
-/// "superseded")): the checkpoints of a course the run leaves (a start over, a step gone back
+/// names one of them or none is left, into a new directory of dir (move_aside): the checkpoints of a course the run leaves (a start over, a step gone back
 /// to, a damaged newest one fallen back from), kept but out of the way of retention and of
 /// later resumes. Renames within dir only. Returns the steps moved, ascending, and sets `into`
 /// to the directory's name (untouched where nothing moved). Errors → UserError naming the file.
 std::vector<int64_t> set_aside_checkpoints(const std::string& dir, int64_t after_step,
                                            std::string& into);
-/// Creates a directory of `parent` that was not there, named `base`-UTC time
-/// (superseded-20261203-113701, then -2, -3, … within one second), and returns its name. Errors
-/// → UserError naming it.
-std::string fresh_dir(const std::string& parent, const std::string& base);
+/// Moves the files `names` of dir (in that order) into a new directory of dir that was not there,
+/// superseded-UTC time (superseded-20261203-113701, then -2, -3, … within one second), then
+/// syncs dir. Returns the new directory's name. Errors → UserError naming the file.
+std::string move_aside(const std::string& dir, const std::vector<std::string>& names);
 /// Paths (dir/NAME) to try for a resume, newest first: the file `latest` names (if it exists),
 /// then the other step_*.h5 files by step, descending.
 std::vector<std::string> resume_candidates(const std::string& dir);

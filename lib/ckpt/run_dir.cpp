@@ -135,54 +135,51 @@ void apply_retention(const std::string& dir, int keep) {
   if (!err.empty()) throw UserError(err);
 }
 
-std::string fresh_dir(const std::string& parent, const std::string& base) {
+std::string move_aside(const std::string& dir, const std::vector<std::string>& names) {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   ::gmtime_r(&now, &utc);
   char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-  const std::string name = base + "-" + stamp;
-  for (int n = 1;; ++n) {
-    const std::string candidate = n == 1 ? name : name + "-" + std::to_string(n);
-    if (::mkdir((parent + "/" + candidate).c_str(), 0755) == 0) return candidate;
-    if (errno != EEXIST)
-      throw UserError("cannot create " + parent + "/" + candidate + ": " + errno_text(errno));
+  std::strftime(stamp, sizeof stamp, "superseded-%Y%m%d-%H%M%S", &utc);
+  std::string into;
+  for (int n = 1; into.empty(); ++n) {
+    std::string candidate = stamp;
+    if (n > 1) candidate += '-' + std::to_string(n);
+    if (::mkdir((dir + "/" + candidate).c_str(), 0755) == 0)
+      into = candidate;
+    else if (errno != EEXIST)
+      throw UserError("cannot create " + dir + "/" + candidate + ": " + errno_text(errno));
   }
+  for (const std::string& n : names) {
+    const std::string from = dir + "/" + n, to = dir + "/" + into + "/" + n;
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      throw UserError("cannot move " + from + " to " + dir + "/" + into + ": " +
+                      errno_text(errno));
+  }
+  const std::string err = fsync_file(dir, true);
+  if (!err.empty()) throw UserError("cannot move files out of " + dir + ": " + err);
+  return into;
 }
 
 std::vector<int64_t> set_aside_checkpoints(const std::string& dir, int64_t after_step,
                                            std::string& into) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) return {};  // no checkpoints yet
-  const std::vector<std::string> names = list_dir(dir);
-  std::vector<std::pair<int64_t, std::string>> moving;
-  for (const auto& [step, n] : step_files(names))
-    if (step > after_step) moving.emplace_back(step, n);
-  if (moving.empty()) return {};
-  into = fresh_dir(dir, "superseded");
-  const std::string target = dir + "/" + into;
-  const auto move = [&](const std::string& n) {
-    const std::string from = dir + "/" + n, to = target + "/" + n;
-    if (::rename(from.c_str(), to.c_str()) != 0)
-      throw UserError("cannot move " + from + " to " + target + ": " + errno_text(errno));
-  };
+  const auto all = step_files(list_dir(dir));  // newest first
+  std::vector<std::string> names;
+  std::vector<int64_t> steps;
+  for (const auto& [step, n] : all)
+    if (step > after_step) names.push_back(n), steps.insert(steps.begin(), step);
+  if (names.empty()) return {};
   // `latest` first where it names a file that goes: a crash between the moves then leaves no
   // pointer to a file that is no longer there.
   const std::string latest = read_latest(dir);
-  const bool latest_goes =
-      !latest.empty() && std::any_of(moving.begin(), moving.end(),
-                                     [&](const auto& m) { return m.second == latest; });
-  if (latest_goes || moving.size() == step_files(names).size()) {
-    struct stat lst;
-    if (::lstat((dir + "/latest").c_str(), &lst) == 0) move("latest");
-  }
-  std::vector<int64_t> steps;
-  for (auto it = moving.rbegin(); it != moving.rend(); ++it) {
-    move(it->second);
-    steps.push_back(it->first);
-  }
-  const std::string err = fsync_file(dir, true);
-  if (!err.empty()) throw UserError("cannot move checkpoints out of " + dir + ": " + err);
+  struct stat lst;
+  if ((names.size() == all.size() ||
+       std::find(names.begin(), names.end(), latest) != names.end()) &&
+      ::lstat((dir + "/latest").c_str(), &lst) == 0)
+    names.insert(names.begin(), "latest");
+  into = move_aside(dir, names);
   return steps;
 }
 

@@ -171,6 +171,14 @@ void parse_deck_text(const std::string& path, const std::string& text, Sources& 
   }
 }
 
+// Sets key e of cfg from its source's text; a bad value → UserError naming where it was given.
+void set_from(const config::KeyEntry& e, Config& cfg, const Source& source) {
+  const std::string expected = config::set_value(e, cfg, source.text);
+  if (!expected.empty())
+    fail(source.where,
+         "bad value '" + source.text + "' for " + e.name() + ": expected " + expected);
+}
+
 void apply_overrides(const std::vector<std::string>& overrides, Sources& sources) {
   for (const auto& raw : overrides) {
     std::string s = raw;
@@ -186,10 +194,7 @@ void apply_overrides(const std::vector<std::string>& overrides, Sources& sources
     if (const auto given = sources.find(name);
         given != sources.end() && given->second.where != kCommandLine) {
       Config scratch;
-      const std::string expected = config::set_value(*key, scratch, given->second.text);
-      if (!expected.empty())
-        fail(given->second.where, "bad value '" + given->second.text + "' for " + name +
-                                      ": expected " + expected);
+      set_from(*key, scratch, given->second);
     }
     sources[name] = {s.substr(eq + 1), kCommandLine};  // a later override wins over an earlier
   }
@@ -462,11 +467,7 @@ Config config_from_sources(const std::string& deck_path, Sources& sources,
   cfg.deck_path = deck_path;
   for (const auto& e : key_table()) {
     const auto it = sources.find(e.name());
-    if (it == sources.end()) continue;
-    const std::string expected = config::set_value(e, cfg, it->second.text);
-    if (!expected.empty())
-      fail(it->second.where,
-           "bad value '" + it->second.text + "' for " + e.name() + ": expected " + expected);
+    if (it != sources.end()) set_from(e, cfg, it->second);
   }
 
   if (cfg.run.dir.empty()) {

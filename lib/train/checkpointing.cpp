@@ -257,8 +257,9 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
 // them when it starts over (checkpoint.resume = never), those past the step it resumed at
 // otherwise (a step gone back to, a damaged newest one fallen back from): moved into
 // checkpoint.dir/superseded-TIME/, and with a start over the run directory's logs (where this
-// run writes them: `logs_too`) into run.dir/superseded-TIME/, so that none is lost, retention (the newest `keep` by step) prunes
-// this run's own, and no later resume takes them for this run's.
+// run writes them: `logs_too`) into run.dir/superseded-TIME/, so that none is lost, retention
+// (the newest `keep` by step) prunes this run's own, and no later resume takes them for this
+// run's.
 void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
   const bool start_over = step < 0;
   std::string err, said;

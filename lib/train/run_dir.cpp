@@ -113,21 +113,12 @@ DirLock::~DirLock() {
 }
 
 std::vector<std::string> set_aside_run_files(const std::string& run_dir, std::string& into) {
-  std::vector<std::string> moving, moved;
+  std::vector<std::string> names;
   std::error_code ec;
   for (const char* name : {"metrics.csv", "eval.csv", "summary.json", "deck.ini"})
-    if (fs::exists(fs::path(run_dir) / name, ec)) moving.push_back(name);
-  if (moving.empty()) return moved;
-  into = fresh_dir(run_dir, "superseded");
-  for (const std::string& name : moving) {
-    const fs::path from = fs::path(run_dir) / name, target = fs::path(run_dir) / into;
-    fs::rename(from, target / name, ec);
-    if (ec)
-      throw UserError("run.dir: cannot move " + from.string() + " to " + target.string() + ": " +
-                      ec.message());
-    moved.push_back(name);
-  }
-  return moved;
+    if (fs::exists(fs::path(run_dir) / name, ec)) names.push_back(name);
+  if (!names.empty()) into = move_aside(run_dir, names);
+  return names;
 }
 
 RunDir::RunDir(const std::string& path) : path_(path) {
@@ -191,7 +182,7 @@ void RunDir::append_row(const std::string& name, const std::vector<std::string>&
                        std::fflush(it->second) == 0;
   if (written || !write_error_.empty()) return;
   // A full disk or a quota: the run goes on (its checkpoints may well live elsewhere), says so
-  // now, once, and ends with status 2 (finish_writing) rather than 0 over a table cut short.
+  // now, once, and ends with status 2 (check_written) rather than 0 over a table cut short.
   write_error_ = strfmt("cannot write %s (%s)", (fs::path(path_) / name).c_str(),
                         errno ? std::strerror(errno) : "write failed");
   log("warning: " + write_error_ + ": the run goes on; its rows from here are missing");

@@ -65,8 +65,7 @@ class DirLock {
 };
 
 /// Moves the logs an earlier run left in run_dir (metrics.csv, eval.csv, summary.json, deck.ini)
-/// into a new directory of run_dir (fresh_dir(run_dir, "superseded"), where one is there to
-/// move). Returns the names moved and sets `into` to the directory's name. Errors → UserError
+/// into a new directory of run_dir (move_aside, where one is there to move). Returns the names moved and sets `into` to the directory's name. Errors → UserError
 /// naming the file.
 std::vector<std::string> set_aside_run_files(const std::string& run_dir, std::string& into);
 

@@ -223,12 +223,11 @@ void Trainer::print_start() const {
   // tensor-parallel share, which differs from stage to stage (collective).
   int64_t global = 0;
   for (const ParamInfo& p : full_table_->params()) global += p.global_numel();
-  long long share[2] = {-(long long)table_->total(), (long long)table_->total()};  // -min, max
-  MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_LONG_LONG, MPI_MAX, comm_);
+  const MinAvgMax share = min_avg_max(comm_, double(table_->total()));
   const std::string per_rank =
-      -share[0] == share[1]
-          ? strfmt("%lld per rank", share[1])
-          : strfmt("%lld to %lld per rank (pipeline stages differ)", -share[0], share[1]);
+      share.min == share.max
+          ? strfmt("%.0f per rank", share.max)
+          : strfmt("%.0f to %.0f per rank (pipeline stages differ)", share.min, share.max);
   log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d; "
              "%s (a pipeline stage's tensor-parallel share)",
              (long long)global, format_bytes(global * 4.0).c_str(), m.layers, m.d_model, m.heads,
