@@ -227,9 +227,10 @@ void Trainer::print_start() const {
   const std::string per_rank =
       share.min == share.max
           ? strfmt("%.0f per rank", share.max)
-          : strfmt("%.0f to %.0f per rank (pipeline stages differ)", share.min, share.max);
+          : strfmt("%.0f to %.0f per rank (each its pipeline stage's tensor-parallel share)",
+                   share.min, share.max);
   log(strfmt("model: %lld parameters (%s fp32), %d layers, d_model %d, %d heads (%d kv), d_ff %d; "
-             "%s (a pipeline stage's tensor-parallel share)",
+             "%s",
              (long long)global, format_bytes(global * 4.0).c_str(), m.layers, m.d_model, m.heads,
              m.kv_heads, m.d_ff, per_rank.c_str()));
   if (table_->vocab_padded != m.vocab)
