@@ -138,8 +138,8 @@ run:
 tests: $(BUILD)/unit_tests $(BUILD)/mpi_tests $(BUILD)/trellis
 
 # Also the sanitizer tests (asan-build) and the fuzzers, TEST_FUZZ_SECONDS each (fuzz-build; clang):
-# their recorded findings and seeds replayed, then half of `make fuzz`'s exploring, for room under
-# CI's 25 minutes.
+# their recorded findings and seeds replayed, then 10 s of exploring (`make fuzz`: 60), for room
+# under CI's 25 minutes.
 TEST_FUZZ_SECONDS ?= 10
 test:
 	@$(MAKE) deps
