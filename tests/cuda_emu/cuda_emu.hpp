@@ -82,6 +82,9 @@ void sync_warp();
 /// mma.sync): 32 lanes × kExchangeBytes, lane l's at l × (the operation's bytes per lane).
 constexpr size_t kExchangeBytes = 32;
 void* warp_exchange();
+/// A shuffle of 64 bits: the running lane's `bits` go to the warp, one warp barrier, and the
+/// value lane `src` gave comes back (in the runtime, uninstrumented: the emulator's hot path).
+uint64_t shuffle_bits(uint64_t bits, int src);
 /// Whether [p, p + bytes) lies inside the running block's dynamic shared memory.
 bool in_shared(const void* p, size_t bytes);
 /// cp.async{.cg}.shared.global dst, src, size, src_size (PTX ISA "cp.async"): the source's
@@ -177,11 +180,11 @@ inline Configuration Launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t
 template <typename T>
 T shuffle(T v, int src) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
-  auto* slots = static_cast<uint64_t*>(warp_exchange());
-  std::memcpy(&slots[lane()], &v, sizeof(T));
-  sync_warp();
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = shuffle_bits(bits, src);
   T r;
-  std::memcpy(&r, &slots[src], sizeof(T));
+  std::memcpy(&r, &bits, sizeof(T));
   return r;
 }
 

@@ -16,6 +16,7 @@
 // C (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT 0, and a call with C ≠ D is refused);
 // `out-of-place-first` — the heuristic's first cannot, the others can; `alloc-once` — the
 // process's first heuristic call fails as if kernels could not be loaded for want of memory.
+#include <cblas.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -343,10 +344,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
       const float v = load(B, b.type, d.trans_b == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
       opb[size_t(p * n + j)] = tf ? tf32(v) : v;
     }
+  // op(A) · op(B) (m,n), row-major, in fp32 through the host's BLAS (the sums' order is its own,
+  // as a GPU's is cuBLASLt's: the backend's tests bound the GEMMs' error, not an order).
+  std::vector<float> prod(size_t(m * n));
+  if (m > 0 && n > 0 && k > 0)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f,
+                opa.data(), int(k), opb.data(), int(n), 0.0f, prod.data(), int(n));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < m; ++i) {
-      float sum = 0.0f;
-      for (int64_t p = 0; p < k; ++p) sum += opa[size_t(i * k + p)] * opb[size_t(p * n + j)];
+      const float sum = prod[size_t(i * n + j)];
       float x = al * sum + (be != 0.0f ? be * load(C, c.type, i + j * c.ld) : 0.0f);
       if (has_bias(d.epilogue)) x += load(d.bias, bias_t, i);
       switch (d.epilogue) {

@@ -12,7 +12,10 @@
 #include "cuda_emu.hpp"
 #include "emu_internal.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
+// This file is built without the sanitizers (the Makefile's EMU_RUNTIME_FLAGS: the emulator's own
+// bookkeeping, under every shuffle and barrier, is a quarter of the emulated tests' time) and
+// linked with kernels built with them: TRELLIS_EMU_FOR_ASAN says so.
+#if defined(__SANITIZE_ADDRESS__) || defined(TRELLIS_EMU_FOR_ASAN)
 // Fiber switches are not announced to AddressSanitizer (__sanitizer_start_switch_fiber): that
 // took a third of the emulator's time, and it only matters for code that unwinds a stack without
 // returning (exceptions, longjmp), which kernels never do. Its one other effect, stale poison
@@ -237,7 +240,7 @@ void run_block(const Index& block, const std::function<void()>& body) {
     ++m.warps[i / 32].alive;
 #ifdef TRELLIS_EMU_ASAN
     // The previous fiber on this stack died inside yield(): its frames' poison would be stale.
-    ASAN_UNPOISON_MEMORY_REGION(stack_of(i) + kStackBytes - kUnpoisonBytes, kUnpoisonBytes);
+    __asan_unpoison_memory_region(stack_of(i) + kStackBytes - kUnpoisonBytes, kUnpoisonBytes);
 #endif
     prepare(f.context, stack_of(i), kStackBytes, entry);
   }
@@ -268,6 +271,14 @@ int lane() { return linear(current()) % 32; }
 void* warp_exchange() {
   Fiber& f = current();
   return warp_of(f).exchange[f.shuffles++ & 1];
+}
+uint64_t shuffle_bits(uint64_t bits, int src) {
+  if (src < 0 || src >= 32) fault("a shuffle from a lane outside the warp");
+  Fiber& f = current();
+  auto* slots = reinterpret_cast<uint64_t*>(warp_of(f).exchange[f.shuffles++ & 1]);
+  slots[f.linear % 32] = bits;
+  sync_warp();
+  return slots[src];
 }
 bool in_shared(const void* p, size_t bytes) {
   const Machine& m = machine();

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include "backend/cuda/cuda_factory.hpp"
@@ -72,6 +73,37 @@ std::vector<StepResult> train(std::vector<std::string> overrides, bool checkpoin
   t.set_checkpointing(checkpoints);
   t.run();
   return t.history();
+}
+
+// The 20-step runs several tests start from or compare against (one on the emulated GPU takes
+// most of a minute), each made once in the process: the tiny deck on a backend in a precision,
+// writing checkpoints at steps 10 and 20 (which change no step's result) into a directory of its
+// own that no other run writes to, removed when the process ends.
+struct SharedRun {
+  std::vector<StepResult> steps;
+  fs::path checkpoints;
+  fs::path step10() const { return checkpoints / "step_00000010.h5"; }
+};
+const SharedRun& shared_run(const std::string& backend, const std::string& precision) {
+  struct Runs {
+    fs::path dir =
+        fs::temp_directory_path() / ("trellis-test-cuda-train-runs-" + std::to_string(::getpid()));
+    std::map<std::string, SharedRun> made;
+    ~Runs() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  };
+  static Runs runs;
+  const std::string key = backend + "-" + precision;
+  if (const auto it = runs.made.find(key); it != runs.made.end()) return it->second;
+  SharedRun run;
+  run.checkpoints = runs.dir / key;
+  run.steps = train({"--system.backend=" + backend, "--system.precision=" + precision,
+                     "--checkpoint.dir=" + run.checkpoints.string(), "--checkpoint.every=10",
+                     "--checkpoint.keep=2"},
+                    true);
+  return runs.made.emplace(key, std::move(run)).first->second;
 }
 
 /// The held-out evaluations of a run of the tiny deck with these overrides.
@@ -234,9 +266,8 @@ class CudaTrain : public ::testing::Test {
 };
 
 TEST_F(CudaTrain, TwentyStepsMatchTheCpu) {
-  const auto cpu = train({"--system.backend=cpu"});
-  const auto gpu = train({"--system.backend=cuda"});
-  expect_same_run(gpu, cpu, 1e-4);
+  const auto& gpu = shared_run("cuda", "fp32").steps;
+  expect_same_run(gpu, shared_run("cpu", "fp32").steps, 1e-4);
   EXPECT_LT(gpu.back().loss, gpu.front().loss - 0.5) << "it learns";
 }
 
@@ -276,26 +307,25 @@ TEST_F(CudaTrain, HeldOutLossMatchesTheCpu) {
 }
 
 TEST_F(CudaTrain, RecomputationGivesTheSameLosses) {
-  const auto plain = train({"--system.backend=cuda"});
+  const auto& plain = shared_run("cuda", "fp32").steps;
   expect_same_run(train({"--system.backend=cuda", "--train.recompute=full"}), plain, 1e-5);
   expect_same_run(train({"--system.backend=cuda", "--train.recompute=selective"}), plain, 1e-5);
 }
 
+// Steps 1-10 on one backend (the shared run's checkpoint at step 10), then steps 11-20 on the
+// other from that checkpoint, against the CPU's 20 steps.
 TEST_F(CudaTrain, CheckpointsCrossBetweenBackends) {
-  const auto cpu_all = train({"--system.backend=cpu"});
+  const auto& cpu_all = shared_run("cpu", "fp32").steps;
+  const std::vector<StepResult> tail(cpu_all.begin() + 10, cpu_all.end());
   for (auto [first, second] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
     SCOPED_TRACE(std::string(first) + " then " + second);
-    const fs::path ckpt = scratch_dir() / (std::string(first) + "-ckpt");
-    const std::string dir = "--checkpoint.dir=" + ckpt.string();
-    // 10 steps on one backend, checkpoint, then steps 11-20 on the other from that checkpoint.
-    train({std::string("--system.backend=") + first, dir, "--checkpoint.every=10",
-           "--checkpoint.keep=2"}, true);
-    // The first run wrote step 10 and step 20; restart from step 10.
-    const std::string step10 = "--checkpoint.resume=" + (ckpt / "step_00000010.h5").string();
-    const auto resumed = train({std::string("--system.backend=") + second, dir, step10,
-                                "--checkpoint.every=0"}, true);
+    const auto resumed =
+        train({std::string("--system.backend=") + second,
+               "--checkpoint.dir=" + (scratch_dir() / (std::string(second) + "-ckpt")).string(),
+               "--checkpoint.resume=" + shared_run(first, "fp32").step10().string(),
+               "--checkpoint.every=0"},
+              true);
     ASSERT_EQ(resumed.size(), 10u);
-    std::vector<StepResult> tail(cpu_all.begin() + 10, cpu_all.end());
     expect_same_run(resumed, tail, 1e-4);
   }
 }
@@ -303,8 +333,8 @@ TEST_F(CudaTrain, CheckpointsCrossBetweenBackends) {
 // The GPU in bf16 against the CPU in bf16, 20 steps: the same function (every bf16 kernel of the
 // GPU against the CPU's widening reference), to expect_same_bf16_run's bounds.
 TEST_F(CudaTrain, Bf16TwentyStepsMatchTheCpuInBf16) {
-  const auto cpu = train({"--system.backend=cpu", "--system.precision=bf16"});
-  const auto gpu = train({"--system.backend=cuda", "--system.precision=bf16"});
+  const auto& cpu = shared_run("cpu", "bf16").steps;
+  const auto& gpu = shared_run("cuda", "bf16").steps;
   expect_same_bf16_run(gpu, cpu);
   EXPECT_LT(gpu.back().loss, gpu.front().loss - 0.5) << "it learns";
 }
@@ -315,8 +345,8 @@ TEST_F(CudaTrain, Bf16TwentyStepsMatchTheCpuInBf16) {
 // 5e-3 per step for the loss and 5e-2 for the gradient norm (expect_same_run's 10×): room for 20
 // steps of drift, tight enough to catch a kernel that is wrong rather than rounded.
 TEST_F(CudaTrain, Bf16TracksFp32) {
-  const auto fp32 = train({"--system.backend=cuda"});
-  const auto bf16 = train({"--system.backend=cuda", "--system.precision=bf16"});
+  const auto& fp32 = shared_run("cuda", "fp32").steps;
+  const auto& bf16 = shared_run("cuda", "bf16").steps;
   expect_same_run(bf16, fp32, 5e-3);
   EXPECT_LT(bf16.back().loss, bf16.front().loss - 0.5) << "it learns";
 }
@@ -326,18 +356,15 @@ TEST_F(CudaTrain, Bf16TracksFp32) {
 // bound above, and in bf16, within expect_same_bf16_run's bounds (its first step, 11, again from
 // the same weights).
 TEST_F(CudaTrain, Bf16CheckpointResumesOnTheCpu) {
-  const fs::path ckpt = scratch_dir() / "bf16-ckpt";
-  const std::string dir = "--checkpoint.dir=" + ckpt.string();
-  const auto bf16 = train({"--system.backend=cuda", "--system.precision=bf16", dir,
-                           "--checkpoint.every=10", "--checkpoint.keep=2"}, true);
-  const std::vector<StepResult> bf16_tail(bf16.begin() + 10, bf16.end());
-  const std::string step10 = "--checkpoint.resume=" + (ckpt / "step_00000010.h5").string();
+  const SharedRun& bf16 = shared_run("cuda", "bf16");
+  const std::vector<StepResult> bf16_tail(bf16.steps.begin() + 10, bf16.steps.end());
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(std::string("resumed on the CPU in ") + precision);
     std::printf("resumed on the CPU in %s:\n", precision);
     const auto resumed =
-        train({"--system.backend=cpu", std::string("--system.precision=") + precision, dir, step10,
-               "--checkpoint.every=0"},
+        train({"--system.backend=cpu", std::string("--system.precision=") + precision,
+               "--checkpoint.dir=" + (scratch_dir() / (std::string(precision) + "-ckpt")).string(),
+               "--checkpoint.resume=" + bf16.step10().string(), "--checkpoint.every=0"},
               true);
     ASSERT_EQ(resumed.size(), 10u);
     if (std::string(precision) == "fp32")
