@@ -7,8 +7,6 @@ build=${1:-build}
 trellis="$build/trellis"
 work=$(mktemp -d /tmp/trellis-cli-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-flags=(--oversubscribe --bind-to none)
-[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 
 cat > "$work/ok.deck" <<'DECK'
 [model]
@@ -25,12 +23,13 @@ micro_batch = 1
 synthetic_tokens = 4096
 DECK
 
-passed=0 failed=0
-# expect NAME NP EXPECTED_STATUS MESSAGE_FRAGMENT -- trellis-arguments...
-expect() {
+source "$(dirname "$0")/lib/common.sh"  # (flags, in_background, collect)
+# expect NAME NP EXPECTED_STATUS MESSAGE_FRAGMENT -- trellis-arguments...: a case, run in the
+# background (in_background: $trellis and flags as they are at the call); collect prints it.
+expect() { in_background judge "$@"; }
+judge() {
   local name=$1 np=$2 want=$3 fragment=$4; shift 5
-  local run="$work/run-$passed-$failed"
-  local out="$work/out.txt"
+  local run="$work/run-$case" out="$work/out-$case.txt"
   timeout 60 mpirun "${flags[@]}" -np "$np" "$trellis" "$@" --run.dir="$run" >"$out" 2>&1
   local rc=$?
   local count
@@ -41,9 +40,9 @@ expect() {
   [ -z "$problem" ] && [ "$want" -eq 0 ] && [ "$count" -lt 1 ] && problem="no '$fragment' in the output"
   [ -z "$problem" ] && [ "$want" -ne 0 ] && [ -e "$run" ] && problem="created $run"
   if [ -z "$problem" ]; then
-    passed=$((passed + 1)); echo "ok   $name"
+    echo "ok   $name"
   else
-    failed=$((failed + 1)); echo "FAIL $name: $problem"; sed 's/^/     | /' "$out" | head -20
+    echo "FAIL $name: $problem"; sed 's/^/     | /' "$out" | head -20
   fi
 }
 
@@ -135,6 +134,7 @@ base64 /dev/urandom | head -c 6000 > "$work/corpus.txt"
 expect "eval.path is data.path by another name" 2 2 "eval.path and data.path both read" -- train "$ok" \
   --parallel.dp=2 --data.source=text --model.vocab=256 --data.path="$work/corpus.txt" \
   --eval.every=1 --eval.path="$work/./corpus.txt"
+collect
 run="$work/run-mpmd" out="$work/out.txt"
 common=(train "$ok" --data.source=text --model.vocab=256 --parallel.dp=2 --run.dir="$run")
 timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" "${common[@]}" --data.path="$work/corpus.txt" \

@@ -20,11 +20,13 @@ small_deck "$work/tiny.deck" <<'DECK'
 threads = 1
 DECK
 
-# compare NP OVERRIDES...: train the layout, plan it, compare the peaks. With GPU=1 the run is
-# on the emulated GPU (ranks sharing one device, or a device each where the overrides ask for the
-# nccl link).
-compare() {
+# compare NP OVERRIDES...: train the layout, plan it, compare the peaks (in the background:
+# in_background; collect prints the verdicts). With GPU=1 the run is on the emulated GPU (ranks
+# sharing one device, or a device each where the overrides ask for the nccl link).
+compare() { in_background compare_now "$@"; }
+compare_now() {
   local np=$1; shift
+  local run="$work/run-$case" plan="$work/plan-$case.json" check_log="$work/out-$case.log"
   local name="np $np $*" bin="$build/trellis" gpu=${GPU:-0} env=()
   if [ "$gpu" = 1 ]; then
     bin="$build/trellis-emu" name="emulated GPU, $name"
@@ -35,16 +37,15 @@ compare() {
          -x TRELLIS_TC_ATTENTION -x TRELLIS_GELU_EPILOGUE)
     set -- --system.backend=cuda "$@"
   fi
-  rm -rf "$work/run" "$work/plan.json"
-  timeout 120 mpirun "${flags[@]}" "${env[@]}" -np "$np" "$bin" train "$work/tiny.deck" --run.dir="$work/run" "$@" \
-    > "$work/out.log" 2>&1
+  timeout 120 mpirun "${flags[@]}" "${env[@]}" -np "$np" "$bin" train "$work/tiny.deck" --run.dir="$run" "$@" \
+    > "$check_log" 2>&1
   local rc=$?
-  "$build/trellis" plan "$work/tiny.deck" "$@" --gpus "$np" --top 0 --json "$work/plan.json" >> "$work/out.log" 2>&1
+  "$build/trellis" plan "$work/tiny.deck" "$@" --gpus "$np" --top 0 --json "$plan" >> "$check_log" 2>&1
   local prc=$?
-  check "$name: trains and plans" '[ $rc -eq 0 ] && [ $prc -eq 0 ] && [ -f "$work/run/summary.json" ] && [ -f "$work/plan.json" ]'
-  [ -f "$work/run/summary.json" ] && [ -f "$work/plan.json" ] || return
+  check "$name: trains and plans" '[ $rc -eq 0 ] && [ $prc -eq 0 ] && [ -f "$run/summary.json" ] && [ -f "$plan" ]'
+  [ -f "$run/summary.json" ] && [ -f "$plan" ] || return
   local verdict
-  verdict=$(python3 - "$work/run/summary.json" "$work/plan.json" "$gpu" <<'PY'
+  verdict=$(python3 - "$run/summary.json" "$plan" "$gpu" <<'PY'
 import json, sys
 measured = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
@@ -93,17 +94,6 @@ compare 2 --parallel.dp=2 --parallel.zero=1 --system.precision=bf16
 compare 2 --parallel.dp=2 --parallel.zero=3 --system.precision=bf16
 compare 2 --parallel.tp=2 --parallel.sequence_parallel=true --system.precision=bf16
 compare 2 --parallel.pp=2 --parallel.schedule=1f1b --system.precision=bf16 --train.recompute=selective
-# trellis bench prints the plan's peak beside the one it measured (the training's allocations, not
-# its reference GEMM's), as gpu-check.sh's table does on a GPU: within 10 %.
-check_log="$work/bench.log"
-timeout 120 "$build/trellis" bench "$work/tiny.deck" --train.steps=3 > "$work/bench.log" 2>&1
-bench_line=$(grep '^bench: ' "$work/bench.log")
-peak=$(sed -n 's/.* peak_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
-planned=$(sed -n 's/.* planned_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
-echo "     bench: measured $peak, planned $planned bytes"
-check "bench: the planned peak within 10 % of the measured one" \
-  '[ -n "$peak" ] && [ -n "$planned" ] && awk -v m="$peak" -v p="$planned" "BEGIN { d = p - m; if (d < 0) d = -d; exit !(m > 0 && d <= 0.1 * m) }"'
-check_log="$work/out.log"
 
 # The cuda backend on the emulated GPU: cuBLASLt's workspace and the kernels' scratch counted and
 # planned; bf16 with the tensor-core attention, and with the GELU out of the GEMM's epilogue (its
@@ -125,6 +115,19 @@ if [ -x "$build/trellis-emu" ]; then
 else
   echo "SKIP: $build/trellis-emu not built (no nvcc): the emulated GPU's peaks"
 fi
+collect
+
+# trellis bench prints the plan's peak beside the one it measured (the training's allocations, not
+# its reference GEMM's), as gpu-check.sh's table does on a GPU: within 10 %.
+check_log="$work/bench.log"
+timeout 120 "$build/trellis" bench "$work/tiny.deck" --train.steps=3 > "$work/bench.log" 2>&1
+bench_line=$(grep '^bench: ' "$work/bench.log")
+peak=$(sed -n 's/.* peak_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
+planned=$(sed -n 's/.* planned_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
+echo "     bench: measured $peak, planned $planned bytes"
+check "bench: the planned peak within 10 % of the measured one" \
+  '[ -n "$peak" ] && [ -n "$planned" ] && awk -v m="$peak" -v p="$planned" "BEGIN { d = p - m; if (d < 0) d = -d; exit !(m > 0 && d <= 0.1 * m) }"'
+check_log="$work/out.log"
 
 # Bad input: status 2 and a message naming the option or key.
 run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }

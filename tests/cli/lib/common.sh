@@ -1,5 +1,6 @@
-# Shared by the whole-program tests in tests/cli/ (sourced, not run): mpirun flags and the
-# pass/fail bookkeeping behind each test's last line "NAME: N passed, M failed".
+# Shared by the whole-program tests in tests/cli/ (sourced, not run): mpirun flags, the
+# pass/fail bookkeeping behind each test's last line "NAME: N passed, M failed", and cases run
+# side by side.
 flags=(--oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1)
 [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 passed=0 failed=0
@@ -30,4 +31,29 @@ small_deck() {
     printf '[train]\nsteps = 2\nglobal_batch = 8\nmicro_batch = 2\n'
     printf '[checkpoint]\nresume = never\n[data]\nsynthetic_tokens = 16384\n'
     cat; } > "$1"
+}
+# in_background COMMAND...: runs the command (a function that checks one case, with check or its
+# own "ok   " / "FAIL " lines) in the background, up to 3 at a time — most of a small case's time
+# is mpirun starting the job and its ranks meeting, not CPU — with the environment and variables
+# as they are at the call, and $case (0, 1, ...) naming it, for files of its own under $work.
+# Its output goes to $work/case-$case.txt; collect prints them in order and counts their verdicts.
+cases=0
+in_background() {
+  local n=$cases
+  cases=$((cases + 1))
+  while [ "$(jobs -rp | wc -l)" -ge 3 ]; do wait -n; done
+  case=$n "$@" > "${work:?}/case-$n.txt" 2>&1 &
+}
+# collect: waits for every case in_background started, prints each one's output in the order
+# they were started, and counts their ok and FAIL lines.
+collect() {
+  wait
+  local n out
+  for ((n = 0; n < cases; n++)); do
+    out="$work/case-$n.txt"
+    cat "$out"
+    passed=$((passed + $(grep -c '^ok   ' "$out")))
+    failed=$((failed + $(grep -c '^FAIL ' "$out")))
+  done
+  cases=0
 }
