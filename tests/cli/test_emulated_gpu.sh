@@ -64,7 +64,7 @@ train() {
   TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share timeout 300 \
     mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
     -x TRELLIS_SHARE_GPUS -np "$np" \
-    "$bin" train "$work/tiny.deck" --run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1
+    "$bin" train "$work/tiny.deck" --run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1 < /dev/null
 }
 # close A B RTOL [FILE ROWS]: every step's loss of run A within RTOL (relative) of run B's, and 4
 # steps; with FILE = eval.csv, every held-out loss (after steps 2 and 4: ROWS = 2).
@@ -77,6 +77,45 @@ close() {
           exit (bad || n != rows) }' "$work/$2/$file" "$work/$1/$file"
 }
 
+# "NP LINK SETTINGS": device buffers through the staged link (ranks sharing the one device) or
+# through NCCL (the emulated one, over MPI: a device per rank, as NCCL wants).
+layouts() {
+  if [ "$1" = fp32 ]; then
+    printf '%s\n' "2 staged dp=2 zero=3" "2 staged tp=2 sequence_parallel=true" "2 nccl dp=2 zero=1" \
+      "2 nccl tp=2 sequence_parallel=true" "2 nccl pp=2 schedule=1f1b" "4 nccl dp=2 tp=2 zero=2"
+  else
+    printf '%s\n' "2 staged dp=2 zero=1" "2 nccl tp=2" "2 nccl pp=2 schedule=1f1b"
+  fi
+}
+# layout PRECISION "NP LINK SETTINGS": sets np, link, settings, the run's name and its overrides.
+layout() {
+  read -r np link settings <<< "$2"
+  args=(--system.backend=cuda --system.precision="$1" --system.device_comm="$link") name=$1-$link
+  local kv
+  for kv in $settings; do args+=("--parallel.$kv"); name+="-${kv//=/}"; done
+}
+
+# Every run first, three at a time (in_background; each leaves its status in $work/NAME.status),
+# then the checks in order.
+train_keeping_status() { train "$@"; echo $? > "$work/$1.status"; }
+start() { in_background train_keeping_status "$@"; }
+status_of() { cat "$work/$1.status" 2>/dev/null || echo none; }
+for precision in fp32 bf16; do
+  start "cpu-$precision" "$build/trellis" 1 --system.precision="$precision"
+  start "one-$precision" "$build/trellis-emu" 1 --system.backend=cuda --system.precision="$precision"
+  mapfile -t all < <(layouts "$precision")
+  for l in "${all[@]}"; do
+    layout "$precision" "$l"
+    start "$name" "$build/trellis-emu" "$np" "${args[@]}"
+  done
+done
+# Ranks sharing one GPU (TRELLIS_SHARE_GPUS=1, SHARED=1 here): NCCL takes one GPU per rank, so
+# device_comm = auto takes the staged link, and nccl stops at start with status 2, naming the key.
+SHARED=1 start shared-auto "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2
+SHARED=1 start shared-nccl "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2 \
+  --system.device_comm=nccl
+collect  # (the runs print nothing: their logs are $work/NAME.log)
+
 for precision in fp32 bf16; do
   # The held-out loss after step 4 sees one update more than step 4's loss does, on 128 tokens of
   # one stretch of the walk; in bf16, at this deck's lr of 1e-2 (the loss still going up and down
@@ -85,46 +124,29 @@ for precision in fp32 bf16; do
   # errors of the kind a wrong slice or sum would make (tenths); fp32 to the steps' bounds.
   rtol=1e-4 cpu_rtol=1e-3 eval_rtol=1e-4 eval_cpu_rtol=1e-3
   [ "$precision" = bf16 ] && rtol=2e-3 cpu_rtol=5e-3 eval_rtol=2e-2 eval_cpu_rtol=2e-2
-  train "cpu-$precision" "$build/trellis" 1 --system.precision="$precision"
-  train "one-$precision" "$build/trellis-emu" 1 --system.backend=cuda --system.precision="$precision"
-  status=$?
-  check "$precision: one rank on the emulated GPU runs" "[ $status -eq 0 ]"
+  check_log="$work/one-$precision.log"
+  check "$precision: one rank on the emulated GPU runs" "[ $(status_of one-$precision) = 0 ]"
   check "$precision: one rank on the emulated GPU against the CPU" \
     "close one-$precision cpu-$precision $cpu_rtol && close one-$precision cpu-$precision $eval_cpu_rtol eval.csv 2"
   [ "$precision" = bf16 ] &&
     check "bf16: attention on the tensor cores by default, once checked against the fp32 kernels" \
       "grep -q 'bf16 attention: head size 32 on the tensor cores (mma.sync; agreed with the fp32 kernels)' $work/one-bf16.log"
-  # "NP LINK SETTINGS": device buffers through the staged link (ranks sharing the one device) or
-  # through NCCL (the emulated one, over MPI: a device per rank, as NCCL wants).
-  layouts=("2 staged dp=2 zero=3" "2 staged tp=2 sequence_parallel=true" "2 nccl dp=2 zero=1"
-           "2 nccl tp=2 sequence_parallel=true" "2 nccl pp=2 schedule=1f1b"
-           "4 nccl dp=2 tp=2 zero=2")
-  [ "$precision" = bf16 ] &&
-    layouts=("2 staged dp=2 zero=1" "2 nccl tp=2" "2 nccl pp=2 schedule=1f1b")
-  for layout in "${layouts[@]}"; do
-    read -r np link settings <<< "$layout"
-    args=(--system.device_comm="$link") name=$precision-$link
-    for kv in $settings; do args+=("--parallel.$kv"); name+="-${kv//=/}"; done
-    train "$name" "$build/trellis-emu" "$np" --system.backend=cuda --system.precision="$precision" \
-      "${args[@]}"
-    status=$?
+  mapfile -t all < <(layouts "$precision")
+  for l in "${all[@]}"; do
+    layout "$precision" "$l"
+    check_log="$work/$name.log"
     check "$precision $settings ($np ranks, $link link) on the emulated GPU: the one-rank losses" \
-      "[ $status -eq 0 ] && close $name one-$precision $rtol && close $name one-$precision $eval_rtol eval.csv 2 &&
+      "[ $(status_of "$name") = 0 ] && close $name one-$precision $rtol && close $name one-$precision $eval_rtol eval.csv 2 &&
        grep -q 'through the $link link' $work/$name.log"
   done
 done
 
-# Ranks sharing one GPU (TRELLIS_SHARE_GPUS=1, SHARED=1 here): NCCL takes one GPU per rank, so
-# device_comm = auto takes the staged link, and nccl stops at start with status 2, naming the key.
-SHARED=1 train shared-auto "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2
-status=$?
+check_log="$work/shared-auto.log"
 check "2 ranks sharing the emulated GPU, device_comm = auto: the staged link" \
-  "[ $status -eq 0 ] && grep -q 'through the staged link' $work/shared-auto.log"
-SHARED=1 train shared-nccl "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2 \
-  --system.device_comm=nccl
-status=$?
+  "[ $(status_of shared-auto) = 0 ] && grep -q 'through the staged link' $work/shared-auto.log"
+check_log="$work/shared-nccl.log"
 check "2 ranks sharing the emulated GPU, device_comm = nccl: status 2, the key named once" \
-  "[ $status -eq 2 ] && [ \$(grep -c 'system.device_comm = nccl: ranks on one node share a GPU' $work/shared-nccl.log) -eq 1 ]"
+  "[ $(status_of shared-nccl) = 2 ] && [ \$(grep -c 'system.device_comm = nccl: ranks on one node share a GPU' $work/shared-nccl.log) -eq 1 ]"
 
 echo "emulated_gpu: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

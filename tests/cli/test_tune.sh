@@ -7,55 +7,86 @@ build=${1:-build}
 work=$(mktemp -d /tmp/trellis-tune-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
-check_log="$work/out.log"
 tiny_deck "$work/tiny.deck" <<'DECK'
 [train]
 steps = 3
 global_batch = 4
 micro_batch = 4
 DECK
-run() { timeout 120 mpirun "${flags[@]}" "$@" > "$work/out.log" 2>&1; echo $?; }
+# The cases run three at a time (in_background; collect prints them in order), each with its own
+# output file, $out.
+run() { timeout 120 mpirun "${flags[@]}" "$@" > "$out" 2>&1; echo $?; }
+own_output() { out="$work/out-$case.log" check_log="$work/out-$case.log"; }
 
+np2_tune() {
+own_output
 rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --steps 2 --run.dir="$work/run")
 check "np 2: status 0" '[ $rc -eq 0 ]'
 # Six of the planner's layouts (the default --candidates), each grid shape of two ranks among them.
-check "np 2: six layouts measured" '[ "$(grep -c "^tune: dp" "$work/out.log")" -eq 6 ]'
+check "np 2: six layouts measured" '[ "$(grep -c "^tune: dp" "$out")" -eq 6 ]'
 for shape in "dp2 tp1 pp1" "dp1 tp2 pp1" "dp1 tp1 pp2"; do
-  check "np 2: the shape $shape is tried" 'grep -q "^tune: $shape" "$work/out.log"'
+  check "np 2: the shape $shape is tried" 'grep -q "^tune: $shape" "$out"'
 done
-check "np 2: the plan's peak memory is shown next to the measured one" 'grep -q "planned peak" "$work/out.log"'
-check "np 2: the ranking table is printed" 'grep -q "tune: measured on 2 rank(s), fastest first" "$work/out.log"'
-winner=$(grep -o "the winner, [^,]*" "$work/out.log" | sed "s/the winner, //")
-top=$(grep "│ 1 " "$work/out.log" | awk -F"│" "{ gsub(/^ +| +$/, \"\", \$3); print \$3 }")
+check "np 2: the plan's peak memory is shown next to the measured one" 'grep -q "planned peak" "$out"'
+check "np 2: the ranking table is printed" 'grep -q "tune: measured on 2 rank(s), fastest first" "$out"'
+winner=$(grep -o "the winner, [^,]*" "$out" | sed "s/the winner, //")
+top=$(grep "│ 1 " "$out" | awk -F"│" "{ gsub(/^ +| +$/, \"\", \$3); print \$3 }")
 check "np 2: the winner is the table's first row" '[ -n "$winner" ] && [ "$winner" = "$top" ]'
 check "np 2: the winning deck is written to run.dir/tuned.deck" '[ -f "$work/run/tuned.deck" ]'
 dp=$(sed -n "s/^dp = //p" "$work/run/tuned.deck")
 check "np 2: the deck holds the winner's layout" '[ -n "$dp" ] && echo "$winner" | grep -q "^dp$dp "'
 rc=$(run -np 2 "$build/trellis" train "$work/run/tuned.deck" --run.dir="$work/again")
 check "np 2: the tuned deck trains as it is" '[ $rc -eq 0 ] && grep -q "^3," "$work/again/metrics.csv"'
+}
+in_background np2_tune
 
-rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --steps 1 --candidates 1 --out "$work/one.deck")
-check "np 1: --candidates 1 --out FILE" '[ $rc -eq 0 ] && [ -f "$work/one.deck" ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 1 ]'
+np1_out() {
+  own_output
+  rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --steps 1 --candidates 1 --out "$work/one.deck")
+  check "np 1: --candidates 1 --out FILE" '[ $rc -eq 0 ] && [ -f "$work/one.deck" ] && [ "$(grep -c "^tune: dp" "$out")" -eq 1 ]'
+}
+in_background np1_out
 
+bad_option() {
+  own_output
+  rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" $1)
+  check "bad option '$1': status 2 with one message" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "trellis: error" "$out")" -eq 1 ]'
+}
 for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck"; do
-  rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" $bad)
-  check "bad option '$bad': status 2 with one message" \
-    '[ $rc -eq 2 ] && [ "$(grep -c "trellis: error" "$work/out.log")" -eq 1 ]'
+  in_background bad_option "$bad"
 done
-rc=$(run -np 2 "$build/trellis" tune)
-check "no deck: status 2" '[ $rc -eq 2 ] && grep -q "which deck" "$work/out.log"'
-rc=$(run -np 2 "$build/trellis" tune "$work/missing.deck")
-check "a missing deck: status 2, named" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
+no_deck() {
+  own_output
+  rc=$(run -np 2 "$build/trellis" tune)
+  check "no deck: status 2" '[ $rc -eq 2 ] && grep -q "which deck" "$out"'
+}
+in_background no_deck
+missing_deck() {
+  own_output
+  rc=$(run -np 2 "$build/trellis" tune "$work/missing.deck")
+  check "a missing deck: status 2, named" '[ $rc -eq 2 ] && grep -q "missing.deck" "$out"'
+}
+in_background missing_deck
 # --out as a bare file name: the current directory (its parent "" made std::filesystem throw).
-abs_build=$(cd "$build" && pwd)
-rc=$(cd "$work" && run -np 1 "$abs_build/trellis" tune "$work/tiny.deck" --candidates 1 --steps 1 --out here.deck)
-check "--out here.deck: written in the current directory" '[ $rc -eq 0 ] && [ -f "$work/here.deck" ]'
+out_here() {
+  own_output
+  local abs_build
+  abs_build=$(cd "$build" && pwd)
+  rc=$(cd "$work" && run -np 1 "$abs_build/trellis" tune "$work/tiny.deck" --candidates 1 --steps 1 --out here.deck)
+  check "--out here.deck: written in the current directory" '[ $rc -eq 0 ] && [ -f "$work/here.deck" ]'
+}
+in_background out_here
 # Bad input the runs themselves meet (a data path nothing matches): every rank's UserError, status
 # 2 and one message (it ended in std::terminate, status 134).
-rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --candidates 1 --data.source=tokens \
-  --data.path="$work/none/*.bin")
-check "a data path nothing matches: status 2 with one message naming it" \
-  '[ $rc -eq 2 ] && [ "$(grep -c "error: data.path: no file matches .$work/none/\*.bin." "$work/out.log")" -eq 1 ]'
+no_data() {
+  own_output
+  rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" --candidates 1 --data.source=tokens \
+    --data.path="$work/none/*.bin")
+  check "a data path nothing matches: status 2 with one message naming it" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "error: data.path: no file matches .$work/none/\*.bin." "$out")" -eq 1 ]'
+}
+in_background no_data
 
 # On the emulated GPU (build/trellis-emu, where nvcc built it): the layouts are planned for the
 # memory the GPUs have free (TRELLIS_EMU_MEMORY: the emulated device's), less the planner's 2 GiB
@@ -70,30 +101,42 @@ backend = cuda
 DECK
   emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY)
   # peaks COLUMN: the table's column (7: measured peak a rank, 8: planned), in MiB, one a line.
-  peaks() { grep -E "^│ [0-9]+ " "$work/out.log" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
-  export TRELLIS_EMU_MEMORY=$((141 << 30))
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-141.deck")
-  check "emulated GPU, 141 GiB: status 0, planned for the GPU's free memory" \
-    '[ $rc -eq 0 ] && grep -q "planned for 141.0 GiB of GPU memory a rank" "$work/out.log"'
-  check "emulated GPU, 141 GiB: layouts above 36.5 MiB a rank among the best" \
-    '[ "$(peaks 8 | awk "\$1 > 36.5" | wc -l)" -ge 1 ]'
-  export TRELLIS_EMU_MEMORY=$(((2 << 30) + 73 * (1 << 19)))  # the reserve and 36.5 MiB
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-small.deck")
-  check "emulated GPU, 36.5 MiB over the reserve: status 0, three layouts" \
-    '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$work/out.log")" -eq 3 ] && [ -f "$work/gpu-small.deck" ]'
-  check "emulated GPU, 36.5 MiB over the reserve: none planned or measured above it" \
-    '[ "$(peaks 8 | wc -l)" -eq 3 ] && [ "$(peaks 7 | wc -l)" -eq 3 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
-  export TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20)))  # the reserve and 30 MiB: too little
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
-  check "emulated GPU, 30 MiB over the reserve: status 2, and the plan to look at" \
-    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 2.0 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back for NCCL and the allocator (see trellis plan .*gpu.deck --gpus 2 --gpu-mem 2078MiB)" "$work/out.log")" -eq 1 ]'
-  export TRELLIS_EMU_MEMORY=2000000000
-  rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
-  check "emulated GPU, less than the reserve: status 2, saying what is free" \
-    '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, less than the 2.0 GiB the planner keeps back" "$work/out.log")" -eq 1 ]'
-  unset TRELLIS_EMU_MEMORY
+  peaks() { grep -E "^│ [0-9]+ " "$out" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
+  gpu_141() {
+    own_output
+    rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-141.deck")
+    check "emulated GPU, 141 GiB: status 0, planned for the GPU's free memory" \
+      '[ $rc -eq 0 ] && grep -q "planned for 141.0 GiB of GPU memory a rank" "$out"'
+    check "emulated GPU, 141 GiB: layouts above 36.5 MiB a rank among the best" \
+      '[ "$(peaks 8 | awk "\$1 > 36.5" | wc -l)" -ge 1 ]'
+  }
+  TRELLIS_EMU_MEMORY=$((141 << 30)) in_background gpu_141
+  gpu_small() {
+    own_output
+    rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1 --candidates 3 --out "$work/gpu-small.deck")
+    check "emulated GPU, 36.5 MiB over the reserve: status 0, three layouts" \
+      '[ $rc -eq 0 ] && [ "$(grep -c "^tune: dp" "$out")" -eq 3 ] && [ -f "$work/gpu-small.deck" ]'
+    check "emulated GPU, 36.5 MiB over the reserve: none planned or measured above it" \
+      '[ "$(peaks 8 | wc -l)" -eq 3 ] && [ "$(peaks 7 | wc -l)" -eq 3 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
+  }
+  TRELLIS_EMU_MEMORY=$(((2 << 30) + 73 * (1 << 19))) in_background gpu_small  # the reserve and 36.5 MiB
+  gpu_too_little() {
+    own_output
+    rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
+    check "emulated GPU, 30 MiB over the reserve: status 2, and the plan to look at" \
+      '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 2.0 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back for NCCL and the allocator (see trellis plan .*gpu.deck --gpus 2 --gpu-mem 2078MiB)" "$out")" -eq 1 ]'
+  }
+  TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20))) in_background gpu_too_little  # the reserve and 30 MiB
+  gpu_below_reserve() {
+    own_output
+    rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
+    check "emulated GPU, less than the reserve: status 2, saying what is free" \
+      '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, less than the 2.0 GiB the planner keeps back" "$out")" -eq 1 ]'
+  }
+  TRELLIS_EMU_MEMORY=2000000000 in_background gpu_below_reserve
 else
   echo "SKIP: $build/trellis-emu not built (no nvcc): tune on the emulated GPU"
 fi
+collect
 echo "tune: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -36,13 +36,14 @@ small_deck() {
 # own "ok   " / "FAIL " lines) in the background, up to 3 at a time — most of a small case's time
 # is mpirun starting the job and its ranks meeting, not CPU — with the environment and variables
 # as they are at the call, and $case (0, 1, ...) naming it, for files of its own under $work.
-# Its output goes to $work/case-$case.txt; collect prints them in order and counts their verdicts.
+# Its output goes to $work/case-$case.txt (its input is /dev/null: mpirun would read the caller's);
+# collect prints them in order and counts their verdicts.
 cases=0
 in_background() {
   local n=$cases
   cases=$((cases + 1))
   while [ "$(jobs -rp | wc -l)" -ge 3 ]; do wait -n; done
-  case=$n "$@" > "${work:?}/case-$n.txt" 2>&1 &
+  case=$n "$@" > "${work:?}/case-$n.txt" 2>&1 < /dev/null &
 }
 # collect: waits for every case in_background started, prints each one's output in the order
 # they were started, and counts their ok and FAIL lines.
