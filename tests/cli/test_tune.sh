@@ -120,20 +120,19 @@ DECK
       '[ "$(peaks 8 | wc -l)" -eq 3 ] && [ "$(peaks 7 | wc -l)" -eq 3 ] && [ "$( (peaks 7; peaks 8) | awk "\$1 > 36.5" | wc -l)" -eq 0 ]'
   }
   TRELLIS_EMU_MEMORY=$(((2 << 30) + 73 * (1 << 19))) in_background gpu_small  # the reserve and 36.5 MiB
-  gpu_too_little() {
+  # gpu_refused NAME MESSAGE: nothing fits: status 2 and the message, once.
+  gpu_refused() {
     own_output
+    local said=$3
     rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
-    check "emulated GPU, 30 MiB over the reserve: status 2, and the plan to look at" \
-      '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 2.0 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back for NCCL and the allocator (see trellis plan .*gpu.deck --gpus 2 --gpu-mem 2078MiB)" "$out")" -eq 1 ]'
+    check "emulated GPU, $1: status 2, $2" '[ $rc -eq 2 ] && [ "$(grep -c "$said" "$out")" -eq 1 ]'
   }
-  TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20))) in_background gpu_too_little  # the reserve and 30 MiB
-  gpu_below_reserve() {
-    own_output
-    rc=$(run "${emu[@]}" -np 2 "$build/trellis-emu" tune "$work/gpu.deck" --steps 1)
-    check "emulated GPU, less than the reserve: status 2, saying what is free" \
-      '[ $rc -eq 2 ] && [ "$(grep -c "fits in memory: 1.9 GiB free on the fullest GPU, less than the 2.0 GiB the planner keeps back" "$out")" -eq 1 ]'
-  }
-  TRELLIS_EMU_MEMORY=2000000000 in_background gpu_below_reserve
+  TRELLIS_EMU_MEMORY=$(((2 << 30) + 30 * (1 << 20))) in_background gpu_refused \
+    "30 MiB over the reserve" "and the plan to look at" \
+    "fits in memory: 2.0 GiB free on the fullest GPU, of which the planner keeps 2.0 GiB back for NCCL and the allocator (see trellis plan .*gpu.deck --gpus 2 --gpu-mem 2078MiB)"
+  TRELLIS_EMU_MEMORY=2000000000 in_background gpu_refused "less than the reserve" \
+    "saying what is free" \
+    "fits in memory: 1.9 GiB free on the fullest GPU, less than the 2.0 GiB the planner keeps back"
 else
   echo "SKIP: $build/trellis-emu not built (no nvcc): tune on the emulated GPU"
 fi
