@@ -31,6 +31,11 @@ namespace {
 constexpr int kTile = 32;                  // rows per block and keys per tile
 constexpr int kWarps = 4;                  // warps per block
 constexpr int kRowsPerWarp = kTile / kWarps;
+// The loops over a tile's 32 rows that take each row's value from its lane (a shuffle) are
+// unrolled 8 at a time, not whole: fully unrolled inside the unrolled loop over a warp's rows,
+// they took 255 registers and spilled (the dK/dV kernel up to 4 KiB a thread, ptxas, sm_80 and
+// sm_90) and nvcc 100 s an architecture; by 8, at most 128 registers and no spills, in 27 s.
+constexpr int kSharedUnroll = 8;
 
 // qkv (B,T,(H+2KV)·hd): the offsets of query head h, key head g, value head g in a row.
 struct Heads {
@@ -97,6 +102,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
       m[r] = mnew;
 #pragma unroll
       for (int c = 0; c < DPL; ++c) o[r][c] *= corr;
+#pragma unroll kSharedUnroll
       for (int jj = 0; jj < kTile; ++jj) {
         const float pj = __shfl_sync(0xffffffffu, p, jj);
 #pragma unroll
@@ -191,6 +197,7 @@ __global__ void attention_dq_kernel(float* dqkv, const float* dout, const float*
         const float p = expf(s * scale - lse_bh[ti]);
         ds = p * (dp - dsum_bh[ti]);
       }
+#pragma unroll kSharedUnroll
       for (int jj = 0; jj < kTile; ++jj) {
         const float dsj = __shfl_sync(0xffffffffu, ds, jj);
 #pragma unroll
@@ -268,6 +275,7 @@ __global__ void attention_dkv_kernel(float* dqkv, const float* dout, const float
           p = expf(s * scale - sL[lane]);
           ds = p * (dp - sD[lane]);
         }
+#pragma unroll kSharedUnroll
         for (int ii = 0; ii < kTile; ++ii) {
           const float pi = __shfl_sync(0xffffffffu, p, ii);
           const float dsi = __shfl_sync(0xffffffffu, ds, ii);
@@ -299,7 +307,7 @@ __global__ void attention_dkv_kernel(float* dqkv, const float* dout, const float
   }
 }
 
-// Runs Launch<DPL> for a DPL that holds hd (three instantiations: each costs minutes of nvcc).
+// Runs Launch<DPL> for a DPL that holds hd (three instantiations, each its own kernels).
 template <template <int> class Launch, typename... Args>
 void dispatch_dpl(int hd, Args&&... args) {
   if (hd <= 32) Launch<1>::run(args...);
