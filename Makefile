@@ -114,8 +114,8 @@ $(BUILD)/obj/%.cu.o: %.cu Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-# The CUDA objects first: nvcc takes minutes over cuda_attention.cu (two architectures), which
-# starting first keeps off the end of a parallel build.
+# The CUDA objects first: nvcc's are the longest (cuda_attention.cu about a minute for its two
+# architectures), which starting first keeps off the end of a parallel build.
 $(LIBTRELLIS): $(CU_OBJ) $(LIB_OBJ) $(FLAGS_STAMP)
 	@rm -f $@
 	ar rcs $@ $(filter %.o,$^)

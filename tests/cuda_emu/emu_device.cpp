@@ -274,9 +274,8 @@ void* warp_exchange() {
 }
 uint64_t shuffle_bits(uint64_t bits, int src) {
   if (src < 0 || src >= 32) fault("a shuffle from a lane outside the warp");
-  Fiber& f = current();
-  auto* slots = reinterpret_cast<uint64_t*>(warp_of(f).exchange[f.shuffles++ & 1]);
-  slots[f.linear % 32] = bits;
+  auto* slots = static_cast<uint64_t*>(warp_exchange());
+  slots[lane()] = bits;
   sync_warp();
   return slots[src];
 }
