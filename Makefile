@@ -176,18 +176,23 @@ gpu-bundle:
 # cuBLASLt into emu_tests, which runs the GPU tests (test_cuda_*.cpp) with every kernel on the CPU.
 ifneq ($(HAVE_CUDA),)
 EMU_DIR      := tests/cuda_emu
+EMU_CUDNN_SRC := $(EMU_DIR)/emu_cudnn_lib.cpp $(EMU_DIR)/emu_cudnn_run.cpp  # (libcudnn-emu.so's)
 EMU_CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/emu/%.o)
 EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_selftest.cpp \
-                  $(EMU_DIR)/emu_nccl_lib.cpp,$(wildcard $(EMU_DIR)/*.cpp)))
+                  $(EMU_DIR)/emu_nccl_lib.cpp $(EMU_CUDNN_SRC),$(wildcard $(EMU_DIR)/*.cpp)))
 # The emulated NCCL, a library the emulated NCCL link opens (over MPI between the processes).
 EMU_NCCL     := $(abspath $(BUILD))/emu/libnccl-emu.so
 EMU_EXPORT   := -Wl,--export-dynamic-symbol=trellis_emu_register_nccl  # for the emulated NCCL
+# The emulated cuDNN: its backend API with an interpreter of the graphs (cudnn_attention.cu opens
+# it in place of libcudnn.so.9), where cuDNN's headers are.
+EMU_CUDNN    := $(abspath $(BUILD))/emu/libcudnn-emu.so
+HAVE_CUDNN   := $(if $(wildcard $(CUDA_HOME)/include/cudnn_graph.h),1,)
 EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp \
                   tests/comm/test_nccl_link.cpp)) $(TEST_MAIN_OBJ)
 EMU_FLAGS    := -std=c++20 -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -Wall -Wextra -Wno-unknown-pragmas -Ilib -I$(EMU_DIR) \
                 $(CPPFLAGS) -isystem $(CUDA_HOME)/include -isystem $(NCCL_HOME)/include \
-                -DTRELLIS_EMU_NCCL_LIBRARY='"$(EMU_NCCL)"'
+                -DTRELLIS_EMU_NCCL_LIBRARY='"$(EMU_NCCL)"' -DTRELLIS_EMU_CUDNN_LIBRARY='"$(EMU_CUDNN)"'
 $(BUILD)/emu/%.cpp: %.cu $(EMU_DIR)/emulate.sed
 	@mkdir -p $(@D)
 	sed -f $(EMU_DIR)/emulate.sed $< > $@
@@ -210,6 +215,13 @@ $(EMU_NCCL): $(EMU_DIR)/emu_nccl_lib.cpp Makefile
 	  -isystem $(NCCL_HOME)/include $< -o $@ -L$(MPI_HOME)/lib -lmpi
 ifneq ($(HAVE_NCCL),)
 $(BUILD)/emu_tests $(BUILD)/trellis-emu: | $(EMU_NCCL)
+endif
+$(EMU_CUDNN): $(EMU_CUDNN_SRC) $(EMU_DIR)/emu_cudnn.hpp Makefile
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O2 -g -fPIC -shared -Wall -Wextra -isystem $(CUDA_HOME)/include \
+	  $(EMU_CUDNN_SRC) -o $@
+ifneq ($(HAVE_CUDNN),)
+$(BUILD)/emu_tests $(BUILD)/trellis-emu: | $(EMU_CUDNN)
 endif
 $(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.o $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \

@@ -11,14 +11,16 @@
 #   2. `trellis bench` on the GPU, B·T = 64 × 1024 (halving B until it fits), synthetic tokens:
 #      inputs/gpt2-124m.deck and inputs/gpt2-350m.deck with system.precision = bf16 (bf16
 #      activations and weights, fp32 master weights, gradients and AdamW state, fp32 accumulation)
-#      and attention as by default (TRELLIS_TC_ATTENTION unset: the mma.sync kernels on the tensor
-#      cores where the backend's check on this device finds them agreeing with the fp32 kernels,
-#      which the summary reports; row "bf16+tc"); for comparison gpt2-124m the same with each GEMM's cuBLASLt algorithm chosen
+#      and attention as by default (TRELLIS_TC_ATTENTION unset: cuDNN's fused attention where it
+#      loads — from PyTorch's pip packages if need be — and else the mma.sync kernels, each where
+#      the backend's check on this device finds it agreeing with the fp32 kernels, which the
+#      summary reports; row "bf16+tc"); for comparison gpt2-124m the same on the mma.sync kernels
+#      (TRELLIS_CUDNN=0, "bf16+mma"), with each GEMM's cuBLASLt algorithm chosen
 #      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"), with the bias
 #      gradients as column-sum kernels instead of the dweight GEMMs' BGRADB epilogue
 #      (TRELLIS_BGRAD_EPILOGUE=0, "bf16+tc-bgrad": a fused epilogue can make cuBLASLt pick a
 #      slower GEMM, NVIDIA/CUDALibrarySamples#90), with the mma.sync attention kernels in 64-row
-#      blocks instead of 128 (TRELLIS_ATTN_BLOCK_ROWS=64, "bf16+tc-b64"), with the residual adds
+#      blocks instead of 128 (TRELLIS_ATTN_BLOCK_ROWS=64, "bf16+mma-b64"), with the residual adds
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
@@ -95,7 +97,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention on the tensor cores (mma.sync; +wmma: the WMMA kernels), +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, -b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -170,6 +172,16 @@ if ! grep -q libnccl.so.2 <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local
   nccl=$(find_lib libnccl.so.2)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"
 fi
+# cuDNN (its fused attention, opened at run time: cudnn_attention.cu; the bundle does not carry
+# its 800+ MB): from the CUDA installation, else the one PyTorch's pip packages carry; and NVRTC,
+# which its runtime-compiled attention engines load. Without cuDNN, bf16 attention runs on the
+# mma.sync kernels (the summary's default-attention line says which).
+for lib in libcudnn.so.9 libnvrtc.so.13; do
+  if ! grep -q "$lib" <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local/cuda/lib64/$lib ]]; then
+    hit=$(find_lib "$lib")
+    [[ -n $hit ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$hit")"
+  fi
+done
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 
 # ---- the device and its dense bf16 peak (TFLOP/s) ----
@@ -195,11 +207,18 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.
 tc_tests='Cuda*TensorCore*'
+# cuDNN's fused attention (CudaCudnn.*: its graphs have not run on a GPU either) goes first, in a
+# process of its own too.
 t=$(limit "$TEST_TIMEOUT")
 (( t > 0 )) || t=1  # (timeout 0 would be no limit)
-"${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter="Cuda*:NcclLink*-$tc_tests" 2>&1 |
+"${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter='CudaCudnn*' 2>&1 | tee "$OUTDIR/tests-cudnn.log"
+cudnn_status=${PIPESTATUS[0]}
+t=$(limit "$TEST_TIMEOUT")
+(( t > 0 )) || t=1
+"${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter="Cuda*:NcclLink*-$tc_tests:CudaCudnn*" 2>&1 |
   tee "$OUTDIR/tests.log"
 test_status=${PIPESTATUS[0]}
+(( cudnn_status == 0 )) || test_status=1
 t=$(limit "$TEST_TIMEOUT")
 (( t > 0 )) || t=1
 TRELLIS_TC_ATTENTION=1 "${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter="$tc_tests" 2>&1 |
@@ -228,8 +247,8 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     echo "gpu-check: no launcher here: the NCCL link between two ranks is not tested"
   fi
 fi
-tests_line=$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | tr -s ' \n' ' ')
-failed_tests=$(cat "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' |
+tests_line=$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/tests-cudnn.log" "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | tr -s ' \n' ' ')
+failed_tests=$(cat "$OUTDIR/tests-cudnn.log" "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' |
                awk '{print $4}' | sort -u | paste -sd' ' -)
 fragment_line=$(grep -h '^fragment layouts:' "$OUTDIR/tests-tc.log" | tail -1)
 no_device=0
@@ -248,14 +267,15 @@ main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
   local name precision tc variant gemm_tune bgrad block_rows residual gelu deck tf32 B t label
-  local status line why="" log="" tc_env
+  local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
-  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1
+  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1 cudnn=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == nobgrad ]] && bgrad=0
-  [[ ${variant:-} == b64 ]] && block_rows=64
+  [[ ${variant:-} == b64 ]] && block_rows=64 cudnn=0  # (the mma.sync kernels' blocks)
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
+  [[ ${variant:-} == nocudnn ]] && cudnn=0
   deck=inputs/$name.deck
   tf32=0
   [[ $precision == fp32 ]] && tf32=1  # fp32 storage with TF32 tensor-core GEMMs
@@ -275,7 +295,8 @@ bench_row() {
     [[ $tc == auto ]] && tc_env=(-u TRELLIS_TC_ATTENTION)
     env "${tc_env[@]}" TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
-      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDA_PROFILE=1 \
+      TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
+      TRELLIS_CUDA_PROFILE=1 \
       "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
       --data.source=synthetic --data.synthetic_order=1 --data.synthetic_tokens=4194304 \
@@ -299,9 +320,10 @@ bench_row() {
   [[ $tc == 1 || $tc == auto ]] && label=bf16+tc
   (( gemm_tune )) && label=bf16+tc+tune
   (( bgrad )) || label=bf16+tc-bgrad
-  (( block_rows == 64 )) && label=bf16+tc-b64
   (( residual )) || label=bf16+tc-res
   (( gelu )) || label=bf16+tc-gelu
+  (( cudnn )) || label=bf16+mma
+  (( block_rows == 64 )) && label=bf16+mma-b64
   [[ $tc == wmma ]] && label=bf16+wmma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep -s '^bench: ' "$log" | tail -1)
@@ -356,7 +378,7 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto nobgrad" "gpt2-124m bf16 auto b64" \
+for run in "gpt2-124m bf16 auto nocudnn" "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto nobgrad" "gpt2-124m bf16 auto b64" \
            "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" "gpt2-124m bf16 wmma" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   bench_row "$run"

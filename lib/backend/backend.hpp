@@ -64,6 +64,13 @@ class Backend {
     (void)head_dim;
     return Widening::all;
   }
+  /// Whether a bf16 run's attention at this head size runs in a vendor library whose backward
+  /// keeps its own fp32 scratch, (B,H,T,hd) and (B,H,T) (cuda: cuDNN's fused attention, where
+  /// it loaded and agreed with the backend's kernels). For the memory plan.
+  virtual bool library_attention(int head_dim) const {
+    (void)head_dim;
+    return false;
+  }
   /// Sizes the widening arena for `bytes` up front (a training run: the planner's figure), so
   /// that the first step's calls do not grow it one by one (each growth briefly holds the old
   /// arena and the new call's scratch). Nothing while a widened call is in progress.

@@ -7,7 +7,6 @@
 // carry its 200+ MB), and any NCCL 2.x found there serves (its C ABI is stable).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -15,13 +14,13 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
 #include "comm/nccl_link.hpp"
 #include "core/error.hpp"
+#include "core/shared_library.hpp"
 
 namespace trellis {
 
@@ -50,16 +49,8 @@ struct NcclApi {
 /// Every function from `file`, or the reason it cannot be used in .error.
 NcclApi load_nccl(const std::string& file) {
   NcclApi a{};
-  void* lib = dlopen(file.c_str(), RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) {
-    const char* why = dlerror();
-    a.error = "cannot load " + file + " (" + (why ? why : "dlopen failed") + ")";
-    return a;
-  }
-  auto get = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn && a.error.empty()) a.error = file + " has no " + name + " (not an NCCL library?)";
-  };
+  SharedLibrary lib(file, "an NCCL library", RTLD_NOW | RTLD_GLOBAL);
+  auto get = [&](auto& fn, const char* name) { lib.get(fn, name); };
   get(a.GetErrorString, "ncclGetErrorString");
   get(a.GetUniqueId, "ncclGetUniqueId");
   get(a.CommInitRank, "ncclCommInitRank");
@@ -72,8 +63,8 @@ NcclApi load_nccl(const std::string& file) {
   get(a.Recv, "ncclRecv");
   get(a.GroupStart, "ncclGroupStart");
   get(a.GroupEnd, "ncclGroupEnd");
-  if (!a.error.empty()) dlclose(lib);
-  return a;  // a usable library stays open for the life of the process
+  a.error = lib.finish();
+  return a;
 }
 
 /// libnccl.so.2 (or TRELLIS_NCCL_LIBRARY), loaded once per process.

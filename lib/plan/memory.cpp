@@ -248,6 +248,8 @@ MemoryOptions run_memory_options(const Config& cfg) {
   opt.device = cfg.system.backend == "cuda";
   const char* tc = std::getenv("TRELLIS_TC_ATTENTION");  // unset: the checked default
   opt.tc_attention = !tc || std::string(tc) != "0";
+  const char* cudnn = std::getenv("TRELLIS_CUDNN");  // only in the checked default
+  opt.cudnn_attention = !tc && !(cudnn && std::string(cudnn) == "0");
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
@@ -263,9 +265,11 @@ MemoryOptions run_memory_options(const Config& cfg, const Backend& backend) {
   opt.threads = backend.threads();
   if (backend.multiprocessors() > 0) opt.sm_count = backend.multiprocessors();
   // Whether its bf16 attention is on the tensor cores, as the backend decided (its check).
-  if (opt.device && opt.precision == Precision::BF16 && cfg.model.heads > 0)
-    opt.tc_attention =
-        backend.widened_calls(cfg.model.d_model / cfg.model.heads) == Widening::none;
+  if (opt.device && opt.precision == Precision::BF16 && cfg.model.heads > 0) {
+    const int hd = cfg.model.d_model / cfg.model.heads;
+    opt.tc_attention = backend.widened_calls(hd) == Widening::none;
+    opt.cudnn_attention = backend.library_attention(hd);
+  }
   return opt;
 }
 
@@ -418,12 +422,14 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   // ---- workspace ----
   // A bf16 run's widening arena (backend.hpp, Widened): every kernel on the CPU; on a GPU the
   // attention unless the tensor-core kernels take its head size.
+  // cuDNN takes head sizes that are multiples of 8 up to 128; the mma.sync kernels 32, 64, 128.
   const int hd = m.d_model / m.heads;
-  const Widening widening = !bf16     ? Widening::none
-                            : !device ? Widening::all
-                            : opt.tc_attention && (hd == 32 || hd == 64 || hd == 128)
-                                ? Widening::none
-                                : Widening::attention;
+  const bool cudnn_takes = opt.cudnn_attention && hd % 8 == 0 && hd <= 128;
+  const bool mma_takes = opt.tc_attention && (hd == 32 || hd == 64 || hd == 128);
+  const Widening widening = !bf16                      ? Widening::none
+                            : !device                  ? Widening::all
+                            : cudnn_takes || mma_takes ? Widening::none
+                                                       : Widening::attention;
   const double widened = widening_arena_bytes(a, widening);
   const std::string widened_how =
       widened > 0
@@ -437,8 +443,12 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     // layernorm_backward_chunk_rows where a lane's registers take a row, C ≤ 256·W with W values
     // a 16-byte load, else of 256 rows); the gradient norm's 512 partial sums in fp64
     // (cuda_loss_optim.cu); and, in bf16 with the GELU kept out of the GEMM's epilogue
-    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu).
-    const double attention = 4.0 * cfg.train.micro_batch * table.heads_local * m.seq_len;
+    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu). On cuDNN
+    // the attention backward's are its dQ accumulator (B,H,T,hd) and Σ dout·out (B,H,T) in
+    // fp32 (cudnn_attention.cu; the engine's own workspace, unknown here, comes on top).
+    const double rows = double(cfg.train.micro_batch) * table.heads_local * m.seq_len;
+    const bool cudnn = bf16 && cudnn_takes;
+    const double attention = cudnn ? 4.0 * rows * (hd + 1) : 4.0 * rows;
     const int lane_values = C % (bf16 ? 8 : 4) == 0 ? (bf16 ? 8 : 4) : 1;
     const int64_t ln_rows =
         C <= 256 * lane_values ? layernorm_backward_chunk_rows(R, opt.sm_count) : 256;
@@ -446,7 +456,8 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     const double gelu = bf16 && !opt.gelu_epilogue ? 4.0 * N * table.d_ff_local : 0.0;
     const double scratch = std::max({attention, layernorm, 8.0 * 512, gelu});
     const char* largest = scratch == gelu        ? "MLP GEMM fp32 output"
-                          : scratch == attention ? "attention backward"
+                          : scratch == attention ? (cudnn ? "cuDNN attention backward"
+                                                          : "attention backward")
                           : scratch == layernorm ? "layer norm backward"
                                                  : "gradient norm partial sums";
     r.workspace = {

@@ -102,6 +102,7 @@ struct MemoryOptions {
   Precision precision = Precision::FP32;
   bool device = false;                // a GPU run (system.backend = cuda); bf16-full implies it
   bool tc_attention = false;          // GPU bf16: attention on the tensor cores (not widened)
+  bool cudnn_attention = false;       // GPU bf16: on cuDNN's (its backward's fp32 scratch)
   bool gelu_epilogue = true;          // GPU bf16: the MLP's GELU in cuBLASLt's epilogue
   int sm_count = 132;                 // GPU: multiprocessors (an H100/H200 SXM's), for scratch
   ParamTableCache* tables = nullptr;  // optional; one model only
@@ -110,13 +111,15 @@ struct MemoryOptions {
 };
 
 /// The memory model of a run of cfg as this process would start it: cfg's system.precision, a
-/// GPU where system.backend is cuda (tc_attention and gelu_epilogue as that backend chooses its
-/// kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_GELU_EPILOGUE), the CPU attention
+/// GPU where system.backend is cuda (tc_attention, cudnn_attention and gelu_epilogue as that
+/// backend chooses its kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_CUDNN — cuDNN
+/// taken to be there —, TRELLIS_GELU_EPILOGUE), the CPU attention
 /// scratch of system.threads (else $OPENBLAS_NUM_THREADS, else every core).
 MemoryOptions run_memory_options(const Config& cfg);
 /// The same for a run on `backend` as it is: its host threads (the CPU's attention scratch), its
 /// device's multiprocessors (the layer norm's partial sums) and where its bf16 attention runs
-/// (the tensor cores, or widened to the fp32 kernels where its check found them disagreeing).
+/// (cuDNN, the tensor cores, or widened to the fp32 kernels where its checks found them
+/// disagreeing).
 MemoryOptions run_memory_options(const Config& cfg, const Backend& backend);
 
 /// The rank of pipeline stage `stage` under cfg's layout (cfg.parallel, cfg.train.micro_batch,

@@ -106,8 +106,8 @@ double worst_of_bound(const std::vector<A>& got, const std::vector<B>& want, dou
 }
 
 /// fp32 outputs: expect_close's per-entry bound, and what the worst entry used of it.
-void expect_f32(const std::vector<float>& got, const std::vector<float>& want, double rtol,
-                const char* what) {
+[[maybe_unused]] void expect_f32(const std::vector<float>& got, const std::vector<float>& want,
+                                 double rtol, const char* what) {
   std::printf("  %-38s fp32: worst entry at %.3f of its bound (rtol %.0e)\n", what,
               worst_of_bound(got, want, rtol), rtol);
   expect_close(got, want, rtol, what);

@@ -257,8 +257,8 @@ TEST_F(CudaBf16Kernels, TensorCoreFragmentsFollowThePtxLayouts) {
   EXPECT_TRUE(errors.empty()) << errors.size() << " off";
 }
 
-// The default (TRELLIS_TC_ATTENTION unset): bf16 attention on the mma.sync kernels at each head
-// size where a check on the device (cuda_attention_check.cu: one small attention, forward and
+// The default (TRELLIS_TC_ATTENTION unset), without cuDNN (TRELLIS_CUDNN=0 here; with it:
+// test_cuda_cudnn.cpp): bf16 attention on the mma.sync kernels at each head size where a check on the device (cuda_attention_check.cu: one small attention, forward and
 // backward, against the fp32 kernels from the same bf16 inputs) finds them agreeing; where it does
 // not, a warning and the fp32 kernels. Here they agree at 32 and 64 (48 has no tensor-core
 // kernels), and a call at 64 runs on the tensor cores (its out differs from the CPU's in more
@@ -280,7 +280,7 @@ TEST_F(CudaBf16Kernels, TensorCoreAttentionIsTheDefaultWhereItAgreesWithTheFp32K
   const Bits qkv = bf16_random(s.qkv_elems(), 94, -2.f, 2.f), dout = bf16_random(s.out_elems(), 95);
   const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
 
-  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}});
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", "0"}});
   gpu->set_precision("bf16");
   testing::internal::CaptureStderr();
   EXPECT_EQ(gpu->widened_calls(64), Widening::none);
@@ -305,7 +305,7 @@ TEST_F(CudaBf16Kernels, TensorCoreAttentionIsTheDefaultWhereItAgreesWithTheFp32K
       std::printf("no emulated fault on this device: the disagreeing half skipped\n");
       break;
     }
-    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}});
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", "0"}});
     gpu->set_precision("bf16");
     set_fault(fault);
     testing::internal::CaptureStderr();

@@ -9,3 +9,5 @@ s/\([A-Za-z_][A-Za-z0-9_:]*\)<<<\(.*\)>>>(/::trellis_emu::Launch(\2)([](auto... 
 s/extern __shared__ \(__align__([0-9]*) \)\{0,1\}\([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]\) \([A-Za-z_][A-Za-z0-9_]*\)\[\];/\2* \3 = static_cast<\2*>(::trellis_emu::dynamic_shared());/
 # The NCCL link opens the emulated NCCL (emu_nccl_lib.cpp) unless TRELLIS_NCCL_LIBRARY names another.
 s/: "libnccl\.so\.2");/: TRELLIS_EMU_NCCL_LIBRARY);/
+# cuDNN's attention opens the emulated cuDNN (emu_cudnn_lib.cpp) unless TRELLIS_CUDNN_LIBRARY names another.
+s/: "libcudnn\.so\.9";/: TRELLIS_EMU_CUDNN_LIBRARY;/

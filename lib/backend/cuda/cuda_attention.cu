@@ -8,11 +8,11 @@
 // other tile, so the 32 dot products of a row run in parallel across the warp; each lane also
 // owns head dimensions lane, lane+32, ... of the row's accumulators. Plain fp32 FMAs: correct and
 // deterministic (no atomics: dQ and dK/dV are separate kernels), not FlashAttention's speed.
-// With bf16 tensors (system.precision = bf16) and head sizes 32, 64 or 128 the tensor-core
-// kernels of cuda_attention_mma.cu run instead (same layout, same logsumexp state) once
-// cuda_attention_check.cu has found them agreeing with these on the device
-// (TRELLIS_TC_ATTENTION=1: without the check; =wmma: cuda_attention_wmma.cu; =0: never); other
-// bf16 calls are widened to these fp32 kernels (the Backend's default).
+// With bf16 tensors (system.precision = bf16) cuDNN's fused attention (cudnn_attention.cu) or
+// the tensor-core kernels of cuda_attention_mma.cu run instead (same layout, same logsumexp
+// state) where cuda_attention_choice.cu gives them the call; other bf16 calls are widened to
+// these fp32 kernels (the Backend's default).
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -490,11 +490,18 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
                                          int hd) {
   // The tensor cores where they take the call (hd 32/64/128, aligned, checked on this device),
   // else the fp32 kernels on widened copies.
-  if (out.is_f32() || qkv.is_f32() || !tc_attention_takes(hd, {out.data, qkv.data}))
+  if (out.is_f32() || qkv.is_f32())
+    return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
+  const cuda::AttentionShape shape{B, T, H, KV, hd};
+  const bool fused = cudnn_takes(shape, {out.data, qkv.data});
+  if (!fused && !tc_attention_takes(hd, {out.data, qkv.data}))
     return Backend::attention_forward_bf16(out, att, qkv, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
   add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
-  if (tc_attention_ == TcAttention::mma)
+  if (fused)
+    cudnn_->forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), shape,
+                    scratch(cudnn_->workspace_bytes(shape)));
+  else if (tc_attention_ == TcAttention::mma)
     cuda::mma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
                                 attention_block_rows_, stream_);
   else
@@ -506,7 +513,16 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
                                           int B, int T, int H, int KV, int hd) {
   bool bf16 = true;
   for (CPtr t : {CPtr(dqkv), dout, qkv, out}) bf16 = bf16 && !t.is_f32();
-  if (!bf16 || !tc_attention_takes(hd, {dqkv.data, dout.data, qkv.data}))
+  if (!bf16) return Backend::attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
+  const cuda::AttentionShape shape{B, T, H, KV, hd};
+  if (cudnn_takes(shape, {dqkv.data, dout.data, qkv.data, out.data})) {
+    Profiled prof(*this, kAttention);
+    add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
+    cudnn_->backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()), cuda::dev(qkv.bf16()),
+                     cuda::dev(out.bf16()), att, shape, scratch(cudnn_->workspace_bytes(shape)));
+    return;
+  }
+  if (!tc_attention_takes(hd, {dqkv.data, dout.data, qkv.data}))
     return Backend::attention_backward_bf16(dqkv, dout, qkv, out, att, B, T, H, KV, hd);
   Profiled prof(*this, kAttention);
   add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
@@ -519,76 +535,6 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
   else
     cuda::wmma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
                                   cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd, stream_);
-}
-
-bool CudaBackend::tc_attention_takes(int hd, std::initializer_list<const void*> pointers) const {
-  switch (tc_attention_) {
-    case TcAttention::mma:
-      return cuda::mma_attention_fits(hd, pointers) &&
-             (!tc_attention_checked_ || tc_attention_agrees(hd));
-    case TcAttention::wmma: return cuda::wmma_attention_fits(hd, pointers);
-    default: return false;
-  }
-}
-
-bool CudaBackend::tc_attention_agrees(int hd) const {
-  auto it = tc_disagreements_.find(hd);
-  if (it == tc_disagreements_.end()) {
-    std::string why;
-    try {
-      why = cuda::tc_attention_disagreement(hd, attention_block_rows_, stream_);
-    } catch (const std::runtime_error& e) {  // (a kernel that faulted leaves the context unusable)
-      throw std::runtime_error(std::string(e.what()) + ", in the check of the tensor-core attention" +
-                               " at head size " + std::to_string(hd) + " on device " +
-                               std::to_string(device_) +
-                               " (TRELLIS_TC_ATTENTION=0 runs bf16 attention on the fp32 kernels"
-                               " without it)");
-    }
-    it = tc_disagreements_.emplace(hd, why).first;
-    if (!it->second.empty())
-      std::fprintf(stderr,
-                   "trellis: warning: on device %d the tensor-core attention at head size %d "
-                   "disagrees with the fp32 attention kernels (%s): bf16 attention runs on the "
-                   "fp32 kernels, on widened copies, which is slower (TRELLIS_TC_ATTENTION=1 puts "
-                   "it on the tensor cores all the same)\n",
-                   device_, hd, it->second.c_str());
-  }
-  return it->second.empty();
-}
-
-std::string CudaBackend::details() const {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
-  std::string s = "device " + std::to_string(device_) + ", compute capability " +
-                  std::to_string(major) + "." + std::to_string(minor) + ", " +
-                  std::to_string(sm_count_) + " multiprocessors";
-  if (dtype() != DType::bf16) return s;
-  s += "; bf16 attention: ";
-  switch (tc_attention_) {
-    case TcAttention::off: return s + "fp32 kernels on widened copies (TRELLIS_TC_ATTENTION=0)";
-    case TcAttention::wmma: return s + "tensor cores, WMMA (TRELLIS_TC_ATTENTION=wmma)";
-    case TcAttention::mma: break;
-  }
-  if (!tc_attention_checked_) return s + "tensor cores, mma.sync, unchecked (TRELLIS_TC_ATTENTION)";
-  if (tc_disagreements_.empty()) return s + "tensor cores, mma.sync, where they agree with fp32";
-  std::string sep;
-  for (const auto& [hd, why] : tc_disagreements_) {
-    s += sep + "head size " + std::to_string(hd) +
-         (why.empty() ? " on the tensor cores (mma.sync; agreed with the fp32 kernels)"
-                      : " on the fp32 kernels (the tensor cores disagreed)");
-    sep = ", ";
-  }
-  return s;
-}
-
-Widening CudaBackend::widened_calls(int head_dim) const {
-  return tc_attention_takes(head_dim, {}) ? Widening::none : Widening::attention;
-}
-
-bool cuda_tc_attention_takes(int hd, const char* kernels) {
-  return std::strcmp(kernels, "wmma") == 0 ? cuda::wmma_attention_fits(hd, {})
-                                           : cuda::mma_attention_fits(hd, {});
 }
 
 }  // namespace trellis

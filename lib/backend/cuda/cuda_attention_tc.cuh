@@ -56,4 +56,9 @@ void attention_dsum(float* dsum, const __nv_bfloat16* dout, const __nv_bfloat16*
 // and by how much; empty where they agree (cuda_attention_check.cu).
 std::string tc_attention_disagreement(int hd, int block_rows, cudaStream_t stream);
 
+class CudnnAttention;
+// The same comparison for cuDNN's fused attention (cudnn_attention.cuh) at head size hd, on
+// 256 rows; where cuDNN has no plan for them, why.
+std::string cudnn_attention_disagreement(CudnnAttention& cudnn, int hd, cudaStream_t stream);
+
 }  // namespace trellis::cuda

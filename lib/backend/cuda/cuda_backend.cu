@@ -112,6 +112,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
     else if (std::strcmp(tc, "0") == 0) tc_attention_ = TcAttention::off;
   }
+  const char* cudnn = std::getenv("TRELLIS_CUDNN");
+  cudnn_wanted_ = !(cudnn && std::strcmp(cudnn, "0") == 0);
   // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
   // against the 128-row ones).
   const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS");

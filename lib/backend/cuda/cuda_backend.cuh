@@ -14,7 +14,9 @@
 //         activations (the bias, bf16 too, added in fp32 by the epilogue before the rounding) and
 //         fp32 D with beta = 1 for dweight. The bf16 kernels take calls whose tensors are all
 //         bf16; a call with a mix of types goes to the Backend's widening default. Attention
-//         with head sizes 32, 64 or 128 and 16-byte aligned tensors runs on the tensor cores
+//         runs on cuDNN's fused attention (cudnn_attention.cu) where libcudnn.so.9 loads and a
+//         check on the device finds it agreeing with the fp32 kernels (TRELLIS_CUDNN=0: not);
+//         else, with head sizes 32, 64 or 128 and 16-byte aligned tensors, on the tensor cores
 //         (cuda_attention_mma.cu: bf16 operands of its products — P and dS rounded to bf16 —,
 //         fp32 softmax and accumulation) once a check on the device has found them agreeing
 //         with the fp32 kernels at that head size (cuda_attention_check.cu: they have not yet
@@ -45,7 +47,9 @@
 // cores, bf16: mma.sync with the scores in registers — its warp-level pieces in cuda_mma_tiles.cuh,
 // the instructions in cuda_mma.cuh —, WMMA with them in shared memory), cuda_mma_check.cu (a
 // device check of the register layouts the mma.sync kernels assume), cuda_attention_check.cu
-// (the tensor-core attention against the fp32 kernels, before a run gives it a head size).
+// (the tensor-core attention and cuDNN's against the fp32 kernels, before a run gives them a
+// head size), cuda_attention_choice.cu (which of them a call gets), cudnn_attention.cu (cuDNN's
+// fused attention through its backend API, opened at run time).
 // Only .cu files include this header; C++ code reaches the backend through cuda_factory.hpp.
 #pragma once
 #include <cublasLt.h>
@@ -53,6 +57,8 @@
 
 #include <initializer_list>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -60,6 +66,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/cudnn_attention.cuh"
 
 namespace trellis {
 
@@ -125,6 +132,7 @@ class CudaBackend : public Backend {
   /// A bf16 run widens only its attention, and not even that where the tensor-core kernels take
   /// the head size: every other call has a bf16 kernel.
   Widening widened_calls(int head_dim) const override;
+  bool library_attention(int head_dim) const override { return cudnn_agrees(head_dim); }
   /// The device, and where bf16 attention runs (for the start of a run's log).
   std::string details() const override;
   /// The logsumexp of each attention row, (B,H,T).
@@ -446,6 +454,24 @@ class CudaBackend : public Backend {
   /// the kernels disagree): by head size, what differed ("" where they agreed).
   bool tc_attention_agrees(int hd) const;
   mutable std::map<int, std::string> tc_disagreements_;
+  // cuDNN's fused attention (cudnn_attention.cuh), ahead of the mma.sync kernels in bf16's
+  // checked default: opened at the first bf16 attention unless TRELLIS_CUDNN=0, and given a
+  // head size where the same check against the fp32 kernels passes; a shape it has no plan for
+  // goes to the mma.sync kernels (they keep the same logsumexp, so the passes may mix).
+  bool cudnn_wanted_ = true;
+  mutable bool cudnn_opened_ = false;
+  mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  mutable std::string cudnn_why_;  // why cuDNN could not be opened
+  mutable std::map<int, std::string> cudnn_disagreements_;
+  mutable std::set<cuda::AttentionShape> cudnn_refusals_said_;
+  /// Whether cuDNN takes this call (16-byte aligned pointers, agreeing at the head size, with
+  /// plans at the shape: where it has none, said once on stderr).
+  bool cudnn_takes(const cuda::AttentionShape& s,
+                   std::initializer_list<const void*> pointers) const;
+  /// Whether cuDNN is in play (bf16's checked default, not TRELLIS_CUDNN=0) and agrees with the
+  /// fp32 kernels at head size hd: it opens cuDNN at the first question and runs the check at
+  /// each head size's first (a warning on stderr where they disagree or cuDNN has no plan).
+  bool cudnn_agrees(int hd) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart

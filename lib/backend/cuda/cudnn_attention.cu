@@ -1,0 +1,609 @@
+// cuDNN's fused attention through its backend API (cudnn_attention.cuh says what and why).
+//
+// The graphs are the ones cuDNN's own frontend builds for scaled dot-product attention
+// (its composite SDPA nodes), since the fused-attention engines recognise those: the forward
+// S = Q·Kᵀ, scaled, masked (row index ≥ column index keeps), softmax with its statistics
+// (max + ln Σ exp), P·V; the backward the same scores, P = exp(S − lse), dV = Pᵀ·dO,
+// dP = dO·Vᵀ, dS = P·(dP − Σ dO·O)·scale, dK = dSᵀ·Q, dQ = dS·K, with grouped heads' dK and dV
+// summed over their query heads by a reduction. Kᵀ and Vᵀ are the packed tensor read with their
+// last two strides swapped; Pᵀ and dSᵀ reshapes. The backward's Σ dO·O and its dQ accumulator
+// are fp32 tensors of ours in the workspace, dense, as the engines require.
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <vector>
+
+#include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/cudnn_attention.cuh"
+#include "core/shared_library.hpp"
+
+#if __has_include(<cudnn_graph.h>)
+#include <cudnn_graph.h>
+
+#include <array>
+
+namespace trellis::cuda {
+
+namespace {
+
+/// The cuDNN functions used here, from libcudnn.so.9 (or TRELLIS_CUDNN_LIBRARY).
+struct CudnnApi {
+  size_t (*GetVersion)();
+  const char* (*GetErrorString)(cudnnStatus_t);
+  void (*GetLastErrorString)(char*, size_t);
+  cudnnStatus_t (*Create)(cudnnHandle_t*);
+  cudnnStatus_t (*Destroy)(cudnnHandle_t);
+  cudnnStatus_t (*SetStream)(cudnnHandle_t, cudaStream_t);
+  cudnnStatus_t (*CreateDescriptor)(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t*);
+  cudnnStatus_t (*DestroyDescriptor)(cudnnBackendDescriptor_t);
+  cudnnStatus_t (*Finalize)(cudnnBackendDescriptor_t);
+  cudnnStatus_t (*SetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
+                                cudnnBackendAttributeType_t, int64_t, const void*);
+  cudnnStatus_t (*GetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
+                                cudnnBackendAttributeType_t, int64_t, int64_t*, void*);
+  cudnnStatus_t (*Execute)(cudnnHandle_t, cudnnBackendDescriptor_t, cudnnBackendDescriptor_t);
+  std::string file, error;  // error: why it could not be loaded
+};
+
+const CudnnApi& cudnn() {
+  static const CudnnApi api = [] {
+    CudnnApi a{};
+    const char* env = std::getenv("TRELLIS_CUDNN_LIBRARY");
+    a.file = env && *env ? env : "libcudnn.so.9";
+    SharedLibrary lib(a.file, "cuDNN 9");
+    auto get = [&](auto& fn, const char* name) { lib.get(fn, name); };
+    get(a.GetVersion, "cudnnGetVersion");
+    get(a.GetErrorString, "cudnnGetErrorString");
+    get(a.GetLastErrorString, "cudnnGetLastErrorString");
+    get(a.Create, "cudnnCreate");
+    get(a.Destroy, "cudnnDestroy");
+    get(a.SetStream, "cudnnSetStream");
+    get(a.CreateDescriptor, "cudnnBackendCreateDescriptor");
+    get(a.DestroyDescriptor, "cudnnBackendDestroyDescriptor");
+    get(a.Finalize, "cudnnBackendFinalize");
+    get(a.SetAttribute, "cudnnBackendSetAttribute");
+    get(a.GetAttribute, "cudnnBackendGetAttribute");
+    get(a.Execute, "cudnnBackendExecute");
+    a.error = lib.finish();
+    return a;
+  }();
+  return api;
+}
+
+/// Throws where a cuDNN call failed, naming the call and what cuDNN said of it.
+void check(cudnnStatus_t status, const char* what) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  std::string msg = std::string("cuDNN: ") + what + ": " + cudnn().GetErrorString(status);
+  char last[512] = "";
+  cudnn().GetLastErrorString(last, sizeof(last));
+  if (last[0]) msg += std::string(" (") + last + ")";
+  throw std::runtime_error(msg);
+}
+
+/// One backend descriptor, destroyed with it.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    check(cudnn().CreateDescriptor(type, &d_), "cudnnBackendCreateDescriptor");
+  }
+  ~Desc() {
+    if (d_) cudnn().DestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
+            const void* values) {
+    check(cudnn().SetAttribute(d_, name, type, n, values), "cudnnBackendSetAttribute");
+    return *this;
+  }
+  Desc& set(cudnnBackendAttributeName_t name, const Desc& d) {
+    cudnnBackendDescriptor_t v = d.get();
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+  }
+  Desc& set(cudnnBackendAttributeName_t name, cudnnDataType_t v) {
+    return set(name, CUDNN_TYPE_DATA_TYPE, 1, &v);
+  }
+  Desc& set(cudnnBackendAttributeName_t name, int64_t v) {
+    return set(name, CUDNN_TYPE_INT64, 1, &v);
+  }
+  Desc& finalize(const char* what) {
+    check(cudnn().Finalize(d_), what);
+    return *this;
+  }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+using Dims = std::array<int64_t, 4>;
+
+// The non-virtual tensors' unique ids (the variant pack's); virtual ones count from kFirstVirtual.
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kNegInf,
+  kOne,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSoftmaxSum,
+  kDQAccum,
+  kFirstVirtual = 100
+};
+
+/// A graph under construction: its tensors and operations, kept alive as long as its plan.
+class Graph {
+ public:
+  explicit Graph(cudnnHandle_t handle) : handle_(handle) {}
+
+  /// A tensor; uid 0 makes it virtual (an intermediate the engine keeps to itself).
+  const Desc& tensor(const Dims& dims, const Dims& strides, cudnnDataType_t type, int64_t uid = 0,
+                     bool by_value = false) {
+    Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const bool is_virtual = uid == 0;
+    t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, type)
+        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
+        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
+        .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, is_virtual ? next_virtual_++ : uid)
+        .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, int64_t(16));
+    if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &kTrue);
+    if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &kTrue);
+    return t.finalize("a tensor descriptor");
+  }
+  /// A float passed by value (its address in the variant pack is a host address).
+  const Desc& scalar(int64_t uid) {
+    return tensor({1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, uid, true);
+  }
+
+  /// y = mode(x[, b][, t]); GEN_INDEX takes an axis.
+  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y,
+                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, const Desc* t = nullptr,
+                 int64_t axis = -1) {
+    Desc& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+        .set(CUDNN_ATTR_POINTWISE_MATH_PREC, precision);
+    if (axis >= 0) pw.set(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw.finalize("a pointwise descriptor");
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+        .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+        .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    const float one = 1.0f;
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
+    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
+    ops_.push_back(&op.finalize("a pointwise operation"));
+  }
+  /// c = a·b over the last two dimensions, batched over the first two (b's heads broadcast
+  /// over a's where fewer: grouped heads).
+  void matmul(const Desc& a, const Desc& b, const Desc& c) {
+    Desc& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const double padding = 0.0;
+    mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT)
+        .set(CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 1, &padding)
+        .finalize("a matmul descriptor");
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    ops_.push_back(&op.finalize("a matmul operation"));
+  }
+  /// y = the max or sum of x over the dimensions where y is smaller.
+  void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
+    Desc& r = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
+        .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT)
+        .finalize("a reduction descriptor");
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
+    ops_.push_back(&op.finalize("a reduction operation"));
+  }
+  /// y: x's elements under y's dimensions and strides (a transpose, without moving data).
+  void reshape(const Desc& x, const Desc& y) {
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    ops_.push_back(&op.finalize("a reshape operation"));
+  }
+
+  /// The operation graph, the heuristics' engine configurations, and the plan of the first
+  /// that builds; its workspace size into *workspace.
+  std::unique_ptr<Desc> plan(int64_t* workspace) {
+    std::vector<cudnnBackendDescriptor_t> ops;
+    for (const Desc* op : ops_) ops.push_back(op->get());
+    Desc& graph = keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()),
+             ops.data())
+        .finalize("the operation graph");
+    Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
+        .finalize("the engine heuristics");
+    int64_t n = 0;
+    check(cudnn().GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
+          "the heuristics' count");
+    if (n <= 0) throw std::runtime_error("cuDNN: no engine for the graph");
+    std::vector<std::unique_ptr<Desc>> configs;
+    std::vector<cudnnBackendDescriptor_t> handles;
+    for (int64_t i = 0; i < n; ++i) {
+      configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      handles.push_back(configs.back()->get());
+    }
+    check(cudnn().GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &n, handles.data()),
+          "the heuristics' results");
+    std::string first_error;
+    for (int64_t i = 0; i < n; ++i) {
+      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      try {
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+            .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i])
+            .finalize("the execution plan");
+        int64_t count = 0;
+        check(cudnn().GetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                   CUDNN_TYPE_INT64, 1, &count, workspace),
+              "the plan's workspace size");
+        return plan;
+      } catch (const std::runtime_error& e) {  // the next configuration may build
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+    throw std::runtime_error(std::to_string(n) +
+                             " engine configuration(s), none built; the first: " + first_error);
+  }
+
+ private:
+  Desc& keep(cudnnBackendDescriptorType_t type) { return descs_.emplace_back(type); }
+  static constexpr bool kTrue = true;
+  cudnnHandle_t handle_;
+  std::deque<Desc> descs_;
+  std::vector<const Desc*> ops_;
+  int64_t next_virtual_ = kFirstVirtual;
+};
+
+int64_t round_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+struct CudnnAttention::Plan {
+  std::unique_ptr<Graph> graph;  // what the plan refers to, alive as long as it
+  std::unique_ptr<Desc> plan;
+  int64_t workspace = 0;  // the engine's own
+};
+
+struct CudnnAttention::Passes {
+  Plan forward, backward;
+  int64_t dq_accum_bytes = 0, softmax_sum_bytes = 0;  // ours, ahead of the backward engine's
+};
+
+namespace {
+
+// The packed tensor's views and the strides of the rest, (batch, head, row, column).
+struct Layout {
+  AttentionShape s;
+  int64_t W() const { return int64_t(s.H + 2 * s.KV) * s.hd; }
+  Dims heads(int n) const { return {s.B, n, s.T, s.hd}; }      // (B,n,T,hd)
+  Dims heads_t(int n) const { return {s.B, n, s.hd, s.T}; }    // (B,n,hd,T)
+  Dims packed() const { return {s.T * W(), s.hd, W(), 1}; }    // a view of qkv
+  Dims packed_t() const { return {s.T * W(), s.hd, 1, W()}; }  // the same, transposed
+  Dims rows() const { return {s.T * int64_t(s.H) * s.hd, s.hd, int64_t(s.H) * s.hd, 1}; }  // out
+  Dims scores() const { return {s.B, s.H, s.T, s.T}; }  // (B,H,T,T)
+  Dims scores_dense() const { return {int64_t(s.H) * s.T * s.T, int64_t(s.T) * s.T, s.T, 1}; }
+  Dims scores_t() const { return {int64_t(s.H) * s.T * s.T, int64_t(s.T) * s.T, 1, s.T}; }
+  Dims per_row() const { return {s.B, s.H, s.T, 1}; }  // (B,H,T,1)
+  Dims per_row_dense() const { return {int64_t(s.H) * s.T, s.T, 1, 1}; }
+  Dims full_dense() const {  // (B,H,T,hd) packed
+    return {int64_t(s.H) * s.T * s.hd, int64_t(s.T) * s.hd, s.hd, 1};
+  }
+};
+
+/// The causal mask on scores `s` (FLOAT, (B,H,T,T)): where the row index is below the column
+/// index, -inf (cuDNN before 9.10: the lowest float). Returns the masked scores.
+const Desc& causal_mask(Graph& g, const Layout& l, const Desc& s, const Desc& neg_inf) {
+  const Desc& row = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_INT32);
+  const Desc& col = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, CUDNN_DATA_INT32, nullptr, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, CUDNN_DATA_INT32, nullptr, 3);
+  const Desc& keep = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep, CUDNN_DATA_BOOLEAN);
+  const Desc& masked = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &neg_inf, masked, CUDNN_DATA_FLOAT, &keep);
+  return masked;
+}
+
+/// The forward: out and the statistics (lse) from Q, K, V.
+void build_forward(Graph& g, const Layout& l) {
+  const AttentionShape& s = l.s;
+  const Desc& q = g.tensor(l.heads(s.H), l.packed(), CUDNN_DATA_BFLOAT16, kQ);
+  const Desc& kt = g.tensor(l.heads_t(s.KV), l.packed_t(), CUDNN_DATA_BFLOAT16, kK);
+  const Desc& v = g.tensor(l.heads(s.KV), l.packed(), CUDNN_DATA_BFLOAT16, kV);
+  const Desc& o = g.tensor(l.heads(s.H), l.rows(), CUDNN_DATA_BFLOAT16, kO);
+  const Desc& stats = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT, kStats);
+  const Desc& scale = g.scalar(kScale);
+  const Desc& neg_inf = g.scalar(kNegInf);
+
+  const Desc& s0 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.matmul(q, kt, s0);
+  const Desc& s1 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, s0, &scale, s1);
+  const Desc& s2 = causal_mask(g, l, s1, neg_inf);
+  const Desc& max = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, max);
+  const Desc& s3 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_SUB, s2, &max, s3);
+  const Desc& e = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_EXP, s3, nullptr, e);
+  const Desc& sum = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
+  const Desc& log_sum = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, log_sum);
+  g.pointwise(CUDNN_POINTWISE_ADD, max, &log_sum, stats);
+  const Desc& p = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_BFLOAT16);  // P·V's A: bf16
+  g.pointwise(CUDNN_POINTWISE_DIV, e, &sum, p);
+  g.matmul(p, v, o);
+}
+
+/// The backward: dQ, dK, dV from Q, K, V, O, dO and the statistics. cuDNN's frontend masks the
+/// scores after subtracting the statistics; its releases of 2024 masked them before: engines of
+/// that time may know only that spelling (`mask_first`), tried where the other finds no engine.
+void build_backward(Graph& g, const Layout& l, bool mask_first) {
+  const AttentionShape& s = l.s;
+  // d = a·b per query head (B,H,T,hd), summed over each group's query heads where KV < H.
+  const auto key_value_gradient = [&](const Desc& a, const Desc& b, const Desc& d) {
+    if (s.KV == s.H) return g.matmul(a, b, d);
+    const Desc& full = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_BFLOAT16);
+    g.matmul(a, b, full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, d);
+  };
+  const Desc& q = g.tensor(l.heads(s.H), l.packed(), CUDNN_DATA_BFLOAT16, kQ);
+  const Desc& kt = g.tensor(l.heads_t(s.KV), l.packed_t(), CUDNN_DATA_BFLOAT16, kK);
+  const Desc& vt = g.tensor(l.heads_t(s.KV), l.packed_t(), CUDNN_DATA_BFLOAT16, kV);
+  const Desc& o = g.tensor(l.heads(s.H), l.rows(), CUDNN_DATA_BFLOAT16, kO);
+  const Desc& d_o = g.tensor(l.heads(s.H), l.rows(), CUDNN_DATA_BFLOAT16, kDO);
+  const Desc& stats = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT, kStats);
+  const Desc& dq = g.tensor(l.heads(s.H), l.packed(), CUDNN_DATA_BFLOAT16, kDQ);
+  const Desc& dk = g.tensor(l.heads(s.KV), l.packed(), CUDNN_DATA_BFLOAT16, kDK);
+  const Desc& dv = g.tensor(l.heads(s.KV), l.packed(), CUDNN_DATA_BFLOAT16, kDV);
+  const Desc& scale = g.scalar(kScale);
+  const Desc& neg_inf = g.scalar(kNegInf);
+  const Desc& one = g.scalar(kOne);
+  const Desc& softmax_sum = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT, kSoftmaxSum);
+  const Desc& dq_accum = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_FLOAT, kDQAccum);
+
+  // Σ dO·O per row.
+  const Desc& d_o_o = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, d_o, &o, d_o_o);
+  const Desc& row_sum = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o_o, row_sum);
+  g.pointwise(CUDNN_POINTWISE_MUL, row_sum, &one, softmax_sum);
+  // P = exp(scale·Q·Kᵀ − lse), masked.
+  const Desc& s0 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.matmul(q, kt, s0);
+  const Desc& s1 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, s0, &scale, s1);
+  const Desc* s3 = nullptr;  // masked scores less the statistics
+  const Desc& s2 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  if (mask_first) {
+    g.pointwise(CUDNN_POINTWISE_SUB, causal_mask(g, l, s1, neg_inf), &stats, s2);
+    s3 = &s2;
+  } else {
+    g.pointwise(CUDNN_POINTWISE_SUB, s1, &stats, s2);
+    s3 = &causal_mask(g, l, s2, neg_inf);
+  }
+  const Desc& p = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_EXP, *s3, nullptr, p);
+  // dV = Pᵀ·dO (per query head, then summed over a group's heads).
+  const Desc& pt = g.tensor(l.scores(), l.scores_t(), CUDNN_DATA_BFLOAT16);
+  g.reshape(p, pt);
+  key_value_gradient(pt, d_o, dv);
+  // dS = P·(dO·Vᵀ − Σ dO·O)·scale.
+  const Desc& dp = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.matmul(d_o, vt, dp);
+  const Desc& u0 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_SUB, dp, &softmax_sum, u0);
+  const Desc& u1 = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, u0, &p, u1);
+  const Desc& ds = g.tensor(l.scores(), l.scores_dense(), CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, u1, &scale, ds);
+  // dK = dSᵀ·Q.
+  const Desc& dst = g.tensor(l.scores(), l.scores_t(), CUDNN_DATA_BFLOAT16);
+  g.reshape(ds, dst);
+  key_value_gradient(dst, q, dk);
+  // dQ = dS·K, accumulated in fp32, then rounded into dqkv.
+  const Desc& k = g.tensor(l.heads(s.KV), l.packed(), CUDNN_DATA_FLOAT);
+  g.reshape(kt, k);
+  g.matmul(ds, k, dq_accum);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
+}
+
+/// One execution of `plan` with these tensors (uid, address) and workspace.
+void execute(cudnnHandle_t handle, const Desc& plan,
+             std::initializer_list<std::pair<int64_t, const void*>> tensors, void* workspace) {
+  std::vector<int64_t> uids;
+  std::vector<void*> pointers;
+  for (const auto& [uid, p] : tensors)
+    uids.push_back(uid), pointers.push_back(const_cast<void*>(p));
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(pointers.size()),
+           pointers.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
+      .finalize("the variant pack");
+  check(cudnn().Execute(handle, plan.get(), pack.get()), "cudnnBackendExecute");
+}
+
+}  // namespace
+
+std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, std::string& why) {
+  const CudnnApi& api = cudnn();
+  if (!api.error.empty()) return why = api.error, nullptr;
+  const long version = long(api.GetVersion());
+  const std::string dotted = std::to_string(version / 10000) + "." +
+                             std::to_string(version / 100 % 100) + "." +
+                             std::to_string(version % 100);
+  // The composite graphs' engines with grouped heads need cuDNN 9; 9.10.0 and 9.10.1 gave wrong
+  // bf16 attention (cuDNN's frontend refuses them).
+  if (version < 90000 || (version >= 91000 && version < 91002))
+    return why = "cuDNN " + dotted + " at " + api.file +
+                 " (its fused attention needs 9.x, not 9.10.0-1)",
+           nullptr;
+  auto a = std::unique_ptr<CudnnAttention>(new CudnnAttention);
+  cudnnHandle_t handle = nullptr;
+  try {
+    check(api.Create(&handle), "cudnnCreate");
+    a->handle_ = handle;
+    check(api.SetStream(handle, stream), "cudnnSetStream");
+  } catch (const std::runtime_error& e) {
+    return why = e.what(), nullptr;
+  }
+  a->stream_ = stream;
+  a->version_ = version;
+  a->name_ = "cuDNN " + dotted + " (" + api.file + ")";
+  return a;
+}
+
+CudnnAttention::~CudnnAttention() {
+  passes_.clear();  // plans before the handle they were built with
+  if (handle_) cudnn().Destroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
+  if (passes_.count(s)) return true;
+  if (auto it = refused_.find(s); it != refused_.end()) return why = it->second, false;
+  if (s.hd % 8 != 0 || s.hd > 128 || s.H % s.KV != 0) {
+    why = "head size " + std::to_string(s.hd) + " (cuDNN's fused attention: multiples of 8 to 128)";
+  } else if (version_ < 91501 && s.T % 128 != 0) {
+    // Before 9.15.1 the backward read out of bounds where T is not a multiple of 128.
+    why = "sequence length " + std::to_string(s.T) +
+          " is no multiple of 128, which cuDNN before 9.15.1 needs";
+  } else {
+    try {
+      auto p = std::make_unique<Passes>();
+      const Layout l{s};
+      const auto handle = static_cast<cudnnHandle_t>(handle_);
+      for (bool backward : {false, true}) {
+        Plan& plan = backward ? p->backward : p->forward;
+        std::string errors;  // each spelling's, where none builds
+        for (int spelling = 0; spelling < (backward ? 2 : 1) && !plan.plan; ++spelling) {
+          plan.graph = std::make_unique<Graph>(handle);
+          try {
+            backward ? build_backward(*plan.graph, l, spelling == 1)
+                     : build_forward(*plan.graph, l);
+            plan.plan = plan.graph->plan(&plan.workspace);
+          } catch (const std::runtime_error& e) {
+            errors +=
+                std::string(errors.empty() ? "" : "; masked before the statistics: ") + e.what();
+          }
+        }
+        if (!plan.plan) throw std::runtime_error((backward ? "backward: " : "forward: ") + errors);
+      }
+      p->dq_accum_bytes = round_up(int64_t(sizeof(float)) * s.B * s.H * s.T * s.hd);
+      p->softmax_sum_bytes = round_up(int64_t(sizeof(float)) * s.B * s.H * s.T);
+      passes_.emplace(s, std::move(p));
+      return true;
+    } catch (const std::runtime_error& e) {
+      why = e.what();
+    }
+  }
+  refused_.emplace(s, why);
+  return false;
+}
+
+size_t CudnnAttention::workspace_bytes(const AttentionShape& s) const {
+  const Passes& p = *passes_.at(s);
+  return size_t(std::max(round_up(p.forward.workspace),
+                         p.dq_accum_bytes + p.softmax_sum_bytes + round_up(p.backward.workspace)));
+}
+
+namespace {
+float neg_inf_for(long version) { return version >= 91000 ? -INFINITY : -FLT_MAX; }
+}  // namespace
+
+void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
+                             const AttentionShape& s, void* workspace) {
+  const Passes& p = *passes_.at(s);
+  const float scale = 1.0f / std::sqrt(float(s.hd)), neg_inf = neg_inf_for(version_);
+  const int64_t head = s.hd;
+  execute(static_cast<cudnnHandle_t>(handle_), *p.forward.plan,
+          {{kQ, qkv},
+           {kK, qkv + s.H * head},
+           {kV, qkv + (s.H + s.KV) * head},
+           {kO, out},
+           {kStats, lse},
+           {kScale, &scale},
+           {kNegInf, &neg_inf}},
+          workspace);
+}
+
+void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                              const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
+                              const AttentionShape& s, void* workspace) {
+  const Passes& p = *passes_.at(s);
+  const float scale = 1.0f / std::sqrt(float(s.hd)), neg_inf = neg_inf_for(version_), one = 1.0f;
+  const int64_t head = s.hd;
+  char* base = static_cast<char*>(workspace);
+  void* dq_accum = base;
+  void* softmax_sum = base + p.dq_accum_bytes;
+  void* engine = base + p.dq_accum_bytes + p.softmax_sum_bytes;
+  // Before 9.6 the engines added into the accumulator without clearing it first.
+  if (version_ < 90600) TRELLIS_CUDA(cudaMemsetAsync(dq_accum, 0, p.dq_accum_bytes, stream_));
+  execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan,
+          {{kQ, qkv},
+           {kK, qkv + s.H * head},
+           {kV, qkv + (s.H + s.KV) * head},
+           {kO, out},
+           {kDO, dout},
+           {kStats, lse},
+           {kDQ, dqkv},
+           {kDK, dqkv + s.H * head},
+           {kDV, dqkv + (s.H + s.KV) * head},
+           {kScale, &scale},
+           {kNegInf, &neg_inf},
+           {kOne, &one},
+           {kSoftmaxSum, softmax_sum},
+           {kDQAccum, dq_accum}},
+          engine);
+}
+
+}  // namespace trellis::cuda
+
+#else  // built without cuDNN's headers
+
+namespace trellis::cuda {
+
+struct CudnnAttention::Plan {};
+struct CudnnAttention::Passes {};
+
+std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t, std::string& why) {
+  why = "built without cuDNN's headers (cudnn_graph.h)";
+  return nullptr;
+}
+CudnnAttention::~CudnnAttention() = default;
+bool CudnnAttention::takes(const AttentionShape&, std::string& why) {
+  return why = "built without cuDNN", false;
+}
+size_t CudnnAttention::workspace_bytes(const AttentionShape&) const { return 0; }
+void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const AttentionShape&,
+                             void*) {}
+void CudnnAttention::backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                              const __nv_bfloat16*, const float*, const AttentionShape&, void*) {}
+
+}  // namespace trellis::cuda
+
+#endif

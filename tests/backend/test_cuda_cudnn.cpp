@@ -1,0 +1,154 @@
+// cuDNN's fused attention (lib/backend/cuda/cudnn_attention.cu) against the CPU backend: bf16's
+// default attention where libcudnn.so.9 loads and the check against the fp32 kernels passes.
+// Skips without a CUDA device, and where no cuDNN is found (the backend's details say why). On
+// the emulated GPU it runs on the emulated cuDNN (tests/cuda_emu/emu_cudnn_lib.cpp: the backend
+// API with an interpreter of the graphs), which also plays the faults a real one may have.
+#include "cuda_test_util.hpp"
+#ifdef TRELLIS_HAVE_CUDA
+
+namespace {
+
+class CudaCudnn : public CudaKernelTest {
+ protected:
+  void expect_fused(const AttentionShape& s, uint64_t seed);
+};
+
+/// An environment variable set while it lives (the emulated cuDNN reads its variables when
+/// called, not when the backend is made), the process's value put back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+/// The checks of the tensor-core attention (Bf16AttentionOnTensorCores): cuDNN also rounds P and
+/// dS to bf16 for their products — out within 1e-2 of the CPU's in relative L2, dqkv 2e-2, the
+/// logsumexp 2e-3 of a double reference — and, that it ran, at least 3% of out's and dqkv's
+/// bf16 entries differ from the CPU's (the fp32 kernels: well under 1%).
+void CudaCudnn::expect_fused(const AttentionShape& s, uint64_t seed) {
+  SCOPED_TRACE(s.name());
+  const Bits qkv = bf16_random(s.qkv_elems(), seed, -2.f, 2.f),
+             dout = bf16_random(s.out_elems(), seed + 1);
+  const Bf16AttentionRun want = attention_bf16_on(*cpu, s, qkv, dout);
+  const Bf16AttentionRun got = attention_bf16_on(*gpu, s, qkv, dout);
+  const Bf16Diff out = bf16_diff(got.out, want.out, 0.0),
+                 dqkv = bf16_diff(got.dqkv, want.dqkv, 0.0);
+  const double e_lse = relative_l2(got.state, lse_reference(widen(qkv), s));
+  std::printf("fused attention, %s:\n", s.name().c_str());
+  print_bf16("out", out, 0.0, got.out.size());
+  print_bf16("dqkv", dqkv, 0.0, got.dqkv.size());
+  std::printf("  %-38s fp32: rel. L2 error %.2e against double\n", "logsumexp", e_lse);
+  EXPECT_LE(out.rel_l2, 1e-2);
+  EXPECT_LE(dqkv.rel_l2, 2e-2);
+  EXPECT_LE(e_lse, 2e-3);
+  EXPECT_GE(out.differ, 0.03) << "as close as the fp32 kernels: did the forward run?";
+  EXPECT_GE(dqkv.differ, 0.03) << "as close as the fp32 kernels: did the backward run?";
+}
+
+// The default (TRELLIS_TC_ATTENTION and TRELLIS_CUDNN unset): at each head size cuDNN is checked
+// against the fp32 kernels and, agreeing, takes it (the details say so). Grouped heads (2 and 1
+// query heads a key/value head, and none grouped), head sizes 32, 64 and 128, T a multiple of
+// 128 and not (cuDNN before 9.15.1 refuses that one: the mma.sync kernels run it, which the
+// same bounds judge).
+TEST_F(CudaCudnn, FusedAttentionIsTheDefaultWhereItAgreesWithTheFp32Kernels) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+  gpu->set_precision("bf16");
+  testing::internal::CaptureStderr();
+  const Widening w = gpu->widened_calls(64);
+  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string details = gpu->details();
+  std::printf("%sdetails: %s\n", said.c_str(), details.c_str());
+  if (details.find("no cuDNN") != std::string::npos) GTEST_SKIP() << details;
+  EXPECT_EQ(w, Widening::none);
+  EXPECT_NE(details.find("head size 64 on cuDNN"), std::string::npos) << details;
+  EXPECT_EQ(said.find("warning"), std::string::npos) << said;
+  for (const AttentionShape& s :
+       {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{2, 128, 4, 4, 32},
+        AttentionShape{1, 130, 2, 1, 64}, AttentionShape{1, 128, 2, 1, 128}})
+    expect_fused(s, 7 + s.T + s.hd);
+  EXPECT_NE(gpu->details().find("head size 32 on cuDNN"), std::string::npos) << gpu->details();
+}
+
+// On the emulated cuDNN only (a GPU's cuDNN ignores the variables): an engine that computes
+// wrongly (TRELLIS_EMU_CUDNN_FAULT=1) fails the check — a warning naming what differed — and the
+// mma.sync kernels take the head size; a cuDNN with no engine for the graphs (=2) likewise; one
+// whose engines know only the backward's earlier spelling (=3) is given that, and runs; a
+// cuDNN 9.13 (TRELLIS_EMU_CUDNN_VERSION) takes T = 256 but refuses T = 130, said once, and that
+// call runs on the mma.sync kernels; TRELLIS_CUDNN=0 leaves cuDNN untried. (A library that is
+// not there: tests/cli/test_emulated_gpu.sh, since a process loads cuDNN once.)
+TEST_F(CudaCudnn, FaultsLeaveAttentionToTheMmaKernels) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+  gpu->set_precision("bf16");
+  gpu->widened_calls(64);
+  if (gpu->details().find("libcudnn-emu.so") == std::string::npos)
+    GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
+  const AttentionShape s{1, 130, 2, 1, 64};
+  for (const char* fault : {"1", "2"}) {
+    SCOPED_TRACE(std::string("TRELLIS_EMU_CUDNN_FAULT=") + fault);
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+    gpu->set_precision("bf16");
+    ScopedEnv on("TRELLIS_EMU_CUDNN_FAULT", fault);
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(gpu->widened_calls(64), Widening::none) << "the mma.sync kernels";
+    gpu->widened_calls(64);
+    const std::string warning = testing::internal::GetCapturedStderr();
+    std::printf("%s", warning.c_str());
+    EXPECT_NE(warning.find("fused attention at head size 64 is not used"), std::string::npos);
+    EXPECT_NE(warning.find(std::string(fault) == "1" ? "relative L2 error" : "no engine"),
+              std::string::npos);
+    EXPECT_EQ(warning.find("trellis: warning"), warning.rfind("trellis: warning")) << "said once";
+    EXPECT_NE(gpu->details().find("head size 64 on the tensor cores (mma.sync"), std::string::npos)
+        << gpu->details();
+    expect_fused(s, 40);
+  }
+  {
+    // Engines that know only the backward masked before the statistics are subtracted (=3): the
+    // second spelling builds, and cuDNN runs.
+    SCOPED_TRACE("TRELLIS_EMU_CUDNN_FAULT=3");
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+    gpu->set_precision("bf16");
+    ScopedEnv on("TRELLIS_EMU_CUDNN_FAULT", "3");
+    testing::internal::CaptureStderr();
+    expect_fused(AttentionShape{2, 130, 4, 2, 64}, 45);
+    const std::string said = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(said.find("warning"), std::string::npos) << said;
+    EXPECT_NE(gpu->details().find("head size 64 on cuDNN"), std::string::npos) << gpu->details();
+  }
+  {
+    SCOPED_TRACE("cuDNN 9.13");
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+    gpu->set_precision("bf16");
+    ScopedEnv old("TRELLIS_EMU_CUDNN_VERSION", "91300");
+    testing::internal::CaptureStderr();
+    expect_fused(AttentionShape{1, 256, 2, 1, 64}, 50);
+    expect_fused(s, 51);
+    expect_fused(s, 52);
+    const std::string warning = testing::internal::GetCapturedStderr();
+    std::printf("%s", warning.c_str());
+    EXPECT_NE(warning.find("has no plan for attention at B=1 T=130"), std::string::npos);
+    EXPECT_NE(warning.find("no multiple of 128"), std::string::npos);
+    EXPECT_EQ(warning.find("trellis: warning"), warning.rfind("trellis: warning")) << "said once";
+    EXPECT_NE(gpu->details().find("head size 64 on cuDNN 9.13.0"), std::string::npos)
+        << gpu->details();
+  }
+  {
+    SCOPED_TRACE("TRELLIS_CUDNN=0");
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", "0"}});
+    gpu->set_precision("bf16");
+    EXPECT_EQ(gpu->widened_calls(64), Widening::none);
+    std::printf("TRELLIS_CUDNN=0: %s\n", gpu->details().c_str());
+    EXPECT_NE(gpu->details().find("cuDNN not tried (TRELLIS_CUDNN=0)"), std::string::npos);
+    EXPECT_NE(gpu->details().find("head size 64 on the tensor cores (mma.sync"), std::string::npos);
+  }
+}
+
+}  // namespace
+
+#endif  // TRELLIS_HAVE_CUDA
