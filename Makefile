@@ -184,7 +184,7 @@ EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_se
 EMU_NCCL     := $(abspath $(BUILD))/emu/libnccl-emu.so
 EMU_EXPORT   := -Wl,--export-dynamic-symbol=trellis_emu_register_nccl  # for the emulated NCCL
 # The emulated cuDNN: its backend API with an interpreter of the graphs (cudnn_attention.cu opens
-# it in place of libcudnn.so.9), where cuDNN's headers are.
+# it in place of libcudnn_graph.so.9), where cuDNN's headers are.
 EMU_CUDNN    := $(abspath $(BUILD))/emu/libcudnn-emu.so
 HAVE_CUDNN   := $(if $(wildcard $(CUDA_HOME)/include/cudnn_graph.h),1,)
 EMU_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard tests/*/test_cuda_*.cpp \

@@ -173,13 +173,21 @@ if ! grep -q libnccl.so.2 <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local
   [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH:-}"
 fi
 # cuDNN (its fused attention, opened at run time: cudnn_attention.cu; the bundle does not carry
-# its 800+ MB): from the CUDA installation, else the one PyTorch's pip packages carry; and NVRTC,
-# which its runtime-compiled attention engines load. Without cuDNN, bf16 attention runs on the
-# mma.sync kernels (the summary's default-attention line says which).
-for lib in libcudnn.so.9 libnvrtc.so.13; do
+# its 800+ MB): from the CUDA installation, else the one PyTorch's pip packages carry (built for
+# PyTorch's CUDA: the run refuses one built for another), else any; and NVRTC, which its
+# runtime-compiled attention engines load. Without cuDNN, bf16 attention runs on the mma.sync
+# kernels (the summary's default-attention line says which, and why).
+for lib in libcudnn_graph.so.9 libnvrtc.so.13; do
   if ! grep -q "$lib" <<< "$(ldconfig -p 2>/dev/null)" && [[ ! -e /usr/local/cuda/lib64/$lib ]]; then
-    hit=$(find_lib "$lib")
+    hit=""
+    if [[ $lib == libcudnn_graph.so.9 ]]; then
+      dir=$(env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout 30 "${GPU_CHECK_PYTHON:-python3}" -c \
+        'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+      [[ -n $dir && -e $dir/$lib ]] && hit=$dir/$lib
+    fi
+    [[ -n $hit ]] || hit=$(find_lib "$lib")
     [[ -n $hit ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$hit")"
+    echo "gpu-check: $lib: ${hit:-not found}"
   fi
 done
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
@@ -208,10 +216,12 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # process has it too.
 tc_tests='Cuda*TensorCore*'
 # cuDNN's fused attention (CudaCudnn.*: its graphs have not run on a GPU either) goes first, in a
-# process of its own too.
+# process of its own too, with cuDNN's own log of warnings and errors (why a graph found no
+# engine, where it does not).
 t=$(limit "$TEST_TIMEOUT")
 (( t > 0 )) || t=1  # (timeout 0 would be no limit)
-"${TIMEOUT[@]}" "$t" "$BIN/unit_tests" --gtest_filter='CudaCudnn*' 2>&1 | tee "$OUTDIR/tests-cudnn.log"
+CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr "${TIMEOUT[@]}" "$t" "$BIN/unit_tests" \
+  --gtest_filter='CudaCudnn*' 2>&1 | tee "$OUTDIR/tests-cudnn.log"
 cudnn_status=${PIPESTATUS[0]}
 t=$(limit "$TEST_TIMEOUT")
 (( t > 0 )) || t=1

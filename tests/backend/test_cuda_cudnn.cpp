@@ -1,9 +1,10 @@
 // cuDNN's fused attention (lib/backend/cuda/cudnn_attention.cu) against the CPU backend: bf16's
-// default attention where libcudnn.so.9 loads and the check against the fp32 kernels passes.
+// default attention where libcudnn_graph.so.9 loads and the check against the fp32 kernels passes.
 // Skips without a CUDA device, and where no cuDNN is found (the backend's details say why). On
 // the emulated GPU it runs on the emulated cuDNN (tests/cuda_emu/emu_cudnn_lib.cpp: the backend
 // API with an interpreter of the graphs), which also plays the faults a real one may have.
 #include "cuda_test_util.hpp"
+#include "scoped_env.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
 namespace {
@@ -11,21 +12,6 @@ namespace {
 class CudaCudnn : public CudaKernelTest {
  protected:
   void expect_fused(const AttentionShape& s, uint64_t seed);
-};
-
-/// An environment variable set while it lives (the emulated cuDNN reads its variables when
-/// called, not when the backend is made), the process's value put back after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) saved_ = v;
-    value ? setenv(name, value, 1) : unsetenv(name);
-  }
-  ~ScopedEnv() { saved_ ? setenv(name_, saved_->c_str(), 1) : unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
 };
 
 /// The checks of the tensor-core attention (Bf16AttentionOnTensorCores): cuDNN also rounds P and

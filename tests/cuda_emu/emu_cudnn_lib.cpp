@@ -1,5 +1,5 @@
 // The emulated GPU's cuDNN (build/emu/libcudnn-emu.so, which the emulated build's cuDNN attention
-// opens in place of libcudnn.so.9): the backend API's functions that
+// opens in place of libcudnn_graph.so.9): the backend API's functions that
 // lib/backend/cuda/cudnn_attention.cu calls, with an interpreter of the operation graphs it
 // builds, on the emulated device memory (host memory).
 //
@@ -304,6 +304,8 @@ cudnnStatus_t finalize(Desc* d) {
 extern "C" {
 
 // 9.19.0 unless TRELLIS_EMU_CUDNN_VERSION says another (9.13.0: 91300).
+size_t cudnnGetCudartVersion() { return CUDART_VERSION; }  // (the emulator's: this build's)
+
 size_t cudnnGetVersion() {
   const char* v = std::getenv("TRELLIS_EMU_CUDNN_VERSION");
   return v && *v ? size_t(std::atol(v)) : 91900;

@@ -10,4 +10,4 @@ s/extern __shared__ \(__align__([0-9]*) \)\{0,1\}\([A-Za-z_][A-Za-z0-9_ ]*[A-Za-
 # The NCCL link opens the emulated NCCL (emu_nccl_lib.cpp) unless TRELLIS_NCCL_LIBRARY names another.
 s/: "libnccl\.so\.2");/: TRELLIS_EMU_NCCL_LIBRARY);/
 # cuDNN's attention opens the emulated cuDNN (emu_cudnn_lib.cpp) unless TRELLIS_CUDNN_LIBRARY names another.
-s/: "libcudnn\.so\.9";/: TRELLIS_EMU_CUDNN_LIBRARY;/
+s/: "libcudnn_graph\.so\.9";/: TRELLIS_EMU_CUDNN_LIBRARY;/

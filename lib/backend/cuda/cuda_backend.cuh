@@ -14,7 +14,7 @@
 //         activations (the bias, bf16 too, added in fp32 by the epilogue before the rounding) and
 //         fp32 D with beta = 1 for dweight. The bf16 kernels take calls whose tensors are all
 //         bf16; a call with a mix of types goes to the Backend's widening default. Attention
-//         runs on cuDNN's fused attention (cudnn_attention.cu) where libcudnn.so.9 loads and a
+//         runs on cuDNN's fused attention (cudnn_attention.cu) where libcudnn_graph.so.9 loads and a
 //         check on the device finds it agreeing with the fp32 kernels (TRELLIS_CUDNN=0: not);
 //         else, with head sizes 32, 64 or 128 and 16-byte aligned tensors, on the tensor cores
 //         (cuda_attention_mma.cu: bf16 operands of its products — P and dS rounded to bf16 —,
@@ -36,7 +36,8 @@
 // residual stream as its C (TRELLIS_RESIDUAL_EPILOGUE=0: the add apart).
 //
 // Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
-// the same bits run to run: reductions over rows go through fixed per-chunk partial sums.
+// the same bits run to run: reductions over rows go through fixed per-chunk partial sums. cuDNN's
+// attention backward does not (its dQ accumulator; TRELLIS_CUDNN=0 leaves it out).
 //
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
 // cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_kernels.cu (embeddings,

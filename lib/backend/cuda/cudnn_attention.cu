@@ -32,6 +32,7 @@ namespace {
 /// The cuDNN functions used here, from libcudnn.so.9 (or TRELLIS_CUDNN_LIBRARY).
 struct CudnnApi {
   size_t (*GetVersion)();
+  size_t (*GetCudartVersion)();
   const char* (*GetErrorString)(cudnnStatus_t);
   void (*GetLastErrorString)(char*, size_t);
   cudnnStatus_t (*Create)(cudnnHandle_t*);
@@ -52,10 +53,13 @@ const CudnnApi& cudnn() {
   static const CudnnApi api = [] {
     CudnnApi a{};
     const char* env = std::getenv("TRELLIS_CUDNN_LIBRARY");
-    a.file = env && *env ? env : "libcudnn.so.9";
+    // libcudnn_graph.so.9 holds the backend API: the libcudnn.so.9 shim would load it lazily,
+    // and abort where it cannot.
+    a.file = env && *env ? env : "libcudnn_graph.so.9";
     SharedLibrary lib(a.file, "cuDNN 9");
     auto get = [&](auto& fn, const char* name) { lib.get(fn, name); };
     get(a.GetVersion, "cudnnGetVersion");
+    get(a.GetCudartVersion, "cudnnGetCudartVersion");
     get(a.GetErrorString, "cudnnGetErrorString");
     get(a.GetLastErrorString, "cudnnGetLastErrorString");
     get(a.Create, "cudnnCreate");
@@ -238,7 +242,10 @@ class Graph {
     check(cudnn().GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
           "the heuristics' count");
-    if (n <= 0) throw std::runtime_error("cuDNN: no engine for the graph");
+    if (n <= 0)
+      throw std::runtime_error(
+          "cuDNN: no engine for the graph (its attention engines are compiled at run time: is "
+          "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000) + " on the library path?)");
     std::vector<std::unique_ptr<Desc>> configs;
     std::vector<cudnnBackendDescriptor_t> handles;
     for (int64_t i = 0; i < n; ++i) {
@@ -259,6 +266,7 @@ class Graph {
         check(cudnn().GetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                    CUDNN_TYPE_INT64, 1, &count, workspace),
               "the plan's workspace size");
+        chosen_ = std::move(configs[i]);  // kept with the plan, as cuDNN's frontend keeps it
         return plan;
       } catch (const std::runtime_error& e) {  // the next configuration may build
         if (first_error.empty()) first_error = e.what();
@@ -273,6 +281,7 @@ class Graph {
   static constexpr bool kTrue = true;
   cudnnHandle_t handle_;
   std::deque<Desc> descs_;
+  std::unique_ptr<Desc> chosen_;  // the engine configuration of the plan
   std::vector<const Desc*> ops_;
   int64_t next_virtual_ = kFirstVirtual;
 };
@@ -462,6 +471,13 @@ std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, std::s
   if (version < 90000 || (version >= 91000 && version < 91002))
     return why = "cuDNN " + dotted + " at " + api.file +
                  " (its fused attention needs 9.x, not 9.10.0-1)",
+           nullptr;
+  // Its attention engines are compiled at run time by the NVRTC of the CUDA it was built for.
+  const long cuda_major = long(api.GetCudartVersion()) / 1000;
+  if (cuda_major != CUDART_VERSION / 1000)
+    return why = "cuDNN " + dotted + " at " + api.file + " is built for CUDA " +
+                 std::to_string(cuda_major) + ", this build for CUDA " +
+                 std::to_string(CUDART_VERSION / 1000),
            nullptr;
   auto a = std::unique_ptr<CudnnAttention>(new CudnnAttention);
   cudnnHandle_t handle = nullptr;

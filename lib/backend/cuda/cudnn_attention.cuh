@@ -2,9 +2,9 @@
 // attention, the engines PyTorch and llm.c use on Hopper (TMA and wgmma, which the mma.sync
 // kernels of cuda_attention_mma.cu do without). cuDNN is reached through its backend API
 // (cudnnBackend*: a graph of matmuls, pointwise ops and reductions that its fused-attention
-// engines recognise) and opened at run time from libcudnn.so.9 (or TRELLIS_CUDNN_LIBRARY), as
-// the NCCL link opens NCCL: the binaries start and train without it, and any cuDNN 9 found
-// serves — the GPU bundle finds the one PyTorch carries (scripts/gpu-check.sh).
+// engines recognise) and opened at run time from libcudnn_graph.so.9 (or TRELLIS_CUDNN_LIBRARY),
+// as the NCCL link opens NCCL: the binaries start and train without it, and any cuDNN 9 built
+// for this CUDA serves — the GPU bundle finds the one PyTorch carries (scripts/gpu-check.sh).
 //
 // Layouts are the backend's, read in place through strides: qkv (B,T,(H+2KV)·hd) holds Q, K and
 // V as (B,heads,T,hd) views; out and dout (B,T,H·hd); the logsumexp (B,H,T) in natural log of
