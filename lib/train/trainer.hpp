@@ -1,5 +1,6 @@
 // The trainer: builds the model, optimizer, data and run directory from a Config, then runs the
-// loop. Trainer::train_step() is one optimizer step — the place to start reading.
+// loop. Trainer::train_step() is one optimizer step — the place to start reading (trainer.cpp;
+// what a run prints, from its configuration table to summary.json: trainer_output.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
