@@ -183,7 +183,7 @@ EMU_RT_OBJ   := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(filter-out $(EMU_DIR)/emu_se
 # The emulated NCCL, a library the emulated NCCL link opens (over MPI between the processes).
 EMU_NCCL     := $(abspath $(BUILD))/emu/libnccl-emu.so
 EMU_EXPORT   := -Wl,--export-dynamic-symbol=trellis_emu_register_nccl  # for the emulated NCCL
-# The emulated cuDNN: its backend API with an interpreter of the graphs (cudnn_attention.cu opens
+# The emulated cuDNN: its backend API with an interpreter of the graphs (cudnn_graph.cuh opens
 # it in place of libcudnn_graph.so.9), where cuDNN's headers are.
 EMU_CUDNN    := $(abspath $(BUILD))/emu/libcudnn-emu.so
 HAVE_CUDNN   := $(if $(wildcard $(CUDA_HOME)/include/cudnn_graph.h),1,)

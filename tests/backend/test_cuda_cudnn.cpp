@@ -65,10 +65,12 @@ TEST_F(CudaCudnn, FusedAttentionIsTheDefaultWhereItAgreesWithTheFp32Kernels) {
 // On the emulated cuDNN only (a GPU's cuDNN ignores the variables): an engine that computes
 // wrongly (TRELLIS_EMU_CUDNN_FAULT=1) fails the check — a warning naming what differed — and the
 // mma.sync kernels take the head size; a cuDNN with no engine for the graphs (=2) likewise; one
-// whose engines know only the backward's earlier spelling (=3) is given that, and runs; a
-// cuDNN 9.13 (TRELLIS_EMU_CUDNN_VERSION) takes T = 256 but refuses T = 130, said once, and that
-// call runs on the mma.sync kernels; TRELLIS_CUDNN=0 leaves cuDNN untried. (A library that is
-// not there: tests/cli/test_emulated_gpu.sh, since a process loads cuDNN once.)
+// whose engines know only the backward's earlier spelling (=3) is given that, and runs, as does
+// one whose heuristics offer engines only in the fallback list (=4) or whose first configuration
+// does not build (=5); a cuDNN 9.13 (TRELLIS_EMU_CUDNN_VERSION) takes T = 256 but refuses
+// T = 130, said once, and that call runs on the mma.sync kernels; TRELLIS_CUDNN=0 leaves cuDNN
+// untried. (A library that is not there: tests/cli/test_emulated_gpu.sh, since a process loads
+// cuDNN once.)
 TEST_F(CudaCudnn, FaultsLeaveAttentionToTheMmaKernels) {
   fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
   gpu->set_precision("bf16");
@@ -94,13 +96,14 @@ TEST_F(CudaCudnn, FaultsLeaveAttentionToTheMmaKernels) {
         << gpu->details();
     expect_fused(s, 40);
   }
-  {
+  for (const char* fault : {"3", "4", "5"}) {
     // Engines that know only the backward masked before the statistics are subtracted (=3): the
-    // second spelling builds, and cuDNN runs.
-    SCOPED_TRACE("TRELLIS_EMU_CUDNN_FAULT=3");
+    // second spelling builds. Heuristics that offer nothing in mode A (=4): the fallback list's
+    // engines. A first configuration that does not build (=5): the next. Each time cuDNN runs.
+    SCOPED_TRACE(std::string("TRELLIS_EMU_CUDNN_FAULT=") + fault);
     fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
     gpu->set_precision("bf16");
-    ScopedEnv on("TRELLIS_EMU_CUDNN_FAULT", "3");
+    ScopedEnv on("TRELLIS_EMU_CUDNN_FAULT", fault);
     testing::internal::CaptureStderr();
     expect_fused(AttentionShape{2, 130, 4, 2, 64}, 45);
     const std::string said = testing::internal::GetCapturedStderr();

@@ -26,6 +26,7 @@ struct Desc {
   std::map<int, Attr> attrs;
   bool finalized = false;
   Desc* graph = nullptr;  // an engine configuration's or plan's operation graph
+  bool broken = false;    // an engine configuration whose plan does not build (fault 5)
 };
 
 inline std::string fault_mode() {

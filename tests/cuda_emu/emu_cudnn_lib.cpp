@@ -17,7 +17,9 @@
 // scales every non-virtual output by 1.5 (a wrong engine: the check must refuse it); 2 offers no
 // engine for any graph (the run must go on without cuDNN); 3 offers none for a backward that
 // masks the scores after subtracting the statistics (as cuDNN's frontend does now), as engines
-// of 2024 might not: the other spelling must be tried.
+// of 2024 might not: the other spelling must be tried; 4 offers engines only in the fallback
+// list (CUDNN_HEUR_MODE_FALLBACK), none in mode A; 5 offers two, the first of which fails to
+// build an execution plan (the next must be taken).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -292,8 +294,12 @@ cudnnStatus_t finalize(Desc* d) {
       d->type == CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)
     why = check_operation(d);
   if (d->type == CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR) why = check_graph(d);
-  if (d->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
-    d->graph = child(d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG)->graph;
+  if (d->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR) {
+    const Desc* config = child(d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
+    if (config->broken)
+      return fail(CUDNN_STATUS_NOT_SUPPORTED, "this engine configuration does not build (fault 5)");
+    d->graph = config->graph;
+  }
   if (!why.empty()) return fail(CUDNN_STATUS_BAD_PARAM, why);
   d->finalized = true;
   return CUDNN_STATUS_SUCCESS;
@@ -379,13 +385,19 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc,
     if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR) return fail(CUDNN_STATUS_BAD_PARAM, "results type");
     const std::string fault = fault_mode();
     const Desc* graph = child(d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
-    const int64_t engines = fault == "2" || (fault == "3" && masks_after_a_sub(graph)) ? 0 : 1;
+    const bool mode_a = value<cudnnBackendHeurMode_t>(d, CUDNN_ATTR_ENGINEHEUR_MODE) == CUDNN_HEUR_MODE_A;
+    const int64_t engines = fault == "2" || (fault == "3" && masks_after_a_sub(graph)) ||
+                                    (fault == "4" && mode_a)
+                                ? 0
+                            : fault == "5" ? 2  // (the first of which does not build)
+                                           : 1;
     *count = requested == 0 ? engines : std::min(engines, requested);
     for (int64_t i = 0; i < std::min(requested, engines); ++i) {
       Desc* cfg = static_cast<Desc**>(elements)[i];
       if (cfg->type != CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)
         return fail(CUDNN_STATUS_BAD_PARAM, "results into a descriptor of another type");
       cfg->graph = child(d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
+      cfg->broken = fault == "5" && i == 0;
       cfg->finalized = true;
     }
     return CUDNN_STATUS_SUCCESS;

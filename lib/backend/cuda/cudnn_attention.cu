@@ -11,43 +11,19 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <stdexcept>
 #include <vector>
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/cudnn_attention.cuh"
-#include "core/shared_library.hpp"
 
 #if __has_include(<cudnn_graph.h>)
-#include <cudnn_graph.h>
-
-#include <array>
+#include "backend/cuda/cudnn_graph.cuh"
+#include "core/shared_library.hpp"
 
 namespace trellis::cuda {
 
-namespace {
-
-/// The cuDNN functions used here, from libcudnn.so.9 (or TRELLIS_CUDNN_LIBRARY).
-struct CudnnApi {
-  size_t (*GetVersion)();
-  size_t (*GetCudartVersion)();
-  const char* (*GetErrorString)(cudnnStatus_t);
-  void (*GetLastErrorString)(char*, size_t);
-  cudnnStatus_t (*Create)(cudnnHandle_t*);
-  cudnnStatus_t (*Destroy)(cudnnHandle_t);
-  cudnnStatus_t (*SetStream)(cudnnHandle_t, cudaStream_t);
-  cudnnStatus_t (*CreateDescriptor)(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t*);
-  cudnnStatus_t (*DestroyDescriptor)(cudnnBackendDescriptor_t);
-  cudnnStatus_t (*Finalize)(cudnnBackendDescriptor_t);
-  cudnnStatus_t (*SetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
-                                cudnnBackendAttributeType_t, int64_t, const void*);
-  cudnnStatus_t (*GetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
-                                cudnnBackendAttributeType_t, int64_t, int64_t*, void*);
-  cudnnStatus_t (*Execute)(cudnnHandle_t, cudnnBackendDescriptor_t, cudnnBackendDescriptor_t);
-  std::string file, error;  // error: why it could not be loaded
-};
+namespace cudnn_backend {
 
 const CudnnApi& cudnn() {
   static const CudnnApi api = [] {
@@ -77,7 +53,6 @@ const CudnnApi& cudnn() {
   return api;
 }
 
-/// Throws where a cuDNN call failed, naming the call and what cuDNN said of it.
 void check(cudnnStatus_t status, const char* what) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   std::string msg = std::string("cuDNN: ") + what + ": " + cudnn().GetErrorString(status);
@@ -87,46 +62,13 @@ void check(cudnnStatus_t status, const char* what) {
   throw std::runtime_error(msg);
 }
 
-/// One backend descriptor, destroyed with it.
-class Desc {
- public:
-  explicit Desc(cudnnBackendDescriptorType_t type) {
-    check(cudnn().CreateDescriptor(type, &d_), "cudnnBackendCreateDescriptor");
-  }
-  ~Desc() {
-    if (d_) cudnn().DestroyDescriptor(d_);
-  }
-  Desc(const Desc&) = delete;
-  Desc& operator=(const Desc&) = delete;
-  cudnnBackendDescriptor_t get() const { return d_; }
+}  // namespace cudnn_backend
 
-  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
-            const void* values) {
-    check(cudnn().SetAttribute(d_, name, type, n, values), "cudnnBackendSetAttribute");
-    return *this;
-  }
-  Desc& set(cudnnBackendAttributeName_t name, const Desc& d) {
-    cudnnBackendDescriptor_t v = d.get();
-    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
-  }
-  Desc& set(cudnnBackendAttributeName_t name, cudnnDataType_t v) {
-    return set(name, CUDNN_TYPE_DATA_TYPE, 1, &v);
-  }
-  Desc& set(cudnnBackendAttributeName_t name, int64_t v) {
-    return set(name, CUDNN_TYPE_INT64, 1, &v);
-  }
-  Desc& finalize(const char* what) {
-    check(cudnn().Finalize(d_), what);
-    return *this;
-  }
+using namespace cudnn_backend;  // (Desc, Graph, cudnn(), check())
 
- private:
-  cudnnBackendDescriptor_t d_ = nullptr;
-};
+namespace {
 
-using Dims = std::array<int64_t, 4>;
-
-// The non-virtual tensors' unique ids (the variant pack's); virtual ones count from kFirstVirtual.
+// The non-virtual tensors' unique ids (the variant pack's), under the virtual ones'.
 enum Uid : int64_t {
   kQ = 1,
   kK,
@@ -142,149 +84,8 @@ enum Uid : int64_t {
   kDV,
   kSoftmaxSum,
   kDQAccum,
-  kFirstVirtual = 100
 };
-
-/// A graph under construction: its tensors and operations, kept alive as long as its plan.
-class Graph {
- public:
-  explicit Graph(cudnnHandle_t handle) : handle_(handle) {}
-
-  /// A tensor; uid 0 makes it virtual (an intermediate the engine keeps to itself).
-  const Desc& tensor(const Dims& dims, const Dims& strides, cudnnDataType_t type, int64_t uid = 0,
-                     bool by_value = false) {
-    Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const bool is_virtual = uid == 0;
-    t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, type)
-        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
-        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
-        .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, is_virtual ? next_virtual_++ : uid)
-        .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, int64_t(16));
-    if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &kTrue);
-    if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &kTrue);
-    return t.finalize("a tensor descriptor");
-  }
-  /// A float passed by value (its address in the variant pack is a host address).
-  const Desc& scalar(int64_t uid) {
-    return tensor({1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, uid, true);
-  }
-
-  /// y = mode(x[, b][, t]); GEN_INDEX takes an axis.
-  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y,
-                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, const Desc* t = nullptr,
-                 int64_t axis = -1) {
-    Desc& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
-        .set(CUDNN_ATTR_POINTWISE_MATH_PREC, precision);
-    if (axis >= 0) pw.set(CUDNN_ATTR_POINTWISE_AXIS, axis);
-    pw.finalize("a pointwise descriptor");
-    Desc& op = keep(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
-        .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
-        .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-    if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
-    const float one = 1.0f;
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
-    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
-    ops_.push_back(&op.finalize("a pointwise operation"));
-  }
-  /// c = a·b over the last two dimensions, batched over the first two (b's heads broadcast
-  /// over a's where fewer: grouped heads).
-  void matmul(const Desc& a, const Desc& b, const Desc& c) {
-    Desc& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    const double padding = 0.0;
-    mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT)
-        .set(CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 1, &padding)
-        .finalize("a matmul descriptor");
-    Desc& op = keep(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    ops_.push_back(&op.finalize("a matmul operation"));
-  }
-  /// y = the max or sum of x over the dimensions where y is smaller.
-  void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
-    Desc& r = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
-        .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT)
-        .finalize("a reduction descriptor");
-    Desc& op = keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
-    ops_.push_back(&op.finalize("a reduction operation"));
-  }
-  /// y: x's elements under y's dimensions and strides (a transpose, without moving data).
-  void reshape(const Desc& x, const Desc& y) {
-    Desc& op = keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    ops_.push_back(&op.finalize("a reshape operation"));
-  }
-
-  /// The operation graph, the heuristics' engine configurations, and the plan of the first
-  /// that builds; its workspace size into *workspace.
-  std::unique_ptr<Desc> plan(int64_t* workspace) {
-    std::vector<cudnnBackendDescriptor_t> ops;
-    for (const Desc* op : ops_) ops.push_back(op->get());
-    Desc& graph = keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
-        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()),
-             ops.data())
-        .finalize("the operation graph");
-    Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
-        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
-        .finalize("the engine heuristics");
-    int64_t n = 0;
-    check(cudnn().GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
-          "the heuristics' count");
-    if (n <= 0)
-      throw std::runtime_error(
-          "cuDNN: no engine for the graph (its attention engines are compiled at run time: is "
-          "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000) + " on the library path?)");
-    std::vector<std::unique_ptr<Desc>> configs;
-    std::vector<cudnnBackendDescriptor_t> handles;
-    for (int64_t i = 0; i < n; ++i) {
-      configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      handles.push_back(configs.back()->get());
-    }
-    check(cudnn().GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &n, handles.data()),
-          "the heuristics' results");
-    std::string first_error;
-    for (int64_t i = 0; i < n; ++i) {
-      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      try {
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
-            .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i])
-            .finalize("the execution plan");
-        int64_t count = 0;
-        check(cudnn().GetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                   CUDNN_TYPE_INT64, 1, &count, workspace),
-              "the plan's workspace size");
-        chosen_ = std::move(configs[i]);  // kept with the plan, as cuDNN's frontend keeps it
-        return plan;
-      } catch (const std::runtime_error& e) {  // the next configuration may build
-        if (first_error.empty()) first_error = e.what();
-      }
-    }
-    throw std::runtime_error(std::to_string(n) +
-                             " engine configuration(s), none built; the first: " + first_error);
-  }
-
- private:
-  Desc& keep(cudnnBackendDescriptorType_t type) { return descs_.emplace_back(type); }
-  static constexpr bool kTrue = true;
-  cudnnHandle_t handle_;
-  std::deque<Desc> descs_;
-  std::unique_ptr<Desc> chosen_;  // the engine configuration of the plan
-  std::vector<const Desc*> ops_;
-  int64_t next_virtual_ = kFirstVirtual;
-};
+static_assert(kDQAccum < Graph::kFirstVirtualUid);
 
 int64_t round_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -504,6 +305,11 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
   if (auto it = refused_.find(s); it != refused_.end()) return why = it->second, false;
   if (s.hd % 8 != 0 || s.hd > 128 || s.H % s.KV != 0) {
     why = "head size " + std::to_string(s.hd) + " (cuDNN's fused attention: multiples of 8 to 128)";
+  } else if (s.T < 2 || s.B > 65535 || s.H > 65535) {
+    // (its backward takes no key sequence of length 1; grid limits past 65535: PyTorch refuses
+    // both too)
+    why = "sequence length " + std::to_string(s.T) + ", batch " + std::to_string(s.B) + ", " +
+          std::to_string(s.H) + " heads (cuDNN's fused attention: T ≥ 2, B and heads ≤ 65535)";
   } else if (version_ < 91501 && s.T % 128 != 0) {
     // Before 9.15.1 the backward read out of bounds where T is not a multiple of 128.
     why = "sequence length " + std::to_string(s.T) +
@@ -554,7 +360,8 @@ float neg_inf_for(long version) { return version >= 91000 ? -INFINITY : -FLT_MAX
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                              const AttentionShape& s, void* workspace) {
   const Passes& p = *passes_.at(s);
-  const float scale = 1.0f / std::sqrt(float(s.hd)), neg_inf = neg_inf_for(version_);
+  alignas(16) const float scale = 1.0f / std::sqrt(float(s.hd));  // (16: as their descriptors say)
+  alignas(16) const float neg_inf = neg_inf_for(version_);
   const int64_t head = s.hd;
   execute(static_cast<cudnnHandle_t>(handle_), *p.forward.plan,
           {{kQ, qkv},
@@ -571,7 +378,9 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
                               const AttentionShape& s, void* workspace) {
   const Passes& p = *passes_.at(s);
-  const float scale = 1.0f / std::sqrt(float(s.hd)), neg_inf = neg_inf_for(version_), one = 1.0f;
+  alignas(16) const float scale = 1.0f / std::sqrt(float(s.hd));  // (16: as their descriptors say)
+  alignas(16) const float neg_inf = neg_inf_for(version_);
+  alignas(16) const float one = 1.0f;
   const int64_t head = s.hd;
   char* base = static_cast<char*>(workspace);
   void* dq_accum = base;
