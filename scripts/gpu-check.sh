@@ -107,6 +107,9 @@ summary() {
   local attention
   attention=$(grep -hs -m1 'backend details' "${main_log:-/dev/null}" | sed -n 's/.*bf16 attention: \(.*[^ │]\)[ │]*$/\1/p')
   echo "bf16 attention by default (gpt2-124m, head size 64): ${attention:-not known (no bf16+tc run)}"
+  # What that run was warned of (a cuBLASLt epilogue refused, cuDNN or the tensor cores not used):
+  # each said once, the first few.
+  grep -hs 'warning' "${main_log:-/dev/null}" | sort -u | head -6 | sed 's/^/gpt2-124m bf16+tc: /'
   echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
   printf '%-10s %-13s %8s %9s %9s %10s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB"
   for r in "${rows[@]}"; do echo "$r"; done

@@ -271,8 +271,9 @@ TEST_F(CudaKernels, MatmulOnUnalignedPointers) {
 // on an fp32 D (the bias then added by a kernel), an output apart from its C — the residual — for
 // the heuristic's first algorithm or for every one (another candidate, or the residual copied into
 // the output first), the heuristic failing once for want of memory (asked again after the pool
-// gives its spare memory back). The results must not change. On a real GPU the variable does
-// nothing: the usual ways are checked again.
+// gives its spare memory back). The results must not change, with the heuristic's choice or with
+// the candidates timed (TRELLIS_GEMM_TUNE=1: a candidate that cannot write apart from C is not
+// timed for a residual). On a real GPU the variable does nothing: the usual ways are checked again.
 TEST_F(CudaKernels, GemmsTakeAnotherWayWhereCublasLtRefuses) {
   const int N = 40, C = 24, OC = 36;
   const auto inp = random_vec(size_t(N) * C, 80), w = random_vec(size_t(OC) * C, 81),
@@ -285,31 +286,33 @@ TEST_F(CudaKernels, GemmsTakeAnotherWayWhereCublasLtRefuses) {
   cpu->matmul_residual_forward(rout.data(), res.data(), inp.data(), w.data(), b.data(), N, C, OC);
   cpu->matmul_residual_forward(rout16.data(), res16.data(), inp16.data(), w16.data(), b16.data(), N,
                                C, OC);
-  for (const char* refuse : {"fp32-bias", "out-of-place", "out-of-place-first", "alloc-once"}) {
-    SCOPED_TRACE(std::string("TRELLIS_EMU_LT_REFUSE=") + refuse);
-    const char* before = std::getenv("TRELLIS_EMU_LT_REFUSE");
-    const std::string saved = before ? before : "";
-    setenv("TRELLIS_EMU_LT_REFUSE", refuse, 1);
-    fresh_gpu({});
-    gpu->set_precision("fp32");
-    float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_res = up(res);
-    float* d_out = up(std::vector<float>(out.size(), 9.f));
-    gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
-    expect_close(down(d_out, out.size()), out, gemm_rtol(), "fp32 out");
-    gpu->matmul_residual_forward(d_out, d_res, d_inp, d_w, d_b, N, C, OC);
-    expect_close(down(d_out, out.size()), rout, gemm_rtol(), "fp32 out with a residual");
-    EXPECT_EQ(down(d_res, res.size()), res) << "fp32 residual, untouched";
-    gpu->set_precision("bf16");
-    bf16_t *d_inp16 = up(inp16), *d_w16 = up(w16), *d_b16 = up(b16), *d_res16 = up(res16),
-           *d_out16 = up(bf16_nan(out.size()));
-    gpu->matmul_residual_forward(d_out16, d_res16, d_inp16, d_w16, d_b16, N, C, OC);
-    expect_bf16(down_bits(d_out16, out.size()), rout16, 5e-4, "bf16 out with a residual");
-    const Bits kept = down_bits(d_res16, res16.size());
-    EXPECT_TRUE(std::equal(kept.begin(), kept.end(), res16.begin(), [](bf16_t x, bf16_t y) {
-      return x.bits == y.bits;
-    })) << "bf16 residual, untouched";
-    before ? setenv("TRELLIS_EMU_LT_REFUSE", saved.c_str(), 1) : unsetenv("TRELLIS_EMU_LT_REFUSE");
-  }
+  for (const char* tune : {"0", "1"})
+    for (const char* refuse : {"fp32-bias", "out-of-place", "out-of-place-first", "alloc-once"}) {
+      SCOPED_TRACE(std::string("TRELLIS_EMU_LT_REFUSE=") + refuse + ", TRELLIS_GEMM_TUNE=" + tune);
+      const char* before = std::getenv("TRELLIS_EMU_LT_REFUSE");
+      const std::string saved = before ? before : "";
+      setenv("TRELLIS_EMU_LT_REFUSE", refuse, 1);
+      fresh_gpu({{"TRELLIS_GEMM_TUNE", tune}});
+      gpu->set_precision("fp32");
+      float *d_inp = up(inp), *d_w = up(w), *d_b = up(b), *d_res = up(res);
+      float* d_out = up(std::vector<float>(out.size(), 9.f));
+      gpu->matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+      expect_close(down(d_out, out.size()), out, gemm_rtol(), "fp32 out");
+      gpu->matmul_residual_forward(d_out, d_res, d_inp, d_w, d_b, N, C, OC);
+      expect_close(down(d_out, out.size()), rout, gemm_rtol(), "fp32 out with a residual");
+      EXPECT_EQ(down(d_res, res.size()), res) << "fp32 residual, untouched";
+      gpu->set_precision("bf16");
+      bf16_t *d_inp16 = up(inp16), *d_w16 = up(w16), *d_b16 = up(b16), *d_res16 = up(res16),
+             *d_out16 = up(bf16_nan(out.size()));
+      gpu->matmul_residual_forward(d_out16, d_res16, d_inp16, d_w16, d_b16, N, C, OC);
+      expect_bf16(down_bits(d_out16, out.size()), rout16, 5e-4, "bf16 out with a residual");
+      const Bits kept = down_bits(d_res16, res16.size());
+      EXPECT_TRUE(std::equal(kept.begin(), kept.end(), res16.begin(), [](bf16_t x, bf16_t y) {
+        return x.bits == y.bits;
+      })) << "bf16 residual, untouched";
+      before ? setenv("TRELLIS_EMU_LT_REFUSE", saved.c_str(), 1)
+             : unsetenv("TRELLIS_EMU_LT_REFUSE");
+    }
 }
 
 // Widths C = 96 and 768 (GPT-2's) take 16-byte chunks, C = 37 and 201 one value at a time (the

@@ -157,16 +157,17 @@ void CudaBackend::warn_once(int what, const char* message) {
   std::fprintf(stderr, "trellis: warning: %s\n", message);
 }
 
+/// Whether an algorithm writes D apart from C (a residual C ≠ D).
+static bool writes_apart(const cublasLtMatmulAlgo_t& algo) {
+  int32_t yes = 0;
+  size_t written = 0;
+  return cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                                           &yes, sizeof(yes), &written) == CUBLAS_STATUS_SUCCESS &&
+         yes != 0;
+}
+
 const cublasLtMatmulAlgo_t* CudaBackend::out_of_place_algo(GemmPlan& p) {
   if (p.apart_state == 0) {
-    const auto writes_apart = [](const cublasLtMatmulAlgo_t& algo) {
-      int32_t yes = 0;
-      size_t written = 0;
-      return cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
-                                               &yes, sizeof(yes),
-                                               &written) == CUBLAS_STATUS_SUCCESS &&
-             yes != 0;
-    };
     p.apart_state = 2;
     if (writes_apart(p.algo)) {
       p.algo_apart = p.algo, p.apart_state = 1;
@@ -218,6 +219,9 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
   const float alpha = 1.0f;
   float best = 0;
   for (int i = 0; i < p.ncandidates; ++i) {
+    // (C apart from D: a candidate that cannot write D apart is not a choice, and might write a
+    // wrong D without refusing)
+    if (C.data != D.data && !writes_apart(p.candidates[i])) continue;
     float total = 0;  // two timed runs after one to warm up
     bool ok = true;
     for (int rep = 0; rep < 3 && ok; ++rep) {
@@ -334,7 +338,8 @@ void CudaBackend::add_bias(float* d, const float* bias, int m, int n, int ldd) {
 CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m,
                                               int n, int k, int lda, int ldb, int ldd, CPtr A,
                                               CPtr B, Ptr D, CPtr bias, CPtr aux) {
-  if (!gelu_epilogue_ || ldd % 8 != 0 || alignment(aux.data) < 16 ||
+  // (k = 1: DGELU's tests in nvmath-python say cuBLAS does not support it; it might not refuse)
+  if (!gelu_epilogue_ || ldd % 8 != 0 || k < 2 || alignment(aux.data) < 16 ||
       (bias && alignment(bias.data) < 16))
     return nullptr;
   GemmPlan& p = plan({trans_a, trans_b, m, n, k, lda, ldb, ldd, epi, alignment(A.data),
@@ -534,7 +539,9 @@ void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr d
 
 bool CudaBackend::dweight_with_dbias(float* dweight, float* dbias, CPtr dout, CPtr inp, int N,
                                      int C, int OC) {
-  if (!bgrad_epilogue_) return false;
+  // (OC = 1, D with one column: BGRADB's tests in nvmath-python say cuBLAS does not support it,
+  // and it might compute without refusing)
+  if (!bgrad_epilogue_ || OC < 2) return false;
   float* sums = static_cast<float*>(scratch(sizeof(float) * OC));  // (OC): written, not added
   GemmPlan& p = plan({false, true, C, OC, N, C, OC, C, Epilogue::bgradb, alignment(inp.data),
                       alignment(dout.data), alignment(dweight), alignment(sums), 0,
