@@ -48,8 +48,11 @@ __device__ inline void copy_async16(void* dst, const void* src, bool fill) {
 #if defined(TRELLIS_EMULATED_GPU)
   trellis_emu::copy_async(dst, src, 16, fill ? 16 : 0);
 #else
+  // The PTX names a .global source: a global-space address, not the generic pointer (the two
+  // coincide on today's GPUs, which the ISA does not promise).
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+               "l"(__cvta_generic_to_global(src)),
                "r"(fill ? 16 : 0)
                : "memory");
 #endif

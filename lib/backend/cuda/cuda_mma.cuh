@@ -67,14 +67,19 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");
 }
+// (The "memory" clobbers keep the compiler from moving these reads of shared memory across the
+// plain stores that fill it: the asm names an address, not the bytes it reads.)
+
 /// The same, each matrix read column-major: r[j] receives matrix j's (2t, g) and (2t+1, g).
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");
 }
 /// d (16×8, fp32) += a (16×16, bf16) · b (16×8, bf16: registers b0, b1).
 __device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
