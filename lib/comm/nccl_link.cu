@@ -1,19 +1,21 @@
 // The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL's
-// header exist; never run on a GPU so far (README, GPUs), nor its bf16 wire (ncclBfloat16, NCCL
-// 2.10 or later).
+// header exist; run on one GPU only so far (README, GPUs), never between two.
 //
 // libnccl.so.2 is opened at run time (dlopen), not linked: the binaries start — and train on one
 // GPU, or on several with the staged link — on a machine without NCCL (the GPU bundle does not
-// carry its 200+ MB), and any NCCL 2.x found there serves (its C ABI is stable).
+// carry its 200+ MB), and any NCCL from 2.10 on serves (its C ABI is stable; 2.10 brought
+// ncclBfloat16, which bf16 buffers and the bf16 wire need).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,9 +31,11 @@ namespace {
 /// The NCCL functions this link calls, from libnccl.so.2 (or TRELLIS_NCCL_LIBRARY).
 struct NcclApi {
   const char* (*GetErrorString)(ncclResult_t);
+  ncclResult_t (*GetVersion)(int*);
   ncclResult_t (*GetUniqueId)(ncclUniqueId*);
   ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
   ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t);
   ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
@@ -46,15 +50,28 @@ struct NcclApi {
   std::string error;  // why it could not be loaded; empty when every function is there
 };
 
+/// The oldest NCCL the link takes: 2.10.0 (ncclBfloat16), as NCCL_VERSION_CODE spells it.
+constexpr int kOldestNccl = 21000;
+
+/// "2.21.5" from NCCL_VERSION_CODE: X·1000 + Y·100 + Z up to 2.8, X·10000 + Y·100 + Z after.
+std::string nccl_version_name(int code) {
+  const bool before_2_9 = code < 10000;
+  const int major = before_2_9 ? code / 1000 : code / 10000;
+  const int minor = before_2_9 ? code / 100 % 10 : code / 100 % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
 /// Every function from `file`, or the reason it cannot be used in .error.
 NcclApi load_nccl(const std::string& file) {
   NcclApi a{};
   SharedLibrary lib(file, "an NCCL library", RTLD_NOW | RTLD_GLOBAL);
   auto get = [&](auto& fn, const char* name) { lib.get(fn, name); };
   get(a.GetErrorString, "ncclGetErrorString");
+  get(a.GetVersion, "ncclGetVersion");
   get(a.GetUniqueId, "ncclGetUniqueId");
   get(a.CommInitRank, "ncclCommInitRank");
   get(a.CommDestroy, "ncclCommDestroy");
+  get(a.CommGetAsyncError, "ncclCommGetAsyncError");
   get(a.AllReduce, "ncclAllReduce");
   get(a.ReduceScatter, "ncclReduceScatter");
   get(a.AllGather, "ncclAllGather");
@@ -64,6 +81,12 @@ NcclApi load_nccl(const std::string& file) {
   get(a.GroupStart, "ncclGroupStart");
   get(a.GroupEnd, "ncclGroupEnd");
   a.error = lib.finish();
+  int version = 0;
+  if (a.error.empty() && a.GetVersion(&version) != ncclSuccess)
+    a.error = file + ": ncclGetVersion failed";
+  else if (a.error.empty() && version < kOldestNccl)
+    a.error = file + " is NCCL " + nccl_version_name(version) +
+              ", older than 2.10 (the first with ncclBfloat16, which the link needs)";
   return a;
 }
 
@@ -89,6 +112,57 @@ void nccl_ok(ncclResult_t r, const char* what) {
 }
 #define CUDA_OK(call) cuda_ok((call), #call)
 #define NCCL_OK(call) nccl_ok((call), #call)
+
+/// Set once a communicator has reported an asynchronous error: from then on the destructors that
+/// would wait for NCCL's kernels (which never finish) leave them, while the error ends the run.
+std::atomic<bool> nccl_failed{false};
+
+/// Throws where `comm` (null: none) reports an asynchronous error: a peer's process gone, a
+/// connection broken. NCCL's kernels then never finish, and only the communicator says why.
+void check_async(ncclComm_t comm, const std::string& group) {
+  if (!comm) return;
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(nccl().CommGetAsyncError(comm, &state));
+  if (state != ncclSuccess && state != ncclInProgress) nccl_failed = true;
+  TRELLIS_CHECK(state == ncclSuccess || state == ncclInProgress,
+                "NCCL link on '%s': %s (NCCL's asynchronous error: a rank of the group failed or "
+                "a connection between ranks broke)",
+                group.c_str(), nccl().GetErrorString(state));
+}
+
+/// Whether `event` has passed (never blocks); throws on `comm`'s asynchronous error.
+bool passed(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
+  check_async(comm, group);
+  const cudaError_t e = cudaEventQuery(event);
+  if (e == cudaErrorNotReady) return false;
+  CUDA_OK(e);
+  return true;
+}
+
+/// Waits for `event`, asking `comm` for an asynchronous error meanwhile (cudaEventSynchronize
+/// would wait forever for a collective whose peer is gone).
+void wait_for(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
+  while (!passed(event, comm, group)) std::this_thread::yield();
+}
+
+/// ncclGroupStart() now; ncclGroupEnd() by end(), or at the end of the scope where a call between
+/// threw (an open group would defer every later NCCL call of this thread).
+class NcclGroup {
+ public:
+  NcclGroup() { NCCL_OK(nccl().GroupStart()); }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    NCCL_OK(nccl().GroupEnd());
+  }
+  ~NcclGroup() {
+    if (open_) nccl().GroupEnd();
+  }
+
+ private:
+  bool open_ = true;
+};
 
 /// The largest of the counts, and whether they are all equal to it (NCCL's own layout).
 struct Blocks {
@@ -116,36 +190,34 @@ __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, int64_t n
 /// Launch shape of a grid-stride loop over n values: 256 threads a block, at most 4096 blocks.
 unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 4096)); }
 
-/// Complete when an event recorded on the link's stream after the operation has passed.
+/// Complete when an event recorded on the link's stream after the operation has passed; `comm`
+/// is asked for asynchronous errors while it has not.
 class EventCompletion : public Completion {
  public:
-  explicit EventCompletion(cudaEvent_t event) : event_(event) {}
+  EventCompletion(cudaEvent_t event, ncclComm_t comm, const std::string& group)
+      : event_(event), comm_(comm), group_(group) {}
   ~EventCompletion() override {
-    if (!done_) cudaEventSynchronize(event_);  // the buffers are NCCL's until then
+    if (!done_ && !nccl_failed) cudaEventSynchronize(event_);  // the buffers are NCCL's until then
     cudaEventDestroy(event_);
   }
-  bool test() override {
-    if (done_) return true;
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
-    CUDA_OK(e);
-    return done_ = true;
-  }
+  bool test() override { return done_ || (done_ = passed(event_, comm_, group_)); }
   void wait() override {
     if (done_) return;
-    CUDA_OK(cudaEventSynchronize(event_));
+    wait_for(event_, comm_, group_);
     done_ = true;
   }
 
  private:
   cudaEvent_t event_;
+  ncclComm_t comm_;
+  std::string group_;
   bool done_ = false;
 };
 
 class NcclLink : public DeviceLink {
  public:
   NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStream_t compute,
-           bool point_to_point);
+           bool point_to_point, bool communicator_of_one);
   ~NcclLink() override;
 
   std::string kind() const override { return "nccl"; }
@@ -160,6 +232,7 @@ class NcclLink : public DeviceLink {
 
   std::unique_ptr<Completion> all_reduce(Ptr data, int64_t n, ReduceOp op, bool blocking,
                                          Wire wire) override {
+    if (!comm_) return nullptr;  // one rank: its values are the sum (or maximum)
     after_compute(stream_);
     if (wire == Wire::bf16 && data.is_f32()) {
       // (n) bf16 on the link's stream: round, sum in bf16 (NCCL adds in fp32 per hop), widen.
@@ -168,11 +241,11 @@ class NcclLink : public DeviceLink {
       NCCL_OK(nccl().AllReduce(tmp, tmp, size_t(n), ncclBfloat16, ncclSum, comm_, stream_));
       from_bf16(data.f32(), tmp, n);
       CUDA_OK(cudaFreeAsync(tmp, stream_));
-      return done_on(stream_, blocking);
+      return done_on(stream_, comm_, blocking);
     }
     NCCL_OK(nccl().AllReduce(data.data, data.data, size_t(n), nccl_type(data.dtype),
                              op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
-    return done_on(stream_, blocking);
+    return done_on(stream_, comm_, blocking);
   }
 
   std::unique_ptr<Completion> reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts,
@@ -180,6 +253,7 @@ class NcclLink : public DeviceLink {
     const std::vector<int64_t> displ = displacements(counts);
     const auto [block, equal] = blocks_of(counts);
     if (block == 0) return nullptr;
+    if (!comm_) return copy_alone(out, in, block);
     after_compute(stream_);
     if (wire == Wire::bf16 && in.is_f32()) {
       // (size · block) bf16, each rank's block rounded into a padded slot (zeros past its count),
@@ -192,13 +266,13 @@ class NcclLink : public DeviceLink {
                                    comm_, stream_));
       from_bf16(out.f32(), tmp + rank_ * block, counts[rank_]);
       CUDA_OK(cudaFreeAsync(tmp, stream_));
-      return done_on(stream_, blocking);
+      return done_on(stream_, comm_, blocking);
     }
     const ncclDataType_t type = nccl_type(in.dtype);
     if (equal) {
       // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
       NCCL_OK(nccl().ReduceScatter(in.data, out.data, size_t(block), type, ncclSum, comm_, stream_));
-      return done_on(stream_, blocking);
+      return done_on(stream_, comm_, blocking);
     }
     // Unequal blocks: each into a padded slot of `block` values, reduce, take this rank's part.
     Ptr tmp = padded(block, in.dtype);
@@ -207,7 +281,7 @@ class NcclLink : public DeviceLink {
                                  ncclSum, comm_, stream_));
     copy(out, tmp.at(rank_ * block), counts[rank_]);
     CUDA_OK(cudaFreeAsync(tmp.data, stream_));
-    return done_on(stream_, blocking);
+    return done_on(stream_, comm_, blocking);
   }
 
   std::unique_ptr<Completion> all_gather(CPtr in, Ptr out, const std::vector<int64_t>& counts,
@@ -215,11 +289,12 @@ class NcclLink : public DeviceLink {
     const std::vector<int64_t> displ = displacements(counts);
     const auto [block, equal] = blocks_of(counts);
     if (block == 0) return nullptr;
+    if (!comm_) return copy_alone(out, in, block);
     after_compute(stream_);
     const ncclDataType_t type = nccl_type(out.dtype);
     if (equal) {
       NCCL_OK(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
-      return done_on(stream_, blocking);
+      return done_on(stream_, comm_, blocking);
     }
     Ptr tmp = padded(block, out.dtype);
     copy(tmp.at(rank_ * block), in, counts[rank_]);
@@ -227,13 +302,14 @@ class NcclLink : public DeviceLink {
                              stream_));
     for (int j = 0; j < size_; ++j) copy(out.at(displ[j]), tmp.at(j * block), counts[j]);
     CUDA_OK(cudaFreeAsync(tmp.data, stream_));
-    return done_on(stream_, blocking);
+    return done_on(stream_, comm_, blocking);
   }
 
   std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) override {
+    if (!comm_) return nullptr;  // one rank: the root
     after_compute(stream_);
     NCCL_OK(nccl().Broadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
-    return done_on(stream_, true);
+    return done_on(stream_, comm_, true);
   }
 
   std::unique_ptr<Completion> send(CPtr data, int64_t n, int peer, int /*tag*/,
@@ -242,7 +318,7 @@ class NcclLink : public DeviceLink {
     after_compute(ch.stream);
     NCCL_OK(nccl().Send(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/1, ch.comm,
                         ch.stream));
-    return done_on(ch.stream, blocking);
+    return done_on(ch.stream, ch.comm, blocking);
   }
 
   std::unique_ptr<Completion> recv(Ptr data, int64_t n, int peer, int /*tag*/,
@@ -252,7 +328,7 @@ class NcclLink : public DeviceLink {
     after_compute(ch.stream);
     NCCL_OK(nccl().Recv(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/0, ch.comm,
                         ch.stream));
-    return done_on(ch.stream, blocking);
+    return done_on(ch.stream, ch.comm, blocking);
   }
 
  private:
@@ -278,15 +354,25 @@ class NcclLink : public DeviceLink {
     CUDA_OK(cudaEventRecord(ready_, compute_));
     CUDA_OK(cudaStreamWaitEvent(s, ready_, 0));
   }
-  std::unique_ptr<Completion> done_on(cudaStream_t s, bool blocking) {
+  /// What completes the operations just launched on `s` through `comm`: nothing when `blocking`
+  /// (waited for here).
+  std::unique_ptr<Completion> done_on(cudaStream_t s, ncclComm_t comm, bool blocking) {
     if (blocking) {
-      CUDA_OK(cudaStreamSynchronize(s));
+      CUDA_OK(cudaEventRecord(finished_, s));
+      wait_for(finished_, comm, name_);
       return nullptr;
     }
     cudaEvent_t e;
     CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_OK(cudaEventRecord(e, s));
-    return std::make_unique<EventCompletion>(e);
+    return std::make_unique<EventCompletion>(e, comm, name_);
+  }
+  /// A group of one rank's reduce-scatter or all-gather: out = in (n values), on the compute
+  /// stream, after the kernels that write `in` and before those that read `out`.
+  std::unique_ptr<Completion> copy_alone(Ptr out, CPtr in, int64_t n) {
+    if (out.data != in.data)
+      CUDA_OK(cudaMemcpyAsync(out.data, in.data, out.bytes(n), cudaMemcpyDeviceToDevice, compute_));
+    return nullptr;
   }
   /// size·block values of type t on the link's stream (stream-ordered: no device-wide
   /// synchronisation).
@@ -324,23 +410,28 @@ class NcclLink : public DeviceLink {
   cudaStream_t compute_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;                       // recorded on compute_ before each operation
+  cudaEvent_t ready_ = nullptr;     // recorded on compute_ before each operation
+  cudaEvent_t finished_ = nullptr;  // recorded after a blocking operation, waited for
   std::map<std::pair<int, bool>, Channel> channels_;  // (peer, sending)
 };
 
 NcclLink::NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStream_t compute,
-                   bool point_to_point)
+                   bool point_to_point, bool communicator_of_one)
     : name_(name), compute_(compute) {
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
   CUDA_OK(cudaSetDevice(device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
+  // A group of one rank moves nothing: a communicator would only hold device memory (NCCL's
+  // buffers, from its first collective or its init) and time at start.
+  if (size_ == 1 && !communicator_of_one) return;
   ncclUniqueId id;
   if (rank_ == 0) NCCL_OK(nccl().GetUniqueId(&id));
   TRELLIS_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) == MPI_SUCCESS,
                 "NCCL link on '%s': MPI_Bcast of the unique id", name_.c_str());
   NCCL_OK(nccl().CommInitRank(&comm_, size_, id, rank_));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   if (point_to_point && size_ > 1) build_channels(comm);
 }
 
@@ -367,12 +458,12 @@ void NcclLink::build_channels(MPI_Comm comm) {
   TRELLIS_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
                 "NCCL link on '%s': exchanging channel ids", name_.c_str());
   // Every channel's communicator at once: each init waits for its other rank.
-  NCCL_OK(nccl().GroupStart());
+  NcclGroup inits;
   for (auto& [key, id] : ids) {
     Channel& ch = channels_[key];
     NCCL_OK(nccl().CommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
   }
-  NCCL_OK(nccl().GroupEnd());
+  inits.end();
   for (auto& [key, ch] : channels_)
     CUDA_OK(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
   // NCCL connects a channel at its first message (since 2.15), and that host call waits until
@@ -383,7 +474,7 @@ void NcclLink::build_channels(MPI_Comm comm) {
   CUDA_OK(cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * channels_.size(), stream_));
   CUDA_OK(cudaMemsetAsync(bytes, 0, 2 * channels_.size(), stream_));
   CUDA_OK(cudaStreamSynchronize(stream_));
-  NCCL_OK(nccl().GroupStart());
+  NcclGroup first_messages;
   char* b = bytes;
   for (auto& [key, ch] : channels_) {
     if (key.second)
@@ -392,8 +483,11 @@ void NcclLink::build_channels(MPI_Comm comm) {
       NCCL_OK(nccl().Recv(b + 1, 1, ncclChar, /*peer=*/0, ch.comm, ch.stream));
     b += 2;
   }
-  NCCL_OK(nccl().GroupEnd());
-  for (auto& [key, ch] : channels_) CUDA_OK(cudaStreamSynchronize(ch.stream));
+  first_messages.end();
+  for (auto& [key, ch] : channels_) {
+    CUDA_OK(cudaEventRecord(finished_, ch.stream));
+    wait_for(finished_, ch.comm, name_);
+  }
   CUDA_OK(cudaFreeAsync(bytes, stream_));
 }
 
@@ -412,6 +506,7 @@ std::vector<NcclLink::Channel*> NcclLink::channels_in_global_order() {
 }
 
 NcclLink::~NcclLink() {
+  if (nccl_failed) return;  // the communicators' kernels may never finish: the process is ending
   // Nothing may be in flight: Requests wait in their destructors, before the Comm goes. Each
   // destroy waits for the communicator's other rank (NCCL finalizes it collectively): in one
   // order on every rank, or two neighbours each wait in the channel the other has not reached.
@@ -421,9 +516,10 @@ NcclLink::~NcclLink() {
     cudaStreamDestroy(ch->stream);
   }
   cudaStreamSynchronize(stream_);
-  nccl().CommDestroy(comm_);
+  if (comm_) nccl().CommDestroy(comm_);
   cudaStreamDestroy(stream_);
   cudaEventDestroy(ready_);
+  cudaEventDestroy(finished_);
 }
 
 }  // namespace
@@ -441,11 +537,12 @@ bool nccl_available(std::string* why) {
 }
 
 std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
-                                           void* compute_stream, bool point_to_point) {
+                                           void* compute_stream, bool point_to_point,
+                                           bool communicator_of_one) {
   std::string why;
   if (!nccl_available(&why)) throw UserError("NCCL link on '" + name + "': " + why);
   return std::make_unique<NcclLink>(comm, name, device, static_cast<cudaStream_t>(compute_stream),
-                                    point_to_point);
+                                    point_to_point, communicator_of_one);
 }
 
 }  // namespace trellis

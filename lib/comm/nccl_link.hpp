@@ -4,7 +4,9 @@
 // is opened at run time (nccl_link.cu), so binaries run where it is missing.
 //
 //   - one ncclComm_t for the group's collectives, created from a unique id that the group's rank
-//     0 draws and broadcasts over the group's MPI communicator; its own stream;
+//     0 draws and broadcasts over the group's MPI communicator; its own stream. A group of one
+//     rank gets none: its all-reduce and broadcast have nothing to do, its reduce-scatter and
+//     all-gather are a copy on the compute stream (where not in place);
 //   - with point_to_point, one ncclComm_t of two ranks per direction to each ring neighbour
 //     (rank ± 1 mod size: every message of the pipeline goes there), each with its own stream, so
 //     that the pipeline's simultaneous sends and receives in both directions never queue behind
@@ -13,8 +15,10 @@
 //     CPU tests prove the pipeline's order suits NCCL;
 //   - before each operation the link's stream waits for an event recorded on the backend's
 //     compute stream (so it sees every kernel's output launched before the call);
-//   - a non-blocking operation completes with an event recorded after it (test: cudaEventQuery,
-//     wait: cudaEventSynchronize); a blocking one synchronizes its stream before returning;
+//   - a non-blocking operation completes with an event recorded after it (test: cudaEventQuery);
+//     a blocking one waits for such an event before returning. Waits ask the communicator for an
+//     asynchronous error (ncclCommGetAsyncError) as they poll, so that a rank whose peer died
+//     or whose connection broke ends with NCCL's reason instead of waiting forever;
 //   - NCCL's reduce-scatter and all-gather take equal counts: unequal ones (ZeRO's last shards
 //     may be short) go through a padded temporary buffer, allocated on the link's stream.
 #pragma once
@@ -27,15 +31,19 @@
 
 namespace trellis {
 
-/// True when libnccl.so.2 (or the file TRELLIS_NCCL_LIBRARY names) loads and has every function
-/// the link calls; otherwise false, with the reason in *why. Loaded once per process.
+/// True when libnccl.so.2 (or the file TRELLIS_NCCL_LIBRARY names) loads, has every function the
+/// link calls and is NCCL 2.10 or later; otherwise false, with the reason in *why. Loaded once per
+/// process.
 bool nccl_available(std::string* why = nullptr);
 /// Whether the library `file` loads and has those functions (not cached; for tests).
 bool nccl_library_usable(const std::string& file, std::string* why);
 
-/// Collective over `comm` (throws UserError when NCCL is not available). `device`: the CUDA device of this rank's backend; `compute_stream`:
-/// its cudaStream_t (Backend::native_stream()).
+/// Collective over `comm` (throws UserError when NCCL is not available). `device`: the CUDA
+/// device of this rank's backend; `compute_stream`: its cudaStream_t (Backend::native_stream()).
+/// `communicator_of_one`: a group of one rank gets an NCCL communicator all the same (tests: NCCL
+/// on a machine with one GPU).
 std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
-                                           void* compute_stream, bool point_to_point);
+                                           void* compute_stream, bool point_to_point,
+                                           bool communicator_of_one = false);
 
 }  // namespace trellis

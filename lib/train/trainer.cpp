@@ -349,7 +349,8 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   // guide), and an NCCL kernel in that queue spins until its peer rank arrives — which may be
   // waiting on this rank in turn: the first step (new kernels while gradient buckets and pipeline
   // messages fly) could hang. Costs start-up time and device memory for every kernel of every
-  // library; CUDA_MODULE_LOADING=LAZY set by hand stays.
+  // library; CUDA_MODULE_LOADING=LAZY set by hand stays. (Set after MPI_Init, which a CUDA-aware
+  // MPI may use to start CUDA, which reads it then: slurm/train.sbatch sets it before.)
   if (cfg.system.backend == "cuda" && cfg.system.device_comm != "staged" && world.size() > 1)
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   {

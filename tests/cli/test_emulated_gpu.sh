@@ -62,6 +62,7 @@ train() {
   check_log="$work/$name.log"
   local devices=1 share=1 pass=()
   [[ -n ${TRELLIS_CUDNN_LIBRARY:-} ]] && pass=(-x TRELLIS_CUDNN_LIBRARY)
+  [[ -n ${TRELLIS_EMU_NCCL_ASYNC_ERROR:-} ]] && pass+=(-x TRELLIS_EMU_NCCL_ASYNC_ERROR)
   [[ " $* " == *" --system.device_comm=nccl "* && -z ${SHARED:-} ]] && devices=$np share=0
   TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share timeout 300 \
     mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
@@ -125,6 +126,10 @@ TRELLIS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9 start one-bf16-nocudnn "$build/
 SHARED=1 start shared-auto "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2
 SHARED=1 start shared-nccl "$build/trellis-emu" 2 --system.backend=cuda --parallel.dp=2 \
   --system.device_comm=nccl
+# An NCCL collective whose peer has died never ends on the device: the emulated NCCL reports the
+# asynchronous error real NCCL would (from the 10th time a rank asks), and the run ends with it.
+TRELLIS_EMU_NCCL_ASYNC_ERROR=10 start nccl-async-error "$build/trellis-emu" 2 \
+  --system.backend=cuda --parallel.dp=2 --system.device_comm=nccl
 collect  # (the runs print nothing: their logs are $work/NAME.log)
 
 for precision in fp32 bf16; do
@@ -162,6 +167,9 @@ check "2 ranks sharing the emulated GPU, device_comm = auto: the staged link" \
 check_log="$work/shared-nccl.log"
 check "2 ranks sharing the emulated GPU, device_comm = nccl: status 2, the key named once" \
   "[ $(status_of shared-nccl) = 2 ] && [ \$(grep -c 'system.device_comm = nccl: ranks on one node share a GPU' $work/shared-nccl.log) -eq 1 ]"
+check_log="$work/nccl-async-error.log"
+check "NCCL's asynchronous error (a peer gone) mid-run: status 1, NCCL's reason and the group named" \
+  "[ $(status_of nccl-async-error) = 1 ] && grep -q \"NCCL link on 'dp': remote process exited.*asynchronous error\" $work/nccl-async-error.log"
 
 echo "emulated_gpu: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

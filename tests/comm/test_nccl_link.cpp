@@ -1,10 +1,12 @@
 // The NCCL device link on GPUs (built where nvcc and NCCL exist; skips cleanly without enough
 // devices: one per rank). In unit_tests, so that scripts/gpu-check.sh runs it from the GPU
-// bundle: alone (np 1) every operation runs through NCCL on a communicator of one rank; under
+// bundle: alone (np 1) every operation runs through NCCL on a communicator of one rank (which a
+// run's groups of one rank do without: GroupOfOneRankNeedsNoCommunicator); under
 // `mpirun -np N unit_tests --gtest_filter='NcclLink*'` with N GPUs, also between ranks,
 // point-to-point included (gpu-check.sh does so where it finds two GPUs or more). The checks are
 // the staged link's (device_comm_checks.hpp), on the CUDA backend's memory.
 #ifdef TRELLIS_HAVE_NCCL
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -19,11 +21,18 @@
 #include "comm/nccl_link.hpp"
 #include "device_comm_checks.hpp"
 #include "mpi_util.hpp"
+#include "scoped_env.hpp"
 
 namespace trellis {
 namespace {
 
 using namespace trellis::testing;
+
+/// The emulated NCCL's function counting this process's communicators (emu_nccl_lib.cpp), or
+/// null where the NCCL loaded is a real one.
+int (*emulated_nccl_counter())() {
+  return reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "trellis_emu_nccl_communicators"));
+}
 
 class NcclLinkTest : public ::testing::Test {
  protected:
@@ -36,7 +45,8 @@ class NcclLinkTest : public ::testing::Test {
     be = make_backend("cuda", world_rank(), world_size());
     comm = std::make_unique<Comm>(MPI_COMM_WORLD, "world");
     comm->set_device_link(make_nccl_link(MPI_COMM_WORLD, "world", be->device_index(),
-                                         be->native_stream(), /*point_to_point=*/true));
+                                         be->native_stream(), /*point_to_point=*/true,
+                                         /*communicator_of_one=*/true));
   }
   void TearDown() override {
     comm.reset();  // the link's communicators go before the backend
@@ -91,6 +101,52 @@ TEST_F(NcclLinkTest, Bf16ConversionKernelsRoundToNearestEven) {
 }
 TEST_F(NcclLinkTest, MixedHostAndDeviceBuffersAreRefused) { check_device_mixed_refused(*comm, *be); }
 
+// A run's groups of one rank (tp = 1, pp = 1, ...) get no NCCL communicator, whose buffers would
+// only take device memory: their operations stay on the device, with the same results. Each rank
+// alone, on MPI_COMM_SELF.
+TEST_F(NcclLinkTest, GroupOfOneRankNeedsNoCommunicator) {
+  auto counter = emulated_nccl_counter();
+  const int before = counter ? counter() : -1;
+  if (counter) {
+    EXPECT_GE(before, 1);  // the fixture's, communicator_of_one: the count works
+  }
+  Comm self(MPI_COMM_SELF, "self");
+  self.set_device_link(make_nccl_link(MPI_COMM_SELF, "self", be->device_index(),
+                                      be->native_stream(), /*point_to_point=*/true));
+  if (counter) {
+    EXPECT_EQ(counter(), before);
+  }
+  check_device_all_reduce(self, *be);
+  check_device_reduce_scatter(self, *be);
+  check_device_all_gather(self, *be);
+  check_device_broadcast(self, *be);
+  check_device_bf16_buffers(self, *be);
+}
+
+// A collective whose peer has died never ends on the device, and cudaEventSynchronize would wait
+// for it forever: the link's waits ask the communicator for its asynchronous error and throw with
+// NCCL's reason, blocking or not (the emulated NCCL reports one on request). The process's links
+// then stop waiting for NCCL in their destructors (they leak their communicators, as a failing
+// run ends anyway): no NCCL link test may come after this one in the file.
+TEST_F(NcclLinkTest, AsynchronousErrorEndsTheWait) {
+  if (!emulated_nccl_counter()) GTEST_SKIP() << "needs the emulated NCCL, which fakes the error";
+  DeviceVec d(*be, std::vector<float>(16, 1.f));
+  ScopedEnv fault("TRELLIS_EMU_NCCL_ASYNC_ERROR", "1");
+  try {
+    comm->device_link()->all_reduce(d.data(), 16, ReduceOp::sum, true, Wire::fp32);
+    ADD_FAILURE() << "a blocking all_reduce ignored the asynchronous error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL link on 'world': remote process exited"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("asynchronous error"), std::string::npos) << e.what();
+  }
+  auto started = comm->device_link()->all_reduce(d.data(), 16, ReduceOp::sum, false, Wire::fp32);
+  ASSERT_TRUE(started);
+  EXPECT_THROW(started->test(), std::exception);
+  EXPECT_THROW(started->wait(), std::exception);
+}
+
 // The library is opened at run time: what a missing or wrong one says (no GPU needed).
 TEST(NcclLibrary, MissingOrWrongLibraryIsNamed) {
   std::string why;
@@ -98,6 +154,26 @@ TEST(NcclLibrary, MissingOrWrongLibraryIsNamed) {
   EXPECT_NE(why.find("cannot load /nonexistent/libnccl.so.2"), std::string::npos) << why;
   EXPECT_FALSE(nccl_library_usable("libc.so.6", &why));  // loads, but is not NCCL
   EXPECT_NE(why.find("libc.so.6 has no ncclGetErrorString"), std::string::npos) << why;
+}
+
+// NCCL before 2.10 has no ncclBfloat16: refused at load (device_comm = auto then takes the staged
+// link), its version named. NCCL_VERSION_CODE changed its spelling at 2.9. Needs a library whose
+// version can be set: the emulated NCCL.
+TEST(NcclLibrary, OlderThan2_10IsRefusedNamingItsVersion) {
+  nccl_available();  // loads the process's NCCL
+  auto counter = emulated_nccl_counter();
+  if (!counter) GTEST_SKIP() << "needs the emulated NCCL (TRELLIS_EMU_NCCL_VERSION)";
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(counter), &info), 0);
+  const std::string file = info.dli_fname;
+  std::string why;
+  for (const auto& [code, name] : {std::pair{"2804", "2.8.4"}, std::pair{"20903", "2.9.3"}}) {
+    ScopedEnv version("TRELLIS_EMU_NCCL_VERSION", code);
+    EXPECT_FALSE(nccl_library_usable(file, &why)) << code;
+    EXPECT_NE(why.find(file + " is NCCL " + name + ", older than 2.10"), std::string::npos) << why;
+  }
+  ScopedEnv version("TRELLIS_EMU_NCCL_VERSION", "21000");
+  EXPECT_TRUE(nccl_library_usable(file, &why)) << why;
 }
 
 TEST(NcclLibrary, ToolkitCopyIsUsable) {

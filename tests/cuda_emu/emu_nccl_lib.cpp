@@ -11,12 +11,18 @@
 // and the host call waits there until the other rank makes its own (inside a group, the group's
 // connections are made together at its end); ncclCommDestroy waits for the communicator's other
 // members to destroy it too.
+//
+// Knobs for the tests: TRELLIS_EMU_NCCL_VERSION (what ncclGetVersion says, NCCL_VERSION_CODE's
+// spelling; this header's version by default); TRELLIS_EMU_NCCL_ASYNC_ERROR=N: from the N-th
+// call of ncclCommGetAsyncError since it was set on, it reports ncclRemoteError (a peer gone),
+// as real NCCL does while its kernels wait for a rank that died.
 #include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -122,6 +128,7 @@ struct Pending {
   cudaStream_t stream;
 };
 int group_depth = 0;
+int live_communicators = 0;  // made and not yet destroyed
 std::vector<Pending> grouped;
 struct InFlight {
   MPI_Request request;
@@ -281,6 +288,8 @@ ncclResult_t make_communicators() {
       delete c;
       c = nullptr;
       result = ncclSystemError;
+    } else {
+      ++live_communicators;
     }
     MPI_Group_free(&group);
     *in.out = c;
@@ -312,10 +321,31 @@ const char* ncclGetErrorString(ncclResult_t result) {
       return "invalid argument (emulated NCCL)";
     case ncclSystemError:
       return "MPI failed (emulated NCCL)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error (emulated NCCL)";
     default:
       return "error (emulated NCCL)";
   }
 }
+
+ncclResult_t ncclGetVersion(int* version) {
+  const char* env = std::getenv("TRELLIS_EMU_NCCL_VERSION");
+  *version = env && *env ? std::atoi(env) : NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  if (!comm || !asyncError) return ncclInvalidArgument;
+  static long calls = 0;  // while the knob is set
+  const char* env = std::getenv("TRELLIS_EMU_NCCL_ASYNC_ERROR");
+  const long fail_from = env && *env ? std::atol(env) : 0L;
+  if (fail_from <= 0) calls = 0;
+  *asyncError = fail_from > 0 && ++calls >= fail_from ? ncclRemoteError : ncclSuccess;
+  return ncclSuccess;
+}
+
+// How many communicators this process holds (tests: a group of one rank gets none).
+int trellis_emu_nccl_communicators() { return live_communicators; }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   static int serial = 0;
@@ -338,6 +368,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   MPI_Barrier(comm->comm);  // (NCCL finalizes a communicator with its other members)
   MPI_Comm_free(&comm->comm);
   delete comm;
+  --live_communicators;
   return ncclSuccess;
 }
 
