@@ -94,6 +94,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     TRELLIS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
     uint64_t keep = UINT64_MAX;
     TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    // Nor does an allocation on one stream take a block freed on another by making the first
+    // wait for the second (the default): the NCCL link frees its temporaries on its own stream,
+    // and the compute stream would then wait for a collective it should overlap with. A block
+    // freed on another stream is still taken once its free has completed.
+    int wait_for_other_streams = 0;
+    TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies,
+                                         &wait_for_other_streams));
     TRELLIS_LT(cublasLtCreate(&lt_));
     workspace_ = allocate_on_stream(workspace_bytes_, stream_);
   } catch (...) {
