@@ -25,9 +25,9 @@ bool ranks_share_a_device(MPI_Comm comm, int device) {
   return shared != 0;
 }
 
-void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
-                               bool shared_device) {
-  if (!be.on_device()) return;
+size_t attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
+                          bool shared_device) {
+  if (!be.on_device()) return 0;
 #ifdef TRELLIS_HAVE_NCCL
   std::string no_nccl;
   if (how == "nccl" && shared_device && be.native_stream())
@@ -36,9 +36,11 @@ void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool po
         "NCCL takes one GPU per rank (use auto or staged)");
   if (how != "staged" && be.native_stream() && !shared_device) {
     if (nccl_available(&no_nccl)) {
+      const size_t free_before = be.memory_info().free;
       comm.set_device_link(make_nccl_link(comm.comm(), comm.name(), be.device_index(),
                                           be.native_stream(), point_to_point));
-      return;
+      const size_t free_after = be.memory_info().free;
+      return free_before > free_after ? free_before - free_after : 0;
     }
     if (how == "nccl") throw UserError("system.device_comm = nccl: " + no_nccl);
   }
@@ -53,6 +55,7 @@ void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool po
       [&be](void* dev, const void* host, size_t bytes) { be.copy_from_host(dev, host, bytes); },
       [&be](const void* p) { return be.is_device_pointer(p); }};
   comm.set_device_link(std::make_unique<StagedLink>(comm.comm(), comm.name(), std::move(copies)));
+  return 0;
 }
 
 }  // namespace trellis

@@ -18,7 +18,9 @@ bool ranks_share_a_device(MPI_Comm comm, int device);
 /// system.device_comm (auto, nccl, staged). `point_to_point`: the pipeline's group, whose sends
 /// and receives need a channel per direction. `shared_device`: ranks share a GPU (auto takes the
 /// staged link; nccl is refused). A link that cannot be had throws UserError naming the key.
-void attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
-                        bool shared_device);
+/// Returns the device memory the link took as it was made (the device's free memory before less
+/// after: NCCL's buffers, which no counter of the backend's sees; 0 for the staged link).
+size_t attach_device_link(Comm& comm, Backend& be, const std::string& how, bool point_to_point,
+                          bool shared_device);
 
 }  // namespace trellis

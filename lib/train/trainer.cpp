@@ -68,9 +68,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   const std::string& how = cfg_.system.device_comm;
   const bool shared_device =
       backend_->native_stream() && ranks_share_a_device(comm_, backend_->device_index());
-  attach_device_link(*dp_comm_, *backend_, how, false, shared_device);
-  attach_device_link(*tp_comm_, *backend_, how, false, shared_device);
-  attach_device_link(*pp_comm_, *backend_, how, true, shared_device);
+  link_device_bytes_ = attach_device_link(*dp_comm_, *backend_, how, false, shared_device) +
+                       attach_device_link(*tp_comm_, *backend_, how, false, shared_device) +
+                       attach_device_link(*pp_comm_, *backend_, how, true, shared_device);
   const int tp = grid_->tp_size(), tp_rank = grid_->tp_rank();
   const int pp = grid_->pp_size(), stage = grid_->pp_rank();
   const StageSpec spec = stage_spec(cfg_, stage);
@@ -87,7 +87,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
                                                     cfg_.parallel.sequence_parallel, *tp_comm_,
                                                     *store_, pp_comm_.get());
   if (Comm* kv = tp_grads_->kv_group())
-    attach_device_link(*kv, *backend_, how, false, shared_device);
+    link_device_bytes_ += attach_device_link(*kv, *backend_, how, false, shared_device);
   const int micro_batches = cfg_.micro_batches_per_step();
   const int slots = pipeline_slots(cfg_.parallel.schedule, pp, stage, micro_batches, spec.chunks);
   model_ = std::make_unique<GPT>(cfg_.model, *table_, *store_, *backend_, cfg_.train.micro_batch,

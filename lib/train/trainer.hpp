@@ -119,6 +119,7 @@ class Trainer {
   std::unique_ptr<Comm> dp_comm_;
   std::unique_ptr<Comm> tp_comm_;
   std::unique_ptr<Comm> pp_comm_;
+  size_t link_device_bytes_ = 0;  // device memory the NCCL links took on this rank (their buffers)
   std::unique_ptr<ParamTable> full_table_;  // this tp rank's table of the whole model
   std::unique_ptr<TensorParallelGrads> tp_grads_;
   std::unique_ptr<ParamTable> table_;

@@ -55,7 +55,11 @@ void Trainer::print_start() const {
         "additions, widened back to fp32: half the bytes)");
   if (const DeviceLink* link = dp_comm_->device_link())
     log("communication: device buffers through the " + link->kind() + " link" +
-        (link->kind() == "staged" ? " (device -> host -> MPI -> device)" : " (NCCL)"));
+        (link->kind() == "staged"
+             ? std::string(" (device -> host -> MPI -> device)")
+             : strfmt(" (NCCL; its communicators took %.1f MiB of device memory on rank 0, "
+                      "outside the memory table's counts)",
+                      double(link_device_bytes_) / (1 << 20))));
   log("data: " + source_->describe());
   if (cfg_.data.source == "synthetic" && !cfg_.data.path.empty())  // (a deck's files overridden)
     log("warning: data.path = '" + cfg_.data.path +

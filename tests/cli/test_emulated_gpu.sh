@@ -161,6 +161,9 @@ for precision in fp32 bf16; do
   done
 done
 
+check_log="$work/fp32-nccl-dp2-zero1.log"
+check "the log says what device memory the NCCL links took (their buffers: none, emulated)" \
+  "grep -q 'through the nccl link (NCCL; its communicators took 0.0 MiB of device memory on rank 0' $work/fp32-nccl-dp2-zero1.log"
 check_log="$work/shared-auto.log"
 check "2 ranks sharing the emulated GPU, device_comm = auto: the staged link" \
   "[ $(status_of shared-auto) = 0 ] && grep -q 'through the staged link' $work/shared-auto.log"
