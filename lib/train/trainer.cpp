@@ -393,7 +393,12 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   // Phase 2: the run.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis", [&] {
     trainer->run();
-    if (!trainer->stopped_early()) return int(kExitOk);
+    const bool stopped_early = trainer->stopped_early();
+    // Torn down while still watched: an NCCL communicator is destroyed together with its other
+    // ranks, so a rank that never gets there would keep this one waiting past the run's end.
+    watchdog_beat("tearing down (communicators, device memory)");
+    trainer.reset();
+    if (!stopped_early) return int(kExitOk);
     // For the batch script: this job stopped on purpose, whatever status the launcher reports
     // (srun --kill-on-bad-exit signals the ranks still exiting once the first has exited 3).
     if (const char* file = std::getenv("TRELLIS_STOP_FILE"); file && *file && world.rank() == 0)
