@@ -123,8 +123,9 @@ void check_async(ncclComm_t comm, const std::string& group) {
   if (!comm) return;
   ncclResult_t state = ncclSuccess;
   NCCL_OK(nccl().CommGetAsyncError(comm, &state));
-  if (state != ncclSuccess && state != ncclInProgress) nccl_failed = true;
-  TRELLIS_CHECK(state == ncclSuccess || state == ncclInProgress,
+  const bool healthy = state == ncclSuccess || state == ncclInProgress;
+  if (!healthy) nccl_failed = true;
+  TRELLIS_CHECK(healthy,
                 "NCCL link on '%s': %s (NCCL's asynchronous error: a rank of the group failed or "
                 "a connection between ranks broke)",
                 group.c_str(), nccl().GetErrorString(state));
@@ -354,12 +355,16 @@ class NcclLink : public DeviceLink {
     CUDA_OK(cudaEventRecord(ready_, compute_));
     CUDA_OK(cudaStreamWaitEvent(s, ready_, 0));
   }
+  /// Waits for everything launched so far on `s`, whose NCCL calls go through `comm`.
+  void wait_until_done(cudaStream_t s, ncclComm_t comm) {
+    CUDA_OK(cudaEventRecord(finished_, s));
+    wait_for(finished_, comm, name_);
+  }
   /// What completes the operations just launched on `s` through `comm`: nothing when `blocking`
   /// (waited for here).
   std::unique_ptr<Completion> done_on(cudaStream_t s, ncclComm_t comm, bool blocking) {
     if (blocking) {
-      CUDA_OK(cudaEventRecord(finished_, s));
-      wait_for(finished_, comm, name_);
+      wait_until_done(s, comm);
       return nullptr;
     }
     cudaEvent_t e;
@@ -484,10 +489,7 @@ void NcclLink::build_channels(MPI_Comm comm) {
     b += 2;
   }
   first_messages.end();
-  for (auto& [key, ch] : channels_) {
-    CUDA_OK(cudaEventRecord(finished_, ch.stream));
-    wait_for(finished_, ch.comm, name_);
-  }
+  for (auto& [key, ch] : channels_) wait_until_done(ch.stream, ch.comm);
   CUDA_OK(cudaFreeAsync(bytes, stream_));
 }
 

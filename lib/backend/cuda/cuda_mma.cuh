@@ -61,6 +61,8 @@ __device__ inline float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// (The ldmatrix asms' "memory" clobbers keep the compiler from moving these reads of shared
+// memory across the plain stores that fill it: the asm names an address, not the bytes it reads.)
 /// Four 8×8 matrices: lane l gives the shared-memory address of row l % 8 of matrix l / 8 (16
 /// bytes, 16-byte aligned); r[j] receives matrix j's (g, 2t) and (g, 2t+1).
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
@@ -70,9 +72,6 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
                : "r"(addr)
                : "memory");
 }
-// (The "memory" clobbers keep the compiler from moving these reads of shared memory across the
-// plain stores that fill it: the asm names an address, not the bytes it reads.)
-
 /// The same, each matrix read column-major: r[j] receives matrix j's (2t, g) and (2t+1, g).
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
