@@ -1,6 +1,6 @@
 // The input deck: INI sections read with Boost.Program_options, overridden on the command line
-// with --section.key=value, validated, and turned into a plain Config. The key table (keys.cpp)
-// is the one place that names every key, its type, default and meaning.
+// with --section.key=value, validated, and turned into a plain Config. The key table
+// (key_table.cpp) is the one place that names every key, its type, default and meaning.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 // The key table: the one place that names every deck key, its type, range, meaning and where it
 // lives in Config. Parsing, --help, validation of single values, the effective deck and the
-// start-up table are all driven from it, so adding a key means adding one entry in keys.cpp.
+// start-up table are all driven from it, so adding a key means adding one entry in key_table.cpp.
 #pragma once
 #include <cstdint>
 #include <limits>
