@@ -1,59 +1,24 @@
-// Tests of the data module: the synthetic Markov source and its entropy floor, the text and
-// token-shard sources and their errors, and the deterministic sampler.
+// Tests of the data module's files and sampling: the text and token-shard sources and their
+// errors, the held-out source, and the deterministic sampler (the synthetic source:
+// test_synthetic.cpp).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "data/data.hpp"
+#include "data_test_util.hpp"
+#include "temp_dir.hpp"
 
-namespace fs = std::filesystem;
 using namespace trellis;
+using namespace trellis::data_test;
 
 namespace {
-
-std::vector<int32_t> all_tokens(const TokenSource& src) {
-  std::vector<int32_t> v(size_t(src.size()));
-  src.window(0, int(src.size()), v.data());
-  return v;
-}
-
-std::unique_ptr<TokenSource> synthetic(uint64_t seed, int vocab, int order, int branching,
-                                       int64_t tokens, double alpha = 0.5) {
-  DataConfig d;
-  d.source = "synthetic";
-  d.synthetic_tokens = tokens;
-  d.synthetic_order = order;
-  d.synthetic_branching = branching;
-  d.synthetic_alpha = alpha;
-  ModelConfig m;
-  m.vocab = vocab;
-  m.seed = seed;
-  return make_token_source(d, m);
-}
-
-/// A fresh temporary directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "trellis_data_XXXXXX").string();
-    TRELLIS_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp");
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const void* data, size_t n) {
   std::ofstream f(path, std::ios::binary);
@@ -73,19 +38,6 @@ void write_llmc(const std::string& path, const std::vector<uint16_t>& toks, int3
 
 void write_raw(const std::string& path, const std::vector<uint16_t>& toks) {
   write_bytes(path, toks.data(), toks.size() * 2);
-}
-
-/// Expects a UserError whose message contains every one of `parts`.
-template <class F>
-void expect_user_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a UserError";
-  } catch (const UserError& e) {
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "'" << e.what() << "' does not name '" << p << "'";
-  }
 }
 
 std::unique_ptr<TokenSource> tokens_source(const std::string& glob, int vocab = 1000) {
@@ -109,158 +61,10 @@ std::unique_ptr<TokenSource> text_source(const std::string& path, int vocab = 25
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Synthetic
-
-TEST(Synthetic, DeterministicForASeedAndDifferentForAnother) {
-  auto a = synthetic(7, 64, 2, 4, 20000);
-  auto b = synthetic(7, 64, 2, 4, 20000);
-  auto c = synthetic(8, 64, 2, 4, 20000);
-  EXPECT_EQ(a->size(), 20000);
-  EXPECT_EQ(all_tokens(*a), all_tokens(*b));
-  EXPECT_NE(all_tokens(*a), all_tokens(*c));
-  EXPECT_EQ(*a->entropy_floor(), *b->entropy_floor());
-  EXPECT_NE(*a->entropy_floor(), *c->entropy_floor());
-}
-
-TEST(Synthetic, TokensWithinVocab) {
-  for (int vocab : {2, 5, 300}) {
-    auto s = synthetic(3, vocab, 2, 2, 5000);
-    EXPECT_EQ(s->vocab(), vocab);
-    for (int32_t t : all_tokens(*s)) {
-      ASSERT_GE(t, 0);
-      ASSERT_LT(t, vocab);
-    }
-  }
-}
-
-TEST(Synthetic, SuccessorsAreDistinctAndTheCorpusFollowsThem) {
-  const uint64_t seed = 11;
-  const int V = 20, k = 2, b = 3;
-  auto s = synthetic(seed, V, k, b, 3000);
-  auto toks = all_tokens(*s);
-  for (size_t t = k; t < toks.size(); ++t) {
-    auto succ = synthetic_successors(seed, V, k, b, 0.5, &toks[t - k]);
-    ASSERT_EQ(std::set<int32_t>(succ.tokens.begin(), succ.tokens.end()).size(), size_t(b));
-    double sum = 0;
-    for (double p : succ.probs) sum += p;
-    EXPECT_NEAR(sum, 1.0, 1e-12);
-    bool found = false;
-    for (int i = 0; i < b; ++i) found |= succ.tokens[size_t(i)] == toks[t] && succ.probs[size_t(i)] > 0;
-    ASSERT_TRUE(found) << "token " << t << " is not a successor of its context";
-  }
-}
-
-TEST(Synthetic, EmpiricalConditionalEntropyMatchesFloor) {
-  // 256 contexts × 4 successors, 2M tokens: the plug-in estimate's bias is ~1e-4 nats.
-  const int V = 16, k = 2;
-  auto s = synthetic(5, V, k, 4, 2 << 20);
-  auto toks = all_tokens(*s);
-  std::map<std::vector<int32_t>, std::map<int32_t, double>> counts;
-  for (size_t t = k; t < toks.size(); ++t)
-    counts[std::vector<int32_t>(toks.begin() + long(t - k), toks.begin() + long(t))][toks[t]] += 1;
-  double h = 0, n = 0;
-  for (auto& [ctx, next] : counts) {
-    double c = 0;
-    for (auto& [tok, m] : next) c += m;
-    for (auto& [tok, m] : next) h -= m * std::log(m / c);
-    n += c;
-  }
-  h /= n;
-  const double floor = *s->entropy_floor();
-  EXPECT_GT(floor, 0.1);
-  EXPECT_NEAR(h, floor, 0.02 * floor) << s->describe();
-  EXPECT_EQ(s->describe().find("estimated"), std::string::npos);
-}
-
-TEST(Synthetic, TinyChainMatchesBruteForce) {
-  // V = 3, order 1: build P from the law and solve π P = π, Σπ = 1 exactly (Gaussian elimination).
-  for (uint64_t seed : {1, 2, 3, 4, 5, 6, 7, 8}) {
-    for (int b : {1, 2, 3}) {
-      const int V = 3;
-      double P[3][3] = {};
-      double H[3] = {};
-      for (int32_t c = 0; c < V; ++c) {
-        auto succ = synthetic_successors(seed, V, 1, b, 0.5, &c);
-        for (int i = 0; i < b; ++i) {
-          P[c][succ.tokens[size_t(i)]] += succ.probs[size_t(i)];
-          if (succ.probs[size_t(i)] > 0) H[c] -= succ.probs[size_t(i)] * std::log(succ.probs[size_t(i)]);
-        }
-      }
-      auto s = synthetic(seed, V, 1, b, 4000);
-      if (b == 1) {
-        EXPECT_EQ(*s->entropy_floor(), 0.0);
-        continue;
-      }
-      // Each state has ≥ 2 of the 3 states as successors, so there is one closed class.
-      // Rows: (P^T - I) π = 0 for two equations, plus Σπ = 1.
-      double A[3][4];
-      for (int r = 0; r < 2; ++r) {
-        for (int j = 0; j < 3; ++j) A[r][j] = P[j][r] - (r == j ? 1.0 : 0.0);
-        A[r][3] = 0;
-      }
-      for (int j = 0; j < 3; ++j) A[2][j] = 1;
-      A[2][3] = 1;
-      for (int col = 0; col < 3; ++col) {
-        int piv = col;
-        for (int r = col + 1; r < 3; ++r)
-          if (std::abs(A[r][col]) > std::abs(A[piv][col])) piv = r;
-        for (int j = 0; j < 4; ++j) std::swap(A[col][j], A[piv][j]);
-        for (int r = 0; r < 3; ++r) {
-          if (r == col) continue;
-          const double f = A[r][col] / A[col][col];
-          for (int j = 0; j < 4; ++j) A[r][j] -= f * A[col][j];
-        }
-      }
-      double rate = 0;
-      for (int j = 0; j < 3; ++j) rate += A[j][3] / A[j][j] * H[j];
-      EXPECT_NEAR(*s->entropy_floor(), rate, 1e-10) << "seed " << seed << " branching " << b;
-    }
-  }
-}
-
-TEST(Synthetic, BranchingOneHasZeroFloor) {
-  auto s = synthetic(9, 256, 2, 1, 10000);
-  EXPECT_EQ(*s->entropy_floor(), 0.0);
-}
-
-TEST(Synthetic, OrderZeroIsIid) {
-  auto s = synthetic(9, 10, 0, 3, 1000);
-  auto succ = synthetic_successors(9, 10, 0, 3, 0.5, nullptr);
-  double h = 0;
-  for (double p : succ.probs) h -= p > 0 ? p * std::log(p) : 0;
-  EXPECT_NEAR(*s->entropy_floor(), h, 1e-12);
-}
-
-TEST(Synthetic, LargeContextSpaceIsEstimated) {
-  auto s = synthetic(4, 5000, 2, 4, 20000);  // 25M contexts: π from the corpus
-  EXPECT_NE(s->describe().find("estimated"), std::string::npos) << s->describe();
-  EXPECT_GT(*s->entropy_floor(), 0.0);
-  EXPECT_LT(*s->entropy_floor(), std::log(4.0));
-}
-
-TEST(Synthetic, DefaultIsFast) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto s = synthetic(1234, 256, 2, 4, 1 << 20);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[ info     ] %s: %.3f s\n", s->describe().c_str(), secs);
-  EXPECT_LT(secs, 2.0);
-  EXPECT_EQ(s->size(), 1 << 20);
-  EXPECT_NE(s->describe().find("1048576 tokens"), std::string::npos);
-}
-
-TEST(Synthetic, BadSettingsAreUserErrors) {
-  expect_user_error([] { synthetic(1, 4, 2, 5, 100); }, {"data.synthetic_branching"});
-  expect_user_error([] { synthetic(1, 4, -1, 2, 100); }, {"data.synthetic_order"});
-  expect_user_error([] { synthetic(1, 4, 1, 2, 100, 0.0); }, {"data.synthetic_alpha"});
-  expect_user_error([] { synthetic(1, 4, 1, 2, 0); }, {"data.synthetic_tokens"});
-}
-
-// ---------------------------------------------------------------------------------------------
 // Text
 
 TEST(Text, ReadsBytes) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::string p = dir.file("a.txt");
   const std::string text = "hello\xff\x00world";
   std::string content(text.data(), 12);
@@ -285,7 +89,7 @@ TEST(Text, AFileTruncatedUnderTheRunIsNamed) {
   // lost pages ends the process with status 2 and the file's name, not a bare SIGBUS.
   // (gtest's default "fast" style forks: the "threadsafe" one re-runs the binary, whose
   // MPI_Init fails inside an mpirun rank.)
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::string path = dir.file("corpus.txt");
   const std::string text(3 * 65536, 'a');
   write_bytes(path, text.data(), text.size());
@@ -304,7 +108,7 @@ TEST(Tokens, AShardRewrittenInPlaceIsNamed) {
   // A shard overwritten in place with other ids (same size: no SIGBUS) while the run reads it: a
   // window holding an id past model.vocab would index past the embedding table. It is this
   // rank's error alone (RankInputError: the job ends with MPI_Abort, status 2), naming the file.
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::string path = dir.file("shard.bin");
   write_raw(path, std::vector<uint16_t>(64, 3));
   auto s = tokens_source(path, 100);
@@ -331,14 +135,14 @@ TEST(Tokens, AShardRewrittenInPlaceIsNamed) {
 }
 
 TEST(Text, Errors) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::string missing = dir.file("missing.txt");
   expect_user_error([&] { text_source(missing); }, {"data.path", missing});
   const std::string empty = dir.file("empty.txt");
   write_bytes(empty, "", 0);
   expect_user_error([&] { text_source(empty); }, {"data.path", empty, "empty"});
-  expect_user_error([&] { text_source(dir.path.string()); },
-                    {"data.path", dir.path.string(), "directory"});
+  expect_user_error([&] { text_source(dir.path()); },
+                    {"data.path", dir.path(), "directory"});
   const std::string ok = dir.file("ok.txt");
   write_bytes(ok, "abc", 3);
   expect_user_error([&] { text_source(ok, 100); }, {"model.vocab", "data.path", ok});
@@ -348,7 +152,7 @@ TEST(Text, Errors) {
 // Tokens
 
 TEST(Tokens, ReadsLlmcAndRawShardsAndWindowsStayInsideAShard) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   std::vector<uint16_t> a, b, c;
   for (int i = 0; i < 50; ++i) a.push_back(uint16_t(100 + i));  // shard 0: 100..149 (llm.c)
   for (int i = 0; i < 30; ++i) b.push_back(uint16_t(500 + i));  // shard 1: 500..529 (raw)
@@ -388,7 +192,7 @@ TEST(Tokens, ReadsLlmcAndRawShardsAndWindowsStayInsideAShard) {
 }
 
 TEST(Tokens, Errors) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   std::vector<uint16_t> toks(20, 7);
   const std::string nomatch = dir.file("nothing_*.bin");
   expect_user_error([&] { tokens_source(nomatch); }, {"data.path", nomatch});
@@ -476,7 +280,7 @@ TEST(HeldOut, SyntheticContinuesTheTrainingWalk) {
 }
 
 TEST(HeldOut, SequencesDoNotOverlapAndAreFixed) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const int T = 5;
   std::vector<uint16_t> toks(53);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = uint16_t(i);
@@ -500,7 +304,7 @@ TEST(HeldOut, SequencesDoNotOverlapAndAreFixed) {
 }
 
 TEST(HeldOut, FileErrorsNameEvalPath) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   ModelConfig m;
   m.vocab = 256;
   DataConfig d;
@@ -522,7 +326,7 @@ TEST(HeldOut, FileErrorsNameEvalPath) {
 }
 
 TEST(HeldOut, OverlapWithTheTrainingFilesIsFoundUnderAnyName) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::vector<uint16_t> toks(40, 7);
   write_llmc(dir.file("fineweb_train_000.bin"), toks);
   write_llmc(dir.file("fineweb_val_000.bin"), toks);
@@ -592,7 +396,7 @@ TEST(Sampler, BatchMatchesSequenceAndTargetsAreShifted) {
 }
 
 TEST(Sampler, CoversTheSourceAndStaysInsideShards) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   std::vector<uint16_t> a(40), b(40);
   for (int i = 0; i < 40; ++i) a[size_t(i)] = uint16_t(i), b[size_t(i)] = uint16_t(200 + i);
   write_raw(dir.file("x0.bin"), a);
@@ -611,7 +415,7 @@ TEST(Sampler, CoversTheSourceAndStaysInsideShards) {
 }
 
 TEST(Sampler, TooShortSourceIsAUserError) {
-  TempDir dir;
+  trellis::testing::TempDir dir("trellis_data");
   const std::string p = dir.file("short.txt");
   write_bytes(p, "abcdefgh", 8);
   auto src = text_source(p);
