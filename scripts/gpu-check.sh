@@ -211,9 +211,9 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # ---- 1. GPU tests ----
 # Two processes: a kernel that faults leaves its CUDA context unusable for every later test in
 # the process, so the tensor-core attention (not yet run on a GPU) gets one of its own: its tests
-# are the ones named *TensorCore* (CudaBf16Kernels.TensorCoreFragmentsFollowThePtxLayouts — the
+# are the ones named *TensorCore* (CudaBf16Attention.TensorCoreFragmentsFollowThePtxLayouts — the
 # register layouts the mma.sync kernels assume, checked one register half at a time —,
-# CudaBf16Kernels.Bf16AttentionOnTensorCores and its Wmma twin,
+# CudaBf16Attention.Bf16AttentionOnTensorCores and its Wmma twin,
 # CudaTrain.Bf16WithTensorCoreAttentionMatchesTheCpuInBf16). They set TRELLIS_TC_ATTENTION
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.

@@ -86,7 +86,7 @@ run_asan
 # are left to `emu_tests` alone (3 min more).
 if [ -x "$build/emu_tests" ]; then
   export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
-  run emulated-gpu 1 1200 -- "$build/emu_tests" --gtest_filter='-CudaTrain.RecomputationGivesTheSameLosses:CudaTrain.Bf16WithTensorCoreAttention*:CudaBf16Kernels.Bf16AttentionOnTensorCoresWmma'
+  run emulated-gpu 1 1200 -- "$build/emu_tests" --gtest_filter='-CudaTrain.RecomputationGivesTheSameLosses:CudaTrain.Bf16WithTensorCoreAttention*:CudaBf16Attention.Bf16AttentionOnTensorCoresWmma'
   # The NCCL link between ranks, through the emulated NCCL (over MPI), a device per rank.
   export TRELLIS_EMU_DEVICES=4
   for np in 2 4; do run "emulated-nccl-np$np" "$np" 300 -- "$build/emu_tests" --gtest_filter='NcclLink*'; done

@@ -379,17 +379,17 @@ TEST_F(CudaTrain, Bf16WithDefaultAttentionMatchesTheCpuInBf16) {
 
 // bf16 with the attention on the tensor cores (TRELLIS_TC_ATTENTION=1, set here; head size 32)
 // against the CPU in bf16, 20 steps. The tensor-core kernels round P and dS to bf16 inside
-// (relative L2 ≈ 2e-3 on attention's out and dqkv: CudaKernels.Bf16AttentionOnTensorCores), a
-// systematic difference beyond the kernels' fp32 error, though smaller than rounding everything
-// to bf16, which on this deck (head size 32, measured on the CPU, 2026-12-01, model seeds 1234
-// and 2 to 5) moves the losses by up to 1.5e-3 (4.9e-4 on average) and the gradient norms by up
-// to 4.5e-3 from fp32, and the first step by up to 5.8e-5 and 4.0e-4. Measured on the emulated
-// GPU against the CPU (the same seeds): the worst step's loss 1.6e-4 to 2.6e-4 apart, 5.6e-5 to
-// 7.8e-5 on average, gradient norms at most 3.5e-3; the first step at most 2.3e-5 and 2.1e-4.
-// Bounds: per step 2e-3 for the loss, 3e-2 for the gradient norm; 5e-4 for the loss on average;
-// the first step 2e-4 and 1e-3. The GPU's run on the same deck with the fp32 attention kernels
-// (TRELLIS_TC_ATTENTION=0, whatever the process has) goes next to it, to expect_same_bf16_run's
-// own bounds; at the first step the tensor cores should stand out (printed).
+// (relative L2 ≈ 2e-3 on attention's out and dqkv: CudaBf16Attention.Bf16AttentionOnTensorCores), a
+// systematic difference beyond the kernels' fp32 error, though smaller than rounding everything to
+// bf16, which on this deck (head size 32, measured on the CPU, 2026-12-01, model seeds 1234 and 2
+// to 5) moves the losses by up to 1.5e-3 (4.9e-4 on average) and the gradient norms by up to 4.5e-3
+// from fp32, and the first step by up to 5.8e-5 and 4.0e-4. Measured on the emulated GPU against
+// the CPU (the same seeds): the worst step's loss 1.6e-4 to 2.6e-4 apart, 5.6e-5 to 7.8e-5 on
+// average, gradient norms at most 3.5e-3; the first step at most 2.3e-5 and 2.1e-4. Bounds: per
+// step 2e-3 for the loss, 3e-2 for the gradient norm; 5e-4 for the loss on average; the first step
+// 2e-4 and 1e-3. The GPU's run on the same deck with the fp32 attention kernels
+// (TRELLIS_TC_ATTENTION=0, whatever the process has) goes next to it, to expect_same_bf16_run's own
+// bounds; at the first step the tensor cores should stand out (printed).
 TEST_F(CudaTrain, Bf16WithTensorCoreAttentionMatchesTheCpuInBf16) {
   if (!cuda_tc_attention_takes(32, "1"))
     GTEST_SKIP() << "the tensor-core attention does not fit here";
