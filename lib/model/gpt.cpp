@@ -182,6 +182,23 @@ void GPT::block_forward(BlockActivations& a, int l, CPtr x, CPtr p) {
   }
 }
 
+void GPT::prefetch(bool forward, int chunk) {
+  const bool first = table_.stage.first && chunk == 0;
+  const bool last = table_.stage.last && chunk == chunks_ - 1;
+  const int l0 = chunk * blocks_per_chunk_;
+  int unit = -1;  // none: a chunk without blocks on a middle stage
+  if (forward)
+    unit = first                   ? table_.embedding_unit()
+           : blocks_per_chunk_ > 0 ? table_.block_unit(l0)
+           : last                  ? table_.final_unit()
+                                   : -1;
+  else if (last)  // the LM head's backward: wte's rows on a first stage, else the final LayerNorm
+    unit = first ? table_.embedding_unit() : table_.final_unit();
+  else if (blocks_per_chunk_ > 0)
+    unit = table_.block_unit(l0 + blocks_per_chunk_ - 1);
+  store_.prefetch_params(unit);
+}
+
 float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss, int chunk) {
   fault_point("forward");  // robustness tests: TRELLIS_FAULT_KILL=forward:STEP
   Slot& s = at(slot, chunk);
@@ -211,7 +228,11 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, floa
     const int l = chunk * blocks_per_chunk_ + i;
     const int unit = table_.block_unit(l);
     CPtr p = store_.acquire_params(unit);
-    if (unit + 1 < int(table_.units.size())) store_.prefetch_params(unit + 1);
+    // ZeRO-3 gathers the unit used next meanwhile: the chunk's next block, or after the last
+    // chunk's last block the final LayerNorm. Another chunk's first block is not next: an
+    // interleaved schedule runs this chunk for its other micro-batches first, and holding that
+    // block through them would make three gathered units where the plan counts two.
+    if (i + 1 < blocks_per_chunk_ || last) store_.prefetch_params(unit + 1);
     block_forward(s.blocks[i], l, x, p);
     store_.release_params(unit);
     x = s.blocks[i].res3;

@@ -79,6 +79,11 @@ class GPT {
   /// Backward of the micro-batch in `slot`; gradients accumulate (+=) into the store's. A stage
   /// other than the last reads ∂L/∂output from output_grad() first.
   void backward(int slot, int chunk = 0);
+  /// ZeRO-3: starts gathering the first parameters that forward (or backward) of `chunk` will
+  /// read, so that the gather overlaps what comes before the call (a pipeline stage's wait for
+  /// its input). No unit is gathered between two such calls: with the call's own prefetches
+  /// that makes the two units at once that the plan counts.
+  void prefetch(bool forward, int chunk = 0);
 
   // Pipeline plumbing, (R, C) each, of the activations' type.
   int64_t activation_elems() const { return int64_t(R_) * C_; }

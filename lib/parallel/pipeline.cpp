@@ -94,6 +94,8 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
     const bool has_embedding = first_ && k == 0, has_head = last_ && k == v - 1;
     const int from = r > 0 ? r - 1 : p - 1, from_chunk = r > 0 ? k : k - 1;  // forward input
     const int to = r < p - 1 ? r + 1 : 0, to_chunk = r < p - 1 ? k : k + 1;   // forward output
+    // ZeRO-3's gather of the op's first parameters runs while the stage waits for its input.
+    gpt_.prefetch(op.forward, k);
     if (op.forward) {
       batch(mb, inputs_.data(), targets_.data());
       act_sends_[buf].wait();  // the slot's output buffer is about to be rewritten
@@ -155,6 +157,7 @@ double Pipeline::run_forward(const BatchFn& batch, int micro_batches, int tokens
       const int to_chunk = r < p - 1 ? k : k + 1;
       Request& send = act_sends_[k * gpt_.num_slots() + slot];
       send.wait();  // the chunk's output buffer is about to be rewritten
+      gpt_.prefetch(/*forward=*/true, k);
       if (!has_embedding) pp_.irecv(gpt_.input(slot, k), rows_count_, from, 2 * k).wait();
       loss_sum += gpt_.forward(slot, inputs_.data(), targets_.data(), /*dloss=*/0.f, k);
       if (!has_head) send = pp_.isend(gpt_.output(slot, k), rows_count_, to, 2 * to_chunk);
