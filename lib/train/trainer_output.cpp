@@ -124,16 +124,16 @@ void Trainer::finish() {
                   "evaluation", "checkpoint", "logging"}));
   if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
   if (grid_->pp_size() > 1) {
-    const double total = timers_.get("total");
-    // The bubble's share of the training: the evaluations' forward passes apart.
-    const double training = total - timers_.get("evaluation");
-    MinAvgMax wait =
-        min_avg_max(comm_, training > 0 ? timers_.get("pipeline wait") / training : 0.0);
+    // The bubble's share of the training steps' time: the evaluations' forward passes (whose
+    // waits the pipeline's timer counts too), the checkpoints, the resume and the logging apart.
+    double step_seconds = 0, bubble = 0;
+    for (const StepResult& r : history_) step_seconds += r.seconds, bubble += r.bubble;
+    MinAvgMax wait = min_avg_max(comm_, step_seconds > 0 ? bubble / step_seconds : 0.0);
     const MemoryStats& mem = memory_stats();
     MinAvgMax act = min_avg_max(comm_, double(mem.peak[int(MemKind::Activations)]));
     log(strfmt(
         "pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
-        "of the training (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
+        "of the steps' time (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
         "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
         cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
         100 * wait.avg, 100 * wait.min, 100 * wait.max,
