@@ -203,8 +203,14 @@ TEST(DeviceLayouts, GradReduceBf16CheckpointRoundTripContinuesExactly) {
 //   - every layout's losses on the fake device equal the CPU's bitwise (the staged link moves the
 //     bf16 buffers as the host path does; the widened kernels are the CPU's);
 //   - every layout stays within kBf16LayoutBound (relative) of the same deck in bf16 on one rank.
-//     Pipeline parallelism gives the one-rank losses bit for bit (the same bf16 activations per
-//     micro-batch, each stage's gradients accumulated over the micro-batches in the same order).
+//     Pipeline parallelism computes the same bf16 activations per micro-batch and accumulates
+//     each stage's gradients over the micro-batches in the same order, all but the tied
+//     embedding's: one rank adds each micro-batch's LM-head gradient into wte's as it comes, a
+//     pipeline's last stage sums them apart and the first stage adds that sum to the embeddings'
+//     own. With one micro-batch a step the two sums are the same (a + b = b + a): bit for bit.
+//     With more, fp32 rounds them differently, which bf16 mostly hides (bit for bit over these 5
+//     steps at 4 micro-batches; 2.0e-5 at step 10 of 12 at lr 5e-3, 2026-12-04): within
+//     kBf16DataParallelBound, as data parallelism's other order is.
 //     Data parallelism sums the fp32 gradients in another order (each rank's micro-batches, then
 //     over the group); a bf16 run mostly does not see it — the products of bf16 values are exact
 //     in fp32, and so are many of their short sums — but may: within kBf16DataParallelBound. (At
@@ -233,10 +239,11 @@ void expect_bf16_layout(std::vector<std::string> layout) {
   EXPECT_LE(diff, kBf16LayoutBound) << what;
   const bool tp = what.find("--parallel.tp=2") != std::string::npos;
   const bool dp = what.find("--parallel.dp=1 ") == std::string::npos;
-  if (!tp && !dp) {
-    EXPECT_EQ(got, ref) << what << ": pipeline parallelism rounds nothing differently";
+  const bool one_micro_batch = what.find("--train.micro_batch=8 ") != std::string::npos;
+  if (!tp && !dp && one_micro_batch) {
+    EXPECT_EQ(got, ref) << what << ": a pipeline of one micro-batch rounds nothing differently";
   }
-  if (!tp && dp) {
+  if (!tp) {
     EXPECT_LE(diff, kBf16DataParallelBound) << what;
   }
   if (trellis::testing::world_rank() == 0)
@@ -256,6 +263,8 @@ TEST(DeviceLayouts, Bf16TensorParallelAndPipeline) {
                       "--parallel.sequence_parallel=true"});
   expect_bf16_layout({"--parallel.tp=2", "--parallel.dp=1"});
   expect_bf16_layout({"--parallel.pp=2", "--parallel.dp=1", "--parallel.schedule=1f1b"});
+  expect_bf16_layout(
+      {"--parallel.pp=2", "--parallel.dp=1", "--parallel.schedule=1f1b", "--train.micro_batch=8"});
   expect_bf16_layout({"--parallel.pp=2", "--parallel.dp=1", "--parallel.schedule=interleaved",
                       "--parallel.virtual_stages=2"});
 }
