@@ -121,7 +121,9 @@ void Checkpointer::save(int64_t step) {
   meta.text["layout"] = strfmt("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d "
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
                                p.virtual_stages, p.sequence_parallel ? "true" : "false");
-  meta.text["sampler"] = "stateless: sequence j of step s is window hash(train.seed, s, j); resume at step";
+  meta.text["sampler"] =
+      "stateless: sequence j of step s is window hash(train.seed, s, j); a resume goes on from "
+      "this checkpoint's step, under any layout";
 
   const std::string dir = cfg_.checkpoint.dir;
   int rank = 0;
