@@ -43,6 +43,12 @@ struct CkptMeta {
   std::map<std::string, double> reals;
 };
 
+/// What is wrong with a checkpoint's counters ("" where nothing is): a step below 0, AdamW's
+/// update count outside 0..step, tokens_seen below 0. No run writes such values: the file is
+/// damaged or edited, and a resume that took them as they stand would train on from there (a
+/// negative step: negative learning rates).
+std::string counter_problem(const CkptMeta& meta);
+
 struct CkptIO {
   double bytes;    // size of the checkpoint file
   double seconds;  // wall time, the slowest rank's

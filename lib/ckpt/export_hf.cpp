@@ -93,7 +93,10 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
     throw UserError(strfmt("checkpoint %s: model.kv_heads = %d < model.heads = %d (grouped "
                            "key/value heads): HF GPT-2 has no such attention; not exported",
                            path.c_str(), m.kv_heads, m.heads));
-  const int64_t step = read_checkpoint_meta(path).integers["step"];
+  CkptMeta meta = read_checkpoint_meta(path);
+  if (const std::string problem = counter_problem(meta); !problem.empty())
+    throw UserError("checkpoint " + path + ": " + problem + " (damaged or edited)");
+  const int64_t step = meta.integers["step"];
 
   silence_hdf5();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

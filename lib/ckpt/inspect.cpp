@@ -94,6 +94,17 @@ int inspect_checkpoint(const std::string& path, std::FILE* out) {
     std::fprintf(out, "  PROBLEM: %s\n", err.c_str());
     ++problems;
   }
+  // What a resume refuses: another format, counters no run writes.
+  if (const auto v = meta.integers.find("format_version");
+      v == meta.integers.end() || v->second != kCheckpointFormat) {
+    std::fprintf(out, "  PROBLEM: format_version is not %lld (trellis train refuses the file)\n",
+                 (long long)kCheckpointFormat);
+    ++problems;
+  }
+  if (const std::string problem = counter_problem(meta); !problem.empty()) {
+    std::fprintf(out, "  PROBLEM: %s (damaged or edited)\n", problem.c_str());
+    ++problems;
+  }
   for (const auto& [k, v] : meta.integers) std::fprintf(out, "  %s = %lld\n", k.c_str(), (long long)v);
   for (const auto& [k, v] : meta.reals) std::fprintf(out, "  %s = %.17g\n", k.c_str(), v);
   for (const auto& [k, v] : meta.text) {

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
+#include "core/error.hpp"
 
 namespace trellis::ckpt_impl {
 
@@ -180,3 +182,23 @@ std::string read_attributes(hid_t file, CkptMeta& meta) {
 }
 
 }  // namespace trellis::ckpt_impl
+
+namespace trellis {
+
+std::string counter_problem(const CkptMeta& meta) {
+  auto value = [&](const char* name) -> std::optional<int64_t> {
+    const auto it = meta.integers.find(name);
+    if (it == meta.integers.end()) return std::nullopt;
+    return it->second;
+  };
+  const std::optional<int64_t> step = value("step"), adamw = value("adamw_steps"),
+                               tokens = value("tokens_seen");
+  if (step && *step < 0) return strfmt("step = %lld, below 0", (long long)*step);
+  if (adamw && (*adamw < 0 || (step && *adamw > *step)))
+    return strfmt("adamw_steps = %lld, outside 0..step (%lld)", (long long)*adamw,
+                  (long long)step.value_or(0));
+  if (tokens && *tokens < 0) return strfmt("tokens_seen = %lld, below 0", (long long)*tokens);
+  return "";
+}
+
+}  // namespace trellis

@@ -189,6 +189,8 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
                                      std::to_string(kCheckpointFormat));
       if (!meta.integers.count("step") || !meta.text.count("deck"))
         throw UserError(path + ": no step or deck attribute");
+      if (const std::string problem = counter_problem(meta); !problem.empty())
+        throw UserError(path + ": " + problem + " (damaged or edited)");
       const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
       check_same_deck(meta, path);
       std::string model;

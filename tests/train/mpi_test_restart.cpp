@@ -1,6 +1,7 @@
 // Exact restart (run at 1, 2 and 4 ranks): a run resumed from its step-5 checkpoint continues as
 // the uninterrupted run — bitwise with the same layout, within 1e-5 under another layout.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>
@@ -154,6 +155,37 @@ TEST(Restart, DamagedCheckpointFallsBackOrFails) {
   EXPECT_THROW(train(MPI_COMM_SELF, own_dir("d2"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()}),
                UserError);
   EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
+}
+
+// Sets an integer attribute of a checkpoint's root group through HDF5 (its checksums kept).
+void set_attribute(const fs::path& file, const char* name, int64_t value) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << file;
+  const hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  ASSERT_GE(a, 0) << name;
+  EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT64, &value), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+TEST(Restart, CountersNoRunWritesAreDamage) {
+  // A step below 0 would train on at negative learning rates, an AdamW count past the step with
+  // a wrong bias correction: refused as a damaged file is (auto falls back to the one before).
+  const std::string dir = own_dir("counters");
+  fs::remove_all(dir);
+  const std::vector<double> whole = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  const fs::path newest = fs::path(dir) / checkpoint_file_name(10);
+  set_attribute(newest, "step", -5);
+  EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
+  EXPECT_THROW(train(MPI_COMM_SELF, own_dir("c2"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()}),
+               UserError);
+  const std::vector<double> resumed = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  ASSERT_EQ(resumed.size(), 5u);
+  EXPECT_EQ(resumed[0], whole[5]);
+  set_attribute(newest, "adamw_steps", 11);  // (the resumed run rewrote it: step 10)
+  EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
+  EXPECT_THROW(train(MPI_COMM_SELF, own_dir("c3"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()}),
+               UserError);
 }
 
 TEST(Restart, AnotherModelIsRefusedTrainingKeysMayChange) {
