@@ -125,7 +125,11 @@ int main(int argc, char** argv) {
   trellis::set_log_rank(world.rank());
   int status;
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    // Not given the command line: Kokkos would parse options of its own there (--threads,
+    // --numa, --device-id, --kokkos-*), and abort on a value that is not a number, before our
+    // parser could name the unknown key. (Its environment variables still apply; the host
+    // threads are system.threads.)
+    Kokkos::ScopeGuard kokkos;
     if (command == "train") {
       if (rest.empty() || rest[0].rfind("--", 0) == 0) {
         if (world.rank() == 0) trellis::log_error("trellis train: which deck? usage: trellis train DECK");

@@ -42,6 +42,48 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   return std::string(text.begin(), text.end());
 }
 
+std::string settings_differ_from_rank0(
+    MPI_Comm comm, const std::vector<std::pair<std::string, std::string>>& settings) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // Rank 0's settings as lines "name\tvalue", to every rank.
+  std::string text;
+  for (const auto& [name, value] : settings) text += name + '\t' + value + '\n';
+  long long len = rank == 0 ? static_cast<long long>(text.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
+  std::string theirs(static_cast<size_t>(len), '\0');
+  if (rank == 0) theirs = text;
+  MPI_Bcast(theirs.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
+  std::string mismatch;
+  if (theirs != text) {
+    // The first setting that differs (the same binary's key table orders both).
+    auto lines = [](const std::string& t) {
+      std::vector<std::string> out;
+      for (size_t from = 0, end; from < t.size(); from = end + 1) {
+        end = t.find('\n', from);
+        out.push_back(t.substr(from, end - from));
+      }
+      return out;
+    };
+    const std::vector<std::string> mine = lines(text), rank0 = lines(theirs);
+    size_t i = 0;
+    while (i < mine.size() && i < rank0.size() && mine[i] == rank0[i]) ++i;
+    auto split = [](const std::vector<std::string>& v, size_t i) {
+      if (i >= v.size()) return std::pair<std::string, std::string>{"(nothing)", ""};
+      const size_t tab = v[i].find('\t');
+      return std::pair{v[i].substr(0, tab), v[i].substr(tab + 1)};
+    };
+    const auto [name, value] = split(mine, i);
+    const auto [name0, value0] = split(rank0, i);
+    mismatch = "rank " + std::to_string(rank) + " was started with other settings than rank 0: " +
+               (name == name0 ? name + " = '" + value + "' there, '" + value0 + "' on rank 0"
+                              : "'" + name + "' there, '" + name0 + "' on rank 0") +
+               " (every rank must read the same deck and command line: a copy of the deck on "
+               "each node, changed on some?)";
+  }
+  return agree_on_error(comm, mismatch);
+}
+
 NodeRanks node_ranks(MPI_Comm comm) {
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);

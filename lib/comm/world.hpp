@@ -6,6 +6,8 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace trellis {
 
@@ -34,6 +36,13 @@ std::string agree_on_error(MPI_Comm comm, const std::string& error);
 /// Collective: agree_on_error, then, when some rank failed, rank 0 of comm prints
 /// "<who>: error: <message>" once. True when some rank failed (the caller then exits 2).
 bool failed_together(MPI_Comm comm, const std::string& error, const std::string& who);
+
+/// Collective: "" where every rank's `settings` (name, value) equal rank 0's; else, on every rank,
+/// a message naming the lowest rank that differs and its first setting that does. Ranks started
+/// with other decks or command lines (a stale copy of the deck on one node, mpirun's MPMD form)
+/// would otherwise run other models, layouts or step counts into the same collectives.
+std::string settings_differ_from_rank0(MPI_Comm comm,
+                                       const std::vector<std::pair<std::string, std::string>>& settings);
 
 /// This rank's part of a setup phase: runs `work` and returns "" or what bad input (a UserError)
 /// went wrong. Other exceptions pass through.

@@ -118,6 +118,11 @@ void read_deck(const std::string& path, Sources& sources) {
   const auto status = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(status)) fail(path, "cannot read the deck: no such file");
   if (std::filesystem::is_directory(status)) fail(path, "cannot read the deck: it is a directory");
+  // Every rank reads the deck, and trellis plan reads it twice: a pipe (one without a writer
+  // would keep the job waiting) or a device is no deck.
+  if (!std::filesystem::is_regular_file(status))
+    fail(path, "cannot read the deck: not a regular file (a pipe or a device?); write the deck "
+               "to a file");
   std::ifstream file(path);
   std::stringstream buf;
   buf << file.rdbuf();
@@ -242,6 +247,16 @@ class Validator {
       fail(where({"model.heads", "model.kv_heads"}),
            "model.heads = " + n(m.heads) + " is not divisible by model.kv_heads = " +
                n(m.kv_heads) + ": kv_heads must divide heads (0 means kv_heads = heads)");
+    // The parameter count, in floating point: each size is an int, their products past int64
+    // would wrap round into negative sizes and plans.
+    const double C = m.d_model, kv = double(m.kv_heads) * m.d_model / m.heads;
+    const double params = double(m.layers) * (C * (C + 2 * kv) + C * C + 2 * C * m.d_ff) +
+                          (double(m.vocab) + m.seq_len) * C;
+    if (params > 0x1p50)
+      fail(where({"model.layers", "model.d_model", "model.d_ff", "model.vocab"}),
+           strfmt("the model would have about %.2g parameters, more than Trellis counts (2^50 = "
+                  "%.2g; GPT-3 has 1.75e11)",
+                  params, 0x1p50));
   }
 
   void layout() {

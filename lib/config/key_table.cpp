@@ -15,7 +15,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "model",
        .key = "layers",
        .field = FIELD(model.layers),
-       .bound = at_least(1),
+       .bound = between(1, 1 << 16),  // (GPT-3 has 96: a bound that keeps the bookkeeping small)
        .help = "transformer blocks"},
       {.section = "model",
        .key = "d_model",
@@ -47,7 +47,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "model",
        .key = "vocab",
        .field = FIELD(model.vocab),
-       .bound = at_least(2),
+       .bound = between(2, 1 << 30),  // padded (model.vocab_multiple, tp), it still fits an int
        .help = "vocabulary size"},
       {.section = "model",
        .key = "vocab_multiple",

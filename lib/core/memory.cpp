@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 #include "core/error.hpp"
@@ -49,6 +50,17 @@ constexpr size_t kAlign = 64;
 /// /sys/kernel/mm/transparent_hugepage/enabled). The kernels stream through activations and
 /// parameters of many MiB; with 4 KiB pages the TLB misses cost the bench model's step about 10 %.
 constexpr size_t kHugePage = size_t(2) << 20;
+
+double host_meminfo_bytes(const std::string& key) {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string name; meminfo >> name;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (name == key + ":") return kib * 1024;
+    meminfo.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
 
 namespace {
 class HostAllocator : public Allocator {

@@ -51,6 +51,10 @@ class Allocator {
   /// True when the host cannot dereference the memory.
   virtual bool device() const = 0;
 };
+/// An entry of /proc/meminfo ("MemTotal", "MemAvailable", "SwapTotal") in bytes; 0 where the
+/// system does not say.
+double host_meminfo_bytes(const std::string& key);
+
 /// 64-byte aligned host memory (aligned_alloc + memset); allocations of 2 MiB and more are 2 MiB
 /// aligned and ask for transparent huge pages.
 Allocator& host_allocator();

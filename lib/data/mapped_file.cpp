@@ -90,7 +90,9 @@ void unregister_map(const uint8_t* data) {
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path, const std::string& what) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe opens at once (and is refused below as not a regular file) instead
+  // of waiting for a writer that may never come; it changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     throw UserError(strfmt("%s: cannot open '%s': %s", what.c_str(), path.c_str(),
                            std::strerror(errno)));

@@ -313,6 +313,13 @@ int generate_main(const std::vector<std::string>& args, World& world) {
     error = e.what();
   }
   if (failed_together(world.comm(), error, "trellis generate")) return kExitBadInput;
+  // Every rank decodes the same prompt with the same sampling: the same command line.
+  std::vector<std::pair<std::string, std::string>> arguments;
+  for (size_t i = 0; i < args.size(); ++i)
+    arguments.emplace_back("argument " + std::to_string(i + 1), args[i]);
+  if (failed_together(world.comm(), settings_differ_from_rank0(world.comm(), arguments),
+                      "trellis generate"))
+    return kExitBadInput;
   if (opt.help) {
     if (rank == 0) std::fputs(kGenerateUsage, stdout);
     return kExitOk;

@@ -154,12 +154,19 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // Nothing reads the training data here: its (unused) source is pointed at the held-out data,
     // so that a corpus moved or gone since the training does not stop an evaluation.
     if (cfg.data.source != "synthetic") cfg.data.path = cfg.eval.path;
-    try {
-      trainer = std::make_unique<Trainer>(cfg, world.comm());
-    } catch (const std::bad_alloc& e) {
-      abort_out_of_memory(world.comm(), "trellis eval", e);
-    }
   });
+  // Every rank the same settings before the trainer's collectives (each rank's error agreed
+  // first, so that all or none go on).
+  error = agree_on_error(world.comm(), error);
+  if (error.empty()) error = settings_differ_from_rank0(world.comm(), cfg.effective);
+  if (error.empty())
+    error = setup_error([&] {
+      try {
+        trainer = std::make_unique<Trainer>(cfg, world.comm());
+      } catch (const std::bad_alloc& e) {
+        abort_out_of_memory(world.comm(), "trellis eval", e);
+      }
+    });
   // The held-out set is eval.batches global batches: a layout that does not divide one is for
   // the micro-batch or the layout to change, not train.global_batch.
   if (error.find("is not divisible by parallel.dp * train.micro_batch") != std::string::npos)

@@ -332,6 +332,27 @@ double Trainer::run() {
 
 // ---------------------------------------------------------------------------------------------
 
+// A CPU layout that cannot fit its node, said before any allocation: Linux overcommits, so each
+// allocation of such a run may succeed and the kernel's out-of-memory killer end the job later
+// without a word. The bar is certain failure: trellis plan's smallest rank (its figures are
+// within 10 % of the measured peaks) times the ranks on this node, against memory and swap.
+static void check_node_memory(const Config& cfg, int local_ranks) {
+  if (cfg.system.backend != "cpu") return;  // (GPU memory: the device's allocator says)
+  const double node = host_meminfo_bytes("MemTotal") + host_meminfo_bytes("SwapTotal");
+  if (node <= 0) return;
+  double smallest = INFINITY;
+  for (const RankMemory& r : layout_memory(cfg, run_memory_options(cfg)))
+    smallest = std::min(smallest, r.total());
+  if (smallest * local_ranks <= node) return;
+  throw UserError(strfmt(
+      "this layout needs at least %s a rank (trellis plan's smallest), %s for the %d rank(s) on "
+      "this node, more than its %s of memory and swap: more nodes, fewer ranks a node, a "
+      "smaller train.micro_batch, parallel.zero or a smaller model (trellis plan %s --gpus N "
+      "ranks the layouts that fit)",
+      format_bytes(smallest).c_str(), format_bytes(smallest * local_ranks).c_str(), local_ranks,
+      format_bytes(node).c_str(), cfg.deck_path.c_str()));
+}
+
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world) {
   // Phase 1: everything that bad input can break, on every rank; then all ranks agree.
   Config cfg;
@@ -343,6 +364,13 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     check_writable_dir(cfg.checkpoint.dir, "checkpoint.dir");
   });
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  if (failed_together(world.comm(), settings_differ_from_rank0(world.comm(), cfg.effective),
+                      "trellis"))
+    return kExitBadInput;
+  const int local_ranks = node_ranks(world.comm()).size;
+  if (failed_together(world.comm(), setup_error([&] { check_node_memory(cfg, local_ranks); }),
+                      "trellis"))
+    return kExitBadInput;
   catch_stop_signal(cfg);
   // Ranks on GPUs that may talk through NCCL: CUDA modules loaded at start, not at a kernel's
   // first launch. A lazy load waits for the device's queued work to drain (CUDA's lazy loading

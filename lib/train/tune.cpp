@@ -85,14 +85,7 @@ Config base_config(const std::string& deck, std::vector<std::string> overrides) 
 // ranks talk through shared memory inside a node.
 DeviceModel cpu_device_model(const Config& cfg, int local_ranks) {
   DeviceModel d;
-  double available = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    double kib = 0;
-    meminfo >> kib;
-    if (key == "MemAvailable:") available = kib * 1024;
-    meminfo.ignore(1 << 10, '\n');
-  }
+  const double available = host_meminfo_bytes("MemAvailable");
   d.memory_bytes = available > 0 ? available / std::max(1, local_ranks) : 4.0 * (1ull << 30);
   d.reserve_bytes = 0;
   d.per_node = std::max(1, local_ranks);
@@ -265,6 +258,12 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     error = e.what();
   }
   if (failed_together(world.comm(), error, "trellis")) return kExitBadInput;
+  std::vector<std::pair<std::string, std::string>> settings = base.effective;
+  settings.insert(settings.end(), {{"--candidates", std::to_string(opt.candidates)},
+                                   {"--steps", std::to_string(opt.steps)},
+                                   {"--out", opt.out}});
+  if (failed_together(world.comm(), settings_differ_from_rank0(world.comm(), settings), "trellis"))
+    return kExitBadInput;
   double gpu_memory = 0;
   try {
     if (base.system.backend != "cpu") gpu_memory = gpu_memory_free(base, world.comm());
@@ -289,6 +288,8 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     if (opt.out.empty()) opt.out = base.run.dir + "/tuned.deck";
     hang_timeout_s = base.system.hang_timeout_s;
     check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");  // ("": here)
+    if (std::error_code ec; fs::is_directory(opt.out, ec))
+      throw UserError("--out " + opt.out + ": a directory; name the deck file to write");
   } catch (const UserError& e) {
     error = e.what();
   }

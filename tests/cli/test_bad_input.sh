@@ -101,6 +101,20 @@ expect "unknown precision"            1 2 "system.precision"             -- trai
 expect "grad reduction dtype"         2 2 "system.grad_reduce"           -- train "$ok" --system.grad_reduce=fp16
 expect "corpus beyond host memory"    2 2 "out of host memory"           -- train "$ok" --parallel.dp=2 --data.synthetic_tokens=100000000000000
 expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
+# Sizes whose products would wrap round an int64 (negative plans), or whose bookkeeping alone
+# would take the machine's memory; a model far beyond the node's memory and swap, said before
+# any allocation (Linux overcommits: the out-of-memory killer would end it later without a word).
+expect "vocabulary past 2^30"         1 2 "model.vocab: expected an integer in 2..1073741824" -- train "$ok" --model.vocab=2147483585
+expect "layers past 2^16"             1 2 "model.layers: expected an integer in 1..65536" -- train "$ok" --model.layers=2147483647
+expect "parameters past 2^50"         1 2 "more than Trellis counts"     -- train "$ok" --model.d_model=1073741824 --model.heads=1 --model.d_ff=1
+expect "beyond the node's memory"     2 2 "more than its"                -- train "$ok" --parallel.dp=2 --model.vocab=16777216 --model.d_model=4096 --model.heads=1 --model.d_ff=1
+# An option Kokkos would read itself, with a value that is not a number (it used to abort).
+expect "a Kokkos option"              2 2 "unknown key 'threads'"        -- train "$ok" --threads=abc
+# Named pipes without a writer: refused at once, not waited on.
+mkfifo "$work/pipe"
+expect "deck is a pipe"               1 2 "not a regular file"           -- train "$work/pipe"
+expect "data.path is a pipe"          1 2 "'$work/pipe' is not a regular file" -- train "$ok" --data.source=tokens --data.path="$work/pipe"
+expect "tune --out is a directory"    1 2 "a directory; name the deck file" -- tune "$ok" --out "$work"
 # The CUDA backend: absent from a build without nvcc, or no device, or fewer GPUs than ranks.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
   expect "cuda on two ranks"          2 2 "system.backend"               -- train "$ok" --system.backend=cuda
@@ -128,8 +142,10 @@ fi
 # A data file that one rank cannot read while the other can (node-local storage staged on one
 # node only): both ranks stop together, before the grid's first collective, instead of one
 # waiting there for a rank that has gone to report its error. Two programs (mpirun's MPMD form),
-# a data.path each.
+# each in its own directory, one of which lacks the data.path both name.
 base64 /dev/urandom | head -c 6000 > "$work/corpus.txt"
+mkdir -p "$work/node0" "$work/node1"
+cp "$work/corpus.txt" "$work/node0/not-on-this-node.txt"
 # The training file as held-out data under another name: the keys' text differs, the file not.
 expect "eval.path is data.path by another name" 2 2 "eval.path and data.path both read" -- train "$ok" \
   --parallel.dp=2 --data.source=text --model.vocab=256 --data.path="$work/corpus.txt" \
@@ -137,13 +153,29 @@ expect "eval.path is data.path by another name" 2 2 "eval.path and data.path bot
 collect
 run="$work/run-mpmd" out="$work/out.txt"
 common=(train "$ok" --data.source=text --model.vocab=256 --parallel.dp=2 --run.dir="$run")
-timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" "${common[@]}" --data.path="$work/corpus.txt" \
-  : -np 1 "$trellis" "${common[@]}" --data.path="$work/not-on-this-node.txt" > "$out" 2>&1
+bin=$(realpath "$trellis")  # (-wdir: the program's path from elsewhere)
+timeout 60 mpirun "${flags[@]}" -np 1 -wdir "$work/node0" "$bin" "${common[@]}" \
+  --data.path=not-on-this-node.txt : -np 1 -wdir "$work/node1" "$bin" "${common[@]}" \
+  --data.path=not-on-this-node.txt > "$out" 2>&1
 rc=$?
-if [ $rc -eq 2 ] && [ "$(grep -c -F "not-on-this-node.txt" "$out")" -eq 1 ] && [ ! -e "$run" ]; then
+if [ $rc -eq 2 ] && [ "$(grep -c -F "not-on-this-node.txt" "$out")" -eq 1 ] && [ ! -e "$run" ] &&
+   ! grep -q "other settings" "$out"; then
   passed=$((passed + 1)); echo "ok   data file missing on one rank only"
 else
   failed=$((failed + 1)); echo "FAIL data file missing on one rank only: exit $rc"; sed 's/^/     | /' "$out" | head -20
+fi
+# Ranks started with other settings (a copy of the deck on each node, one of them stale): one
+# message naming the rank and the key, status 2, before any collective of the run — not two
+# models of other shapes meeting in the same all-reduce (heap corruption, a segfault).
+out="$work/out.txt"
+timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" train "$ok" --parallel.dp=2 --run.dir="$run" \
+  : -np 1 "$trellis" train "$ok" --parallel.dp=2 --model.layers=3 --run.dir="$run" > "$out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c -F "rank 1 was started with other settings than rank 0: model.layers = '3' there, '2' on rank 0" "$out")" -eq 1 ] &&
+   [ ! -e "$run" ]; then
+  passed=$((passed + 1)); echo "ok   ranks with other settings"
+else
+  failed=$((failed + 1)); echo "FAIL ranks with other settings: exit $rc"; sed 's/^/     | /' "$out" | head -20
 fi
 
 # A token shard rewritten in place mid-run (same size, ids past model.vocab): the rank that reads
