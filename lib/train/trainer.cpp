@@ -189,9 +189,13 @@ StepResult Trainer::train_step(int64_t step) {
       r.skipped = true;
       if (cfg_.train.on_nan == "abort" || ++skips_in_a_row_ > cfg_.train.max_skips)
         throw CollectiveError(strfmt(
-            "step %lld: non-finite loss (%g) or gradient norm (%g)%s; the last checkpoint is intact",
-            (long long)step + 1, r.loss, r.grad_norm,
-            cfg_.train.on_nan == "skip" ? " after train.max_skips skipped updates in a row" : ""));
+            "step %lld: non-finite loss (%g) or gradient norm (%g)%s; %s", (long long)step + 1,
+            r.loss, r.grad_norm,
+            cfg_.train.on_nan == "skip" ? " after train.max_skips skipped updates in a row" : "",
+            checkpoint_step_ >= 0
+                ? strfmt("the checkpoint of step %lld is intact", (long long)checkpoint_step_).c_str()
+                : "no checkpoint before it (from the first steps on: the model's keys, train.lr "
+                  "or the data?)"));
       log(strfmt("step %lld: non-finite loss or gradient: update skipped (%d in a row, at most %d)",
                  (long long)step + 1, skips_in_a_row_, cfg_.train.max_skips));
     } else {
@@ -263,7 +267,7 @@ double Trainer::run() {
   int64_t first_step = 0;
   if (checkpointing_) {
     catch_stop_signal(cfg_);
-    if (auto resumed = resume()) first_step = *resumed;
+    if (auto resumed = resume()) first_step = checkpoint_step_ = *resumed;
   }
   if (!quiet_) {
     print_start();
@@ -317,7 +321,7 @@ double Trainer::run() {
       const double t0 = now_seconds();
       checkpointer_->save(step + 1);
       checkpoint_seconds = now_seconds() - t0;
-      saved = step + 1;
+      saved = checkpoint_step_ = step + 1;
     }
     if (stop) break;
   }

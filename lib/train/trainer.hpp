@@ -136,6 +136,7 @@ class Trainer {
   bool stopped_early_ = false;
   double deadline_ = 0;  // TRELLIS_DEADLINE: the job's end in Unix seconds (0: none)
   int stop_level_ = 0;
+  int64_t checkpoint_step_ = -1;  // the step of the checkpoint this run resumed or last wrote
   int skips_in_a_row_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
   std::unique_ptr<Checkpointer> checkpointer_;
   bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
