@@ -254,8 +254,8 @@ class Validator {
                           (double(m.vocab) + m.seq_len) * C;
     if (params > 0x1p50)
       fail(where({"model.layers", "model.d_model", "model.d_ff", "model.vocab"}),
-           strfmt("the model would have about %.2g parameters, more than Trellis counts (2^50 = "
-                  "%.2g; GPT-3 has 1.75e11)",
+           strfmt("model.layers, model.d_model, model.d_ff and model.vocab make about %.2g "
+                  "parameters, more than Trellis counts (2^50 = %.2g; GPT-3 has 1.75e11)",
                   params, 0x1p50));
   }
 
