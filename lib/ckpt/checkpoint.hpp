@@ -117,9 +117,11 @@ std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
+/// With `model_check`, the file's stored deck must load and its model's datasets (parameters,
+/// AdamW's m and v) be the file's, each at its shape, as a resume requires.
 /// Returns 0 if the file is sound, 1 if not (with what is wrong printed). No file at `path` (or
 /// not a regular one) → UserError naming it.
-int inspect_checkpoint(const std::string& path, std::FILE* out);
+int inspect_checkpoint(const std::string& path, std::FILE* out, bool model_check = true);
 
 extern const char* const kInspectUsage;  // trellis inspect --help
 

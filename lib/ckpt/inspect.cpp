@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
+#include "ckpt/stored_config.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -68,12 +70,13 @@ std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t
 const char* const kInspectUsage =
     "usage: trellis inspect CKPT\n"
     "  A checkpoint's step, layout, deck and tensors (shape, type), each read in full so that\n"
-    "  HDF5 verifies its checksums. CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
+    "  HDF5 verifies its checksums, checked against the model its stored deck describes (each\n"
+    "  dataset present, at its shape). CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
     "  or run directory (the checkpoint its `latest` names, else its highest step). Exit status\n"
     "  0: sound; 1: unreadable as HDF5 or damaged (each PROBLEM printed); 2: no such file (or not\n"
     "  a regular file), a directory without checkpoints, or a `latest` that names none.\n";
 
-int inspect_checkpoint(const std::string& path, std::FILE* out) {
+int inspect_checkpoint(const std::string& path, std::FILE* out, bool model_check) {
   silence_hdf5();
   // No file there at all (a mistyped path) is not a damaged checkpoint: a script that removes
   // what exits 1 must not take one for the other.
@@ -104,6 +107,21 @@ int inspect_checkpoint(const std::string& path, std::FILE* out) {
   if (const std::string problem = counter_problem(meta); !problem.empty()) {
     std::fprintf(out, "  PROBLEM: %s (damaged or edited)\n", problem.c_str());
     ++problems;
+  }
+  // The datasets its stored deck's model has (parameters, AdamW's m and v, at global shapes).
+  std::map<std::string, std::vector<int64_t>> expected;
+  bool check_model = false;
+  if (const auto deck = meta.text.find("deck"); model_check && deck != meta.text.end()) {
+    try {
+      const ParamTable table(stored_deck_config(deck->second, "its stored deck").model);
+      for (const ParamInfo& p : table.params())
+        for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
+          expected[prefix + p.name] = p.shape;
+      check_model = true;
+    } catch (const UserError& e) {
+      std::fprintf(out, "  PROBLEM: %s\n", e.what());
+      ++problems;
+    }
   }
   for (const auto& [k, v] : meta.integers) std::fprintf(out, "  %s = %lld\n", k.c_str(), (long long)v);
   for (const auto& [k, v] : meta.reals) std::fprintf(out, "  %s = %.17g\n", k.c_str(), v);
@@ -166,8 +184,27 @@ int inspect_checkpoint(const std::string& path, std::FILE* out) {
       ++problems;
       status = "PROBLEM: " + status;
     }
+    if (check_model) {  // what the stored deck's model says of it
+      const auto want = expected.find(name);
+      const std::string model_problem =
+          want == expected.end() ? "not in its stored deck's model"
+          : want->second != shape
+              ? "its stored deck's model has it " + shape_text(want->second)
+              : std::string();
+      if (want != expected.end()) expected.erase(want);
+      if (!model_problem.empty()) {
+        problems += status.rfind("PROBLEM", 0) != 0;
+        status = (status.rfind("PROBLEM", 0) == 0 ? status + "; " : "PROBLEM: ") + model_problem;
+      }
+    }
     std::fprintf(out, "  %-48s %-16s %s\n", name.c_str(), shape_text(shape).c_str(),
                  status.c_str());
+  }
+  // What the model has and the file lacks (a resume would refuse the file).
+  for (const auto& [name, shape] : expected) {
+    std::fprintf(out, "  %-48s %-16s PROBLEM: missing (its stored deck's model has it)\n",
+                 name.c_str(), shape_text(shape).c_str());
+    ++problems;
   }
   if (!file.close()) {
     std::fprintf(out, "  PROBLEM: close: %s\n", h5_error().c_str());

@@ -188,6 +188,24 @@ TEST(Restart, CountersNoRunWritesAreDamage) {
                UserError);
 }
 
+TEST(Restart, InspectHoldsTheFileToItsStoredModel) {
+  // A training run's checkpoint is sound; without one of its model's datasets (which a resume
+  // would refuse) it is not, though every dataset left is whole.
+  const std::string dir = own_dir("inspect");
+  fs::remove_all(dir);
+  train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5"});
+  const fs::path file = fs::path(dir) / checkpoint_file_name(5);
+  std::FILE* devnull = std::fopen("/dev/null", "w");
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull), 0);
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_GE(H5Ldelete(f, "optim/v/h.1.mlp.c_fc.bias", H5P_DEFAULT), 0);
+  H5Fclose(f);
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull), 1);
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull, /*model_check=*/false), 0);
+  std::fclose(devnull);
+}
+
 TEST(Restart, AnotherModelIsRefusedTrainingKeysMayChange) {
   // heads 4, kv_heads 2 → 2, 1 keeps every tensor's shape (qkv has (H + 2·KV)·C/H rows); fewer
   // layers keep the first layers' tensors. Either would read the weights as another model's.
