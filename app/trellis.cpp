@@ -11,6 +11,7 @@
 #include "backend/cpu/blas_kernels.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/export_hf.hpp"
+#include "ckpt/stored_config.hpp"
 #include "comm/world.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -97,7 +98,8 @@ int main(int argc, char** argv) {
       return trellis::kExitBadInput;
     }
     try {
-      return trellis::inspect_checkpoint(trellis::resolve_checkpoint(rest[0]), stdout);
+      return trellis::inspect_checkpoint(trellis::resolve_checkpoint(rest[0]), stdout,
+                                         trellis::stored_model_datasets);
     } catch (const trellis::UserError& e) {  // no such file; a directory without checkpoints
       std::fprintf(stderr, "trellis inspect: error: %s\n", e.what());
       return trellis::kExitBadInput;

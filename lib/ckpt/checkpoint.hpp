@@ -117,11 +117,17 @@ std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
-/// With `model_check`, the file's stored deck must load and its model's datasets (parameters,
-/// AdamW's m and v) be the file's, each at its shape, as a resume requires.
+/// With `expected`, the file is also held to the model its attributes describe: `expected` fills
+/// in the datasets a sound file of it holds (name → global shape), or says why it cannot (a
+/// problem too), and each of those missing or of another shape, and each dataset not among them,
+/// is a problem, as a resume would refuse the file. (The I/O layer knows no model:
+/// stored_model_datasets in ckpt/stored_config.hpp is the one `trellis inspect` passes.)
 /// Returns 0 if the file is sound, 1 if not (with what is wrong printed). No file at `path` (or
 /// not a regular one) → UserError naming it.
-int inspect_checkpoint(const std::string& path, std::FILE* out, bool model_check = true);
+using ExpectedDatasets = std::function<std::string(
+    const CkptMeta& meta, std::map<std::string, std::vector<int64_t>>& datasets)>;
+int inspect_checkpoint(const std::string& path, std::FILE* out,
+                       const ExpectedDatasets& expected = {});
 
 extern const char* const kInspectUsage;  // trellis inspect --help
 

@@ -18,7 +18,6 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/impl/common.hpp"
-#include "ckpt/stored_config.hpp"
 #include "core/error.hpp"
 
 namespace trellis {
@@ -76,7 +75,8 @@ const char* const kInspectUsage =
     "  0: sound; 1: unreadable as HDF5 or damaged (each PROBLEM printed); 2: no such file (or not\n"
     "  a regular file), a directory without checkpoints, or a `latest` that names none.\n";
 
-int inspect_checkpoint(const std::string& path, std::FILE* out, bool model_check) {
+int inspect_checkpoint(const std::string& path, std::FILE* out,
+                       const ExpectedDatasets& expected_datasets) {
   silence_hdf5();
   // No file there at all (a mistyped path) is not a damaged checkpoint: a script that removes
   // what exits 1 must not take one for the other.
@@ -108,18 +108,14 @@ int inspect_checkpoint(const std::string& path, std::FILE* out, bool model_check
     std::fprintf(out, "  PROBLEM: %s (damaged or edited)\n", problem.c_str());
     ++problems;
   }
-  // The datasets its stored deck's model has (parameters, AdamW's m and v, at global shapes).
+  // The datasets the model its attributes describe has, where the caller can tell.
   std::map<std::string, std::vector<int64_t>> expected;
   bool check_model = false;
-  if (const auto deck = meta.text.find("deck"); model_check && deck != meta.text.end()) {
-    try {
-      const ParamTable table(stored_deck_config(deck->second, "its stored deck").model);
-      for (const ParamInfo& p : table.params())
-        for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
-          expected[prefix + p.name] = p.shape;
+  if (expected_datasets) {
+    if (const std::string problem = expected_datasets(meta, expected); problem.empty()) {
       check_model = true;
-    } catch (const UserError& e) {
-      std::fprintf(out, "  PROBLEM: %s\n", e.what());
+    } else {
+      std::fprintf(out, "  PROBLEM: %s\n", problem.c_str());
       ++problems;
     }
   }

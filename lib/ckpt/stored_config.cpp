@@ -4,6 +4,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "core/error.hpp"
+#include "model/params.hpp"
 
 namespace trellis {
 
@@ -38,6 +39,21 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
                                      "system.grad_reduce=fp32"};
   layout.insert(layout.end(), overrides.begin(), overrides.end());
   return load_config_text(deck, where, layout, world_size);
+}
+
+std::string stored_model_datasets(const CkptMeta& meta,
+                                  std::map<std::string, std::vector<int64_t>>& datasets) {
+  const auto deck = meta.text.find("deck");
+  if (deck == meta.text.end()) return "no deck attribute: the model cannot be told";
+  try {
+    const ParamTable table(stored_deck_config(deck->second, "its stored deck").model);
+    for (const ParamInfo& p : table.params())
+      for (const char* prefix : {"model/", "optim/m/", "optim/v/"})
+        datasets[prefix + p.name] = p.shape;
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace trellis

@@ -1,9 +1,11 @@
 // The model a checkpoint holds, from the effective deck stored in it: what `generate` and
 // `export` need to rebuild the GPT without the deck file or the training layout.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "config/config.hpp"
 
 namespace trellis {
@@ -20,5 +22,11 @@ Config stored_config(const std::string& path, const std::vector<std::string>& ov
 /// The deck text a checkpoint stores (`where` names it in messages) as such a Config for one rank.
 Config stored_deck_config(const std::string& deck, const std::string& where,
                           const std::vector<std::string>& overrides = {}, int world_size = 1);
+
+/// inspect_checkpoint's ExpectedDatasets for a Trellis checkpoint: the datasets of the model its
+/// stored deck describes — each parameter, AdamW's m and v, at its global shape — or why that
+/// deck does not load.
+std::string stored_model_datasets(const CkptMeta& meta,
+                                  std::map<std::string, std::vector<int64_t>>& datasets);
 
 }  // namespace trellis

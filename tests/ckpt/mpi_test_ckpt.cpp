@@ -248,8 +248,7 @@ TEST_F(CkptTest, RoundTripInAnotherSplit) {
     EXPECT_EQ(serial.integers, want.integers);
     EXPECT_EQ(serial.reals, want.reals);
     std::FILE* devnull = std::fopen("/dev/null", "w");
-    // (The file's metadata is the I/O layer's test pattern, not a Trellis model's deck.)
-    EXPECT_EQ(inspect_checkpoint(dir_ + "/step_00001000.h5", devnull, /*model_check=*/false), 0);
+    EXPECT_EQ(inspect_checkpoint(dir_ + "/step_00001000.h5", devnull), 0);
     std::fclose(devnull);
   }
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/stored_config.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "mpi_util.hpp"
@@ -196,13 +197,13 @@ TEST(Restart, InspectHoldsTheFileToItsStoredModel) {
   train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5"});
   const fs::path file = fs::path(dir) / checkpoint_file_name(5);
   std::FILE* devnull = std::fopen("/dev/null", "w");
-  EXPECT_EQ(inspect_checkpoint(file.string(), devnull), 0);
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull, stored_model_datasets), 0);
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0);
   EXPECT_GE(H5Ldelete(f, "optim/v/h.1.mlp.c_fc.bias", H5P_DEFAULT), 0);
   H5Fclose(f);
-  EXPECT_EQ(inspect_checkpoint(file.string(), devnull), 1);
-  EXPECT_EQ(inspect_checkpoint(file.string(), devnull, /*model_check=*/false), 0);
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull, stored_model_datasets), 1);
+  EXPECT_EQ(inspect_checkpoint(file.string(), devnull), 0);  // (every dataset left is whole)
   std::fclose(devnull);
 }
 
