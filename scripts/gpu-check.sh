@@ -17,9 +17,10 @@
 #      summary reports; row "bf16+tc"); for comparison gpt2-124m the same on the mma.sync kernels
 #      (TRELLIS_CUDNN=0, "bf16+mma"), with each GEMM's cuBLASLt algorithm chosen
 #      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"), with the bias
-#      gradients as column-sum kernels instead of the dweight GEMMs' BGRADB epilogue
-#      (TRELLIS_BGRAD_EPILOGUE=0, "bf16+tc-bgrad": a fused epilogue can make cuBLASLt pick a
-#      slower GEMM, NVIDIA/CUDALibrarySamples#90), with the mma.sync attention kernels in 64-row
+#      gradients in the dweight GEMMs' BGRADB epilogue instead of the column-sum kernels
+#      (TRELLIS_BGRAD_EPILOGUE=1, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it was
+#      the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
+#      NVIDIA/CUDALibrarySamples#90), with the mma.sync attention kernels in 64-row
 #      blocks instead of 128 (TRELLIS_ATTN_BLOCK_ROWS=64, "bf16+mma-b64"), with the residual adds
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
@@ -97,7 +98,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, -bgrad = bias gradients by column sums, not in the dweight GEMMs, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -282,9 +283,9 @@ bench_row() {
   local name precision tc variant gemm_tune bgrad block_rows residual gelu deck tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
-  gemm_tune=0 bgrad=1 block_rows=0 residual=1 gelu=1 cudnn=1
+  gemm_tune=0 bgrad=0 block_rows=0 residual=1 gelu=1 cudnn=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
-  [[ ${variant:-} == nobgrad ]] && bgrad=0
+  [[ ${variant:-} == bgrad ]] && bgrad=1
   [[ ${variant:-} == b64 ]] && block_rows=64 cudnn=0  # (the mma.sync kernels' blocks)
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
@@ -332,7 +333,7 @@ bench_row() {
   label=$precision
   [[ $tc == 1 || $tc == auto ]] && label=bf16+tc
   (( gemm_tune )) && label=bf16+tc+tune
-  (( bgrad )) || label=bf16+tc-bgrad
+  (( bgrad )) && label=bf16+tc+bgrad
   (( residual )) || label=bf16+tc-res
   (( gelu )) || label=bf16+tc-gelu
   (( cudnn )) || label=bf16+mma
@@ -391,7 +392,7 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocudnn" "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto nobgrad" "gpt2-124m bf16 auto b64" \
+for run in "gpt2-124m bf16 auto nocudnn" "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" "gpt2-124m bf16 auto b64" \
            "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" "gpt2-124m bf16 wmma" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   bench_row "$run"

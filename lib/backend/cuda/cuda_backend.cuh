@@ -29,9 +29,9 @@
 // second layer's dinp GEMM multiplies by the GELU's derivative (DGELU); elsewhere, or with
 // TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart (on bf16 tensors from the GEMM's fp32
 // output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). Not yet
-// run on a GPU. Likewise every linear layer's bias gradient: the column sums of dout come out of
-// the dweight GEMM that reads dout anyway (cuBLASLt's BGRADB epilogue), not out of another pass
-// over it (TRELLIS_BGRAD_EPILOGUE=0, or where cuBLASLt refuses: the column-sum kernels). And
+// run on a GPU. With TRELLIS_BGRAD_EPILOGUE=1 every linear layer's bias gradient, the column sums
+// of dout, comes out of the dweight GEMM that reads dout anyway (cuBLASLt's BGRADB epilogue), not
+// out of another pass over it (the column-sum kernels: the default, faster on an H200). And
 // without tensor parallelism each half of a block ends in its projection GEMM adding the
 // residual stream as its C (TRELLIS_RESIDUAL_EPILOGUE=0: the add apart).
 //
@@ -474,7 +474,7 @@ class CudaBackend : public Backend {
   /// each head size's first (a warning on stderr where they disagree or cuDNN has no plan).
   bool cudnn_agrees(int hd) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
-  bool bgrad_epilogue_ = true;  // TRELLIS_BGRAD_EPILOGUE=0: bias gradients by column sums
+  bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1: bias gradients in the dweight GEMMs
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
   // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank
