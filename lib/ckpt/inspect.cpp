@@ -189,8 +189,9 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
               : std::string();
       if (want != expected.end()) expected.erase(want);
       if (!model_problem.empty()) {
-        problems += status.rfind("PROBLEM", 0) != 0;
-        status = (status.rfind("PROBLEM", 0) == 0 ? status + "; " : "PROBLEM: ") + model_problem;
+        const bool counted = status.rfind("PROBLEM", 0) == 0;  // (the dataset's own, above)
+        if (!counted) ++problems;
+        status = (counted ? status + "; " : "PROBLEM: ") + model_problem;
       }
     }
     std::fprintf(out, "  %-48s %-16s %s\n", name.c_str(), shape_text(shape).c_str(),

@@ -209,7 +209,8 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   // Every rank the same settings before the trainer's collectives.
   error = agree_on_error(world.comm(), error);
   if (error.empty()) error = settings_differ_from_rank0(world.comm(), cfg.effective);
-  if (error.empty()) error = setup_error([&] { trainer = std::make_unique<Trainer>(cfg, world.comm()); });
+  if (error.empty())
+    error = setup_error([&] { trainer = std::make_unique<Trainer>(cfg, world.comm()); });
   if (failed_together(world.comm(), error, "trellis bench")) return kExitBadInput;
 
   // Collective work as training is: bad input met on the way is status 2, a device error or a
