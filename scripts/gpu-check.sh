@@ -25,7 +25,11 @@
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
-#      karpathy/llm.c#338, and faster on H100, #653), in bf16 with the WMMA tensor-core kernels
+#      karpathy/llm.c#338, and faster on H100, #653), with the fused cross-entropy reading each
+#      row of logits from memory in each of its three passes instead of caching it in shared
+#      memory (TRELLIS_LOSS_ROW_CACHE=0, "bf16+tc-cesm"), with the layer norm forward reading its
+#      rows again for each sum instead of holding them in registers (TRELLIS_LAYERNORM_HELD=0,
+#      "bf16+tc-lnreg"), in bf16 with the WMMA tensor-core kernels
 #      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
 #      copies of its bf16 tensors), and in fp32 with TF32 GEMMs; tokens/s, MFU against the
 #      device's dense bf16 peak (for every row, TF32's too), peak memory (measured, and trellis
@@ -98,7 +102,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -lnreg = the layer norm forward's rows read again for each sum, not held in registers"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -280,15 +284,18 @@ bench_failed=0
 main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
-  local name precision tc variant gemm_tune bgrad block_rows residual gelu deck tf32 B t label
+  local name precision tc variant gemm_tune bgrad block_rows residual gelu row_cache ln_held deck
+  local tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
-  gemm_tune=0 bgrad=0 block_rows=0 residual=1 gelu=1 cudnn=1
+  gemm_tune=0 bgrad=0 block_rows=0 residual=1 gelu=1 cudnn=1 row_cache=1 ln_held=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == bgrad ]] && bgrad=1
   [[ ${variant:-} == b64 ]] && block_rows=64 cudnn=0  # (the mma.sync kernels' blocks)
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
+  [[ ${variant:-} == nocesm ]] && row_cache=0
+  [[ ${variant:-} == nolnreg ]] && ln_held=0
   [[ ${variant:-} == nocudnn ]] && cudnn=0
   deck=inputs/$name.deck
   tf32=0
@@ -310,6 +317,7 @@ bench_row() {
     env "${tc_env[@]}" TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
+      TRELLIS_LOSS_ROW_CACHE=$row_cache TRELLIS_LAYERNORM_HELD=$ln_held \
       TRELLIS_CUDA_PROFILE=1 \
       "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
@@ -336,6 +344,8 @@ bench_row() {
   (( bgrad )) && label=bf16+tc+bgrad
   (( residual )) || label=bf16+tc-res
   (( gelu )) || label=bf16+tc-gelu
+  (( row_cache )) || label=bf16+tc-cesm
+  (( ln_held )) || label=bf16+tc-lnreg
   (( cudnn )) || label=bf16+mma
   (( block_rows == 64 )) && label=bf16+mma-b64
   [[ $tc == wmma ]] && label=bf16+wmma
@@ -392,7 +402,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocudnn" "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" "gpt2-124m bf16 auto b64" \
+for run in "gpt2-124m bf16 auto nocesm" "gpt2-124m bf16 auto nolnreg" "gpt2-124m bf16 auto nocudnn" \
+           "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" "gpt2-124m bf16 auto b64" \
            "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" "gpt2-124m bf16 wmma" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   bench_row "$run"

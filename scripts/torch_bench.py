@@ -12,7 +12,8 @@ Three measurements, each printed as `torch-bench:` lines (key=value) that gpu-ch
      included, + 12·L·T·C per token), peak memory; with SDPA's default choice of kernel, and again
      with cuDNN's attention first where this torch has it (on Hopper often the faster);
   2. the attention alone, forward and backward, (B, 12, T, 64) bf16 causal, through each SDPA
-     backend this torch has (flash, cuDNN, memory-efficient): ms and TFLOP/s counted as
+     backend this torch has (flash, cuDNN, memory-efficient), and cuDNN's again on Trellis's
+     layout (q, k, v strided views of one packed (B, T, 3·H·64) tensor): ms and TFLOP/s counted as
      the README's prediction counts them (3.5 × 2·B·H·T²·D: the causal half of the forward's two
      products and the backward's five);
   3. the GEMMs of the 124M step in bf16 (torch.matmul, cuBLAS): TFLOP/s.
@@ -171,6 +172,28 @@ def attention_bench(a, H=12, D=64):
                   f"fwd_bwd_ms={ms:.3f} tflops={flops / (ms * 1e-3) / 1e12:.1f}", flush=True)
         except Exception as e:  # a backend this device or build does not take
             print(f"torch-bench: error attention {name}: {first_line(e)}", flush=True)
+    # cuDNN again on Trellis's layout: q, k and v strided views of one packed (B, T, 3·H·D)
+    # tensor (as the QKV projection writes it, and as Trellis hands them to cuDNN) — so that the
+    # two attentions are timed on the same memory layout of their inputs. The gradients are taken
+    # for the views themselves (no scatter into the packed tensor's gradient is timed).
+    backend = getattr(SDPBackend, "CUDNN_ATTENTION", None)
+    if backend is not None:
+        try:
+            del q, k, v
+            qkv = torch.randn(a.B, a.T, 3, H, D, device="cuda", dtype=torch.bfloat16,
+                              requires_grad=True)
+            qp, kp, vp = (t.transpose(1, 2) for t in qkv.unbind(2))  # each (B, H, T, D), strided
+
+            def packed_fwd_bwd():
+                with sdpa_kernel(backend):
+                    out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
+                torch.autograd.grad(out, (qp, kp, vp), dout)
+            ms = timed(packed_fwd_bwd, 10)
+            print(f"torch-bench: attention cudnn-packed B={a.B} H={H} T={a.T} D={D} "
+                  f"fwd_bwd_ms={ms:.3f} tflops={flops / (ms * 1e-3) / 1e12:.1f}", flush=True)
+        except Exception as e:
+            print(f"torch-bench: error attention CUDNN_ATTENTION packed: {first_line(e)}",
+                  flush=True)
 
 
 def gemm_bench(a, C=768, V=50304):

@@ -2,6 +2,8 @@
 // reference on the same bf16 inputs: GEMMs, layer norm, element-wise, embeddings, cross-entropy,
 // conversions (attention: test_cuda_bf16_attention.cpp). The bounds are in cuda_test_util.hpp.
 // Each test skips when no CUDA device is present and prints what it measured.
+#include <bit>
+
 #include "cuda_test_util.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
@@ -106,6 +108,8 @@ TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
     SCOPED_TRACE(std::string("TRELLIS_EMU_SMS=") + sms);
     // 16-byte chunks at 96, 768 and 1600 (the fused backward with 2, 4 and 8 chunks a lane), one
     // value at a time at 100; 2056 is wider than the fused backward's registers: its two passes.
+    // The forward holds the row in registers at 96, 768 and 1600 (2, 4 and 8 chunks a lane); at
+    // 2056 it reads the row again for each of its sums.
     for (const int C : {96, 100, 768, 1600, 2056}) {
       SCOPED_TRACE("C = " + std::to_string(C));
       const int N = 67;
@@ -147,6 +151,61 @@ TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
       expect_bf16(down_bits(d_rout, rout.size()), rout, 1e-5, "residual layer norm out");
       expect_f32(down(d_mean, N), rmean, 1e-5, "residual layer norm mean");
       expect_f32(down(d_rstd, N), rrstd, 1e-5, "residual layer norm rstd");
+    }
+  }
+}
+
+// The layer norm forward holding each lane's share of a row in registers (the default where the
+// row fits: C ≤ 2048 in bf16, 1024 in fp32) against the kernels that read the row again for each
+// sum (TRELLIS_LAYERNORM_HELD=0): the same bits — out, mean, rstd, and the residual sum written
+// over a and over b — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4 chunks a lane;
+// fp32: 2, 8 and 8).
+TEST_F(CudaBf16Kernels, LayerNormForwardHeldInRegistersIsBitForBitTheSame) {
+  const int N = 67;
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    for (const int C : {96, 768, 1024}) {
+      SCOPED_TRACE("C = " + std::to_string(C));
+      const std::vector<float> x = random_vec(size_t(N) * C, 20, -3.f, 3.f),
+                               y = random_vec(size_t(N) * C, 21), w = random_vec(C, 22),
+                               b = random_vec(C, 23);
+      // Every output of both forwards, in one vector of bits: out, mean, rstd (plain), then for
+      // the residual forward over a and over b: res, out, mean, rstd.
+      const auto run = [&](const char* held) {
+        fresh_gpu({{"TRELLIS_LAYERNORM_HELD", held}});
+        gpu->set_precision(precision);
+        std::vector<uint32_t> bits;
+        const auto keep = [&](Ptr p, size_t n) {
+          if (p.is_f32()) {
+            for (float v : down(p.f32(), n)) bits.push_back(std::bit_cast<uint32_t>(v));
+          } else {
+            for (bf16_t v : down_bits(p.bf16(), n)) bits.push_back(v.bits);
+          }
+        };
+        const auto tensor = [&](const std::vector<float>& v) {
+          return bf16 ? Ptr(up(bits_of(v))) : Ptr(up(v));
+        };
+        const size_t n = size_t(N) * C;
+        float *mean = up(std::vector<float>(N, NAN)), *rstd = up(std::vector<float>(N, NAN));
+        Ptr in = tensor(x), out = tensor(std::vector<float>(n, NAN)), pw = tensor(w),
+            pb = tensor(b);
+        gpu->layernorm_forward(out, mean, rstd, in, pw, pb, N, C);
+        keep(out, n), keep(Ptr(mean), N), keep(Ptr(rstd), N);
+        for (const bool over_a : {true, false}) {
+          Ptr a = tensor(x), bb = tensor(y);
+          Ptr res = over_a ? a : bb;
+          gpu->residual_layernorm_forward(res, out, mean, rstd, a, bb, pw, pb, N, C);
+          keep(res, n), keep(out, n), keep(Ptr(mean), N), keep(Ptr(rstd), N);
+        }
+        return bits;
+      };
+      const std::vector<uint32_t> held = run("1"), reread = run("0");
+      size_t differ = 0;
+      for (size_t i = 0; i < held.size(); ++i) differ += held[i] != reread[i];
+      std::printf("layer norm forward %dx%d %s: %zu of %zu values differ held against re-read\n",
+                  N, C, precision, differ, held.size());
+      EXPECT_EQ(differ, 0u);
     }
   }
 }
@@ -246,13 +305,23 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
 // (they run the same device code), fp32 and bf16 logits, dloss 1/N and 0 (logits untouched), with
 // ignored targets and padding columns; and against the CPU's fused default (the three steps):
 // 1e-5 (fp32 sums in other orders; bf16 outputs one rounding apart). Rows of 50304 columns, as
-// GPT-2's padded vocabulary.
+// GPT-2's padded vocabulary, and of 20000: the fused kernel caches each row in shared memory where
+// two such blocks fit a multiprocessor (on an H100/H200, and the emulated GPU: bf16 rows of both,
+// 100 and 40 KB, and fp32 rows of 20000, 80 KB; an fp32 row of 50304, 201 KB, is read from memory
+// in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; the profile's row counts the cached
+// calls.
 TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
-  const int N = 7, V = 50304, valid = 50257;
+  for (const auto& [V, valid] : {std::pair{50304, 50257}, std::pair{20000, 19993}}) {
+  SCOPED_TRACE("V = " + std::to_string(V));
+  const int N = 7;
   std::vector<int32_t> targets(N);
   for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
   targets[5] = valid - 1;
+  for (const char* cache : {"1", "0"}) {
+  SCOPED_TRACE(std::string("TRELLIS_LOSS_ROW_CACHE=") + cache);
+  fresh_gpu({{"TRELLIS_LOSS_ROW_CACHE", cache}, {"TRELLIS_CUDA_PROFILE", "1"}});
   int32_t* d_t = up(targets);
+  int cached = 0;  // the calls that should cache their rows
   for (const char* precision : {"fp32", "bf16"}) {
     gpu->set_precision(precision);
     const bool bf16 = std::string(precision) == "bf16";
@@ -261,6 +330,7 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
       std::printf(
           "cross-entropy %dx%d (%d valid), %s logits, dloss %g: fused against three steps\n", N, V,
           valid, precision, dloss);
+      cached += std::string(cache) == "1" && cuda_loss_rows_cached(V, bf16 ? 2 : 4);
       const std::vector<float> x = random_vec(size_t(N) * V, 60, -6.f, 6.f);
       const Bits xb = bits_of(x);
       // Each run: its own copy of the logits (overwritten by dlogits) and statistics.
@@ -316,6 +386,17 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
       expect_f32(fs, cs, 1e-5, "statistics against the CPU");
       expect_f32(fl, cl, 1e-5, "losses against the CPU");
     }
+  }
+  const std::string report = gpu->profile_report();
+  const size_t row = report.find("cross-entropy calls with rows in shared memory");
+  ASSERT_NE(row, std::string::npos) << report;
+  if (std::string(cache) == "1" && V == 20000) {
+    EXPECT_GT(cached, 0) << "no call takes the cached kernel on this device";
+  }
+  const std::string counts = std::to_string(cached) + " of 4";
+  EXPECT_NE(report.substr(row, report.find('\n', row) - row).find(counts), std::string::npos)
+      << "expected " << counts << "\n" << report;
+  }
   }
 }
 

@@ -9,6 +9,7 @@ namespace trellis_emu {
 
 constexpr size_t kSharedDefault = 48 << 10;  // dynamic shared memory without opting in
 constexpr size_t kSharedOptin = 232448;      // an H100/H200's most per block (227 KiB)
+constexpr size_t kSharedPerMultiprocessor = 233472;  // and per multiprocessor (228 KiB)
 
 /// The error cudaGetLastError reports next (a launch's configuration).
 void set_error(cudaError_t e);

@@ -173,6 +173,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxSharedMemoryPerBlock:
       *value = int(trellis_emu::kSharedDefault);
       break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
+      *value = int(trellis_emu::kSharedPerMultiprocessor);
+      break;
     case cudaDevAttrMultiProcessorCount:
       *value = sm_count();
       break;

@@ -31,8 +31,8 @@ namespace trellis::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using tiles::copy_async_commit;
-using tiles::copy_async_wait;
+using cuda::copy_async_commit;
+using cuda::copy_async_wait;
 using tiles::Heads;
 using tiles::kRows;
 using tiles::kWarps;

@@ -39,43 +39,6 @@ __device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_
   }
 }
 
-// ---- asynchronous copies (cp.async, sm_80+): global to shared memory without a detour through
-//      registers, so that a block loads its next tile while it computes on the current one ----
-
-/// 16 bytes from global memory at src to shared memory at dst (both 16-byte aligned), or 16 zero
-/// bytes where !fill (src must still be a valid address); lands after copy_async_wait.
-__device__ inline void copy_async16(void* dst, const void* src, bool fill) {
-#if defined(TRELLIS_EMULATED_GPU)
-  trellis_emu::copy_async(dst, src, 16, fill ? 16 : 0);
-#else
-  // The PTX names a .global source: a global-space address, not the generic pointer (the two
-  // coincide on today's GPUs, which the ISA does not promise).
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
-               "l"(__cvta_generic_to_global(src)),
-               "r"(fill ? 16 : 0)
-               : "memory");
-#endif
-}
-/// Closes the group of copies this thread issued since the last call (possibly none).
-__device__ inline void copy_async_commit() {
-#if defined(TRELLIS_EMULATED_GPU)
-  trellis_emu::copy_async_commit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-/// Waits until at most `Pending` of this thread's newest groups are still in flight. Other
-/// threads' copies are visible after each has waited and the block has met at a barrier.
-template <int Pending>
-__device__ inline void copy_async_wait() {
-#if defined(TRELLIS_EMULATED_GPU)
-  trellis_emu::copy_async_wait(Pending);
-#else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-#endif
-}
-
 // load_tile, asynchronously: the copies join this thread's open group.
 template <int D>
 __device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row,
@@ -117,14 +80,7 @@ bool fits(int hd, std::initializer_list<const void*> pointers, Smem smem) {
   if (hd != 32 && hd != 64 && hd != 128) return false;
   for (const void* p : pointers)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  // The device's limit, read once (asked before every attention call: not a driver query each).
-  static const int optin = [] {
-    int device = 0, bytes = 0;
-    TRELLIS_CUDA(cudaGetDevice(&device));
-    TRELLIS_CUDA(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return bytes;
-  }();
-  return smem(hd) <= size_t(optin);
+  return smem(hd) <= shared_optin();
 }
 
 }  // namespace trellis::cuda::tiles

@@ -136,6 +136,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   bgrad_epilogue_ = bgrad && std::strcmp(bgrad, "0") != 0;
   const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
   residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
+  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy reads each row of logits three times from
+  // memory (L2 at best) instead of caching it in shared memory (to time the two side by side).
+  const char* row_cache = std::getenv("TRELLIS_LOSS_ROW_CACHE");
+  loss_row_cache_ = !(row_cache && std::strcmp(row_cache, "0") == 0);
+  // TRELLIS_LAYERNORM_HELD=0: the layer norm forward reads each row again for its variance and
+  // its output instead of holding it in registers (the same bits; to time the two side by side).
+  const char* held = std::getenv("TRELLIS_LAYERNORM_HELD");
+  layernorm_held_ = !(held && std::strcmp(held, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {
@@ -321,6 +329,11 @@ std::string CudaBackend::profile_report() {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)bgrad_fused_,
                   (long long)(bgrad_fused_ + bgrad_unfused_));
     rows.push_back({"bias gradients fused into GEMMs", "", "", buf[0], ""});
+  }
+  if (loss_rows_cached_ + loss_rows_uncached_ > 0) {
+    std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_cached_,
+                  (long long)(loss_rows_cached_ + loss_rows_uncached_));
+    rows.push_back({"cross-entropy calls with rows in shared memory", "", "", buf[0], ""});
   }
   // rate: on the least work — the products' FLOPs, or each input read and each output written
   // once (add_work).

@@ -389,6 +389,11 @@ class CudaBackend : public Backend {
                                   const float* row_max, const float* sumexp,
                                   const float* target_logit, int N, int V, int valid,
                                   int vocab_begin, float dloss);
+  /// The fused cross-entropy (crossentropy): each row cached in shared memory where it fits.
+  template <typename T>
+  void launch_crossentropy(T* logits, float* losses, const int32_t* targets, float* row_max,
+                           float* sumexp, float* target_logit, int N, int V, int valid,
+                           float dloss);
   /// dst (C) += Σ over rows of src (N,C) (fp32 or bf16), deterministic (fixed row chunks, then
   /// their sum).
   void column_sums_add(float* dst, CPtr src, int N, int C);
@@ -434,6 +439,8 @@ class CudaBackend : public Backend {
   /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile);
   /// likewise the bias gradients.
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
+  /// The fused cross-entropy's calls with the rows cached in shared memory, or not.
+  int64_t loss_rows_cached_ = 0, loss_rows_uncached_ = 0;
 
   int device_;
   int sm_count_ = 1;  // the device's multiprocessors (launch shapes that must fill them)
@@ -476,6 +483,8 @@ class CudaBackend : public Backend {
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1: bias gradients in the dweight GEMMs
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
+  bool loss_row_cache_ = true;  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy uncached
+  bool layernorm_held_ = true;  // TRELLIS_LAYERNORM_HELD=0: the forward re-reads its rows
   // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
   // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank
   // measures includes them.

@@ -18,6 +18,11 @@ int cuda_device_count();
 /// device (its kernels' shared memory fits the device's limit): for tests.
 bool cuda_tc_attention_takes(int hd, const char* kernels);
 
+/// Whether the fused cross-entropy caches its rows of V values of `element_bytes` each (4: fp32,
+/// 2: bf16) in shared memory on the current device (where two such blocks fit a multiprocessor):
+/// for tests.
+bool cuda_loss_rows_cached(int V, int element_bytes);
+
 /// On the current device, the register layouts the mma.sync attention assumes (cuda_mma.cuh):
 /// one line per register (half) that ldmatrix or mma.sync fills otherwise than the kernels
 /// expect, naming the instruction, lane, register and the element it holds; empty when all

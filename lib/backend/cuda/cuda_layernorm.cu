@@ -4,6 +4,7 @@
 // inputs give the same bits every run. The formulas are the CPU backend's (cpu/*.cpp).
 #include <cmath>
 #include <initializer_list>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.cuh"
 
@@ -23,74 +24,127 @@ using cuda::store;
 // Each lane takes chunks of W values (cuda::Chunk: 16 bytes where the rows allow, else one value)
 // at columns lane·W, lane·W + 32·W, ...; W = 1 is the column order of one value a lane.
 
-// The layer norm of one row x (C) by one warp, from each lane's partial sum of x: out (C) and the
+// A lane's chunks of a row x (C) for the forward's three sums: with J > 0 (C ≤ 32·W·J) held in
+// registers from the row's one read — up to 8 chunks of 16 bytes —, so that the
+// variance and out need not read the row again from L1 or L2 (after the residual add, what the
+// lane had just stored); with J = 0 (wider rows) read from memory at each use. The same sums in
+// the same order either way: the same bits.
+template <typename T, int W, int J>
+struct LaneRow {
+  using V = cuda::Chunk<T, W>;
+  const T* x;
+  V held[J > 0 ? J : 1];  // chunk j at column lane·W + 32·W·j (J > 0)
+
+  /// f(column, chunk) for each of this lane's chunks, in column order.
+  template <typename F>
+  __device__ void each(int C, int lane, F&& f) {
+    if constexpr (J == 0) {
+      for (int c = lane * W; c < C; c += 32 * W) {
+        V xc;
+        xc.load_from(x + c);
+        f(c, xc);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c = lane * W + 32 * W * j;
+        if (c >= C) break;
+        f(c, held[j]);
+      }
+    }
+  }
+};
+
+// The layer norm of one row by one warp, from each lane's partial sum of it: out (C) and the
 // row's mean and rstd.
-template <typename T, int W>
-__device__ void layernorm_row_warp(T* o, float* mean, float* rstd, const T* x, float lane_sum,
-                                   const T* weight, const T* bias, int C, int lane) {
+template <typename T, int W, int J>
+__device__ void layernorm_row_warp(T* o, float* mean, float* rstd, LaneRow<T, W, J>& x,
+                                   float lane_sum, const T* weight, const T* bias, int C,
+                                   int lane) {
   using V = cuda::Chunk<T, W>;
   const float m = cuda::warp_sum(lane_sum) / float(C);
   float v = 0.0f;
-  for (int c = lane * W; c < C; c += 32 * W) {
-    V xc;
-    xc.load_from(x + c);
+  x.each(C, lane, [&](int, const V& xc) {
 #pragma unroll
     for (int k = 0; k < W; ++k) v += (xc[k] - m) * (xc[k] - m);
-  }
+  });
   const float r = rsqrtf(cuda::warp_sum(v) / float(C) + 1e-5f);
-  for (int c = lane * W; c < C; c += 32 * W) {
-    V xc, wc, bc, oc;
-    xc.load_from(x + c);
+  x.each(C, lane, [&](int c, const V& xc) {
+    V wc, bc, oc;
     wc.load_from(weight + c);
     bc.load_from(bias + c);
 #pragma unroll
     for (int k = 0; k < W; ++k) oc.set(k, (r * (xc[k] - m)) * wc[k] + bc[k]);
     oc.store_to(o + c);
-  }
+  });
   if (lane == 0) *mean = m, *rstd = r;
 }
 
-template <typename T, int W>
+template <typename T, int W, int J>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
                                          const T* weight, const T* bias, int N, int C) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
-  const T* x = inp + row * C;  // (C)
+  LaneRow<T, W, J> x;
+  x.x = inp + row * C;  // (C)
+  if constexpr (J > 0) {
+#pragma unroll
+    for (int j = 0; j < J; ++j)  // every load issued before the first is used
+      if (lane * W + 32 * W * j < C) x.held[j].load_from(x.x + lane * W + 32 * W * j);
+  }
   float s = 0.0f;
-  for (int c = lane * W; c < C; c += 32 * W) {
-    cuda::Chunk<T, W> xc;
-    xc.load_from(x + c);
+  x.each(C, lane, [&](int, const cuda::Chunk<T, W>& xc) {
 #pragma unroll
     for (int k = 0; k < W; ++k) s += xc[k];
-  }
-  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+  });
+  layernorm_row_warp(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
 }
 
-// res = a + b (res may alias a or b), then the layer norm of res: one warp per row, the sums
-// written by each lane and read back by the same lane (no other thread touches them). The norm
-// reads the sum as stored (rounded, for bf16).
-template <typename T, int W>
+// res = a + b (res may alias a or b: each lane reads its chunks of a and b before it writes the
+// same chunks of res, and no other thread touches them), then the layer norm of res as stored
+// (rounded, for bf16).
+template <typename T, int W, int J>
 __global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, float* rstd,
                                                   const T* a, const T* b, const T* weight,
                                                   const T* bias, int N, int C) {
+  using V = cuda::Chunk<T, W>;
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
-  T* x = res + row * C;  // (C)
+  LaneRow<T, W, J> x;
+  x.x = res + row * C;  // (C)
   float s = 0.0f;
-  for (int c = lane * W; c < C; c += 32 * W) {
-    cuda::Chunk<T, W> ac, bc, xc;
-    ac.load_from(a + row * C + c);
-    bc.load_from(b + row * C + c);
+  const auto add = [&](int c, const V& ac, const V& bc, V& xc) {
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       xc.set(k, ac[k] + bc[k]);
       s += xc[k];
     }
-    xc.store_to(x + c);
+    xc.store_to(res + row * C + c);
+  };
+  if constexpr (J == 0) {
+    for (int c = lane * W; c < C; c += 32 * W) {
+      V ac, bc, xc;
+      ac.load_from(a + row * C + c);
+      bc.load_from(b + row * C + c);
+      add(c, ac, bc, xc);
+    }
+  } else {
+    V as[J], bs[J];  // every load issued before the first store (which may alias them)
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane * W + 32 * W * j;
+      if (c < C) as[j].load_from(a + row * C + c), bs[j].load_from(b + row * C + c);
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane * W + 32 * W * j;
+      if (c >= C) break;
+      add(c, as[j], bs[j], x.held[j]);
+    }
   }
-  layernorm_row_warp<T, W>(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
+  layernorm_row_warp(out + row * C, mean + row, rstd + row, x, s, weight, bias, C, lane);
 }
 
 // The row means the input gradient needs, by one warp over row d (dout) and x (input) of C:
@@ -291,18 +345,37 @@ constexpr int kLnRowsPerBlock = kThreads / 32;  // one warp per row
 unsigned ln_blocks(int N) { return unsigned((N + kLnRowsPerBlock - 1) / kLnRowsPerBlock); }
 }  // namespace
 
+namespace {
+// f(W, J) as std::integral_constants for the forward's rows of C values at these pointers: W
+// values a chunk (16 bytes where the rows allow, else 1), J chunks a lane held in registers —
+// the fewest of 2, 4, 8 that cover C, where the chunks are 16 bytes and `held` — or 0 (LaneRow).
+// (At sm_90
+// the bf16 forwards take 44-46, 61-62 and 92 registers at J = 2, 4, 8, the re-reading ones 40;
+// J = 16 took 158-166: a block of 256 threads an SM.)
+template <typename T, typename F>
+void with_lane_row(bool held, int C, std::initializer_list<const void*> pointers, F&& f) {
+  using I = std::integral_constant<int, 0>;
+  constexpr int W = cuda::kWide<T>;
+  const auto w = std::integral_constant<int, W>();
+  if (!cuda::wide_rows<T>(C, pointers)) return f(std::integral_constant<int, 1>(), I());
+  if (!held) return f(w, I());
+  if (32 * W * 2 >= C) return f(w, std::integral_constant<int, 2>());
+  if (32 * W * 4 >= C) return f(w, std::integral_constant<int, 4>());
+  if (32 * W * 8 >= C) return f(w, std::integral_constant<int, 8>());
+  f(w, I());
+}
+}  // namespace
+
 template <typename T>
 void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp,
                                            const T* weight, const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
-  constexpr int W = cuda::kWide<T>;
-  if (cuda::wide_rows<T>(C, {out, inp, weight, bias}))
-    layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
+  with_lane_row<T>(layernorm_held_, C, {out, inp, weight, bias}, [&](auto w, auto j) {
+    constexpr int W = decltype(w)::value, J = decltype(j)::value;
+    layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
         weight, bias, N, C);
-  else
-    layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
-        weight, bias, N, C);
+  });
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -312,13 +385,11 @@ void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean,
                                                     const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
-  constexpr int W = cuda::kWide<T>;
-  if (cuda::wide_rows<T>(C, {res, out, a, b, weight, bias}))
-    residual_layernorm_forward_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
-        rstd, a, b, weight, bias, N, C);
-  else
-    residual_layernorm_forward_kernel<T, 1><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out, mean,
-        rstd, a, b, weight, bias, N, C);
+  with_lane_row<T>(layernorm_held_, C, {res, out, a, b, weight, bias}, [&](auto w, auto j) {
+    constexpr int W = decltype(w)::value, J = decltype(j)::value;
+    residual_layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out,
+        mean, rstd, a, b, weight, bias, N, C);
+  });
   TRELLIS_CUDA_LAUNCHED();
 }
 

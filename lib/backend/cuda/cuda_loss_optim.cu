@@ -27,37 +27,41 @@ using cuda::store;
 // A row is read and written in 16-byte chunks (cuda::Chunk) where it is 16-byte aligned (GPT-2's
 // padded vocabulary, 50304 columns, keeps every row aligned), its last values one at a time.
 
-// One pass over the first n values of row l, this thread's share: f(column, value) for each —
-// and with Write, the value becomes what f returns.
+// One pass over the first n values of row src, this thread's share: f(column, value) for each —
+// and with Write, what f returns goes to the same column of dst (which may be src).
 template <bool Write, typename T, typename F>
-__device__ void row_pass(T* l, int n, F&& f) {
-  using E = std::remove_const_t<T>;
-  constexpr int W = cuda::kWide<E>;
+__device__ void row_pass(const T* src, T* dst, int n, F&& f) {
+  constexpr int W = cuda::kWide<T>;
   int done = 0;
-  if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+      (!Write || reinterpret_cast<uintptr_t>(dst) % 16 == 0)) {
     done = n / W * W;
     for (int c = threadIdx.x * W; c < done; c += blockDim.x * W) {
-      cuda::Chunk<E, W> x;
-      x.load_from(l + c);
+      cuda::Chunk<T, W> x;
+      x.load_from(src + c);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
         if constexpr (Write) x.set(k, f(c + k, x[k]));
         else f(c + k, x[k]);
       }
-      if constexpr (Write) x.store_to(l + c);
+      if constexpr (Write) x.store_to(dst + c);
     }
   }
   for (int v = done + threadIdx.x; v < n; v += blockDim.x) {
-    if constexpr (Write) store(l + v, f(v, load(l + v)));
-    else f(v, load(l + v));
+    if constexpr (Write) store(dst + v, f(v, load(src + v)));
+    else f(v, load(src + v));
   }
+}
+template <typename T, typename F>
+__device__ void row_read(const T* l, int n, F&& f) {
+  row_pass<false>(l, static_cast<T*>(nullptr), n, f);
 }
 
 // The maximum over the valid columns, in every thread.
 template <typename T>
 __device__ float row_max_of(const T* l, int valid, float* shared) {
   float m = -INFINITY;
-  row_pass<false>(l, valid, [&m](int, float x) { m = fmaxf(m, x); });
+  row_read(l, valid, [&m](int, float x) { m = fmaxf(m, x); });
   return cuda::block_max(m, shared);
 }
 
@@ -66,7 +70,7 @@ __device__ float row_max_of(const T* l, int valid, float* shared) {
 template <typename T>
 __device__ float row_sumexp(const T* l, int valid, float m, double* shared) {
   double s = 0.0;
-  row_pass<false>(l, valid, [&s, m](int, float x) { s += double(expf(x - m)); });
+  row_read(l, valid, [&s, m](int, float x) { s += double(expf(x - m)); });
   return float(cuda::block_sum(s, shared));
 }
 
@@ -76,17 +80,17 @@ __device__ float row_target_logit(const T* l, int target, int t, int valid) {
   return target >= 0 && t >= 0 && t < valid ? load(l + t) : 0.0f;
 }
 
-// The row's loss (thread 0 writes it) and, with dloss ≠ 0, the row become dlogits.
+// The row's loss (thread 0 writes it) and, with dloss ≠ 0, dlogits from row src into row dst
+// (which may be src: each column is read and written by one thread).
 template <typename T>
-__device__ void row_finish(T* l, float* loss, int target, int t, float m, float sumexp,
-                           float target_logit, int V, int valid, float dloss) {
+__device__ void row_finish(const T* src, T* dst, float* loss, int target, int t, float m,
+                           float sumexp, float target_logit, int V, int valid, float dloss) {
   const bool ignored = target < 0;
   if (threadIdx.x == 0) *loss = ignored ? 0.f : float(log(double(sumexp)) + m - target_logit);
   if (dloss == 0.f) return;
   const float inv = 1.0f / sumexp;
   const int live = ignored ? 0 : valid;
-  // Each column is read and written by one thread: in place is safe.
-  row_pass<true>(l, V, [=](int v, float x) {
+  row_pass<true>(src, dst, V, [=](int v, float x) {
     const float p = v < live ? expf(x - m) * inv : 0.0f;
     return (v == t && v < live ? p - 1.0f : p) * dloss;
   });
@@ -125,7 +129,8 @@ __global__ void __launch_bounds__(kLossThreads)
                                const float* row_max, const float* sumexp, const float* target_logit,
                                int V, int valid, int vocab_begin, float dloss) {
   const int n = blockIdx.x;
-  row_finish(logits + int64_t(n) * V, losses + n, targets[n], targets[n] - vocab_begin, row_max[n],
+  T* l = logits + int64_t(n) * V;  // (V)
+  row_finish(l, l, losses + n, targets[n], targets[n] - vocab_begin, row_max[n],
              sumexp[n], target_logit[n], V, valid, dloss);
 }
 
@@ -144,7 +149,37 @@ __global__ void __launch_bounds__(kLossThreads)
   const float tl = row_target_logit(l, target, target, valid);
   const float s = row_sumexp(l, valid, m, shared_sum);
   if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
-  row_finish(l, losses + n, target, target, m, s, tl, V, valid, dloss);
+  row_finish(l, l, losses + n, target, target, m, s, tl, V, valid, dloss);
+}
+
+// The same with the row cached in shared memory (its 16-byte chunks copied in at once, every
+// thread's in flight together): the row read from memory once and written once, where the
+// kernel above reads it three times — from L2 at best, but a GPT-2 row is 100 KB in bf16, and the
+// rows in flight on an H200 (up to 4 blocks on each of 132 SMs) 53 MB, more than its L2. The same
+// arithmetic in the same order on the same values: the same bits. Rows 16-byte aligned. (Each
+// thread copies the chunks it reads first, in row_pass's order; the barrier after the copies is
+// still needed: the tail values and the target's logit are read by other threads.)
+template <typename T>
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_cached_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
+                               float* sumexp, float* target_logit, int V, int valid, float dloss) {
+  extern __shared__ uint4 cached[];  // (V·sizeof(T) / 16): the row
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  const int n = blockIdx.x, target = targets[n];
+  T* l = logits + int64_t(n) * V;  // (V)
+  const T* row = reinterpret_cast<const T*>(cached);  // (V)
+  const int chunks = int(int64_t(V) * sizeof(T) / 16);
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x)
+    cuda::copy_async16(cached + i, reinterpret_cast<const uint4*>(l) + i, true);
+  cuda::copy_async_commit();
+  cuda::copy_async_wait<0>();
+  __syncthreads();
+  const float m = row_max_of(row, valid, shared_max);
+  const float tl = row_target_logit(row, target, target, valid);
+  const float s = row_sumexp(row, valid, m, shared_sum);
+  if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
+  row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss);
 }
 
 // ---- norms and AdamW ----
@@ -227,6 +262,41 @@ void CudaBackend::launch_crossentropy_finish(T* logits, float* losses, const int
   TRELLIS_CUDA_LAUNCHED();
 }
 
+namespace {
+// Whether the cached cross-entropy takes rows of row_bytes: in 16-byte chunks, the row beside the
+// block's 384 static bytes (1 KiB allowed) within a block's limit, and two such blocks (each with
+// the 1 KiB the system reserves) on a multiprocessor — one alone would leave it idle while it
+// computes (an fp32 row of GPT-2's 50304, 201 KB, takes the uncached kernel).
+bool loss_rows_fit(size_t row_bytes) {
+  const size_t block = row_bytes + 1024;
+  return row_bytes % 16 == 0 && block <= cuda::shared_optin() &&
+         2 * (block + 1024) <= cuda::shared_per_multiprocessor();
+}
+}  // namespace
+
+bool cuda_loss_rows_cached(int V, int element_bytes) {
+  return loss_rows_fit(size_t(V) * size_t(element_bytes));
+}
+
+template <typename T>
+void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* targets,
+                                      float* row_max, float* sumexp, float* target_logit, int N,
+                                      int V, int valid, float dloss) {
+  const size_t row_bytes = size_t(V) * sizeof(T);
+  const bool cached = loss_row_cache_ && loss_rows_fit(row_bytes) &&
+                      reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  ++(cached ? loss_rows_cached_ : loss_rows_uncached_);
+  if (cached) {
+    cuda::allow_shared(crossentropy_cached_kernel<T>, row_bytes);
+    crossentropy_cached_kernel<T><<<N, kLossThreads, row_bytes, stream_>>>(
+        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
+  } else {
+    crossentropy_fused_kernel<T><<<N, kLossThreads, 0, stream_>>>(
+        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
+  }
+  TRELLIS_CUDA_LAUNCHED();
+}
+
 void CudaBackend::crossentropy(Ptr logits, float* losses, const int32_t* targets, float* row_max,
                                float* sumexp, float* target_logit, int N, int V, int valid,
                                float dloss) {
@@ -234,12 +304,11 @@ void CudaBackend::crossentropy(Ptr logits, float* losses, const int32_t* targets
   add_work(kLoss, 0, double(N) * V * 2 * (logits.is_f32() ? 4 : 2));
   if (N == 0) return;
   if (logits.is_f32())
-    crossentropy_fused_kernel<<<N, kLossThreads, 0, stream_>>>(
-        logits.f32(), losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
+    launch_crossentropy(logits.f32(), losses, targets, row_max, sumexp, target_logit, N, V, valid,
+                        dloss);
   else
-    crossentropy_fused_kernel<<<N, kLossThreads, 0, stream_>>>(
-        cuda::dev(logits.bf16()), losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
-  TRELLIS_CUDA_LAUNCHED();
+    launch_crossentropy(cuda::dev(logits.bf16()), losses, targets, row_max, sumexp, target_logit,
+                        N, V, valid, dloss);
 }
 
 // ---- fp32 ----

@@ -1,5 +1,5 @@
 // Helpers shared by the CUDA backend's .cu files: error checks, launch sizes, loads and stores of
-// either element type, warp and block reductions.
+// either element type, warp and block reductions, asynchronous copies to shared memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,6 +38,27 @@ template <typename Kernel>
 void allow_shared(Kernel k, size_t smem) {
   if (smem > 48 * 1024)
     TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+/// A device attribute of the current device, read once (asked before launches: not a driver
+/// query each; one device a process).
+template <cudaDeviceAttr Attribute>
+int device_attribute() {
+  static const int value = [] {
+    int device = 0, v = 0;
+    TRELLIS_CUDA(cudaGetDevice(&device));
+    TRELLIS_CUDA(cudaDeviceGetAttribute(&v, Attribute, device));
+    return v;
+  }();
+  return value;
+}
+/// The most shared memory a block may opt into (dynamic and static together), and what a
+/// multiprocessor has for all its blocks (each also takes 1 KiB the system reserves, sm_80 on).
+inline size_t shared_optin() {
+  return size_t(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
+}
+inline size_t shared_per_multiprocessor() {
+  return size_t(device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>());
 }
 
 // Kernels templated on the element type T of activations and parameters (float, or
@@ -128,6 +149,44 @@ __device__ inline float block_max(float v, float* shared) {
   __syncthreads();
   v = lane < nwarps ? shared[lane] : -INFINITY;
   return warp_max(v);
+}
+
+// ---- asynchronous copies (cp.async, sm_80+): global to shared memory without a detour through
+//      registers, so that a block's loads are all in flight at once, or land while it computes
+//      on what it loaded before ----
+
+/// 16 bytes from global memory at src to shared memory at dst (both 16-byte aligned), or 16 zero
+/// bytes where !fill (src must still be a valid address); lands after copy_async_wait.
+__device__ inline void copy_async16(void* dst, const void* src, bool fill) {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async(dst, src, 16, fill ? 16 : 0);
+#else
+  // The PTX names a .global source: a global-space address, not the generic pointer (the two
+  // coincide on today's GPUs, which the ISA does not promise).
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+               "l"(__cvta_generic_to_global(src)),
+               "r"(fill ? 16 : 0)
+               : "memory");
+#endif
+}
+/// Closes the group of copies this thread issued since the last call (possibly none).
+__device__ inline void copy_async_commit() {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most `Pending` of this thread's newest groups are still in flight. Other
+/// threads' copies are visible after each has waited and the block has met at a barrier.
+template <int Pending>
+__device__ inline void copy_async_wait() {
+#if defined(TRELLIS_EMULATED_GPU)
+  trellis_emu::copy_async_wait(Pending);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
 }
 
 }  // namespace trellis::cuda
