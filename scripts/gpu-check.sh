@@ -402,7 +402,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocesm" "gpt2-124m bf16 auto nolnreg" "gpt2-124m bf16 auto nocudnn" \
+for run in "gpt2-124m bf16 auto nocesm" "gpt2-124m bf16 auto nolnreg" \
+           "gpt2-124m bf16 auto nocudnn" \
            "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" "gpt2-124m bf16 auto b64" \
            "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" "gpt2-124m bf16 wmma" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
