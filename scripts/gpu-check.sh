@@ -20,8 +20,7 @@
 #      gradients in the dweight GEMMs' BGRADB epilogue instead of the column-sum kernels
 #      (TRELLIS_BGRAD_EPILOGUE=1, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it was
 #      the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
-#      NVIDIA/CUDALibrarySamples#90), with the mma.sync attention kernels in 64-row
-#      blocks instead of 128 (TRELLIS_ATTN_BLOCK_ROWS=64, "bf16+mma-b64"), with the residual adds
+#      NVIDIA/CUDALibrarySamples#90), with the residual adds
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
@@ -29,8 +28,7 @@
 #      row of logits from memory in each of its three passes instead of caching it in shared
 #      memory (TRELLIS_LOSS_ROW_CACHE=0, "bf16+tc-cesm"), with the layer norm forward reading its
 #      rows again for each sum instead of holding them in registers (TRELLIS_LAYERNORM_HELD=0,
-#      "bf16+tc-lnreg"), in bf16 with the WMMA tensor-core kernels
-#      (TRELLIS_TC_ATTENTION=wmma, "bf16+wmma") and with the fp32 attention kernels (on widened
+#      "bf16+tc-lnreg"), in bf16 with the fp32 attention kernels (on widened
 #      copies of its bf16 tensors), and in fp32 with TF32 GEMMs; tokens/s, MFU against the
 #      device's dense bf16 peak (for every row, TF32's too), peak memory (measured, and trellis
 #      plan's figure beside it), device time per kernel
@@ -102,7 +100,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +wmma = the WMMA kernels, +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +mma-b64 = the mma.sync attention in 64-row blocks (not 128), -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -lnreg = the layer norm forward's rows read again for each sum, not held in registers"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -lnreg = the layer norm forward's rows read again for each sum, not held in registers"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -215,10 +213,10 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 
 # ---- 1. GPU tests ----
 # Two processes: a kernel that faults leaves its CUDA context unusable for every later test in
-# the process, so the tensor-core attention (not yet run on a GPU) gets one of its own: its tests
-# are the ones named *TensorCore* (CudaBf16Attention.TensorCoreFragmentsFollowThePtxLayouts — the
-# register layouts the mma.sync kernels assume, checked one register half at a time —,
-# CudaBf16Attention.Bf16AttentionOnTensorCores and its Wmma twin,
+# the process, so the tensor-core attention gets one of its own: its tests are the ones named
+# *TensorCore* (CudaBf16Attention.TensorCoreFragmentsFollowThePtxLayouts — the register layouts
+# the mma.sync kernels assume, checked one register half at a time —,
+# CudaBf16Attention.Bf16AttentionOnTensorCores,
 # CudaTrain.Bf16WithTensorCoreAttentionMatchesTheCpuInBf16). They set TRELLIS_TC_ATTENTION
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.
@@ -278,20 +276,19 @@ write_summary
 # Each run: a deck, a precision and the attention kernels. bf16 keeps activations and the
 # weights the model reads in bf16 (fp32 master weights, gradients, AdamW state, statistics and
 # losses; every kernel computes in fp32: README "GPUs"); tc 1 puts its attention on the tensor
-# cores (the mma.sync kernels; tc wmma: the WMMA ones, for comparison), tc 0 runs the fp32
+# cores (the mma.sync kernels), tc 0 runs the fp32
 # attention kernels on widened copies. MFU is against the bf16 peak for every row, TF32's too.
 bench_failed=0
 main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
-  local name precision tc variant gemm_tune bgrad block_rows residual gelu row_cache ln_held deck
+  local name precision tc variant gemm_tune bgrad residual gelu row_cache ln_held deck
   local tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
-  gemm_tune=0 bgrad=0 block_rows=0 residual=1 gelu=1 cudnn=1 row_cache=1 ln_held=1
+  gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 row_cache=1 ln_held=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == bgrad ]] && bgrad=1
-  [[ ${variant:-} == b64 ]] && block_rows=64 cudnn=0  # (the mma.sync kernels' blocks)
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
   [[ ${variant:-} == nocesm ]] && row_cache=0
@@ -315,7 +312,7 @@ bench_row() {
     tc_env=(TRELLIS_TC_ATTENTION=$tc)
     [[ $tc == auto ]] && tc_env=(-u TRELLIS_TC_ATTENTION)
     env "${tc_env[@]}" TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
-      TRELLIS_BGRAD_EPILOGUE=$bgrad TRELLIS_ATTN_BLOCK_ROWS=$block_rows \
+      TRELLIS_BGRAD_EPILOGUE=$bgrad \
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
       TRELLIS_LOSS_ROW_CACHE=$row_cache TRELLIS_LAYERNORM_HELD=$ln_held \
       TRELLIS_CUDA_PROFILE=1 \
@@ -347,8 +344,6 @@ bench_row() {
   (( row_cache )) || label=bf16+tc-cesm
   (( ln_held )) || label=bf16+tc-lnreg
   (( cudnn )) || label=bf16+mma
-  (( block_rows == 64 )) && label=bf16+mma-b64
-  [[ $tc == wmma ]] && label=bf16+wmma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep -s '^bench: ' "$log" | tail -1)
   local k
@@ -404,8 +399,8 @@ write_summary
 
 for run in "gpt2-124m bf16 auto nocesm" "gpt2-124m bf16 auto nolnreg" \
            "gpt2-124m bf16 auto nocudnn" \
-           "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" "gpt2-124m bf16 auto b64" \
-           "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" "gpt2-124m bf16 wmma" \
+           "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" \
+           "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" \
            "gpt2-124m bf16 0" "gpt2-124m fp32 0"; do
   bench_row "$run"
   write_summary

@@ -81,12 +81,10 @@ run_asan
 # CUDA kernel runs on the CPU, under AddressSanitizer and UBSan. A 20-step training run there takes
 # about 25 s on one core (the tests share theirs): two tests that repeat runs of kernels the others
 # run (recomputation modes; the tensor-core attention's 20 steps, which
-# tests/cli/test_emulated_gpu.sh trains too) and the WMMA attention's (25 s: the opt-in
-# alternative to the mma.sync kernels, kept until a GPU has timed the two; gpu-check.sh runs it)
-# are left to `emu_tests` alone (3 min more).
+# tests/cli/test_emulated_gpu.sh trains too) are left to `emu_tests` alone (3 min more).
 if [ -x "$build/emu_tests" ]; then
   export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
-  run emulated-gpu 1 1200 -- "$build/emu_tests" --gtest_filter='-CudaTrain.RecomputationGivesTheSameLosses:CudaTrain.Bf16WithTensorCoreAttention*:CudaBf16Attention.Bf16AttentionOnTensorCoresWmma'
+  run emulated-gpu 1 1200 -- "$build/emu_tests" --gtest_filter='-CudaTrain.RecomputationGivesTheSameLosses:CudaTrain.Bf16WithTensorCoreAttention*'
   # The NCCL link between ranks, through the emulated NCCL (over MPI), a device per rank.
   export TRELLIS_EMU_DEVICES=4
   for np in 2 4; do run "emulated-nccl-np$np" "$np" 300 -- "$build/emu_tests" --gtest_filter='NcclLink*'; done

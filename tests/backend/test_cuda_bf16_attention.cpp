@@ -1,6 +1,6 @@
 // bf16 attention on every CUDA path but cuDNN's (test_cuda_cudnn.cpp) against the CPU backend's
 // widened reference on the same bf16 inputs: the fp32 kernels behind bf16 tensors, the mma.sync
-// and WMMA tensor-core kernels, the register layouts the mma.sync kernels assume, and the default
+// tensor-core kernels, the register layouts the mma.sync kernels assume, and the default
 // that picks the tensor cores where a check on the device finds them agreeing. The bounds are in
 // cuda_test_util.hpp. Each test skips when no CUDA device is present and prints what it measured.
 #include "cuda_test_util.hpp"
@@ -41,9 +41,9 @@ TEST_F(CudaBf16Attention, Bf16Attention) {
   }
 }
 
-// bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1: the mma.sync kernels; =wmma: the
-// WMMA ones; head sizes 32, 64 and 128 — 128 only where a block may have 103 KiB of shared
-// memory (mma.sync; 120.5 KiB WMMA): not sm_86/sm_89 — with 16-byte aligned tensors; the rest
+// bf16 attention on the tensor cores (TRELLIS_TC_ATTENTION=1: the mma.sync kernels; head sizes
+// 32, 64 and 128 — 128 only where a block may have 103 KiB of shared memory: not sm_86/sm_89 —
+// with 16-byte aligned tensors; the rest
 // keep the fp32 kernels and must meet Bf16Attention's bounds) against the CPU's widening
 // reference. The kernels round P (forward and backward) and dS to bf16 for their
 // products: an emulation of those roundings on these shapes (exact arithmetic otherwise, both
@@ -59,10 +59,10 @@ TEST_F(CudaBf16Attention, Bf16Attention) {
 void CudaBf16Attention::attention_on_tensor_cores(const char* kernels) {
   fresh_gpu({{"TRELLIS_TC_ATTENTION", kernels}});
   gpu->set_precision("bf16");
-  const bool hd128 = cuda_tc_attention_takes(128, kernels);
-  EXPECT_TRUE(cuda_tc_attention_takes(32, kernels) && cuda_tc_attention_takes(64, kernels))
+  const bool hd128 = cuda_tc_attention_takes(128);
+  EXPECT_TRUE(cuda_tc_attention_takes(32) && cuda_tc_attention_takes(64))
       << "fits every sm_80+ device";
-  EXPECT_FALSE(cuda_tc_attention_takes(48, kernels) || cuda_tc_attention_takes(16, kernels));
+  EXPECT_FALSE(cuda_tc_attention_takes(48) || cuda_tc_attention_takes(16));
   struct Case {
     AttentionShape s;
     bool tensor_cores;  // expected to run there
@@ -222,7 +222,6 @@ TEST_F(CudaBf16Attention, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
                 all_same ? "the same bits" : "DIFFER");
   }
 }
-TEST_F(CudaBf16Attention, Bf16AttentionOnTensorCoresWmma) { attention_on_tensor_cores("wmma"); }
 
 }  // namespace
 #endif  // TRELLIS_HAVE_CUDA

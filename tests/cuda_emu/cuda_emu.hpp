@@ -16,9 +16,7 @@
 // barrier that can never be reached by every live thread is reported as a deadlock. Shared and
 // device memory are fresh allocations filled with NaN bits (0xff), checked by AddressSanitizer
 // (the emulated objects are built with it and UBSan: an out-of-bounds or misaligned access aborts
-// the test with the kernel's source line). WMMA fragments hold the whole 16×16 tile in each lane;
-// loads and stores check the alignment the API demands (256-bit pointers, ldm a multiple of 16
-// bytes). The PTX instructions ldmatrix and mma.sync m16n8k16 (cuda_mma.cuh) are warp-wide
+// the test with the kernel's source line). The PTX instructions ldmatrix and mma.sync m16n8k16 (cuda_mma.cuh) are warp-wide
 // exchanges implementing the register layouts the PTX ISA documents. Launches check the block
 // size, grid limits and dynamic shared memory (above 48 KiB only after cudaFuncSetAttribute,
 // never above the device's 227 KiB).
@@ -99,14 +97,7 @@ void copy_async_commit();
 /// newest.
 void copy_async_wait(int pending);
 int lane();
-/// The products a warp's mma_sync calls computed, by call number: every lane of a warp makes the
-/// same calls on the same tiles (WMMA is warp-wide), so the first lane to make call n computes it
-/// and the others, finding the same operands, copy the result — 1/32 of the work.
-struct MmaMemo {
-  std::vector<std::vector<float>> operands, results;
-};
-MmaMemo& warp_mma_memo();
-/// The running lane's next mma_sync call number (from 0 at the block's start).
+/// The running lane's next mma.sync call number (from 0 at the block's start).
 size_t next_mma_call();
 /// TRELLIS_EMU_MMA_FAULT as the running kernel's launch read it: a device whose tensor cores the
 /// backend's check must find disagreeing. 1: every mma.sync misplaces its accumulators — D's
@@ -308,115 +299,3 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
-// ---- WMMA (mma.h): a fragment is the whole tile, in every lane ----
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K>
-struct Shape;
-template <int M, int N, int K>
-struct Shape<matrix_a, M, N, K> {
-  static constexpr int rows = M, cols = K;
-};
-template <int M, int N, int K>
-struct Shape<matrix_b, M, N, K> {
-  static constexpr int rows = K, cols = N;
-};
-template <int M, int N, int K>
-struct Shape<accumulator, M, N, K> {
-  static constexpr int rows = M, cols = N;
-};
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  static constexpr int rows = Shape<Use, M, N, K>::rows, cols = Shape<Use, M, N, K>::cols;
-  static constexpr int num_elements = rows * cols;
-  // Row-major (row, col) of the tile, as fp32 values (a bf16 tile's are exact in fp32): loads
-  // widen once, mma_sync multiplies floats. (Kernels reach elements only through the API.)
-  float x[rows * cols];
-};
-
-namespace detail {
-template <typename T>
-void check(const void* p, unsigned ldm) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
-    trellis_emu::fault("wmma load/store: the pointer is not 256-bit aligned");
-  if ((ldm * sizeof(T)) % 16 != 0)
-    trellis_emu::fault("wmma load/store: ldm is not a multiple of 16 bytes");
-}
-inline float value(float v) { return v; }
-inline float value(__nv_bfloat16 v) { return __bfloat162float(v); }
-}  // namespace detail
-
-template <typename Use, int M, int N, int K, typename T, typename L, typename V>
-void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
-  for (auto& e : f.x) e = detail::value(T(v));
-}
-
-// Loads read memory in each lane: what one lane wrote another reads only after a __syncwarp.
-template <typename Use, int M, int N, int K, typename T, typename L>
-void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
-  using F = fragment<Use, M, N, K, T, L>;
-  detail::check<T>(p, ldm);
-  constexpr bool col = std::is_same_v<L, col_major>;
-  for (int r = 0; r < F::rows; ++r)
-    for (int c = 0; c < F::cols; ++c)
-      f.x[r * F::cols + c] = detail::value(col ? p[c * ldm + r] : p[r * ldm + c]);
-}
-template <int M, int N, int K, typename T>
-void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm,
-                      layout_t layout) {
-  detail::check<T>(p, ldm);
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c)
-      f.x[r * N + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
-}
-// Lane 0 stores (every lane holds the same tile): the other lanes see it after a __syncwarp.
-template <int M, int N, int K, typename T>
-void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
-                       layout_t layout) {
-  detail::check<T>(p, ldm);
-  if (trellis_emu::lane() != 0) return;
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c)
-      (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * N + c];
-}
-template <int M, int N, int K, typename TA, typename LA, typename TB, typename LB, typename TC>
-void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
-              const fragment<matrix_b, M, N, K, TB, LB>& b,
-              const fragment<accumulator, M, N, K, TC>& c) {
-  fragment<accumulator, M, N, K, TC> out;
-  trellis_emu::MmaMemo& memo = trellis_emu::warp_mma_memo();
-  const size_t call = trellis_emu::next_mma_call();
-  std::vector<float> operands;
-  operands.reserve(std::size(a.x) + std::size(b.x) + std::size(c.x));
-  operands.insert(operands.end(), std::begin(a.x), std::end(a.x));
-  operands.insert(operands.end(), std::begin(b.x), std::end(b.x));
-  operands.insert(operands.end(), std::begin(c.x), std::end(c.x));
-  if (call < memo.operands.size() && memo.operands[call] == operands) {
-    std::copy(memo.results[call].begin(), memo.results[call].end(), d.x);
-    return;
-  }
-  for (int i = 0; i < M; ++i) {
-    float row[N];
-    for (int j = 0; j < N; ++j) row[j] = c.x[i * N + j];
-    for (int p = 0; p < K; ++p) {
-      const float av = a.x[i * K + p];
-      for (int j = 0; j < N; ++j) row[j] += av * b.x[p * N + j];
-    }
-    for (int j = 0; j < N; ++j) out.x[i * N + j] = row[j];
-  }
-  if (memo.operands.size() <= call) {
-    memo.operands.resize(call + 1);
-    memo.results.resize(call + 1);
-  }
-  memo.operands[call] = std::move(operands);
-  memo.results[call].assign(std::begin(out.x), std::end(out.x));
-  d = out;
-}
-}  // namespace nvcuda::wmma

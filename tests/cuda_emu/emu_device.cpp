@@ -93,7 +93,7 @@ void prepare(Context& c, char* stack, size_t bytes, void (*start)()) {
 #endif
 }
 
-constexpr size_t kStackBytes = 256 << 10;  // per fiber: WMMA fragments are whole tiles here
+constexpr size_t kStackBytes = 256 << 10;  // per fiber: a kernel's locals under AddressSanitizer
 constexpr int kMaxThreads = 1024;
 constexpr size_t kUnpoisonBytes = 16 << 10;  // the top of a reused stack: see run_block
 
@@ -123,7 +123,6 @@ struct Warp {
   // The exchange areas of the warp's collective operations (shuffles, ldmatrix, mma.sync): two
   // sets, alternating (cuda_emu.hpp's shuffle), each 32 lanes × kExchangeBytes.
   alignas(16) unsigned char exchange[2][32 * kExchangeBytes];
-  MmaMemo mma;
 };
 
 struct Machine {
@@ -285,7 +284,6 @@ bool in_shared(const void* p, size_t bytes) {
   const auto* shared = static_cast<const char*>(m.shared);
   return shared && c >= shared && c + bytes <= shared + m.shared_bytes;
 }
-MmaMemo& warp_mma_memo() { return warp_of(current()).mma; }
 size_t next_mma_call() { return current().mma_calls++; }
 
 void copy_async(void* dst, const void* src, size_t size, size_t src_size) {

@@ -1,4 +1,4 @@
-// The emulated GPU's own tests (in emu_tests): that barriers, shuffles, shared memory and WMMA do
+// The emulated GPU's own tests (in emu_tests): that barriers, shuffles and shared memory do
 // what CUDA's do, that launches are checked as a GPU checks them, and that a missing barrier
 // shows (the point of running threads in descending order on NaN-filled memory).
 #include <gtest/gtest.h>
@@ -12,7 +12,6 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
-using namespace nvcuda;
 
 template <typename T>
 T* device_copy(const std::vector<T>& host) {
@@ -109,38 +108,6 @@ TEST(EmulatedGpu, ShufflesExchangeWithinAWarp) {
       EXPECT_EQ(firsts[w * 32 + l], in[w * 32 + 3]);
     }
   }
-}
-
-// C (16,16) = A (16,16) · B, B stored column-major (as Bᵀ rows), through WMMA.
-__global__ void wmma_product(float* c, const bf16* a, const bf16* b) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-  wmma::fill_fragment(fc, 1.0f);
-  wmma::load_matrix_sync(fa, a, 16);
-  wmma::load_matrix_sync(fb, b, 16);
-  wmma::mma_sync(fc, fa, fb, fc);
-  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
-}
-
-TEST(EmulatedGpu, WmmaMultipliesTiles) {
-  std::vector<bf16> a(256), bt(256);
-  for (int i = 0; i < 256; ++i) {
-    a[i] = __float2bfloat16_rn(float(i % 7) - 3.0f);
-    bt[i] = __float2bfloat16_rn(float(i % 5) * 0.5f);
-  }
-  bf16 *d_a = device_copy(a), *d_b = device_copy(bt);
-  float* d_c = device_copy(std::vector<float>(256, NAN));
-  trellis_emu::Launch(wmma_product, 1, 32)(d_c, d_a, d_b);
-  std::vector<float> c(256);
-  cudaMemcpy(c.data(), d_c, sizeof(float) * 256, cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      float want = 1.0f;  // col-major B: B(k, j) at bt[j * 16 + k]
-      for (int k = 0; k < 16; ++k)
-        want += __bfloat162float(a[i * 16 + k]) * __bfloat162float(bt[j * 16 + k]);
-      EXPECT_EQ(c[i * 16 + j], want) << i << "," << j;
-    }
 }
 
 // The PTX register layouts, written out here from the PTX ISA's tables for the test's own use

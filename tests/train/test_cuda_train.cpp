@@ -266,7 +266,7 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
   expect_same_gradients(first_step_gradients({"--system.backend=cuda", "--system.precision=bf16"}),
                         first_step_gradients({"--system.backend=cpu", "--system.precision=bf16"}),
                         6e-3);
-  if (cuda_tc_attention_takes(32, "1")) {
+  if (cuda_tc_attention_takes(32)) {
     std::printf("bf16, head size 32, attention on the tensor cores:\n");
     ScopedEnv on("TRELLIS_TC_ATTENTION", "1");
     expect_same_gradients(
@@ -391,7 +391,7 @@ TEST_F(CudaTrain, Bf16WithDefaultAttentionMatchesTheCpuInBf16) {
 // (TRELLIS_TC_ATTENTION=0, whatever the process has) goes next to it, to expect_same_bf16_run's own
 // bounds; at the first step the tensor cores should stand out (printed).
 TEST_F(CudaTrain, Bf16WithTensorCoreAttentionMatchesTheCpuInBf16) {
-  if (!cuda_tc_attention_takes(32, "1"))
+  if (!cuda_tc_attention_takes(32))
     GTEST_SKIP() << "the tensor-core attention does not fit here";
   const auto cpu = train({"--system.backend=cpu", "--system.precision=bf16", kHeads, kKvHeads});
   std::vector<StepResult> fp32_kernels, tensor_cores;

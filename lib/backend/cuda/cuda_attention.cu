@@ -501,12 +501,9 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
   if (fused)
     cudnn_->forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), shape,
                     scratch(cudnn_->workspace_bytes(shape)));
-  else if (tc_attention_ == TcAttention::mma)
+  else
     cuda::mma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
                                 attention_block_rows_, stream_);
-  else
-    cuda::wmma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
-                                 stream_);
 }
 
 void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,
@@ -528,13 +525,9 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
   add_work(kAttention, 2.5 * attention_forward_flops(B, T, H, hd), 0);
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
   cuda::attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
-  if (tc_attention_ == TcAttention::mma)
-    cuda::mma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
-                                 cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd,
-                                 attention_block_rows_, stream_);
-  else
-    cuda::wmma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
-                                  cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd, stream_);
+  cuda::mma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
+                               cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd,
+                               attention_block_rows_, stream_);
 }
 
 }  // namespace trellis

@@ -3,8 +3,7 @@
 // size where it loads and agrees with the fp32 kernels (cuda_attention_check.cu), at the shapes
 // it has plans for (TRELLIS_CUDNN=0: never); else the mma.sync kernels (cuda_attention_mma.cu)
 // where they agree; else the fp32 kernels (cuda_attention.cu) on widened copies.
-// TRELLIS_TC_ATTENTION=1 takes the mma.sync kernels without the check, =wmma the WMMA ones
-// (cuda_attention_wmma.cu), =0 the fp32 kernels.
+// TRELLIS_TC_ATTENTION=1 takes the mma.sync kernels without the check, =0 the fp32 kernels.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,8 +23,6 @@ bool CudaBackend::tc_attention_takes(int hd, std::initializer_list<const void*> 
     case TcAttention::mma:
       return cuda::mma_attention_fits(hd, pointers) &&
              (!tc_attention_checked_ || tc_attention_agrees(hd));
-    case TcAttention::wmma:
-      return cuda::wmma_attention_fits(hd, pointers);
     default:
       return false;
   }
@@ -112,8 +109,6 @@ std::string CudaBackend::details() const {
   switch (tc_attention_) {
     case TcAttention::off:
       return s + "fp32 kernels on widened copies (TRELLIS_TC_ATTENTION=0)";
-    case TcAttention::wmma:
-      return s + "tensor cores, WMMA (TRELLIS_TC_ATTENTION=wmma)";
     case TcAttention::mma:
       break;
   }
@@ -150,9 +145,6 @@ Widening CudaBackend::widened_calls(int head_dim) const {
                                                                     : Widening::attention;
 }
 
-bool cuda_tc_attention_takes(int hd, const char* kernels) {
-  return std::strcmp(kernels, "wmma") == 0 ? cuda::wmma_attention_fits(hd, {})
-                                           : cuda::mma_attention_fits(hd, {});
-}
+bool cuda_tc_attention_takes(int hd) { return cuda::mma_attention_fits(hd, {}); }
 
 }  // namespace trellis

@@ -2,9 +2,9 @@
 // tensors (qkv (B,T,(H+2KV)·hd), out (B,T,H·hd), dout, dqkv), fp32 statistics (lse, dsum
 // (B,H,T)), the same function and layout as the fp32 kernels of cuda_attention.cu. The
 // operands of the products — Q·Kᵀ, P·V, and in backward dS·K, Pᵀ·dO, dSᵀ·Q, dO·Vᵀ — are bf16
-// (P and dS rounded to bf16), accumulation, softmax and its statistics fp32. Two implementations
-// of the same plan: mma.sync with scores in registers (cuda_attention_mma.cu, the default) and
-// WMMA with scores in shared memory (cuda_attention_wmma.cu, TRELLIS_TC_ATTENTION=wmma). Only
+// (P and dS rounded to bf16), accumulation, softmax and its statistics fp32: mma.sync with the
+// scores in registers (cuda_attention_mma.cu). (Its first version, with WMMA and the scores in
+// shared memory, ran on an H200 at 37 TFLOP/s against mma.sync's 140, and was removed.) Only
 // cuda_attention.cu and the check of the tensor cores against the fp32 kernels
 // (cuda_attention_check.cu) include this header.
 #pragma once
@@ -17,7 +17,7 @@
 
 namespace trellis::cuda {
 
-// The functions of each: whether the kernels take this head size and these pointers (hd 32, 64
+// Whether the kernels take this head size and these pointers (hd 32, 64
 // or 128, every pointer 16-byte aligned: tiles are read 16 bytes at a time) and their shared
 // memory fits the device; forward: out (B,T,H·hd), lse (B,H,T) written from qkv (B,T,(H+2KV)·hd);
 // backward: dqkv (B,T,(H+2KV)·hd) overwritten from dout (B,T,H·hd), lse and dsum (B,H,T)
@@ -30,12 +30,6 @@ void mma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
 void mma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                             const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
                             int T, int H, int KV, int hd, int block_rows, cudaStream_t stream);
-bool wmma_attention_fits(int hd, std::initializer_list<const void*> pointers);
-void wmma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                            int H, int KV, int hd, cudaStream_t stream);
-void wmma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
-                             const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
-                             int T, int H, int KV, int hd, cudaStream_t stream);
 
 // The fp32 kernels (cuda_attention.cu) on stream, nothing profiled or counted: forward out
 // (B,T,H·hd) and lse (B,H,T) from qkv (B,T,(H+2KV)·hd); backward dqkv overwritten.

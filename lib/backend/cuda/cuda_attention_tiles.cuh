@@ -1,5 +1,5 @@
-// CUDA backend: what the two tensor-core attentions (cuda_attention_mma.cu, cuda_attention_wmma.cu)
-// share: where the heads sit in qkv, and the copy of a tile of rows into shared memory.
+// CUDA backend: the tensor-core attention's tiles (cuda_attention_mma.cu, cuda_mma_tiles.cuh):
+// where the heads sit in qkv, and the copy of a tile of rows into shared memory.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -25,21 +25,9 @@ inline Heads heads(int T, int H, int KV, int hd) {
 
 // Rows [t0, t0+64) of a (·, row) bf16 tensor, columns [col, col+D), into a bf16 (64, D+8) tile
 // (the 8 columns of padding put consecutive rows 4 banks apart: 8 rows' 16-byte pieces, as
-// ldmatrix and WMMA read them, fall in different banks); rows at or past T are zero. Every thread
-// of the block takes part, 8 values (16 bytes) each.
-template <int D>
-__device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row, int64_t col,
-                          int t0, int T) {
-  constexpr int V = D / 8;  // 16-byte vectors per row
-  for (int e = threadIdx.x; e < kRows * V; e += blockDim.x) {
-    const int r = e / V, c = (e % V) * 8, t = t0 + r;
-    const uint4 x = t < T ? *reinterpret_cast<const uint4*>(base + int64_t(t) * row + col + c)
-                          : make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(tile + r * (D + 8) + c) = x;
-  }
-}
-
-// load_tile, asynchronously: the copies join this thread's open group.
+// ldmatrix reads them, fall in different banks); rows at or past T are zero. Every thread of the
+// block takes part, 8 values (16 bytes) each, asynchronously: the copies join this thread's open
+// group.
 template <int D>
 __device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row,
                                 int64_t col, int t0, int T) {
@@ -48,17 +36,6 @@ __device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, 
     const int r = e / V, c = (e % V) * 8, t = t0 + r;
     // (rows past T: zeros, from a valid address)
     copy_async16(tile + r * (D + 8) + c, base + (t < T ? int64_t(t) * row + col + c : 0), t < T);
-  }
-}
-
-// sL, sD (64) = lse_bh, dsum_bh (T) at rows [t0, t0+64): one query tile's logsumexp and
-// Σ dout·out of one (b, h), for the dK/dV kernels; rows at or past T are 0. Threads 0-63 copy.
-__device__ inline void load_row_stats(float* sL, float* sD, const float* lse_bh,
-                                      const float* dsum_bh, int t0, int T) {
-  if (threadIdx.x < kRows) {
-    const int t = t0 + threadIdx.x;
-    sL[threadIdx.x] = t < T ? lse_bh[t] : 0.0f;
-    sD[threadIdx.x] = t < T ? dsum_bh[t] : 0.0f;
   }
 }
 

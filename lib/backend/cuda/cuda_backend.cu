@@ -116,8 +116,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   profiling_ = profile && std::strcmp(profile, "0") != 0;
   if (const char* tc = std::getenv("TRELLIS_TC_ATTENTION")) {
     tc_attention_checked_ = false;
-    if (std::strcmp(tc, "wmma") == 0) tc_attention_ = TcAttention::wmma;
-    else if (std::strcmp(tc, "0") == 0) tc_attention_ = TcAttention::off;
+    if (std::strcmp(tc, "0") == 0) tc_attention_ = TcAttention::off;
   }
   const char* cudnn = std::getenv("TRELLIS_CUDNN");
   cudnn_wanted_ = !(cudnn && std::strcmp(cudnn, "0") == 0);

@@ -19,17 +19,16 @@
 //         else, with head sizes 32, 64 or 128 and 16-byte aligned tensors, on the tensor cores
 //         (cuda_attention_mma.cu: bf16 operands of its products — P and dS rounded to bf16 —,
 //         fp32 softmax and accumulation) once a check on the device has found them agreeing
-//         with the fp32 kernels at that head size (cuda_attention_check.cu: they have not yet
-//         run on a GPU, README "GPUs"); otherwise, or with TRELLIS_TC_ATTENTION=0, on the fp32
-//         kernels behind widened copies. TRELLIS_TC_ATTENTION=1 takes the mma.sync kernels
-//         without the check, =wmma the WMMA ones (cuda_attention_wmma.cu).
+//         with the fp32 kernels at that head size (cuda_attention_check.cu); otherwise, or with
+//         TRELLIS_TC_ATTENTION=0, on the fp32 kernels behind widened copies.
+//         TRELLIS_TC_ATTENTION=1 takes the mma.sync kernels without the check.
 //
 // The MLP's GELU rides on its GEMMs where cuBLASLt has an algorithm for it (any precision): the
 // first layer's GEMM writes gelu(x·Wᵀ + b) and keeps its input (GELU_AUX_BIAS epilogue), the
 // second layer's dinp GEMM multiplies by the GELU's derivative (DGELU); elsewhere, or with
 // TRELLIS_GELU_EPILOGUE=0, the GELU kernels run apart (on bf16 tensors from the GEMM's fp32
-// output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). Not yet
-// run on a GPU. With TRELLIS_BGRAD_EPILOGUE=1 every linear layer's bias gradient, the column sums
+// output in scratch, so that, as with the epilogue, nothing is rounded before the GELU). With
+// TRELLIS_BGRAD_EPILOGUE=1 every linear layer's bias gradient, the column sums
 // of dout, comes out of the dweight GEMM that reads dout anyway (cuBLASLt's BGRADB epilogue), not
 // out of another pass over it (the column-sum kernels: the default, faster on an H200). And
 // without tensor parallelism each half of a block ends in its projection GEMM adding the
@@ -44,9 +43,9 @@
 // GELU, add), cuda_layernorm.cu (layer norm, column sums), cuda_loss_optim.cu (cross-entropy,
 // norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
-// row's logsumexp), cuda_attention_mma.cu and cuda_attention_wmma.cu (the same on the tensor
-// cores, bf16: mma.sync with the scores in registers — its warp-level pieces in cuda_mma_tiles.cuh,
-// the instructions in cuda_mma.cuh —, WMMA with them in shared memory), cuda_mma_check.cu (a
+// row's logsumexp), cuda_attention_mma.cu (the same on the tensor cores, bf16: mma.sync with the
+// scores in registers — its warp-level pieces in cuda_mma_tiles.cuh, the instructions in
+// cuda_mma.cuh), cuda_mma_check.cu (a
 // device check of the register layouts the mma.sync kernels assume), cuda_attention_check.cu
 // (the tensor-core attention and cuDNN's against the fp32 kernels, before a run gives them a
 // head size), cuda_attention_choice.cu (which of them a call gets), cudnn_attention.cu (cuDNN's
@@ -449,9 +448,8 @@ class CudaBackend : public Backend {
   bool tf32_ = false;
   // TRELLIS_TC_ATTENTION: bf16 attention on the tensor cores — unset: the mma.sync kernels at
   // each head size the check against the fp32 kernels passes (tc_attention_checked_); 1: the
-  // mma.sync kernels, unchecked; wmma: the WMMA ones (cuda_attention_tc.cuh); 0: the fp32
-  // kernels on widened copies.
-  enum class TcAttention { off, mma, wmma };
+  // mma.sync kernels, unchecked (cuda_attention_tc.cuh); 0: the fp32 kernels on widened copies.
+  enum class TcAttention { off, mma };
   TcAttention tc_attention_ = TcAttention::mma;
   bool tc_attention_checked_ = true;
   int attention_block_rows_ = 0;  // the mma.sync attention's rows a block (0: the kernels')

@@ -13,10 +13,9 @@ namespace trellis {
 /// The number of CUDA devices this process sees (0 when there is no driver or no device).
 int cuda_device_count();
 
-/// Whether the tensor-core attention (system.precision = bf16) with `kernels` (a value of
-/// TRELLIS_TC_ATTENTION: "wmma", else the mma.sync kernels) takes head size hd on the current
-/// device (its kernels' shared memory fits the device's limit): for tests.
-bool cuda_tc_attention_takes(int hd, const char* kernels);
+/// Whether the tensor-core attention (system.precision = bf16: the mma.sync kernels) takes head
+/// size hd on the current device (its kernels' shared memory fits the device's limit): for tests.
+bool cuda_tc_attention_takes(int hd);
 
 /// Whether the fused cross-entropy caches its rows of V values of `element_bytes` each (4: fp32,
 /// 2: bf16) in shared memory on the current device (where two such blocks fit a multiprocessor):

@@ -1,6 +1,6 @@
 // CUDA backend: the warp-level tensor-core instructions the attention kernels use, in PTX
 // (sm_80 and later): ldmatrix (8×8 tiles of 16-bit elements from shared memory into registers)
-// and mma.sync m16n8k16 with bf16 operands and fp32 accumulators. Unlike WMMA, whose fragment
+// and mma.sync m16n8k16 with bf16 operands and fp32 accumulators. Unlike WMMA's fragments, whose
 // layouts are opaque, these have the register layouts the PTX ISA documents ("Matrix Fragments
 // for mma.m16n8k16 with floating point type"; "ldmatrix"), so that a kernel can apply the softmax
 // to the scores where the product left them and feed them to the next product without a trip
