@@ -16,7 +16,8 @@
 #      the backend's check on this device finds it agreeing with the fp32 kernels, which the
 #      summary reports; row "bf16+tc"); for comparison gpt2-124m the same on the mma.sync kernels
 #      (TRELLIS_CUDNN=0, "bf16+mma"), with each GEMM's cuBLASLt algorithm chosen
-#      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"), with the bias
+#      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"; gpt2-350m too,
+#      first: the 55 % target's model), with the bias
 #      gradients in the dweight GEMMs' BGRADB epilogue instead of the column-sum kernels
 #      (TRELLIS_BGRAD_EPILOGUE=1, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it was
 #      the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
@@ -397,7 +398,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocesm" "gpt2-124m bf16 auto nolnreg" \
+for run in "gpt2-350m bf16 auto tune" "gpt2-124m bf16 auto nocesm" \
+           "gpt2-124m bf16 auto nolnreg" \
            "gpt2-124m bf16 auto nocudnn" \
            "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" \
            "gpt2-124m bf16 auto nores" "gpt2-124m bf16 auto nogelu" \
