@@ -72,7 +72,8 @@ LAYOUT_STEPS=${GPU_CHECK_LAYOUT_STEPS:-30}
 LAYOUT_RTOL=${GPU_CHECK_LAYOUT_RTOL:-1e-4}
 LAYOUT_RTOL_BF16=${GPU_CHECK_LAYOUT_RTOL_BF16:-2e-3}
 # What the summary says of the phases that have not run (yet).
-layout_summary="not run yet" torch_summary="not run yet" main_tps="" main_log="" rows=()
+layout_summary="not run yet" torch_summary="not run yet" main_tps="" main_log="" main_log_350=""
+rows=()
 tests_line="" failed_tests="" fragment_line="" test_status=1 no_device=0
 # GPU_CHECK_DEADLINE (seconds from the start; 0: none): no run starts or goes on past it, so that
 # the summary still prints inside a lease's call limit; what did not run says so.
@@ -138,6 +139,14 @@ summary() {
     echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
     awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
   fi
+  # The GEMM shapes that took the most time, in the two target rows (cuBLAS's rate on each shape,
+  # to hold against torch_bench's `gemm` lines).
+  local log
+  for log in "${main_log:-}" "${main_log_350:-}"; do
+    [[ -n $log ]] && grep -qs 'GEMMs by shape' "$log" || continue
+    echo "$(basename "$log" .log), the 8 longest GEMM shapes:"
+    awk '/GEMMs by shape/ {p = 1} p && /│/ {if (++n <= 10) print} p && /└/ {exit}' "$log"
+  done
   echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
 }
 write_summary() {  # (mid-run: what has run so far; a lease cut short keeps it)
@@ -336,6 +345,7 @@ bench_row() {
     B=0
   done
   [[ $name == gpt2-124m && $tc == auto && -z ${variant:-} ]] && main_log=$log  # in the summary
+  [[ $name == gpt2-350m && $tc == auto && -z ${variant:-} ]] && main_log_350=$log
   label=$precision
   [[ $tc == 1 || $tc == auto ]] && label=bf16+tc
   (( gemm_tune )) && label=bf16+tc+tune

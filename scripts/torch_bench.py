@@ -16,7 +16,8 @@ Three measurements, each printed as `torch-bench:` lines (key=value) that gpu-ch
      layout (q, k, v strided views of one packed (B, T, 3·H·64) tensor): ms and TFLOP/s counted as
      the README's prediction counts them (3.5 × 2·B·H·T²·D: the causal half of the forward's two
      products and the backward's five);
-  3. the GEMMs of the 124M step in bf16 (torch.matmul, cuBLAS): TFLOP/s.
+  3. the GEMMs of the 124M and 350M steps in bf16 (torch.matmul, cuBLAS), each linear layer's
+     forward, dinp and dweight: TFLOP/s.
 Nothing here is Trellis code: it is the yardstick. A part that fails prints `torch-bench: error`
 with the reason and the others still run.
 """
@@ -196,15 +197,22 @@ def attention_bench(a, H=12, D=64):
                   flush=True)
 
 
-def gemm_bench(a, C=768, V=50304):
+def gemm_bench(a, V=50304):
+    """Each linear layer's three GEMMs — forward (N, in)·(in, out), dinp (N, out)·(out, in),
+    dweight (out, N)·(N, in) — for GPT-2 124M (C 768) and 350M (C 1024): qkv, the attention's
+    projection, the MLP's two, the LM head. bf16 in and out (Trellis's dweight GEMMs write fp32)."""
     N = a.B * a.T
-    for m, k, n in ((N, C, 3 * C), (N, C, 4 * C), (N, 4 * C, C), (N, C, V)):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        ms = timed(lambda: torch.matmul(x, w), 10)
-        print(f"torch-bench: gemm {m}x{n}x{k} ms={ms:.3f} "
-              f"tflops={2.0 * m * n * k / (ms * 1e-3) / 1e12:.1f}", flush=True)
-        del x, w
+    for C in (768, 1024):
+        for name, fan_in, fan_out in (("qkv", C, 3 * C), ("proj", C, C), ("fc", C, 4 * C),
+                                      ("fc2", 4 * C, C), ("lm_head", C, V)):
+            for part, (m, k, n) in (("fwd", (N, fan_in, fan_out)), ("dinp", (N, fan_out, fan_in)),
+                                    ("dweight", (fan_out, N, fan_in))):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                ms = timed(lambda: torch.matmul(x, w), 10)
+                print(f"torch-bench: gemm C={C} {name} {part} {m}x{n}x{k} ms={ms:.3f} "
+                      f"tflops={2.0 * m * n * k / (ms * 1e-3) / 1e12:.1f}", flush=True)
+                del x, w
 
 
 def main():

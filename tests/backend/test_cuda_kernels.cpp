@@ -72,6 +72,9 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
       const std::string report = gpu->profile_report();
       std::printf("%s", report.c_str());
       EXPECT_NE(report.find("GEMM algorithms changed by timing"), std::string::npos) << report;
+      // The per-plan table: the 256x64x192 forward's plan (column-major D (192 x 256), k 64).
+      EXPECT_NE(report.find("GEMMs by shape"), std::string::npos) << report;
+      EXPECT_NE(report.find("192x256x64 TN"), std::string::npos) << report;
       // Every backward's dbias from its GEMM (4: two shapes, twice each).
       const size_t row = report.find("bias gradients fused into GEMMs");
       ASSERT_NE(row, std::string::npos) << report;

@@ -3,9 +3,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 
 #include "backend/cuda/cuda_backend.cuh"
@@ -237,8 +239,13 @@ void CudaBackend::resolve_profile() {
     TRELLIS_CUDA(cudaEventSynchronize(p.stop));
     float ms = 0;
     TRELLIS_CUDA(cudaEventElapsedTime(&ms, p.start, p.stop));
-    class_ms_[p.cls] += ms;
-    ++class_calls_[p.cls];
+    if (p.plan) {
+      p.plan->profile_ms += ms;
+      ++p.plan->profile_calls;
+    } else {
+      class_ms_[p.cls] += ms;
+      ++class_calls_[p.cls];
+    }
     free_events_.push_back(p.start);
     free_events_.push_back(p.stop);
   }
@@ -252,6 +259,7 @@ void CudaBackend::reset_profile() {
   std::fill(std::begin(class_flops_), std::end(class_flops_), 0.0);
   std::fill(std::begin(class_bytes_), std::end(class_bytes_), 0.0);
   std::fill(std::begin(class_calls_), std::end(class_calls_), int64_t(0));
+  for (auto& [key, p] : plans_) p.profile_ms = 0, p.profile_calls = 0;
   tuning_ms_ = 0;
 }
 
@@ -267,6 +275,53 @@ CudaBackend::Profiled::~Profiled() {
   cudaEventRecord(stop, be_.stream_);
   be_.pending_.push_back({cls_, start_, stop});
   if (be_.pending_.size() > 4096) be_.resolve_profile();  // bounded: waits on old events only
+}
+
+std::string CudaBackend::gemm_shapes_report() const {
+  // Plans of the same shape, operations, epilogue and types (apart only in their pointers'
+  // alignments) add up into one row.
+  struct Row {
+    double ms = 0, flops = 0;
+    int64_t calls = 0;
+  };
+  static const char* epilogues[] = {"", "bias", "GELU aux", "bias, GELU aux", "dGELU", "BGRADB"};
+  std::map<std::array<std::string, 3>, Row> by_shape;  // (shape and ops, epilogue, types)
+  double total = 0;
+  char buf[3][64];
+  for (const auto& [key, p] : plans_) {
+    if (p.profile_calls == 0) continue;
+    // (GemmKey: trans_a, trans_b, m, n, k, ..., epilogue (8), ..., DType of A and B (14), of D)
+    std::snprintf(buf[0], sizeof buf[0], "%dx%dx%d %c%c", std::get<2>(key), std::get<3>(key),
+                  std::get<4>(key), std::get<0>(key) ? 'T' : 'N', std::get<1>(key) ? 'T' : 'N');
+    std::snprintf(buf[1], sizeof buf[1], "%s -> %s", dtype_name(DType(std::get<14>(key))),
+                  dtype_name(DType(std::get<15>(key))));
+    Row& r = by_shape[{buf[0], epilogues[int(std::get<8>(key))], buf[1]}];
+    r.ms += p.profile_ms;
+    r.calls += p.profile_calls;
+    r.flops += p.flops * double(p.profile_calls);
+    total += p.profile_ms;
+  }
+  if (by_shape.empty()) return "";
+  std::vector<std::pair<const std::array<std::string, 3>*, const Row*>> sorted;
+  for (const auto& [label, r] : by_shape) sorted.emplace_back(&label, &r);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second->ms > b.second->ms; });
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < sorted.size() && i < 16; ++i) {
+    const auto& [label, r] = sorted[i];
+    std::snprintf(buf[0], sizeof buf[0], "%lld", (long long)r->calls);
+    std::snprintf(buf[1], sizeof buf[1], "%.1f (%.1f%%)", r->ms,
+                  total > 0 ? 100 * r->ms / total : 0.0);
+    std::snprintf(buf[2], sizeof buf[2], "%.0f",
+                  r->ms > 0 ? r->flops / (r->ms * 1e-3) / 1e12 : 0.0);
+    rows.push_back({(*label)[0], (*label)[1], (*label)[2], buf[0], buf[1], buf[2]});
+  }
+  // (m, n, k as cuBLASLt takes them, column-major: a linear layer's out (N,OC) is D (OC x N) with
+  // k = its input width; N/T: op of A, of B)
+  return format_table("GEMMs by shape, longest first (TRELLIS_CUDA_PROFILE=1: cublasLtMatmul "
+                      "alone; m x n x k column-major, as cuBLASLt)",
+                      {"m x n x k, ops", "epilogue", "types", "calls", "ms (share)", "TFLOP/s"},
+                      rows);
 }
 
 std::string CudaBackend::profile_report() {
@@ -337,7 +392,8 @@ std::string CudaBackend::profile_report() {
   // rate: on the least work — the products' FLOPs, or each input read and each output written
   // once (add_work).
   return format_table("CUDA device time per kernel class (TRELLIS_CUDA_PROFILE=1)",
-                      {"kernel class", "ms", "share", "calls", "rate on least work"}, rows);
+                      {"kernel class", "ms", "share", "calls", "rate on least work"}, rows) +
+         gemm_shapes_report();
 }
 
 // ---- bf16 conversions ----

@@ -312,6 +312,10 @@ class CudaBackend : public Backend {
   GemmPlan* gelu_plan(Epilogue epi, bool trans_a, bool trans_b, int m, int n, int k, int lda,
                       int ldb, int ldd, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux);
   void run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux, CPtr C = CPtr());
+  /// cublasLtMatmul with the plan's descriptors: D = op(A)·op(B) + beta·C by `algo`, timed for
+  /// the profile's per-plan table while profiling.
+  cublasStatus_t matmul(GemmPlan& p, const void* A, const void* B, float beta, const void* C,
+                        void* D, const cublasLtMatmulAlgo_t* algo);
   /// The GEMM of a plan whose epilogue has another way (GELU, bias gradient): false, with
   /// nothing launched, where cuBLASLt refuses it (the plan is then marked not found: the caller
   /// runs the unfused way, now and later).
@@ -417,6 +421,8 @@ class CudaBackend : public Backend {
     int chosen = 0;
     float first_ms = 0, chosen_ms = 0;
     int64_t calls = 0;
+    double profile_ms = 0;  // device time of its cublasLtMatmul calls while profiling
+    int64_t profile_calls = 0;
     // With C apart from D (a residual): 0 not yet asked, 1 algo_apart writes D apart from C, 2 no
     // candidate does (C is copied into D and the GEMM runs in place).
     int apart_state = 0;
@@ -498,7 +504,10 @@ class CudaBackend : public Backend {
   struct PendingTime {
     KernelClass cls;
     cudaEvent_t start, stop;
+    GemmPlan* plan = nullptr;  // a GEMM's own cublasLtMatmul, for the per-shape table (not cls)
   };
+  /// The profile's second table: the GEMM plans by device time, each with its TFLOP/s.
+  std::string gemm_shapes_report() const;
   bool profiling_ = false;
   bool profile_paused_ = false;
   std::vector<PendingTime> pending_;

@@ -255,6 +255,27 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
   cudaEventDestroy(stop);
 }
 
+cublasStatus_t CudaBackend::matmul(GemmPlan& p, const void* A, const void* B, float beta,
+                                   const void* C, void* D, const cublasLtMatmulAlgo_t* algo) {
+  const float alpha = 1.0f;
+  cudaEvent_t start = nullptr;  // (profiling: this plan's own time, for the per-plan table)
+  if (profiling()) {
+    start = take_event();
+    TRELLIS_CUDA(cudaEventRecord(start, stream_));
+  }
+  const cublasStatus_t status = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.d,
+                                               D, p.d, algo, workspace_, workspace_bytes_, stream_);
+  if (start) {
+    cudaEvent_t stop = take_event();
+    TRELLIS_CUDA(cudaEventRecord(stop, stream_));
+    if (status == CUBLAS_STATUS_SUCCESS)
+      pending_.push_back({kGemm, start, stop, &p});
+    else
+      free_events_.push_back(start), free_events_.push_back(stop);
+  }
+  return status;
+}
+
 bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
   if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
                                              sizeof(bias.data)) != CUBLAS_STATUS_SUCCESS)
@@ -264,11 +285,8 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr b
     return false;
   if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, CPtr());
   ++p.calls;
-  const float alpha = 1.0f;
   // cublasLtMatmul checks its arguments before it launches anything: a refusal leaves D as it was.
-  const cublasStatus_t status =
-      cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, D.data, p.d, D.data, p.d,
-                     &p.algo, workspace_, workspace_bytes_, stream_);
+  const cublasStatus_t status = matmul(p, A.data, B.data, beta, D.data, D.data, &p.algo);
   if (status == CUBLAS_STATUS_SUCCESS) {
     add_work(kGemm, p.flops, 0);
     return true;
@@ -288,7 +306,6 @@ void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias,
                                               &aux.data, sizeof(aux.data)));
   if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, C);
   ++p.calls;
-  const float alpha = 1.0f;
   const cublasLtMatmulAlgo_t* algo = &p.algo;
   if (C && C.data != D.data) {  // not every algorithm writes D apart from C
     algo = out_of_place_algo(p);
@@ -302,9 +319,7 @@ void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias,
       algo = &p.algo;
     }
   }
-  TRELLIS_LT(cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta,
-                            C ? C.data : D.data, p.d, D.data, p.d, algo, workspace_,
-                            workspace_bytes_, stream_));
+  TRELLIS_LT(matmul(p, A.data, B.data, beta, C ? C.data : D.data, D.data, algo));
   add_work(kGemm, p.flops, 0);
 }
 
