@@ -198,21 +198,37 @@ def attention_bench(a, H=12, D=64):
 
 
 def gemm_bench(a, V=50304):
-    """Each linear layer's three GEMMs — forward (N, in)·(in, out), dinp (N, out)·(out, in),
-    dweight (out, N)·(N, in) — for GPT-2 124M (C 768) and 350M (C 1024): qkv, the attention's
-    projection, the MLP's two, the LM head. bf16 in and out (Trellis's dweight GEMMs write fp32)."""
+    """Each linear layer's three GEMMs as Trellis runs them — forward out = x·Wᵀ (W stored
+    (out, in)), dinp = dout·W, dweight = doutᵀ·x — for GPT-2 124M (C 768) and 350M (C 1024): qkv,
+    the attention's projection, the MLP's two, the LM head; bf16 in and out (Trellis's dweight
+    GEMMs write fp32). Each is labelled as Trellis's profile labels its GEMMs (column-major
+    m x n x k as cuBLAS takes them, and the ops: TN, NN, NT), to hold the two side by side."""
     N = a.B * a.T
+    bf = dict(device="cuda", dtype=torch.bfloat16)
     for C in (768, 1024):
-        for name, fan_in, fan_out in (("qkv", C, 3 * C), ("proj", C, C), ("fc", C, 4 * C),
-                                      ("fc2", 4 * C, C), ("lm_head", C, V)):
-            for part, (m, k, n) in (("fwd", (N, fan_in, fan_out)), ("dinp", (N, fan_out, fan_in)),
-                                    ("dweight", (fan_out, N, fan_in))):
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-                ms = timed(lambda: torch.matmul(x, w), 10)
-                print(f"torch-bench: gemm C={C} {name} {part} {m}x{n}x{k} ms={ms:.3f} "
-                      f"tflops={2.0 * m * n * k / (ms * 1e-3) / 1e12:.1f}", flush=True)
-                del x, w
+        for name, fin, fout in (("qkv", C, 3 * C), ("proj", C, C), ("fc", C, 4 * C),
+                                ("fc2", 4 * C, C), ("lm_head", C, V)):
+            # (part, label, the two operands of torch.matmul: views as Trellis's tensors are laid out)
+            parts = (("fwd", f"{fout}x{N}x{fin} TN",
+                      lambda: (torch.randn(N, fin, **bf), torch.randn(fout, fin, **bf).t())),
+                     ("dinp", f"{fin}x{N}x{fout} NN",
+                      lambda: (torch.randn(N, fout, **bf), torch.randn(fout, fin, **bf))),
+                     ("dweight", f"{fin}x{fout}x{N} NT",
+                      lambda: (torch.randn(N, fout, **bf).t(), torch.randn(N, fin, **bf))))
+            for part, label, make in parts:
+                try:
+                    x, w = make()
+                    m, k = x.shape
+                    n = w.shape[1]
+                    ms = timed(lambda: torch.matmul(x, w), 10)
+                    print(f"torch-bench: gemm C={C} {name} {part} {label} ms={ms:.3f} "
+                          f"tflops={2.0 * m * n * k / (ms * 1e-3) / 1e12:.1f}", flush=True)
+                except Exception as e:  # (one shape that fails leaves the others to run)
+                    print(f"torch-bench: error gemm C={C} {name} {part}: {first_line(e)}",
+                          flush=True)
+                finally:
+                    x = w = None
+                    torch.cuda.empty_cache()
 
 
 def main():

@@ -155,6 +155,62 @@ TEST_F(CudaBf16Kernels, Bf16LayerNorm) {
   }
 }
 
+// The linear layers' bias gradients (matmul_backward's dbias by the column-sum kernels, the
+// default) bit for bit against their order written out on the host: per chunk of 256 rows each
+// column summed in row order (fp32, from 0), the chunks' sums added by 32 rows of threads (chunk
+// k by row k mod 32, in order), those 32 sums in order, then added to dbias. N = 1003: 4 chunks,
+// the last partial, 3 rows past the kernel's batches of 8. OC = 776 takes 16-byte chunks of
+// columns (fp32 and bf16), 770 one value a thread, as does dout one element off alignment.
+TEST_F(CudaBf16Kernels, BiasGradientsAreColumnSumsInAFixedOrder) {
+  const int N = 1003, C = 8, kRows = 256, kThreadRows = 32;
+  fresh_gpu({{"TRELLIS_BGRAD_EPILOGUE", "0"}});
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    gpu->set_precision(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    for (const int OC : {776, 770}) {
+      for (const int offset : {0, 1}) {
+        SCOPED_TRACE("OC = " + std::to_string(OC) + ", offset " + std::to_string(offset));
+        const std::vector<float> dout_f = random_vec(size_t(N) * OC + 1, 40);
+        const Bits dout_b = bits_of(dout_f);
+        const std::vector<float> dout = bf16 ? widen(dout_b) : dout_f;  // as the GPU reads it
+        const std::vector<float> db0 = random_vec(OC, 41);
+        std::vector<float> want(OC);
+        const int chunks = (N + kRows - 1) / kRows;
+        for (int c = 0; c < OC; ++c) {
+          std::vector<float> partial(chunks, 0.0f);
+          for (int r = 0; r < N; ++r)
+            partial[r / kRows] += dout[size_t(offset) + size_t(r) * OC + c];
+          float total = 0.0f;
+          for (int y = 0; y < kThreadRows; ++y) {
+            float acc = 0.0f;
+            for (int k = y; k < chunks; k += kThreadRows) acc += partial[k];
+            total += acc;
+          }
+          want[c] = db0[c] + total;
+        }
+        float *d_dw = up(std::vector<float>(size_t(OC) * C, 0.0f)), *d_db = up(db0);
+        if (bf16) {
+          bf16_t *d_dout = up(dout_b), *d_inp = up(bf16_random(size_t(N) * C, 42)),
+                 *d_w = up(bf16_random(size_t(OC) * C, 43));
+          gpu->matmul_backward(nullptr, d_dw, d_db, d_dout + offset, d_inp, d_w, N, C, OC);
+        } else {
+          float *d_dout = up(dout_f), *d_inp = up(random_vec(size_t(N) * C, 42)),
+                *d_w = up(random_vec(size_t(OC) * C, 43));
+          gpu->matmul_backward(nullptr, d_dw, d_db, d_dout + offset, d_inp, d_w, N, C, OC);
+        }
+        const std::vector<float> got = down(d_db, OC);
+        int differ = 0;
+        for (int c = 0; c < OC; ++c)
+          differ += std::bit_cast<uint32_t>(got[c]) != std::bit_cast<uint32_t>(want[c]);
+        std::printf("bias gradient %dx%d %s, dout %d off: %d of %d differ from the fixed order\n",
+                    N, OC, precision, offset, differ, OC);
+        EXPECT_EQ(differ, 0);
+      }
+    }
+  }
+}
+
 // The layer norm forward holding each lane's share of a row in registers (the default where the
 // row fits: C ≤ 2048 in bf16, 1024 in fp32) against the kernels that read the row again for each
 // sum (TRELLIS_LAYERNORM_HELD=0): the same bits — out, mean, rstd, and the residual sum written

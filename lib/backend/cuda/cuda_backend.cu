@@ -234,6 +234,13 @@ cudaEvent_t CudaBackend::take_event() {
   return e;
 }
 
+void CudaBackend::push_pending(const PendingTime& t) {
+  pending_.push_back(t);
+  // Bounded: resolving waits for every pending interval, the one just recorded too (the stream
+  // drains once in 4096 calls).
+  if (pending_.size() > 4096) resolve_profile();
+}
+
 void CudaBackend::resolve_profile() {
   for (const PendingTime& p : pending_) {
     TRELLIS_CUDA(cudaEventSynchronize(p.stop));
@@ -273,8 +280,7 @@ CudaBackend::Profiled::~Profiled() {
   if (!start_) return;
   cudaEvent_t stop = be_.take_event();
   cudaEventRecord(stop, be_.stream_);
-  be_.pending_.push_back({cls_, start_, stop});
-  if (be_.pending_.size() > 4096) be_.resolve_profile();  // bounded: waits on old events only
+  be_.push_pending({cls_, start_, stop});
 }
 
 std::string CudaBackend::gemm_shapes_report() const {
@@ -284,7 +290,8 @@ std::string CudaBackend::gemm_shapes_report() const {
     double ms = 0, flops = 0;
     int64_t calls = 0;
   };
-  static const char* epilogues[] = {"", "bias", "GELU aux", "bias, GELU aux", "dGELU", "BGRADB"};
+  static const char* epilogues[] = {"none", "bias", "GELU aux", "bias, GELU aux", "dGELU",
+                                    "BGRADB"};
   std::map<std::array<std::string, 3>, Row> by_shape;  // (shape and ops, epilogue, types)
   double total = 0;
   char buf[3][64];

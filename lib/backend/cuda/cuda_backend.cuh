@@ -508,6 +508,8 @@ class CudaBackend : public Backend {
   };
   /// The profile's second table: the GEMM plans by device time, each with its TFLOP/s.
   std::string gemm_shapes_report() const;
+  /// Keeps an interval to resolve later (resolving them all once 4096 are pending).
+  void push_pending(const PendingTime& t);
   bool profiling_ = false;
   bool profile_paused_ = false;
   std::vector<PendingTime> pending_;
