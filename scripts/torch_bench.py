@@ -208,7 +208,7 @@ def gemm_bench(a, V=50304):
     for C in (768, 1024):
         for name, fin, fout in (("qkv", C, 3 * C), ("proj", C, C), ("fc", C, 4 * C),
                                 ("fc2", 4 * C, C), ("lm_head", C, V)):
-            # (part, label, the two operands of torch.matmul: views as Trellis's tensors are laid out)
+            # (part, label, torch.matmul's two operands: views laid out as Trellis's tensors)
             parts = (("fwd", f"{fout}x{N}x{fin} TN",
                       lambda: (torch.randn(N, fin, **bf), torch.randn(fout, fin, **bf).t())),
                      ("dinp", f"{fin}x{N}x{fout} NN",
