@@ -231,7 +231,7 @@ echo "gpu-check: ${GPU:-no GPU found by nvidia-smi}; bf16 peak ${PEAK} TFLOP/s; 
 # themselves around the backends they make (as the other bf16 attention tests set it to 0); the
 # process has it too.
 tc_tests='Cuda*TensorCore*'
-# cuDNN's fused attention (CudaCudnn.*: its graphs have not run on a GPU either) goes first, in a
+# cuDNN's fused attention (CudaCudnn.*: engines that vary with the cuDNN found) goes first, in a
 # process of its own too, with cuDNN's own log of warnings and errors (why a graph found no
 # engine, where it does not).
 t=$(limit "$TEST_TIMEOUT")

@@ -1,11 +1,12 @@
 // CUDA backend: the check that lets the tensor-core attention be bf16's default. Its kernels
 // (cuda_attention_mma.cu) rest on the register layouts of ldmatrix and mma.sync as read from the
-// PTX ISA, which only a GPU can confirm; so before a backend gives a head size to them it runs
+// PTX ISA, which only a GPU can confirm (an H200 did, 2026-12-04); so before a backend gives a
+// head size to them it runs
 // one small causal attention, forward and backward, on them and on the fp32 kernels
 // (cuda_attention.cu) from the same bf16 inputs, on the device the run uses, and compares.
 // Where they disagree the run keeps the fp32 kernels (CudaBackend::tc_attention_agrees). cuDNN's
-// fused attention (cudnn_attention.cu), whose graphs have not run on a GPU either, goes through
-// the same comparison before it takes a head size (CudaBackend::cudnn_agrees).
+// fused attention (cudnn_attention.cu), whose engines vary with the cuDNN a machine has, goes
+// through the same comparison before it takes a head size (CudaBackend::cudnn_agrees).
 //
 // The shape — B = 1, T = 160 (256 for cuDNN), 2 query heads sharing 1 key/value head, the run's
 // head size — reaches what the kernels do differently at the edges: two query blocks (128 rows
