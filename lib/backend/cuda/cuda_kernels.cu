@@ -21,15 +21,27 @@ using cuda::store;
 
 // ---- embeddings ----
 
-template <typename T>
+// The embedding passes go through rows of C values W at a time (cuda::Chunk: 16 bytes where C
+// and the pointers allow, else one value): item i of the grid-stride loops is the chunk at row
+// i / (C/W), column (i % (C/W))·W. The same values either way.
+template <typename T, int W>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, int N, int C,
                                          int vocab_begin, int vocab_count) {
   // out (N,C), tokens (N), wte (vocab_count,C); rows of other ranks' tokens are 0
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * C;
+  const int chunks = C / W;  // a row's
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * chunks;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C, c = i % C;
+    const int64_t n = i / chunks;
+    const int c = int(i - n * chunks) * W;
     const int v = tokens[n] - vocab_begin;
-    store(out + i, v >= 0 && v < vocab_count ? load(wte + int64_t(v) * C + c) : 0.0f);
+    cuda::Chunk<T, W> x;
+    if (v >= 0 && v < vocab_count) {
+      x.load_from(wte + int64_t(v) * C + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) x.set(k, 0.0f);
+    }
+    x.store_to(out + n * C + c);
   }
 }
 
@@ -46,14 +58,21 @@ __global__ void embedding_backward_kernel(float* dwte, const T* dout, const int3
   }
 }
 
-template <typename T>
+template <typename T, int W>
 __global__ void position_forward_kernel(T* out, const T* wpe, int rows, int T_, int C,
                                         int first_row) {
   // out (rows,C) += wpe (T,C) at position (first_row + r) mod T
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(rows) * C;
+  const int chunks = C / W;  // a row's
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(rows) * chunks;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / C, c = i % C;
-    store(out + i, load(out + i) + load(wpe + ((first_row + r) % T_) * C + c));
+    const int64_t r = i / chunks;
+    const int c = int(i - r * chunks) * W;
+    cuda::Chunk<T, W> x, p;
+    x.load_from(out + r * C + c);
+    p.load_from(wpe + ((first_row + r) % T_) * C + c);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x.set(k, x[k] + p[k]);
+    x.store_to(out + r * C + c);
   }
 }
 
@@ -146,8 +165,13 @@ void CudaBackend::launch_embedding_forward(T* out, const int32_t* tokens, const 
                                            int C, int vocab_begin, int vocab_count) {
   Profiled prof(*this, kEmbedding);
   add_work(kEmbedding, 0, double(N) * C * 2 * sizeof(T));
-  embedding_forward_kernel<<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
-      out, tokens, wte, N, C, vocab_begin, vocab_count);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {out, wte}))
+    embedding_forward_kernel<T, W><<<blocks_for(int64_t(N) * C / W), kThreads, 0, stream_>>>(
+        out, tokens, wte, N, C, vocab_begin, vocab_count);
+  else
+    embedding_forward_kernel<T, 1><<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
+        out, tokens, wte, N, C, vocab_begin, vocab_count);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -166,8 +190,13 @@ void CudaBackend::launch_position_forward(T* out, const T* wpe, int rows, int T_
                                           int first_row) {
   Profiled prof(*this, kEmbedding);
   add_work(kEmbedding, 0, double(rows) * C * 3 * sizeof(T));
-  position_forward_kernel<<<blocks_for(int64_t(rows) * C), kThreads, 0, stream_>>>(
-      out, wpe, rows, T_, C, first_row);
+  constexpr int W = cuda::kWide<T>;
+  if (cuda::wide_rows<T>(C, {out, wpe}))
+    position_forward_kernel<T, W><<<blocks_for(int64_t(rows) * C / W), kThreads, 0, stream_>>>(
+        out, wpe, rows, T_, C, first_row);
+  else
+    position_forward_kernel<T, 1><<<blocks_for(int64_t(rows) * C), kThreads, 0, stream_>>>(
+        out, wpe, rows, T_, C, first_row);
   TRELLIS_CUDA_LAUNCHED();
 }
 
