@@ -371,9 +371,8 @@ namespace {
 // f(W, J) as std::integral_constants for the forward's rows of C values at these pointers: W
 // values a chunk (16 bytes where the rows allow, else 1), J chunks a lane held in registers —
 // the fewest of 2, 4, 8 that cover C, where the chunks are 16 bytes and `held` — or 0 (LaneRow).
-// (At sm_90
-// the bf16 forwards take 44-46, 61-62 and 92 registers at J = 2, 4, 8, the re-reading ones 40;
-// J = 16 took 158-166: a block of 256 threads an SM.)
+// (At sm_90 the bf16 forwards take 44-46, 61-62 and 92 registers at J = 2, 4, 8, the re-reading
+// ones 40; J = 16 took 158-166: a block of 256 threads an SM.)
 template <typename T, typename F>
 void with_lane_row(bool held, int C, std::initializer_list<const void*> pointers, F&& f) {
   using I = std::integral_constant<int, 0>;

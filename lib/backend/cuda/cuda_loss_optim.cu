@@ -3,7 +3,6 @@
 // (cpu/cpu_vocab_parallel.cpp, cpu/cpu_loss_optim.cpp).
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.cuh"
@@ -135,47 +134,34 @@ __global__ void __launch_bounds__(kLossThreads)
 }
 
 // All three on a row of the whole vocabulary (vocab_begin 0), the statistics written as well.
-template <typename T>
+// With Cached, the row is first copied into shared memory (its 16-byte chunks, every thread's in
+// flight together) and read from there: the row read from memory once and written once, where
+// the uncached kernel reads it three times — from L2 at best, but a GPT-2 row is 100 KB in bf16,
+// and the rows in flight on an H200 (up to 4 blocks on each of 132 SMs) 53 MB, more than its L2.
+// The same arithmetic in the same order on the same values either way: the same bits. Cached
+// rows are 16-byte aligned, V·sizeof(T) bytes of dynamic shared memory.
+template <typename T, bool Cached>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
                               float* sumexp, float* target_logit, int V, int valid, float dloss) {
+  extern __shared__ uint4 cached[];  // (V·sizeof(T) / 16): the row, where Cached
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int n = blockIdx.x, target = targets[n];
   T* l = logits + int64_t(n) * V;  // (V)
-  const float m = row_max_of(l, valid, shared_max);
-  // Every thread reads the target's logit before the barriers of the sum: past them, the thread
-  // that owns that column overwrites it with its dlogit.
-  const float tl = row_target_logit(l, target, target, valid);
-  const float s = row_sumexp(l, valid, m, shared_sum);
-  if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
-  row_finish(l, l, losses + n, target, target, m, s, tl, V, valid, dloss);
-}
-
-// The same with the row cached in shared memory (its 16-byte chunks copied in at once, every
-// thread's in flight together): the row read from memory once and written once, where the
-// kernel above reads it three times — from L2 at best, but a GPT-2 row is 100 KB in bf16, and the
-// rows in flight on an H200 (up to 4 blocks on each of 132 SMs) 53 MB, more than its L2. The same
-// arithmetic in the same order on the same values: the same bits. Rows 16-byte aligned. (Each
-// thread copies the chunks it reads first, in row_pass's order; the barrier after the copies is
-// still needed: the tail values and the target's logit are read by other threads.)
-template <typename T>
-__global__ void __launch_bounds__(kLossThreads)
-    crossentropy_cached_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
-                               float* sumexp, float* target_logit, int V, int valid, float dloss) {
-  extern __shared__ uint4 cached[];  // (V·sizeof(T) / 16): the row
-  __shared__ float shared_max[32];
-  __shared__ double shared_sum[32];
-  const int n = blockIdx.x, target = targets[n];
-  T* l = logits + int64_t(n) * V;  // (V)
-  const T* row = reinterpret_cast<const T*>(cached);  // (V)
-  const int chunks = int(int64_t(V) * sizeof(T) / 16);
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x)
-    cuda::copy_async16(cached + i, reinterpret_cast<const uint4*>(l) + i, true);
-  cuda::copy_async_commit();
-  cuda::copy_async_wait<0>();
-  __syncthreads();
+  const T* row = l;                // where the passes read it
+  if constexpr (Cached) {
+    const int chunks = int(int64_t(V) * sizeof(T) / 16);
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x)
+      cuda::copy_async16(cached + i, reinterpret_cast<const uint4*>(l) + i, true);
+    cuda::copy_async_commit();
+    cuda::copy_async_wait<0>();
+    __syncthreads();  // (the tail values and the target's logit are other threads' copies)
+    row = reinterpret_cast<const T*>(cached);
+  }
   const float m = row_max_of(row, valid, shared_max);
+  // Every thread reads the target's logit before the barriers of the sum: past them, the thread
+  // that owns that column overwrites it with its dlogit (uncached).
   const float tl = row_target_logit(row, target, target, valid);
   const float s = row_sumexp(row, valid, m, shared_sum);
   if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
@@ -287,11 +273,11 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
                       reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   ++(cached ? loss_rows_cached_ : loss_rows_uncached_);
   if (cached) {
-    cuda::allow_shared(crossentropy_cached_kernel<T>, row_bytes);
-    crossentropy_cached_kernel<T><<<N, kLossThreads, row_bytes, stream_>>>(
+    cuda::allow_shared(crossentropy_fused_kernel<T, true>, row_bytes);
+    crossentropy_fused_kernel<T, true><<<N, kLossThreads, row_bytes, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
   } else {
-    crossentropy_fused_kernel<T><<<N, kLossThreads, 0, stream_>>>(
+    crossentropy_fused_kernel<T, false><<<N, kLossThreads, 0, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
   }
   TRELLIS_CUDA_LAUNCHED();
