@@ -31,6 +31,20 @@ inline int layernorm_backward_chunk_rows(int64_t N, int sm_count) {
   return rows;
 }
 
+/// The cuda backend's embedding gradient sorts a micro-batch's N positions by token, a counting
+/// sort in tiles of positions (cuda_embedding.cu): this many tiles (of 2048 positions, at most
+/// 32) ...
+inline int embedding_sort_tiles(int64_t N) {
+  return int(std::clamp<int64_t>((N + 2047) / 2048, 1, 32));
+}
+/// ... and this many ints of scratch, which the memory plan counts: each tile's count of each
+/// token; per 1024 tokens the rows and runs before them; the runs (token, first place, rows) and
+/// their number; the sorted positions.
+inline int64_t embedding_sort_scratch_ints(int64_t N, int64_t vocab_count) {
+  return embedding_sort_tiles(N) * vocab_count + 2 * ((vocab_count + 1023) / 1024) +
+         3 * std::min(N, vocab_count) + 1 + N;
+}
+
 /// Which of a bf16 run's kernel calls a backend widens to its fp32 kernels (Backend::Widened).
 enum class Widening {
   none,       // it has bf16 kernels for every call (cuda with the tensor-core attention)

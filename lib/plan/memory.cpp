@@ -443,9 +443,11 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     // layernorm_backward_chunk_rows where a lane's registers take a row, C ≤ 256·W with W values
     // a 16-byte load, else of 256 rows); the gradient norm's 512 partial sums in fp64
     // (cuda_loss_optim.cu); and, in bf16 with the GELU kept out of the GEMM's epilogue
-    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu). On cuDNN
-    // the attention backward's are its dQ accumulator (B,H,T,hd) and Σ dout·out (B,H,T) in
-    // fp32 (cudnn_attention.cu; the engine's own workspace, unknown here, comes on top).
+    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu); on the
+    // first stage the embedding gradient's sort of the positions by token (cuda_embedding.cu).
+    // On cuDNN the attention backward's are its dQ accumulator (B,H,T,hd) and Σ dout·out
+    // (B,H,T) in fp32 (cudnn_attention.cu; the engine's own workspace, unknown here, comes on
+    // top).
     const double rows = double(cfg.train.micro_batch) * table.heads_local * m.seq_len;
     const bool cudnn = bf16 && cudnn_takes;
     const double attention = cudnn ? 4.0 * rows * (hd + 1) : 4.0 * rows;
@@ -454,11 +456,14 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
         C <= 256 * lane_values ? layernorm_backward_chunk_rows(R, opt.sm_count) : 256;
     const double layernorm = 4.0 * ((R + ln_rows - 1) / ln_rows) * 2 * C;
     const double gelu = bf16 && !opt.gelu_epilogue ? 4.0 * N * table.d_ff_local : 0.0;
-    const double scratch = std::max({attention, layernorm, 8.0 * 512, gelu});
+    const double embedding =
+        spec.first ? 4.0 * double(embedding_sort_scratch_ints(N, table.vocab_local)) : 0.0;
+    const double scratch = std::max({attention, layernorm, 8.0 * 512, gelu, embedding});
     const char* largest = scratch == gelu        ? "MLP GEMM fp32 output"
                           : scratch == attention ? (cudnn ? "cuDNN attention backward"
                                                           : "attention backward")
                           : scratch == layernorm ? "layer norm backward"
+                          : scratch == embedding ? "embedding gradient's sort by token"
                                                  : "gradient norm partial sums";
     r.workspace = {
         opt.workspace_bytes + scratch + widened,

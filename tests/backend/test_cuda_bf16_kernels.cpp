@@ -292,8 +292,8 @@ TEST_F(CudaBf16Kernels, Bf16ElementWise) {
 
 // bf16 embeddings: the token rows copied (other ranks' tokens: 0) into a poisoned out, then the
 // position rows added in fp32 and rounded — the same copy and the same single addition on both
-// sides: the same bits; dwte and dwpe fp32 (+=) from bf16 dout: 1e-5 (atomics add repeated token
-// rows in any order).
+// sides: the same bits; dwte and dwpe fp32 (+=) from bf16 dout: 1e-5 (repeated token rows added
+// in another order than the CPU's: test_cuda_embedding.cpp).
 TEST_F(CudaBf16Kernels, Bf16Embeddings) {
   gpu->set_precision("bf16");
   for (const int C : {24, 20}) {  // (the forward passes 16 bytes at a time, then one value)

@@ -276,6 +276,12 @@ T __shfl_sync(unsigned, T v, int src, int width = 32) {
   return trellis_emu::shuffle(v, (l / width) * width + src % width);
 }
 
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int l = trellis_emu::lane();
+  return trellis_emu::shuffle(v, l % width >= int(delta) ? l - int(delta) : l);
+}
+
 // One fiber runs at a time: an atomic is a plain read-modify-write.
 template <typename T>
 T atomicAdd(T* address, T v) {

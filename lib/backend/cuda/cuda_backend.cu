@@ -145,6 +145,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // its output instead of holding it in registers (the same bits; to time the two side by side).
   const char* held = std::getenv("TRELLIS_LAYERNORM_HELD");
   layernorm_held_ = !(held && std::strcmp(held, "0") == 0);
+  // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics, its last bits varying run to
+  // run, instead of sorting the positions by token and adding each token's rows in order (to
+  // time the two side by side).
+  const char* sorted = std::getenv("TRELLIS_EMBEDDING_SORTED");
+  embedding_sorted_ = !(sorted && std::strcmp(sorted, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {

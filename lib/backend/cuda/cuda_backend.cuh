@@ -34,14 +34,15 @@
 // without tensor parallelism each half of a block ends in its projection GEMM adding the
 // residual stream as its C (TRELLIS_RESIDUAL_EPILOGUE=0: the add apart).
 //
-// Determinism: every kernel except embedding_backward (atomicAdd into repeated token rows) gives
-// the same bits run to run: reductions over rows go through fixed per-chunk partial sums. cuDNN's
-// attention backward does not (its dQ accumulator; TRELLIS_CUDNN=0 leaves it out).
+// Determinism: every kernel gives the same bits run to run: reductions over rows go through fixed
+// per-chunk partial sums, and the embedding gradient adds each token's rows in an order the
+// tokens fix (TRELLIS_EMBEDDING_SORTED=0: by atomics, in any order). cuDNN's attention backward
+// does not (its dQ accumulator; TRELLIS_CUDNN=0 leaves it out).
 //
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
-// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_kernels.cu (embeddings,
-// GELU, add), cuda_layernorm.cu (layer norm, column sums), cuda_loss_optim.cu (cross-entropy,
-// norms, AdamW),
+// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_embedding.cu (token and
+// position embeddings), cuda_kernels.cu (GELU, add), cuda_layernorm.cu (layer norm, column sums),
+// cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
 // row's logsumexp), cuda_attention_mma.cu (the same on the tensor cores, bf16: mma.sync with the
 // scores in registers — its warp-level pieces in cuda_mma_tiles.cuh, the instructions in
@@ -217,9 +218,9 @@ class CudaBackend : public Backend {
   void gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void add_f32(float* out, const float* a, const float* b, int64_t n) override;
 
-  // ---- bf16 kernels (cuda_kernels.cu, cuda_layernorm.cu, cuda_attention.cu): every tensor
-  //      bf16, arithmetic in fp32; a call with a mix of types takes the Backend's widening
-  //      default ----
+  // ---- bf16 kernels (cuda_embedding.cu, cuda_kernels.cu, cuda_layernorm.cu, cuda_attention.cu):
+  //      every tensor bf16, arithmetic in fp32; a call with a mix of types takes the Backend's
+  //      widening default ----
   void embedding_forward_bf16(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
                               int vocab_begin, int vocab_count) override;
   void embedding_backward_bf16(float* dwte, CPtr dout, const int32_t* tokens, int N, int C,
@@ -347,8 +348,8 @@ class CudaBackend : public Backend {
                        int N, int C, int OC);
   void linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias, CPtr dout,
                             CPtr inp, CPtr pre, CPtr weight, int N, int C, int OC);
-  // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_kernels.cu and
-  // (layer norm) cuda_layernorm.cu.
+  // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_embedding.cu,
+  // cuda_kernels.cu and (layer norm) cuda_layernorm.cu.
   template <typename T>
   void launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C,
                                 int vocab_begin, int vocab_count);
@@ -489,6 +490,7 @@ class CudaBackend : public Backend {
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   bool loss_row_cache_ = true;  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy uncached
   bool layernorm_held_ = true;  // TRELLIS_LAYERNORM_HELD=0: the forward re-reads its rows
+  bool embedding_sorted_ = true;  // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics
   // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
   // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank
   // measures includes them.

@@ -1,7 +1,8 @@
-// CUDA backend: embeddings, GELU, add/scale (layer norm and column sums: cuda_layernorm.cu; cross-
-// entropy, norms and AdamW: cuda_loss_optim.cu). The formulas are the CPU backend's (cpu/*.cpp), so
-// that the two compute the same function; activations and parameters fp32 or bf16 (arithmetic in
-// fp32 either way), gradients of parameters, statistics, the optimizer and norms fp32.
+// CUDA backend: GELU, add/scale (embeddings: cuda_embedding.cu; layer norm and column sums:
+// cuda_layernorm.cu; cross-entropy, norms and AdamW: cuda_loss_optim.cu). The formulas are the CPU
+// backend's (cpu/*.cpp), so that the two compute the same function; activations and parameters
+// fp32 or bf16 (arithmetic in fp32 either way), gradients of parameters, statistics, the
+// optimizer and norms fp32.
 #include <cmath>
 #include <initializer_list>
 
@@ -18,77 +19,6 @@ namespace {
 // __nv_bfloat16 in a bf16 run): cuda::load widens, cuda::store rounds (cuda_util.cuh).
 using cuda::load;
 using cuda::store;
-
-// ---- embeddings ----
-
-// The embedding passes go through rows of C values W at a time (cuda::Chunk: 16 bytes where C
-// and the pointers allow, else one value): item i of the grid-stride loops is the chunk at row
-// i / (C/W), column (i % (C/W))·W. The same values either way.
-template <typename T, int W>
-__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, int N, int C,
-                                         int vocab_begin, int vocab_count) {
-  // out (N,C), tokens (N), wte (vocab_count,C); rows of other ranks' tokens are 0
-  const int chunks = C / W;  // a row's
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * chunks;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / chunks;
-    const int c = int(i - n * chunks) * W;
-    const int v = tokens[n] - vocab_begin;
-    cuda::Chunk<T, W> x;
-    if (v >= 0 && v < vocab_count) {
-      x.load_from(wte + int64_t(v) * C + c);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) x.set(k, 0.0f);
-    }
-    x.store_to(out + n * C + c);
-  }
-}
-
-template <typename T>
-__global__ void embedding_backward_kernel(float* dwte, const T* dout, const int32_t* tokens, int N,
-                                          int C, int vocab_begin, int vocab_count) {
-  // dwte (vocab_count,C) +=, dout (N,C). Repeated tokens: atomics (the order of the additions,
-  // hence the last bits, varies run to run).
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(N) * C;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C, c = i % C;
-    const int v = tokens[n] - vocab_begin;
-    if (v >= 0 && v < vocab_count) atomicAdd(&dwte[int64_t(v) * C + c], load(dout + i));
-  }
-}
-
-template <typename T, int W>
-__global__ void position_forward_kernel(T* out, const T* wpe, int rows, int T_, int C,
-                                        int first_row) {
-  // out (rows,C) += wpe (T,C) at position (first_row + r) mod T
-  const int chunks = C / W;  // a row's
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(rows) * chunks;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / chunks;
-    const int c = int(i - r * chunks) * W;
-    cuda::Chunk<T, W> x, p;
-    x.load_from(out + r * C + c);
-    p.load_from(wpe + ((first_row + r) % T_) * C + c);
-#pragma unroll
-    for (int k = 0; k < W; ++k) x.set(k, x[k] + p[k]);
-    x.store_to(out + r * C + c);
-  }
-}
-
-template <typename T>
-__global__ void position_backward_kernel(float* dwpe, const T* dout, int rows, int T_, int C,
-                                         int first_row) {
-  // dwpe (T,C) +=, dout (rows,C). One thread per (t, c) adds its rows in order: deterministic.
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < int64_t(T_) * C;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(i / C), c = int(i % C);
-    float acc = 0.0f;
-    for (int64_t r = ((t - first_row) % T_ + T_) % T_; r < rows; r += T_)
-      acc += load(dout + r * C + c);
-    dwpe[i] += acc;
-  }
-}
 
 // ---- GELU (tanh approximation, written as x·σ(2u) like the CPU backend), add, scale ----
 
@@ -161,56 +91,6 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
 // The launches, for tensors of type T (float*, or __nv_bfloat16* from cuda::dev).
 
 template <typename T>
-void CudaBackend::launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N,
-                                           int C, int vocab_begin, int vocab_count) {
-  Profiled prof(*this, kEmbedding);
-  add_work(kEmbedding, 0, double(N) * C * 2 * sizeof(T));
-  constexpr int W = cuda::kWide<T>;
-  if (cuda::wide_rows<T>(C, {out, wte}))
-    embedding_forward_kernel<T, W><<<blocks_for(int64_t(N) * C / W), kThreads, 0, stream_>>>(
-        out, tokens, wte, N, C, vocab_begin, vocab_count);
-  else
-    embedding_forward_kernel<T, 1><<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
-        out, tokens, wte, N, C, vocab_begin, vocab_count);
-  TRELLIS_CUDA_LAUNCHED();
-}
-
-template <typename T>
-void CudaBackend::launch_embedding_backward(float* dwte, const T* dout, const int32_t* tokens,
-                                            int N, int C, int vocab_begin, int vocab_count) {
-  Profiled prof(*this, kEmbedding);
-  add_work(kEmbedding, 0, double(N) * C * (sizeof(T) + 8));
-  embedding_backward_kernel<<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(
-      dwte, dout, tokens, N, C, vocab_begin, vocab_count);
-  TRELLIS_CUDA_LAUNCHED();
-}
-
-template <typename T>
-void CudaBackend::launch_position_forward(T* out, const T* wpe, int rows, int T_, int C,
-                                          int first_row) {
-  Profiled prof(*this, kEmbedding);
-  add_work(kEmbedding, 0, double(rows) * C * 3 * sizeof(T));
-  constexpr int W = cuda::kWide<T>;
-  if (cuda::wide_rows<T>(C, {out, wpe}))
-    position_forward_kernel<T, W><<<blocks_for(int64_t(rows) * C / W), kThreads, 0, stream_>>>(
-        out, wpe, rows, T_, C, first_row);
-  else
-    position_forward_kernel<T, 1><<<blocks_for(int64_t(rows) * C), kThreads, 0, stream_>>>(
-        out, wpe, rows, T_, C, first_row);
-  TRELLIS_CUDA_LAUNCHED();
-}
-
-template <typename T>
-void CudaBackend::launch_position_backward(float* dwpe, const T* dout, int rows, int T_, int C,
-                                           int first_row) {
-  Profiled prof(*this, kEmbedding);
-  add_work(kEmbedding, 0, double(rows) * C * sizeof(T) + 8.0 * T_ * C);
-  position_backward_kernel<<<blocks_for(int64_t(T_) * C), kThreads, 0, stream_>>>(dwpe, dout, rows,
-                                                                                  T_, C, first_row);
-  TRELLIS_CUDA_LAUNCHED();
-}
-
-template <typename T>
 void CudaBackend::launch_gelu_forward(T* out, const T* inp, int64_t n) {
   Profiled prof(*this, kGelu);
   add_work(kGelu, 0, double(n) * 2 * sizeof(T));
@@ -257,22 +137,6 @@ void CudaBackend::launch_add(T* out, const T* a, const T* b, int64_t n) {
 
 // ---- fp32 ----
 
-void CudaBackend::embedding_forward_f32(float* out, const int32_t* tokens, const float* wte, int N,
-                                        int C, int vocab_begin, int vocab_count) {
-  launch_embedding_forward(out, tokens, wte, N, C, vocab_begin, vocab_count);
-}
-void CudaBackend::embedding_backward_f32(float* dwte, const float* dout, const int32_t* tokens,
-                                         int N, int C, int vocab_begin, int vocab_count) {
-  launch_embedding_backward(dwte, dout, tokens, N, C, vocab_begin, vocab_count);
-}
-void CudaBackend::position_forward_f32(float* out, const float* wpe, int rows, int T, int C,
-                                       int first_row) {
-  launch_position_forward(out, wpe, rows, T, C, first_row);
-}
-void CudaBackend::position_backward_f32(float* dwpe, const float* dout, int rows, int T, int C,
-                                        int first_row) {
-  launch_position_backward(dwpe, dout, rows, T, C, first_row);
-}
 void CudaBackend::gelu_forward_f32(float* out, const float* inp, int64_t n) {
   launch_gelu_forward(out, inp, n);
 }
@@ -287,25 +151,6 @@ void CudaBackend::add_f32(float* out, const float* a, const float* b, int64_t n)
 using cuda::all_bf16;
 using cuda::dev;
 
-void CudaBackend::embedding_forward_bf16(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
-                                         int vocab_begin, int vocab_count) {
-  if (!all_bf16({out, wte}))
-    return Backend::embedding_forward_bf16(out, tokens, wte, N, C, vocab_begin, vocab_count);
-  launch_embedding_forward(dev(out.bf16()), tokens, dev(wte.bf16()), N, C, vocab_begin,
-                           vocab_count);
-}
-void CudaBackend::embedding_backward_bf16(float* dwte, CPtr dout, const int32_t* tokens, int N,
-                                          int C, int vocab_begin, int vocab_count) {
-  launch_embedding_backward(dwte, dev(dout.bf16()), tokens, N, C, vocab_begin, vocab_count);
-}
-void CudaBackend::position_forward_bf16(Ptr out, CPtr wpe, int rows, int T, int C, int first_row) {
-  if (!all_bf16({out, wpe})) return Backend::position_forward_bf16(out, wpe, rows, T, C, first_row);
-  launch_position_forward(dev(out.bf16()), dev(wpe.bf16()), rows, T, C, first_row);
-}
-void CudaBackend::position_backward_bf16(float* dwpe, CPtr dout, int rows, int T, int C,
-                                         int first_row) {
-  launch_position_backward(dwpe, dev(dout.bf16()), rows, T, C, first_row);
-}
 void CudaBackend::gelu_forward_bf16(Ptr out, CPtr inp, int64_t n) {
   if (!all_bf16({out, inp})) return Backend::gelu_forward_bf16(out, inp, n);
   launch_gelu_forward(dev(out.bf16()), dev(inp.bf16()), n);

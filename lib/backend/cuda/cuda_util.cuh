@@ -141,6 +141,29 @@ __device__ inline T block_sum(T v, T* shared) {
   return warp_sum(v);
 }
 
+/// Exclusive prefix sum over the block in thread order (blockDim.x a multiple of 32, at most
+/// 1024): the sum of v over the threads before this one; *total gets the whole block's. `shared`
+/// holds 32 values.
+__device__ inline int block_exclusive_scan(int v, int* shared, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int inclusive = v;  // within the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const int below = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += below;
+  }
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 31) shared[warp] = inclusive;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    const int s = shared[w];
+    before += w < warp ? s : 0;
+    sum += s;
+  }
+  *total = sum;
+  return before + inclusive - v;
+}
+
 __device__ inline float block_max(float v, float* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   v = warp_max(v);
