@@ -91,6 +91,15 @@ void Backend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp, 
   gelu_forward_f32(out, pre, int64_t(N) * OC);
 }
 
+void Backend::adamw_ranges(float* param, const float* grad, float* m, float* v,
+                           const std::vector<DecayRange>& ranges, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, float bc1, float bc2,
+                           float grad_scale) {
+  for (const DecayRange& r : ranges)
+    adamw(param + r.begin, grad + r.begin, m + r.begin, v + r.begin, r.end - r.begin, lr, beta1,
+          beta2, eps, r.decay ? weight_decay : 0.0f, bc1, bc2, grad_scale);
+}
+
 void Backend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
                                        float* dbias, const float* dout, const float* inp,
                                        const float* pre, const float* weight, int N, int C,

@@ -45,6 +45,12 @@ inline int64_t embedding_sort_scratch_ints(int64_t N, int64_t vocab_count) {
          3 * std::min(N, vocab_count) + 1 + N;
 }
 
+/// A range [begin, end) of an AdamW call's values, and whether weight decay applies there.
+struct DecayRange {
+  int64_t begin, end;
+  bool decay;
+};
+
 /// Which of a bf16 run's kernel calls a backend widens to its fp32 kernels (Backend::Widened).
 enum class Widening {
   none,       // it has bf16 kernels for every call (cuda with the tensor-core attention)
@@ -270,6 +276,17 @@ class Backend {
   virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
                      float grad_scale) = 0;
+  /// adamw over ranges of one buffer (offsets from param, grad, m and v; in order, not
+  /// overlapping), with weight_decay where a range decays and 0 where it does not: the same
+  /// values, bit for bit, as one adamw call a range. A model's tensors alternate between the two
+  /// (weights decay, biases and layer norms do not: about 8 ranges a layer), so a call a range is
+  /// a launch, or a parallel loop, a few thousand values long. Default: those calls; the CPU
+  /// backend runs every range in one parallel loop, the cuda backend up to 256 adjoining ones a
+  /// kernel.
+  virtual void adamw_ranges(float* param, const float* grad, float* m, float* v,
+                            const std::vector<DecayRange>& ranges, float lr, float beta1,
+                            float beta2, float eps, float weight_decay, float bc1, float bc2,
+                            float grad_scale);
 
  protected:
   // ---- fp32 kernels: every backend has them (the calls above with every tensor fp32). ----

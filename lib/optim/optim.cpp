@@ -25,13 +25,14 @@ AdamW::AdamW(const TrainConfig& t, const ParamTable& table, int64_t begin, int64
              Allocator* where)
     : cfg_(t), begin_(begin), end_(end) {
   for (const ParamInfo& p : table.params()) {
-    int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
+    // The tensor's values in [begin, end), as offsets from begin.
+    int64_t b = std::max(begin, p.offset) - begin, e = std::min(end, p.offset + p.numel()) - begin;
     if (b >= e) continue;
-    // Neighbouring tensors with the same decay share a segment: one kernel call for them.
-    if (!segments_.empty() && segments_.back().end == b && segments_.back().decay == p.decay)
-      segments_.back().end = e;
+    // Neighbouring tensors with the same decay share a range.
+    if (!ranges_.empty() && ranges_.back().end == b && ranges_.back().decay == p.decay)
+      ranges_.back().end = e;
     else
-      segments_.push_back({b, e, p.decay});
+      ranges_.push_back({b, e, p.decay});
   }
   m_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);
   v_ = Buffer(MemKind::Optim, (end - begin) * sizeof(float), where);
@@ -41,13 +42,9 @@ void AdamW::step(Backend& be, float* params, const float* grads, double lr, doub
   ++t_;
   const float bc1 = 1.0f - static_cast<float>(std::pow(cfg_.beta1, double(t_)));
   const float bc2 = 1.0f - static_cast<float>(std::pow(cfg_.beta2, double(t_)));
-  for (const Segment& s : segments_) {
-    const int64_t at = s.begin - begin_;
-    be.adamw(params + at, grads + at, m_.f32() + at,
-             v_.f32() + at, s.end - s.begin, float(lr), float(cfg_.beta1),
-             float(cfg_.beta2), float(cfg_.eps), s.decay ? float(cfg_.weight_decay) : 0.f, bc1, bc2,
-             float(grad_scale));
-  }
+  be.adamw_ranges(params, grads, m_.f32(), v_.f32(), ranges_, float(lr), float(cfg_.beta1),
+                  float(cfg_.beta2), float(cfg_.eps), float(cfg_.weight_decay), bc1, bc2,
+                  float(grad_scale));
 }
 
 }  // namespace trellis

@@ -39,13 +39,11 @@ class AdamW {
   int64_t end() const { return end_; }
 
  private:
-  struct Segment {
-    int64_t begin, end;  // flat indices
-    bool decay;
-  };
   TrainConfig cfg_;
   int64_t begin_, end_;
-  std::vector<Segment> segments_;  // the tensors inside [begin, end), clipped to it
+  // The tensors inside [begin, end), clipped to it, as offsets from begin; neighbours with the
+  // same decay merged (Backend::adamw_ranges).
+  std::vector<DecayRange> ranges_;
   Buffer m_, v_;
   int64_t t_ = 0;
 };

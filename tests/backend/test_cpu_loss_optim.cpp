@@ -192,5 +192,35 @@ TEST_F(CpuLossOptim, AdamwTwoStepsByHand) {
   }
 }
 
+// adamw_ranges in one parallel loop against one adamw call a range, bit for bit: ranges that
+// cross the loop's chunks (4096 values) and fall inside them, decaying or not, a gap between two
+// and values before the first and after the last, all untouched.
+TEST_F(CpuLossOptim, AdamwRangesAreOneAdamwCallARange) {
+  std::vector<DecayRange> ranges;
+  int64_t at = 5;
+  for (int r = 0; r < 60; ++r) {
+    if (r == 30) at += 11;  // the gap
+    const int64_t len = r % 4 == 0 ? 5000 + r : 1 + r * 37 % 97;
+    ranges.push_back({at, at + len, r % 3 != 1});
+    at += len;
+  }
+  const int64_t n = at + 7;
+  const auto x = random_vec(size_t(n), 70), g = random_vec(size_t(n), 71),
+             m = random_vec(size_t(n), 72, -0.1f, 0.1f), v = random_vec(size_t(n), 73, 0.f, 0.01f);
+  std::vector<float> ax = x, am = m, av = v, bx = x, bm = m, bv = v;
+  for (const DecayRange& r : ranges)
+    be->adamw(ax.data() + r.begin, g.data() + r.begin, am.data() + r.begin, av.data() + r.begin,
+              r.end - r.begin, 1e-3f, 0.9f, 0.95f, 1e-8f, r.decay ? 0.1f : 0.0f, 0.19f, 0.0975f,
+              0.5f);
+  be->adamw_ranges(bx.data(), g.data(), bm.data(), bv.data(), ranges, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                   0.1f, 0.19f, 0.0975f, 0.5f);
+  EXPECT_EQ(std::memcmp(ax.data(), bx.data(), sizeof(float) * n), 0) << "param";
+  EXPECT_EQ(std::memcmp(am.data(), bm.data(), sizeof(float) * n), 0) << "m";
+  EXPECT_EQ(std::memcmp(av.data(), bv.data(), sizeof(float) * n), 0) << "v";
+  EXPECT_EQ(bx[4], x[4]);
+  EXPECT_EQ(bx[ranges[29].end], x[ranges[29].end]) << "the gap";
+  EXPECT_EQ(bx[n - 1], x[n - 1]);
+}
+
 }  // namespace
 }  // namespace trellis::test

@@ -461,26 +461,6 @@ TEST_F(CudaKernels, CrossEntropyVocabParallel) {
   expect_close(down(d_logits, work.size()), work, 1e-5, "dlogits");
 }
 
-// AdamW on a count that is a multiple of nothing (a value at a time) and on one of 16-byte chunks.
-TEST_F(CudaKernels, SumSquaresAndAdamW) {
-  for (const int64_t n : {int64_t(1234567), int64_t(100000)}) {
-    SCOPED_TRACE("n = " + std::to_string(n));
-    auto x = random_vec(n, 60), g = random_vec(n, 61), m = random_vec(n, 62, -0.1f, 0.1f),
-         v = random_vec(n, 63, 0.f, 0.01f);
-    const double want = cpu->sum_squares(x.data(), n);
-    float *d_x = up(x), *d_g = up(g), *d_m = up(m), *d_v = up(v);
-    const double got = gpu->sum_squares(d_x, n);
-    EXPECT_NEAR(got, want, 1e-10 * want);
-    EXPECT_EQ(got, gpu->sum_squares(d_x, n)) << "the same bits every time";
-    cpu->adamw(x.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
-               0.0975f, 0.5f);
-    gpu->adamw(d_x, d_g, d_m, d_v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
-    expect_close(down(d_x, n), x, 1e-5, "param");
-    expect_close(down(d_m, n), m, 1e-5, "m");
-    expect_close(down(d_v, n), v, 1e-5, "v");
-  }
-}
-
 // TRELLIS_CUDA_PROFILE=1: each kernel class's time, and its rate on the least work its calls must
 // do — a GEMM's 2·m·n·k FLOPs, a layer norm's bytes (input read, output written once, statistics):
 // the rate column says TFLOP/s for GEMMs, GB/s for layer norms, and the counted work itself is

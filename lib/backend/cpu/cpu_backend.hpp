@@ -38,6 +38,9 @@ class CpuBackend : public Backend {
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2,
              float grad_scale) override;
+  void adamw_ranges(float* param, const float* grad, float* m, float* v,
+                    const std::vector<DecayRange>& ranges, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float bc1, float bc2, float grad_scale) override;
 
   /// The host threads of the element-wise kernels and the split GEMMs.
   cpu::WorkerPool& worker_pool() { return *pool_; }

@@ -1,6 +1,7 @@
 // CUDA backend: the vocab-parallel cross-entropy (logits fp32 or bf16, statistics and losses fp32),
 // the sum of squares of the global norm and AdamW (fp32). The formulas are the CPU backend's
 // (cpu/cpu_vocab_parallel.cpp, cpu/cpu_loss_optim.cpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -182,32 +183,83 @@ __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// AdamW's values for a step (Backend::adamw).
+struct AdamwStep {
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+};
+
+// AdamW on W values at i of param, grad, m and v (16 bytes where W = 4), each value k with the
+// weight decay decay(k).
+template <int W, class Decay>
+__device__ inline void adamw_chunk(float* param, const float* grad, float* m, float* v, int64_t i,
+                                   const AdamwStep& s, Decay decay) {
+  cuda::Chunk<float, W> pc, gc, mc, vc;
+  pc.load_from(param + i);
+  gc.load_from(grad + i);
+  mc.load_from(m + i);
+  vc.load_from(v + i);
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const float g = gc[k] * s.grad_scale;
+    const float mi = s.beta1 * mc[k] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * vc[k] + (1.0f - s.beta2) * g * g;
+    mc.set(k, mi);
+    vc.set(k, vi);
+    const float mhat = mi / s.bc1, vhat = vi / s.bc2;
+    pc.set(k, pc[k] - s.lr * (mhat / (sqrtf(vhat) + s.eps) + decay(k) * pc[k]));
+  }
+  pc.store_to(param + i);
+  mc.store_to(m + i);
+  vc.store_to(v + i);
+}
+
 // AdamW on n values, W at a time (cuda::Chunk: 16 bytes where n and the pointers allow).
 template <int W>
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
-                             float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float bc1, float bc2, float grad_scale) {
-  using V = cuda::Chunk<float, W>;
+                             AdamwStep s) {
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * W)
+    adamw_chunk<W>(param, grad, m, v, i, s, [&](int) { return s.weight_decay; });
+}
+
+// Adjoining ranges of one AdamW call, passed by value (kernel parameters: no copy to the device
+// first): range r is [start[r], start[r+1]), decaying where bit r of decay is set.
+constexpr int kAdamwRanges = 256;  // a launch's
+struct AdamwRanges {
+  int count;
+  int64_t start[kAdamwRanges + 1];
+  uint32_t decay[kAdamwRanges / 32];
+};
+
+// AdamW on the values of adjoining ranges, [start[0], start[count]), W at a time from start[0]
+// (W = 4: start[0] and the pointers 16-byte aligned, the values a multiple of 4): each value with
+// its range's weight decay. The table is copied to shared memory first; a thread finds its chunk's
+// range by bisection, the next ones' by stepping on.
+template <int W>
+__global__ void adamw_ranges_kernel(float* param, const float* grad, float* m, float* v,
+                                    AdamwRanges ranges, AdamwStep s) {
+  __shared__ int64_t start[kAdamwRanges + 1];
+  __shared__ uint32_t decay[kAdamwRanges / 32];
+  const int count = ranges.count;
+  for (int r = threadIdx.x; r <= count; r += blockDim.x) start[r] = ranges.start[r];
+  for (int w = threadIdx.x; w < kAdamwRanges / 32; w += blockDim.x) decay[w] = ranges.decay[w];
+  __syncthreads();
+  const int64_t end = start[count];
+  for (int64_t i = start[0] + (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < end;
        i += int64_t(gridDim.x) * blockDim.x * W) {
-    V pc, gc, mc, vc;
-    pc.load_from(param + i);
-    gc.load_from(grad + i);
-    mc.load_from(m + i);
-    vc.load_from(v + i);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const float g = gc[k] * grad_scale;
-      const float mi = beta1 * mc[k] + (1.0f - beta1) * g;
-      const float vi = beta2 * vc[k] + (1.0f - beta2) * g * g;
-      mc.set(k, mi);
-      vc.set(k, vi);
-      const float mhat = mi / bc1, vhat = vi / bc2;
-      pc.set(k, pc[k] - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * pc[k]));
+    int lo = 0, hi = count - 1;  // the range of value i: the last r with start[r] <= i
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (start[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
-    pc.store_to(param + i);
-    mc.store_to(m + i);
-    vc.store_to(v + i);
+    int r = lo;
+    adamw_chunk<W>(param, grad, m, v, i, s, [&](int k) {
+      while (i + k >= start[r + 1]) ++r;
+      return (decay[r / 32] >> (r % 32)) & 1u ? s.weight_decay : 0.0f;
+    });
   }
 }
 
@@ -359,13 +411,47 @@ void CudaBackend::adamw(float* param, const float* grad, float* m, float* v, int
                         float bc2, float grad_scale) {
   Profiled prof(*this, kOptimizer);
   add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
+  const AdamwStep s{lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale};
   if (cuda::wide_rows<float>(n, {param, grad, m, v}))
-    adamw_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1,
-        beta2, eps, weight_decay, bc1, bc2, grad_scale);
+    adamw_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(param, grad, m, v, n, s);
   else
-    adamw_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1,
-        beta2, eps, weight_decay, bc1, bc2, grad_scale);
+    adamw_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, s);
   TRELLIS_CUDA_LAUNCHED();
+}
+
+void CudaBackend::adamw_ranges(float* param, const float* grad, float* m, float* v,
+                               const std::vector<DecayRange>& ranges, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, float bc1, float bc2,
+                               float grad_scale) {
+  const AdamwStep s{lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale};
+  // A launch for each run of up to kAdamwRanges adjoining ranges (a gap starts a new one).
+  for (size_t first = 0; first < ranges.size();) {
+    AdamwRanges table{};
+    size_t r = first;
+    while (r < ranges.size() && table.count < kAdamwRanges &&
+           (r == first || ranges[r].begin == ranges[r - 1].end)) {
+      table.start[table.count] = ranges[r].begin;
+      if (ranges[r].decay) table.decay[table.count / 32] |= 1u << (table.count % 32);
+      ++table.count;
+      ++r;
+    }
+    table.start[table.count] = ranges[r - 1].end;
+    const int64_t begin = table.start[0], n = table.start[table.count] - begin;
+    first = r;
+    if (n <= 0) continue;
+    Profiled prof(*this, kOptimizer);
+    add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
+    // Each block copies the table first: 16 blocks a multiprocessor (two rounds of 8 resident),
+    // each going through many chunks, rather than a block a 1024 values.
+    const unsigned most = 16u * unsigned(multiprocessors());
+    if (cuda::wide_rows<float>(n, {param + begin, grad + begin, m + begin, v + begin}))
+      adamw_ranges_kernel<4><<<std::min(blocks_for(n / 4), most), kThreads, 0, stream_>>>(
+          param, grad, m, v, table, s);
+    else
+      adamw_ranges_kernel<1><<<std::min(blocks_for(n), most), kThreads, 0, stream_>>>(
+          param, grad, m, v, table, s);
+    TRELLIS_CUDA_LAUNCHED();
+  }
 }
 
 }  // namespace trellis
