@@ -32,8 +32,8 @@ inline int layernorm_backward_chunk_rows(int64_t N, int sm_count) {
 }
 
 /// The cuda backend's embedding gradient sorts a micro-batch's N positions by token, a counting
-/// sort in tiles of positions (cuda_embedding.cu): this many tiles (of 2048 positions, at most
-/// 32) ...
+/// sort in tiles of positions (cuda_embedding.cu): this many tiles — of 2048 positions, or, past
+/// 32 of those (N > 65536), 32 tiles of N/32 ...
 inline int embedding_sort_tiles(int64_t N) {
   return int(std::clamp<int64_t>((N + 2047) / 2048, 1, 32));
 }

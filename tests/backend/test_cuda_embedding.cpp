@@ -114,6 +114,26 @@ TEST_F(CudaEmbedding, GradientOfOneRepeatedTokenAndOfNone) {
   }
 }
 
+// A micro-batch past 32 tiles of 2048 positions (N = 70001: 32 tiles of 2188, the last one
+// shorter) and tokens over 3 blocks of the prefix sums (2500 of this rank's, 100 above them),
+// fp32 rows of two 16-byte chunks.
+TEST_F(CudaEmbedding, GradientOverManyTiles) {
+  const int N = 70001, C = 8, vocab_begin = 0, vocab_count = 2500;
+  std::vector<int32_t> tokens(N);
+  uint32_t state = 777;
+  for (int32_t& t : tokens) {
+    state = state * 1664525u + 1013904223u;
+    t = int32_t((state >> 8) % 2600);
+  }
+  const std::vector<float> dout = random_vec(size_t(N) * C, 54);
+  const std::vector<float> dwte0 = random_vec(size_t(vocab_count) * C, 55);
+  const std::vector<float> want =
+      fixed_order_gradient(dwte0, dout, tokens, C, vocab_begin, vocab_count);
+  float* d_dwte = up(dwte0);
+  gpu->embedding_backward(d_dwte, up(dout), up(tokens), N, C, vocab_begin, vocab_count);
+  EXPECT_EQ(differing_bits(down(d_dwte, dwte0.size()), want), 0u);
+}
+
 }  // namespace
 
 #endif  // TRELLIS_HAVE_CUDA

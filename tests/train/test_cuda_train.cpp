@@ -283,7 +283,7 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
 // attention backward, left out here (TRELLIS_CUDNN=0). Two first steps' gradients, fp32 and bf16,
 // bit for bit. (The emulated GPU runs its threads in one order, so there it holds by
 // construction; on a GPU it is the check.)
-TEST_F(CudaTrain, StepsRepeatBitForBit) {
+TEST_F(CudaTrain, FirstStepGradientsRepeatBitForBit) {
   ScopedEnv no_cudnn("TRELLIS_CUDNN", "0");
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);

@@ -107,6 +107,7 @@ constexpr int kOffsetThreads = 1024;  // tokens a block of the counts' prefix su
 static_assert(kOffsetThreads == 1024, "embedding_sort_scratch_ints counts blocks of 1024 tokens");
 constexpr int kScatterThreads = 256;  // positions a step of a tile's scatter
 constexpr int kSumWarps = 8;          // warps adding up one token's rows
+constexpr int kAhead = 4;             // rows a warp loads before adding them
 
 // counts (G, vocab_count) +=: tile t's positions [t·tile_rows, (t+1)·tile_rows) by token (this
 // rank's tokens only). The tile is blockIdx.x.
@@ -223,7 +224,23 @@ __global__ void embedding_sum_kernel(float* dwte, const T* dout, const int* sort
 #pragma unroll
     for (int k = 0; k < W; ++k) acc[k] = 0.0f;
     if (active) {
-      for (int i = warp; i < rows; i += kSumWarps) {
+      // The warp's rows warp, warp + kSumWarps, ... kAhead at a time: their positions, then their
+      // chunks, all loads in flight before the first addition (a common token's run is
+      // thousands of rows); then added in row order, as one at a time would.
+      int i = warp;
+      for (; i + (kAhead - 1) * kSumWarps < rows; i += kAhead * kSumWarps) {
+        int n[kAhead];
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a) n[a] = sorted[first + i + a * kSumWarps];
+        cuda::Chunk<T, W> x[kAhead];
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a) x[a].load_from(dout + int64_t(n[a]) * C + c);
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a)
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += x[a][k];
+      }
+      for (; i < rows; i += kSumWarps) {
         cuda::Chunk<T, W> x;
         x.load_from(dout + int64_t(sorted[first + i]) * C + c);
 #pragma unroll
@@ -270,7 +287,7 @@ template <typename T>
 void CudaBackend::launch_embedding_backward(float* dwte, const T* dout, const int32_t* tokens,
                                             int N, int C, int vocab_begin, int vocab_count) {
   Profiled prof(*this, kEmbedding);
-  if (N == 0) return;
+  if (N == 0 || vocab_count == 0) return;
   if (!embedding_sorted_) {
     add_work(kEmbedding, 0, double(N) * C * (sizeof(T) + 8));
     embedding_backward_atomic_kernel<<<blocks_for(int64_t(N) * C), kThreads, 0, stream_>>>(

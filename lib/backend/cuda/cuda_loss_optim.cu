@@ -230,22 +230,23 @@ struct AdamwRanges {
   int64_t start[kAdamwRanges + 1];
   uint32_t decay[kAdamwRanges / 32];
 };
+// A kernel's parameters must fit in 4 KB (the table, the step's values, 4 pointers, 2 bounds).
+static_assert(sizeof(AdamwRanges) + sizeof(AdamwStep) + 6 * sizeof(int64_t) <= 4096);
 
-// AdamW on the values of adjoining ranges, [start[0], start[count]), W at a time from start[0]
-// (W = 4: start[0] and the pointers 16-byte aligned, the values a multiple of 4): each value with
-// its range's weight decay. The table is copied to shared memory first; a thread finds its chunk's
-// range by bisection, the next ones' by stepping on.
+// AdamW on values [from, to) of adjoining ranges, W at a time from `from` (W = 4: the pointers at
+// `from` 16-byte aligned, to − from a multiple of 4): each value with its range's weight decay.
+// The table is copied to shared memory first; a thread finds the range of its chunk's first value
+// by bisection, and of the chunk's other values by stepping on from there.
 template <int W>
 __global__ void adamw_ranges_kernel(float* param, const float* grad, float* m, float* v,
-                                    AdamwRanges ranges, AdamwStep s) {
+                                    AdamwRanges ranges, int64_t from, int64_t to, AdamwStep s) {
   __shared__ int64_t start[kAdamwRanges + 1];
   __shared__ uint32_t decay[kAdamwRanges / 32];
   const int count = ranges.count;
   for (int r = threadIdx.x; r <= count; r += blockDim.x) start[r] = ranges.start[r];
   for (int w = threadIdx.x; w < kAdamwRanges / 32; w += blockDim.x) decay[w] = ranges.decay[w];
   __syncthreads();
-  const int64_t end = start[count];
-  for (int64_t i = start[0] + (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < end;
+  for (int64_t i = from + (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < to;
        i += int64_t(gridDim.x) * blockDim.x * W) {
     int lo = 0, hi = count - 1;  // the range of value i: the last r with start[r] <= i
     while (lo < hi) {
@@ -442,15 +443,22 @@ void CudaBackend::adamw_ranges(float* param, const float* grad, float* m, float*
     Profiled prof(*this, kOptimizer);
     add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
     // Each block copies the table first: 16 blocks a multiprocessor (two rounds of 8 resident),
-    // each going through many chunks, rather than a block a 1024 values.
+    // each going through many chunks, rather than a block a 1024 values. 16-byte chunks where
+    // the pointers allow, up to the last multiple of 4 values; the rest a value at a time.
     const unsigned most = 16u * unsigned(multiprocessors());
-    if (cuda::wide_rows<float>(n, {param + begin, grad + begin, m + begin, v + begin}))
-      adamw_ranges_kernel<4><<<std::min(blocks_for(n / 4), most), kThreads, 0, stream_>>>(
-          param, grad, m, v, table, s);
-    else
-      adamw_ranges_kernel<1><<<std::min(blocks_for(n), most), kThreads, 0, stream_>>>(
-          param, grad, m, v, table, s);
-    TRELLIS_CUDA_LAUNCHED();
+    const bool aligned = cuda::wide_rows<float>(4, {param + begin, grad + begin, m + begin,
+                                                    v + begin});
+    const int64_t wide = aligned ? n / 4 * 4 : 0, end = begin + n;
+    if (wide > 0) {
+      adamw_ranges_kernel<4><<<std::min(blocks_for(wide / 4), most), kThreads, 0, stream_>>>(
+          param, grad, m, v, table, begin, begin + wide, s);
+      TRELLIS_CUDA_LAUNCHED();
+    }
+    if (wide < n) {
+      adamw_ranges_kernel<1><<<std::min(blocks_for(n - wide), most), kThreads, 0, stream_>>>(
+          param, grad, m, v, table, begin + wide, end, s);
+      TRELLIS_CUDA_LAUNCHED();
+    }
   }
 }
 
