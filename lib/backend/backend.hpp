@@ -40,9 +40,10 @@ inline int embedding_sort_tiles(int64_t N) {
 /// ... and this many ints of scratch, which the memory plan counts: each tile's count of each
 /// token; per 1024 tokens the rows and runs before them; the runs (token, first place, rows) and
 /// their number; the sorted positions.
+inline constexpr int kEmbeddingSortBlockTokens = 1024;  // tokens a block of its prefix sums
 inline int64_t embedding_sort_scratch_ints(int64_t N, int64_t vocab_count) {
-  return embedding_sort_tiles(N) * vocab_count + 2 * ((vocab_count + 1023) / 1024) +
-         3 * std::min(N, vocab_count) + 1 + N;
+  const int64_t blocks = (vocab_count + kEmbeddingSortBlockTokens - 1) / kEmbeddingSortBlockTokens;
+  return embedding_sort_tiles(N) * vocab_count + 2 * blocks + 3 * std::min(N, vocab_count) + 1 + N;
 }
 
 /// A range [begin, end) of an AdamW call's values, and whether weight decay applies there.

@@ -99,12 +99,11 @@ __global__ void position_backward_kernel(float* dwpe, const T* dout, int rows, i
 //   2. each token's rows added up by a block: warp w the rows w, w + kSumWarps, ... of the
 //      token's run, in order; then the warps' sums, warp 0's first; added once into dwte.
 // The scratch, ints (embedding_sort_scratch_ints): counts (G, vocab_count), overwritten with each
-// (tile, token)'s first place; per 1024 tokens (blocks of embedding_offsets_kernel) the rows and
-// runs of those before it, (ceil(vocab_count / 1024), 2); runs (min(N, vocab_count), 3): token,
-// first place, rows; their number (1); sorted (N): the positions, by token.
+// (tile, token)'s first place; per block of 1024 tokens (of the prefix sums' kernels) its rows
+// and runs, (ceil(vocab_count / 1024), 2); runs (min(N, vocab_count), 3): token, first place,
+// rows; their number (1); sorted (N): the positions, by token.
 
-constexpr int kOffsetThreads = 1024;  // tokens a block of the counts' prefix sums
-static_assert(kOffsetThreads == 1024, "embedding_sort_scratch_ints counts blocks of 1024 tokens");
+constexpr int kOffsetThreads = kEmbeddingSortBlockTokens;  // tokens a block of the prefix sums
 constexpr int kScatterThreads = 256;  // positions a step of a tile's scatter
 constexpr int kSumWarps = 8;          // warps adding up one token's rows
 constexpr int kAhead = 4;             // rows a warp loads before adding them
