@@ -117,7 +117,7 @@ summary() {
   # each said once, the first few.
   grep -hs 'warning' "${main_log:-/dev/null}" | sort -u | head -6 | sed 's/^/gpt2-124m bf16+tc: /'
   echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
-  printf '%-10s %-13s %8s %9s %9s %10s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB"
+  printf '%-10s %-15s %8s %9s %9s %10s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB"
   for r in "${rows[@]}"; do echo "$r"; done
   # PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
   best_tps=""
@@ -126,7 +126,7 @@ summary() {
     tps=$(field "$tline" tokens_per_s)
     [[ -n $tps ]] || continue
     sdpa=$(sed -n 's/.* sdpa=\([a-z]*\).*/\1/p' <<< "$tline")
-    printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
+    printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
       "$(field "$tline" B)x$(field "$tline" T)" "$tps" "$(awk -v m="$(field "$tline" mfu)" 'BEGIN {print 100 * m}')" \
       "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
     awk -v a="$tps" -v b="${best_tps:-0}" 'BEGIN { exit !(a > b) }' && best_tps=$tps
@@ -136,13 +136,15 @@ summary() {
   [[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s (Trellis profiled, PyTorch not)\n", a / b }' 
   grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
   [[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
-  if [[ -n ${main_log:-} ]] && grep -qs 'CUDA device time per kernel class' "$main_log"; then
-    echo "gpt2-124m bf16+tc, where the device time went (rate on the least work: products' FLOPs, else bytes):"
-    awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$main_log"
-  fi
+  # Where the device time went in the two target rows (350M's: what stands between it and 55 %).
+  local log
+  for log in "${main_log:-}" "${main_log_350:-}"; do
+    [[ -n $log ]] && grep -qs 'CUDA device time per kernel class' "$log" || continue
+    echo "$(basename "$log" .log), where the device time went (rate on the least work: products' FLOPs, else bytes):"
+    awk '/CUDA device time per kernel class/ {p = 1} p && /│/ {print} p && /└/ {exit}' "$log"
+  done
   # The GEMM shapes that took the most time, in the two target rows (cuBLAS's rate on each shape,
   # to hold against torch_bench's `gemm` lines).
-  local log
   for log in "${main_log:-}" "${main_log_350:-}"; do
     [[ -n $log ]] && grep -qs 'GEMMs by shape' "$log" || continue
     echo "$(basename "$log" .log), the 8 longest GEMM shapes:"
@@ -366,16 +368,16 @@ bench_row() {
     [[ -n $line && -z $(field "$line" $k) ]] && why="FAILED (no $k in its bench line: see $log)"
   done
   if [[ -n $why ]]; then
-    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "$why")")
+    rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "$why")")
     bench_failed=1
   elif (( B >= 1 )) && [[ -n $line ]]; then
-    rows+=("$(printf '%-10s %-13s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
+    rows+=("$(printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
       "$(field "$line" tokens_per_s)" "$(awk -v m="$(field "$line" mfu)" 'BEGIN {print 100 * m}')" \
       "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')" \
       "$(awk -v b="$(field "$line" planned_bytes)" 'BEGIN {print b / 2^30}')")")
     [[ $label == bf16+tc && $name == gpt2-124m ]] && main_tps=$(field "$line" tokens_per_s) main_B=$B
   else
-    rows+=("$(printf '%-10s %-13s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
+    rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
     bench_failed=1
   fi
 }
