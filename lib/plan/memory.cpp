@@ -250,6 +250,8 @@ MemoryOptions run_memory_options(const Config& cfg) {
   opt.tc_attention = !tc || std::string(tc) != "0";
   const char* cudnn = std::getenv("TRELLIS_CUDNN");  // only in the checked default
   opt.cudnn_attention = !tc && !(cudnn && std::string(cudnn) == "0");
+  const char* deterministic = std::getenv("TRELLIS_CUDNN_DETERMINISTIC");
+  opt.cudnn_deterministic = deterministic && std::string(deterministic) != "0";
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
@@ -447,10 +449,17 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     // first stage the embedding gradient's sort of the positions by token (cuda_embedding.cu).
     // On cuDNN the attention backward's are its dQ accumulator (B,H,T,hd) and Σ dout·out
     // (B,H,T) in fp32 (cudnn_attention.cu; the engine's own workspace, unknown here, comes on
-    // top).
+    // top); with its deterministic backward (TRELLIS_CUDNN_DETERMINISTIC=1) no accumulator, but
+    // the engine keeps dP in its workspace: 2 bytes × (B,H) × T² with T rounded up to 64, the size
+    // cuDNN's frontend gives it.
     const double rows = double(cfg.train.micro_batch) * table.heads_local * m.seq_len;
     const bool cudnn = bf16 && cudnn_takes;
-    const double attention = cudnn ? 4.0 * rows * (hd + 1) : 4.0 * rows;
+    const double padded_T = double((m.seq_len + 63) / 64 * 64);
+    const double attention =
+        !cudnn                  ? 4.0 * rows
+        : opt.cudnn_deterministic ? 4.0 * rows + 2.0 * cfg.train.micro_batch * table.heads_local *
+                                                   padded_T * padded_T
+                                : 4.0 * rows * (hd + 1);
     const int lane_values = C % (bf16 ? 8 : 4) == 0 ? (bf16 ? 8 : 4) : 1;
     const int64_t ln_rows =
         C <= 256 * lane_values ? layernorm_backward_chunk_rows(R, opt.sm_count) : 256;

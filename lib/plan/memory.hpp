@@ -103,6 +103,7 @@ struct MemoryOptions {
   bool device = false;                // a GPU run (system.backend = cuda); bf16-full implies it
   bool tc_attention = false;          // GPU bf16: attention on the tensor cores (not widened)
   bool cudnn_attention = false;       // GPU bf16: on cuDNN's (its backward's fp32 scratch)
+  bool cudnn_deterministic = false;   // ... its deterministic backward (dP in its workspace)
   bool gelu_epilogue = true;          // GPU bf16: the MLP's GELU in cuBLASLt's epilogue
   int sm_count = 132;                 // GPU: multiprocessors (an H100/H200 SXM's), for scratch
   ParamTableCache* tables = nullptr;  // optional; one model only
@@ -113,7 +114,7 @@ struct MemoryOptions {
 /// The memory model of a run of cfg as this process would start it: cfg's system.precision, a
 /// GPU where system.backend is cuda (tc_attention, cudnn_attention and gelu_epilogue as that
 /// backend chooses its kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_CUDNN — cuDNN
-/// taken to be there —, TRELLIS_GELU_EPILOGUE), the CPU attention
+/// taken to be there —, TRELLIS_CUDNN_DETERMINISTIC, TRELLIS_GELU_EPILOGUE), the CPU attention
 /// scratch of system.threads (else $OPENBLAS_NUM_THREADS, else every core).
 MemoryOptions run_memory_options(const Config& cfg);
 /// The same for a run on `backend` as it is: its host threads (the CPU's attention scratch), its

@@ -3,6 +3,8 @@
 // Skips without a CUDA device, and where no cuDNN is found (the backend's details say why). On
 // the emulated GPU it runs on the emulated cuDNN (tests/cuda_emu/emu_cudnn_lib.cpp: the backend
 // API with an interpreter of the graphs), which also plays the faults a real one may have.
+#include <cstring>
+
 #include "cuda_test_util.hpp"
 #include "scoped_env.hpp"
 #ifdef TRELLIS_HAVE_CUDA
@@ -12,6 +14,25 @@ namespace {
 class CudaCudnn : public CudaKernelTest {
  protected:
   void expect_fused(const AttentionShape& s, uint64_t seed);
+  /// A fresh backend in bf16 with attention as by default (TRELLIS_TC_ATTENTION and
+  /// TRELLIS_CUDNN unset) and `det` as TRELLIS_CUDNN_DETERMINISTIC, after its check at head size
+  /// 64: its details, with nothing widened and no warning; "" where no cuDNN is found.
+  std::string checked_default(const char* det) {
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr},
+               {"TRELLIS_CUDNN", nullptr},
+               {"TRELLIS_CUDNN_DETERMINISTIC", det}});
+    gpu->set_precision("bf16");
+    testing::internal::CaptureStderr();
+    const Widening w = gpu->widened_calls(64);
+    const std::string said = testing::internal::GetCapturedStderr();
+    const std::string details = gpu->details();
+    std::printf("%sdetails: %s\n", said.c_str(), details.c_str());
+    if (details.find("no cuDNN") != std::string::npos) return "";
+    EXPECT_EQ(w, Widening::none);
+    EXPECT_NE(details.find("head size 64 on cuDNN"), std::string::npos) << details;
+    EXPECT_EQ(said.find("warning"), std::string::npos) << said;
+    return details;
+  }
 };
 
 /// The checks of the tensor-core attention (Bf16AttentionOnTensorCores): cuDNN also rounds P and
@@ -44,22 +65,36 @@ void CudaCudnn::expect_fused(const AttentionShape& s, uint64_t seed) {
 // 128 and not (cuDNN before 9.15.1 refuses that one: the mma.sync kernels run it, which the
 // same bounds judge).
 TEST_F(CudaCudnn, FusedAttentionIsTheDefaultWhereItAgreesWithTheFp32Kernels) {
-  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
-  gpu->set_precision("bf16");
-  testing::internal::CaptureStderr();
-  const Widening w = gpu->widened_calls(64);
-  const std::string said = testing::internal::GetCapturedStderr();
-  const std::string details = gpu->details();
-  std::printf("%sdetails: %s\n", said.c_str(), details.c_str());
-  if (details.find("no cuDNN") != std::string::npos) GTEST_SKIP() << details;
-  EXPECT_EQ(w, Widening::none);
-  EXPECT_NE(details.find("head size 64 on cuDNN"), std::string::npos) << details;
-  EXPECT_EQ(said.find("warning"), std::string::npos) << said;
+  const std::string details = checked_default(nullptr);
+  if (details.empty()) GTEST_SKIP() << "no cuDNN: " << gpu->details();
+  EXPECT_EQ(details.find("deterministic"), std::string::npos) << details;
   for (const AttentionShape& s :
        {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{2, 128, 4, 4, 32},
         AttentionShape{1, 130, 2, 1, 64}, AttentionShape{1, 128, 2, 1, 128}})
     expect_fused(s, 7 + s.T + s.hd);
   EXPECT_NE(gpu->details().find("head size 32 on cuDNN"), std::string::npos) << gpu->details();
+}
+
+// TRELLIS_CUDNN_DETERMINISTIC=1: the backward's graph without the dQ accumulator, which cuDNN's
+// engines run with dP in a workspace of their own (the frontend's set_deterministic_algorithm):
+// checked and taken like the default (the details say so), within the same bounds, and two
+// backwards of the same inputs alike to the bit (on a GPU the check; on the emulated cuDNN,
+// which computes in one order, by construction).
+TEST_F(CudaCudnn, DeterministicBackwardAgreesAndRepeatsBitForBit) {
+  const std::string details = checked_default("1");
+  if (details.empty()) GTEST_SKIP() << "no cuDNN: " << gpu->details();
+  EXPECT_NE(details.find("deterministic backward"), std::string::npos) << details;
+  for (const AttentionShape& s :
+       {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{1, 128, 2, 1, 128}}) {
+    expect_fused(s, 11 + s.T + s.hd);
+    const Bits qkv = bf16_random(s.qkv_elems(), 5, -2.f, 2.f),
+               dout = bf16_random(s.out_elems(), 6);
+    const Bf16AttentionRun a = attention_bf16_on(*gpu, s, qkv, dout),
+                           b = attention_bf16_on(*gpu, s, qkv, dout);
+    ASSERT_EQ(a.dqkv.size(), b.dqkv.size());
+    EXPECT_EQ(std::memcmp(a.dqkv.data(), b.dqkv.data(), sizeof(bf16_t) * a.dqkv.size()), 0)
+        << s.name() << ": two backwards differ";
+  }
 }
 
 // On the emulated cuDNN only (a GPU's cuDNN ignores the variables): an engine that computes

@@ -280,15 +280,19 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
 
 // Run to run, a step on the GPU gives the same bits: every kernel's reductions go in fixed
 // orders, the embedding gradient's in the order of the positions sorted by token — all but cuDNN's
-// attention backward, left out here (TRELLIS_CUDNN=0). Two first steps' gradients, fp32 and bf16,
-// bit for bit. (The emulated GPU runs its threads in one order, so there it holds by
+// default attention backward, left out here (TRELLIS_CUDNN=0), or taken in its deterministic
+// form (TRELLIS_CUDNN_DETERMINISTIC=1). Two first steps' gradients, fp32, bf16, and bf16 on
+// cuDNN's deterministic backward, bit for bit. (The emulated GPU runs its threads in one order, so there it holds by
 // construction; on a GPU it is the check.)
 TEST_F(CudaTrain, FirstStepGradientsRepeatBitForBit) {
-  ScopedEnv no_cudnn("TRELLIS_CUDNN", "0");
-  for (const char* precision : {"fp32", "bf16"}) {
+  ScopedEnv tc("TRELLIS_TC_ATTENTION", nullptr);  // (cuDNN is tried only in the checked default)
+  for (const char* precision : {"fp32", "bf16", "bf16 on cuDNN's deterministic backward"}) {
     SCOPED_TRACE(precision);
-    const std::vector<std::string> o = {"--system.backend=cuda",
-                                        std::string("--system.precision=") + precision};
+    const bool det = std::strlen(precision) > 4;
+    ScopedEnv cudnn("TRELLIS_CUDNN", det ? "1" : "0");
+    ScopedEnv cudnn_det("TRELLIS_CUDNN_DETERMINISTIC", det ? "1" : "0");
+    const std::vector<std::string> o = {
+        "--system.backend=cuda", std::string("--system.precision=") + (det ? "bf16" : precision)};
     const auto a = first_step_gradients(o), b = first_step_gradients(o);
     ASSERT_EQ(a.size(), b.size());
     size_t differ = 0, total = 0;

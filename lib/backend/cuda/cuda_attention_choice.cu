@@ -73,7 +73,7 @@ bool CudaBackend::cudnn_agrees(int hd) const {
   if (!cudnn_wanted_ || tc_attention_ != TcAttention::mma || !tc_attention_checked_) return false;
   if (!cudnn_opened_) {
     cudnn_opened_ = true;
-    cudnn_ = cuda::CudnnAttention::open(stream_, cudnn_why_);
+    cudnn_ = cuda::CudnnAttention::open(stream_, cudnn_deterministic_, cudnn_why_);
   }
   if (!cudnn_) return false;
   auto it = cudnn_disagreements_.find(hd);
@@ -129,7 +129,9 @@ std::string CudaBackend::details() const {
       const auto mma = tc_disagreements_.find(hd);
       s += sep + "head size " + std::to_string(hd);
       if (fused != cudnn_disagreements_.end() && fused->second.empty())
-        s += " on " + cudnn_->name() + "'s fused attention (agreed with the fp32 kernels)";
+        s += " on " + cudnn_->name() + "'s fused attention" +
+             (cudnn_->deterministic() ? ", its deterministic backward" : "") +
+             " (agreed with the fp32 kernels)";
       else if (mma != tc_disagreements_.end() && mma->second.empty())
         s += " on the tensor cores (mma.sync; agreed with the fp32 kernels)";
       else

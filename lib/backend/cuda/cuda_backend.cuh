@@ -475,6 +475,9 @@ class CudaBackend : public Backend {
   // head size where the same check against the fp32 kernels passes; a shape it has no plan for
   // goes to the mma.sync kernels (they keep the same logsumexp, so the passes may mix).
   bool cudnn_wanted_ = true;
+  // TRELLIS_CUDNN_DETERMINISTIC=1: cuDNN's backward without the dQ accumulator, bit for bit run
+  // to run, its engine keeping dP in a workspace (about 2·B·H·T² bytes).
+  bool cudnn_deterministic_ = false;
   mutable bool cudnn_opened_ = false;
   mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
   mutable std::string cudnn_why_;  // why cuDNN could not be opened

@@ -172,7 +172,11 @@ void build_forward(Graph& g, const Layout& l) {
 /// The backward: dQ, dK, dV from Q, K, V, O, dO and the statistics. cuDNN's frontend masks the
 /// scores after subtracting the statistics; its releases of 2024 masked them before: engines of
 /// that time may know only that spelling (`mask_first`), tried where the other finds no engine.
-void build_backward(Graph& g, const Layout& l, bool mask_first) {
+/// `deterministic`: dQ = dS·K written straight to dQ, without the fp32 accumulator — the graph the
+/// frontend builds for set_deterministic_algorithm(true), from which the engines take their
+/// deterministic kernel (dP in a workspace of their own, about 2·B·H·T² bytes, instead of the key
+/// tiles' sums added into the accumulator as they come).
+void build_backward(Graph& g, const Layout& l, bool mask_first, bool deterministic) {
   const AttentionShape& s = l.s;
   // d = a·b per query head (B,H,T,hd), summed over each group's query heads where KV < H.
   const auto key_value_gradient = [&](const Desc& a, const Desc& b, const Desc& d) {
@@ -194,7 +198,6 @@ void build_backward(Graph& g, const Layout& l, bool mask_first) {
   const Desc& neg_inf = g.scalar(kNegInf);
   const Desc& one = g.scalar(kOne);
   const Desc& softmax_sum = g.tensor(l.per_row(), l.per_row_dense(), CUDNN_DATA_FLOAT, kSoftmaxSum);
-  const Desc& dq_accum = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_FLOAT, kDQAccum);
 
   // Σ dO·O per row.
   const Desc& d_o_o = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_FLOAT);
@@ -238,13 +241,18 @@ void build_backward(Graph& g, const Layout& l, bool mask_first) {
   // dQ = dS·K, accumulated in fp32, then rounded into dqkv.
   const Desc& k = g.tensor(l.heads(s.KV), l.packed(), CUDNN_DATA_FLOAT);
   g.reshape(kt, k);
+  if (deterministic) {
+    g.matmul(ds, k, dq);
+    return;
+  }
+  const Desc& dq_accum = g.tensor(l.heads(s.H), l.full_dense(), CUDNN_DATA_FLOAT, kDQAccum);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
 }
 
 /// One execution of `plan` with these tensors (uid, address) and workspace.
 void execute(cudnnHandle_t handle, const Desc& plan,
-             std::initializer_list<std::pair<int64_t, const void*>> tensors, void* workspace) {
+             const std::vector<std::pair<int64_t, const void*>>& tensors, void* workspace) {
   std::vector<int64_t> uids;
   std::vector<void*> pointers;
   for (const auto& [uid, p] : tensors)
@@ -260,7 +268,8 @@ void execute(cudnnHandle_t handle, const Desc& plan,
 
 }  // namespace
 
-std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, std::string& why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, bool deterministic,
+                                                     std::string& why) {
   const CudnnApi& api = cudnn();
   if (!api.error.empty()) return why = api.error, nullptr;
   const long version = long(api.GetVersion());
@@ -291,6 +300,7 @@ std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, std::s
   }
   a->stream_ = stream;
   a->version_ = version;
+  a->deterministic_ = deterministic;
   a->name_ = "cuDNN " + dotted + " (" + api.file + ")";
   return a;
 }
@@ -325,7 +335,7 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
         for (int spelling = 0; spelling < (backward ? 2 : 1) && !plan.plan; ++spelling) {
           plan.graph = std::make_unique<Graph>(handle);
           try {
-            backward ? build_backward(*plan.graph, l, spelling == 1)
+            backward ? build_backward(*plan.graph, l, spelling == 1, deterministic_)
                      : build_forward(*plan.graph, l);
             plan.plan = plan.graph->plan(&plan.workspace);
           } catch (const std::runtime_error& e) {
@@ -335,7 +345,8 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
         }
         if (!plan.plan) throw std::runtime_error((backward ? "backward: " : "forward: ") + errors);
       }
-      p->dq_accum_bytes = round_up(int64_t(sizeof(float)) * s.B * s.H * s.T * s.hd);
+      p->dq_accum_bytes =
+          deterministic_ ? 0 : round_up(int64_t(sizeof(float)) * s.B * s.H * s.T * s.hd);
       p->softmax_sum_bytes = round_up(int64_t(sizeof(float)) * s.B * s.H * s.T);
       passes_.emplace(s, std::move(p));
       return true;
@@ -387,23 +398,23 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
   void* softmax_sum = base + p.dq_accum_bytes;
   void* engine = base + p.dq_accum_bytes + p.softmax_sum_bytes;
   // Before 9.6 the engines added into the accumulator without clearing it first.
-  if (version_ < 90600) TRELLIS_CUDA(cudaMemsetAsync(dq_accum, 0, p.dq_accum_bytes, stream_));
-  execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan,
-          {{kQ, qkv},
-           {kK, qkv + s.H * head},
-           {kV, qkv + (s.H + s.KV) * head},
-           {kO, out},
-           {kDO, dout},
-           {kStats, lse},
-           {kDQ, dqkv},
-           {kDK, dqkv + s.H * head},
-           {kDV, dqkv + (s.H + s.KV) * head},
-           {kScale, &scale},
-           {kNegInf, &neg_inf},
-           {kOne, &one},
-           {kSoftmaxSum, softmax_sum},
-           {kDQAccum, dq_accum}},
-          engine);
+  if (p.dq_accum_bytes > 0 && version_ < 90600)
+    TRELLIS_CUDA(cudaMemsetAsync(dq_accum, 0, p.dq_accum_bytes, stream_));
+  std::vector<std::pair<int64_t, const void*>> tensors = {{kQ, qkv},
+                                                           {kK, qkv + s.H * head},
+                                                           {kV, qkv + (s.H + s.KV) * head},
+                                                           {kO, out},
+                                                           {kDO, dout},
+                                                           {kStats, lse},
+                                                           {kDQ, dqkv},
+                                                           {kDK, dqkv + s.H * head},
+                                                           {kDV, dqkv + (s.H + s.KV) * head},
+                                                           {kScale, &scale},
+                                                           {kNegInf, &neg_inf},
+                                                           {kOne, &one},
+                                                           {kSoftmaxSum, softmax_sum}};
+  if (p.dq_accum_bytes > 0) tensors.push_back({kDQAccum, dq_accum});
+  execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan, tensors, engine);
 }
 
 }  // namespace trellis::cuda
@@ -415,7 +426,7 @@ namespace trellis::cuda {
 struct CudnnAttention::Plan {};
 struct CudnnAttention::Passes {};
 
-std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t, std::string& why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t, bool, std::string& why) {
   why = "built without cuDNN's headers (cudnn_graph.h)";
   return nullptr;
 }

@@ -36,7 +36,9 @@ class CudnnAttention {
  public:
   /// cuDNN with a handle on the current device, working on `stream`; null where it cannot be
   /// used, with the reason in `why` (no library, a version with known faults, no handle).
-  static std::unique_ptr<CudnnAttention> open(cudaStream_t stream, std::string& why);
+  /// `deterministic`: the backward's graph whose engine repeats bit for bit (build_backward).
+  static std::unique_ptr<CudnnAttention> open(cudaStream_t stream, bool deterministic,
+                                              std::string& why);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -57,6 +59,7 @@ class CudnnAttention {
 
   /// "cuDNN 9.13.0 (path)", for the log.
   const std::string& name() const { return name_; }
+  bool deterministic() const { return deterministic_; }
 
  private:
   struct Plan;
@@ -65,6 +68,7 @@ class CudnnAttention {
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_ = nullptr;
   long version_ = 0;  // cudnnGetVersion(): 91300 for 9.13.0
+  bool deterministic_ = false;  // the backward's graph without the dQ accumulator
   std::string name_;
   std::map<AttentionShape, std::unique_ptr<Passes>> passes_;
   std::map<AttentionShape, std::string> refused_;
