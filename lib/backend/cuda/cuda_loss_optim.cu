@@ -213,15 +213,6 @@ __device__ inline void adamw_chunk(float* param, const float* grad, float* m, fl
   vc.store_to(v + i);
 }
 
-// AdamW on n values, W at a time (cuda::Chunk: 16 bytes where n and the pointers allow).
-template <int W>
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
-                             AdamwStep s) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n;
-       i += int64_t(gridDim.x) * blockDim.x * W)
-    adamw_chunk<W>(param, grad, m, v, i, s, [&](int) { return s.weight_decay; });
-}
-
 // Adjoining ranges of one AdamW call, passed by value (kernel parameters: no copy to the device
 // first): range r is [start[r], start[r+1]), decaying where bit r of decay is set.
 constexpr int kAdamwRanges = 256;  // a launch's
@@ -410,14 +401,9 @@ double CudaBackend::sum_squares(const float* x, int64_t n) {
 void CudaBackend::adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, float bc1,
                         float bc2, float grad_scale) {
-  Profiled prof(*this, kOptimizer);
-  add_work(kOptimizer, 0, 28.0 * double(n));  // param, m, v read and written, grad read
-  const AdamwStep s{lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale};
-  if (cuda::wide_rows<float>(n, {param, grad, m, v}))
-    adamw_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(param, grad, m, v, n, s);
-  else
-    adamw_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, s);
-  TRELLIS_CUDA_LAUNCHED();
+  // One range, decaying by weight_decay (0: none).
+  adamw_ranges(param, grad, m, v, {{0, n, true}}, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+               grad_scale);
 }
 
 void CudaBackend::adamw_ranges(float* param, const float* grad, float* m, float* v,
