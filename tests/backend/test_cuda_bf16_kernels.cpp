@@ -266,6 +266,61 @@ TEST_F(CudaBf16Kernels, LayerNormForwardHeldInRegistersIsBitForBitTheSame) {
   }
 }
 
+// The fused layer norm backward copying each row's dinp into shared memory while it loads the
+// row's dout and inp (the default where rows take 16-byte chunks) against the one loading dinp
+// after the row's means (TRELLIS_LAYERNORM_PREFETCH=0): the same bits — dinp (added to), dweight
+// and dbias (added to) — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4 chunks a
+// lane; fp32: 2, 8 and 8), and at C = 201 (one value a chunk: no copy either way). With one
+// multiprocessor (TRELLIS_EMU_SMS=1), so that a warp takes several rows and reuses its copies'
+// shared memory, and with 132 (a row a warp).
+TEST_F(CudaBf16Kernels, LayerNormBackwardPrefetchIsBitForBitTheSame) {
+  const int N = 67;
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    for (const int C : {96, 768, 1024, 201}) {
+      SCOPED_TRACE("C = " + std::to_string(C));
+      const size_t n = size_t(N) * C;
+      const std::vector<float> x = random_vec(n, 40, -3.f, 3.f), d = random_vec(n, 41),
+                               di = random_vec(n, 42), w = random_vec(C, 43),
+                               mean = random_vec(N, 44, -0.5f, 0.5f),
+                               rstd = random_vec(N, 45, 0.5f, 2.f), dw = random_vec(C, 46),
+                               db = random_vec(C, 47);
+      for (const char* sms : {"1", "132"}) {
+        SCOPED_TRACE(std::string("TRELLIS_EMU_SMS=") + sms);
+        // dinp, then dweight and dbias, as bits.
+        const auto run = [&](const char* prefetch) {
+          fresh_gpu({{"TRELLIS_LAYERNORM_PREFETCH", prefetch}, {"TRELLIS_EMU_SMS", sms}});
+          gpu->set_precision(precision);
+          const auto tensor = [&](const std::vector<float>& v) {
+            return bf16 ? Ptr(up(bits_of(v))) : Ptr(up(v));
+          };
+          Ptr pdi = tensor(di);
+          float *pdw = up(dw), *pdb = up(db);
+          gpu->layernorm_backward(pdi, pdw, pdb, tensor(d), tensor(x), tensor(w), up(mean),
+                                  up(rstd), N, C);
+          std::vector<uint32_t> bits;
+          if (bf16) {
+            for (bf16_t v : down_bits(pdi.bf16(), n)) bits.push_back(v.bits);
+          } else {
+            for (float v : down(pdi.f32(), n)) bits.push_back(std::bit_cast<uint32_t>(v));
+          }
+          for (float* p : {pdw, pdb})
+            for (float v : down(p, C)) bits.push_back(std::bit_cast<uint32_t>(v));
+          return bits;
+        };
+        const std::vector<uint32_t> early = run("1"), late = run("0");
+        size_t differ = 0;
+        for (size_t i = 0; i < early.size(); ++i) differ += early[i] != late[i];
+        std::printf("layer norm backward %dx%d %s, %s SMs: %zu of %zu values differ with dinp "
+                    "copied early against loaded late\n",
+                    N, C, precision, sms, differ, early.size());
+        EXPECT_EQ(differ, 0u);
+      }
+    }
+  }
+}
+
 // bf16 GELU (forward; backward in place of dout, as the model calls it) and add (in place of a) on
 // a count that is a multiple of nothing, and one of 8: the GELU to the fp32 bound 1e-5 plus one
 // bf16 unit; add is one fp32 addition of the same two values on both sides, rounded alike: the
@@ -367,8 +422,9 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
 // GPT-2's padded vocabulary, and of 20000: the fused kernel caches each row in shared memory where
 // two such blocks fit a multiprocessor (on an H100/H200, and the emulated GPU: bf16 rows of both,
 // 100 and 40 KB, and fp32 rows of 20000, 80 KB; an fp32 row of 50304, 201 KB, is read from memory
-// in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; the profile's row counts the cached
-// calls.
+// in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; by default double-buffered, a block
+// taking several rows, and with TRELLIS_LOSS_PIPELINE=0 a block a row; the profile's rows count
+// the cached calls and the double-buffered ones.
 TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   for (const auto& [V, valid] : {std::pair{50304, 50257}, std::pair{20000, 19993}}) {
   SCOPED_TRACE("V = " + std::to_string(V));
@@ -376,9 +432,14 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   std::vector<int32_t> targets(N);
   for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
   targets[5] = valid - 1;
-  for (const char* cache : {"1", "0"}) {
-  SCOPED_TRACE(std::string("TRELLIS_LOSS_ROW_CACHE=") + cache);
-  fresh_gpu({{"TRELLIS_LOSS_ROW_CACHE", cache}, {"TRELLIS_CUDA_PROFILE", "1"}});
+  for (const auto& [cache, pipeline] : {std::pair{"1", "1"}, std::pair{"1", "0"},
+                                         std::pair{"0", "1"}}) {
+  SCOPED_TRACE(std::string("TRELLIS_LOSS_ROW_CACHE=") + cache + " TRELLIS_LOSS_PIPELINE=" +
+               pipeline);
+  // Two multiprocessors: the double-buffered kernel's blocks (one or two an SM) take 2 to 4 rows
+  // each, uneven.
+  fresh_gpu({{"TRELLIS_LOSS_ROW_CACHE", cache}, {"TRELLIS_LOSS_PIPELINE", pipeline},
+             {"TRELLIS_EMU_SMS", "2"}, {"TRELLIS_CUDA_PROFILE", "1"}});
   int32_t* d_t = up(targets);
   int cached = 0;  // the calls that should cache their rows
   for (const char* precision : {"fp32", "bf16"}) {
@@ -455,6 +516,16 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   const std::string counts = std::to_string(cached) + " of 4";
   EXPECT_NE(report.substr(row, report.find('\n', row) - row).find(counts), std::string::npos)
       << "expected " << counts << "\n" << report;
+  // Every cached call double-buffered unless TRELLIS_LOSS_PIPELINE=0 (the rows here fit both).
+  const size_t piped = report.find("of which double-buffered");
+  if (std::string(pipeline) == "1" && cached > 0) {
+    ASSERT_NE(piped, std::string::npos) << report;
+    const std::string all = std::to_string(cached) + " of " + std::to_string(cached);
+    EXPECT_NE(report.substr(piped, report.find('\n', piped) - piped).find(all),
+              std::string::npos) << "expected " << all << "\n" << report;
+  } else {
+    EXPECT_EQ(piped, std::string::npos) << report;
+  }
   }
   }
 }

@@ -143,10 +143,20 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // memory (L2 at best) instead of caching it in shared memory (to time the two side by side).
   const char* row_cache = std::getenv("TRELLIS_LOSS_ROW_CACHE");
   loss_row_cache_ = !(row_cache && std::strcmp(row_cache, "0") == 0);
+  // TRELLIS_LOSS_PIPELINE=0: the cached cross-entropy a block a row, copying its row and then
+  // computing on it, instead of a block an SM copying the next row while it computes (the same
+  // bits; to time the two side by side).
+  const char* pipeline = std::getenv("TRELLIS_LOSS_PIPELINE");
+  loss_pipeline_ = !(pipeline && std::strcmp(pipeline, "0") == 0);
   // TRELLIS_LAYERNORM_HELD=0: the layer norm forward reads each row again for its variance and
   // its output instead of holding it in registers (the same bits; to time the two side by side).
   const char* held = std::getenv("TRELLIS_LAYERNORM_HELD");
   layernorm_held_ = !(held && std::strcmp(held, "0") == 0);
+  // TRELLIS_LAYERNORM_PREFETCH=0: the fused layer norm backward loads a row's dinp after the row's
+  // means, instead of copying it into shared memory while it loads dout and inp for them (the
+  // same bits; to time the two side by side).
+  const char* prefetch = std::getenv("TRELLIS_LAYERNORM_PREFETCH");
+  layernorm_prefetch_ = !(prefetch && std::strcmp(prefetch, "0") == 0);
   // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics, its last bits varying run to
   // run, instead of sorting the positions by token and adding each token's rows in order (to
   // time the two side by side).
@@ -402,6 +412,11 @@ std::string CudaBackend::profile_report() {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_cached_,
                   (long long)(loss_rows_cached_ + loss_rows_uncached_));
     rows.push_back({"cross-entropy calls with rows in shared memory", "", "", buf[0], ""});
+    if (loss_rows_pipelined_ > 0) {
+      std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_pipelined_,
+                    (long long)loss_rows_cached_);
+      rows.push_back({"  of which double-buffered (a block an SM)", "", "", buf[0], ""});
+    }
   }
   // rate: on the least work — the products' FLOPs, or each input read and each output written
   // once (add_work).

@@ -450,6 +450,7 @@ class CudaBackend : public Backend {
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
   /// The fused cross-entropy's calls with the rows cached in shared memory, or not.
   int64_t loss_rows_cached_ = 0, loss_rows_uncached_ = 0;
+  int64_t loss_rows_pipelined_ = 0;  // (of the cached: double-buffered)
 
   int device_;
   int sm_count_ = 1;  // the device's multiprocessors (launch shapes that must fill them)
@@ -495,7 +496,9 @@ class CudaBackend : public Backend {
   bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1: bias gradients in the dweight GEMMs
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   bool loss_row_cache_ = true;  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy uncached
+  bool loss_pipeline_ = true;   // TRELLIS_LOSS_PIPELINE=0: its cached rows a block each
   bool layernorm_held_ = true;  // TRELLIS_LAYERNORM_HELD=0: the forward re-reads its rows
+  bool layernorm_prefetch_ = true;  // TRELLIS_LAYERNORM_PREFETCH=0: the backward loads dinp late
   bool embedding_sorted_ = true;  // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics
   // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
   // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank

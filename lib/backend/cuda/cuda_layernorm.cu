@@ -182,15 +182,17 @@ __device__ void ln_backward_row_means(float& dn_mean, float& dnx_mean, const T* 
 }
 
 // dinp's chunk at column c += the input gradient, r·(w·dout − dn_mean − xhat·dnx_mean); then
-// each(k, xhat, dout) for the chunk's values (the fused kernel's column sums).
+// each(k, xhat, dout) for the chunk's values (the fused kernel's column sums). The chunk's value
+// before is read from di_now where given (a copy of it in shared memory), else from di.
 template <typename T, int W, typename Each>
 __device__ void ln_backward_chunk(T* di, const T* d, const T* x, const T* weight, int c, float m,
-                                  float r, float dn_mean, float dnx_mean, Each each) {
+                                  float r, float dn_mean, float dnx_mean, Each each,
+                                  const T* di_now = nullptr) {
   cuda::Chunk<T, W> wc, dc, xc, ic;
   wc.load_from(weight + c);
   dc.load_from(d + c);
   xc.load_from(x + c);
-  ic.load_from(di + c);
+  ic.load_from(di_now ? di_now : di + c);
 #pragma unroll
   for (int k = 0; k < W; ++k) {
     const float xhat = (xc[k] - m) * r;
@@ -241,12 +243,20 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const T* dout
 // by a column pass. The block then adds
 // its warps' sums in warp order (through shared memory: 2C floats) into partial (blocks, 2C):
 // Σ dout (dbias), then Σ xhat·dout (dweight). A fixed order everywhere: the same bits every run.
-template <typename T, int W, int J>
+// With Prefetch (16-byte chunks), each lane also copies its chunks of the row's dinp into shared
+// memory (cp.async) as it loads dout and inp for the row's means, so that the row costs one wait
+// on device memory, not two — dinp's chunks otherwise are loaded only after the means, as the
+// warp needs them; the registers that could hold them are the column sums'. The same arithmetic
+// on the same values: the same bits either way.
+template <typename T, int W, int J, bool Prefetch>
 __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T* dout,
                                                 const T* inp, const T* weight, const float* mean,
                                                 const float* rstd, int N, int C, int rows) {
-  extern __shared__ float block_sums[];  // (2C)
+  static_assert(!Prefetch || sizeof(T) * W == 16);
+  // (2C) floats, then with Prefetch the warps' copies of their row's dinp: (warps, J, 32) chunks
+  extern __shared__ float block_sums[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  uint4* dinp_now = reinterpret_cast<uint4*>(block_sums + 2 * C) + warp * J * 32;  // (J, 32)
   float db[J][W], dw[J][W];  // this lane's columns lane·W + 32·W·j + k
 #pragma unroll
   for (int j = 0; j < J; ++j)
@@ -258,8 +268,18 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
     const T* d = dout + row * C;  // (C)
     T* di = dinp + row * C;       // (C)
     const float m = mean[row], r = rstd[row];
+    if constexpr (Prefetch) {  // (each lane reads back only its own chunks: no barrier)
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c = lane * W + 32 * W * j;
+        if (c >= C) break;
+        cuda::copy_async16(dinp_now + j * 32 + lane, di + c, true);
+      }
+      cuda::copy_async_commit();
+    }
     float dn_mean, dnx_mean;
     ln_backward_row_means<T, W, J>(dn_mean, dnx_mean, d, x, weight, m, r, C, lane);
+    if constexpr (Prefetch) cuda::copy_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int c = lane * W + 32 * W * j;
@@ -268,7 +288,9 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
                               [&](int k, float xhat, float dv) {
                                 db[j][k] += dv;
                                 dw[j][k] += xhat * dv;
-                              });
+                              },
+                              Prefetch ? reinterpret_cast<const T*>(dinp_now + j * 32 + lane)
+                                       : nullptr);
     }
   }
   for (int w = 0; w < warps; ++w) {  // warp w adds its sums after warps 0 .. w-1 have
@@ -423,26 +445,33 @@ int ln_fused_steps(int C) {
     if (32 * W * J >= C) return J;
   return 0;
 }
-template <typename T, int W, int J>
+template <typename T, int W, int J, bool Prefetch>
 void launch_ln_fused(cudaStream_t stream, int rows, T* dinp, float* partial, const T* dout,
                      const T* inp, const T* weight, const float* mean, const float* rstd, int N,
                      int C) {
   const unsigned blocks = unsigned((N + rows - 1) / rows);
-  const size_t smem = 2 * size_t(C) * sizeof(float);  // at most 16 KiB (C ≤ 2048)
-  layernorm_backward_fused_kernel<T, W, J><<<blocks, kThreads, smem, stream>>>(dinp, partial, dout,
-      inp, weight, mean, rstd, N, C, rows);
+  // 2C floats, at most 16 KiB (C ≤ 2048), and with Prefetch 16 bytes a chunk of a row a warp:
+  // 8 · 32 · J · 16 bytes, at most 32 KiB (J = 8).
+  const size_t smem =
+      2 * size_t(C) * sizeof(float) + (Prefetch ? size_t(kThreads / 32) * J * 32 * 16 : 0);
+  cuda::allow_shared(layernorm_backward_fused_kernel<T, W, J, Prefetch>, smem);
+  layernorm_backward_fused_kernel<T, W, J, Prefetch><<<blocks, kThreads, smem, stream>>>(dinp,
+      partial, dout, inp, weight, mean, rstd, N, C, rows);
   TRELLIS_CUDA_LAUNCHED();
 }
-template <typename T, int W>
+template <typename T, int W, bool Prefetch>
 void launch_ln_fused(int J, cudaStream_t stream, int rows, T* dinp, float* partial,
                      const T* dout, const T* inp, const T* weight, const float* mean,
                      const float* rstd, int N, int C) {
   if (J == 2)
-    launch_ln_fused<T, W, 2>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 2, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
+                                       N, C);
   else if (J == 4)
-    launch_ln_fused<T, W, 4>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 4, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
+                                       N, C);
   else
-    launch_ln_fused<T, W, 8>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, W, 8, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
+                                       N, C);
 }
 }  // namespace
 
@@ -460,10 +489,15 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   const int rows = J > 0 ? layernorm_backward_chunk_rows(N, sm_count_) : kRowChunk;
   const int chunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
-  if (J > 0 && wide) {
-    launch_ln_fused<T, W>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  if (J > 0 && wide && layernorm_prefetch_) {
+    launch_ln_fused<T, W, true>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                C);
+  } else if (J > 0 && wide) {
+    launch_ln_fused<T, W, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                 C);
   } else if (J > 0) {
-    launch_ln_fused<T, 1>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    launch_ln_fused<T, 1, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                 C);
   } else {  // wider rows than a lane's registers hold: dinp, then a pass over the columns
     if (wide)
       layernorm_backward_inp_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,

@@ -134,13 +134,40 @@ __global__ void __launch_bounds__(kLossThreads)
              sumexp[n], target_logit[n], V, valid, dloss);
 }
 
-// All three on a row of the whole vocabulary (vocab_begin 0), the statistics written as well.
-// With Cached, the row is first copied into shared memory (its 16-byte chunks, every thread's in
-// flight together) and read from there: the row read from memory once and written once, where
-// the uncached kernel reads it three times — from L2 at best, but a GPT-2 row is 100 KB in bf16,
-// and the rows in flight on an H200 (up to 4 blocks on each of 132 SMs) 53 MB, more than its L2.
-// The same arithmetic in the same order on the same values either way: the same bits. Cached
-// rows are 16-byte aligned, V·sizeof(T) bytes of dynamic shared memory.
+// All three on row n of the whole vocabulary (vocab_begin 0), read from `row` (the logits' row l,
+// or a copy of it in shared memory), the statistics written as well and dlogits into l.
+template <typename T>
+__device__ void fused_row(const T* row, T* l, int n, int target, float* losses, float* row_max,
+                          float* sumexp, float* target_logit, int V, int valid, float dloss,
+                          float* shared_max, double* shared_sum) {
+  const float m = row_max_of(row, valid, shared_max);
+  // Every thread reads the target's logit before the barriers of the sum: past them, the thread
+  // that owns that column overwrites it with its dlogit (where row is l).
+  const float tl = row_target_logit(row, target, target, valid);
+  const float s = row_sumexp(row, valid, m, shared_sum);
+  if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
+  row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss);
+}
+
+// The rows' 16-byte chunks from logits row n into shared memory at dst, this thread's share, as
+// one group of asynchronous copies (empty where n ≥ N, so that every row is one group).
+template <typename T>
+__device__ void copy_row_async(uint4* dst, const T* logits, int n, int N, int V) {
+  if (n < N) {
+    const int chunks = int(int64_t(V) * sizeof(T) / 16);
+    const uint4* src = reinterpret_cast<const uint4*>(logits + int64_t(n) * V);
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) cuda::copy_async16(dst + i, src + i, true);
+  }
+  cuda::copy_async_commit();
+}
+
+// fused_row on every row, a block per row. With Cached, the row is first copied into shared
+// memory (its 16-byte chunks, every thread's in flight together) and read from there: the row read
+// from memory once and written once, where the uncached kernel reads it three times — from L2 at
+// best, but a GPT-2 row is 100 KB in bf16, and the rows in flight on an H200 (up to 4 blocks on
+// each of 132 SMs) 53 MB, more than its L2. The same arithmetic in the same order on the same
+// values either way: the same bits. Cached rows are 16-byte aligned, V·sizeof(T) bytes of dynamic
+// shared memory.
 template <typename T, bool Cached>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
@@ -148,25 +175,46 @@ __global__ void __launch_bounds__(kLossThreads)
   extern __shared__ uint4 cached[];  // (V·sizeof(T) / 16): the row, where Cached
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
-  const int n = blockIdx.x, target = targets[n];
+  const int n = blockIdx.x;
   T* l = logits + int64_t(n) * V;  // (V)
   const T* row = l;                // where the passes read it
   if constexpr (Cached) {
-    const int chunks = int(int64_t(V) * sizeof(T) / 16);
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x)
-      cuda::copy_async16(cached + i, reinterpret_cast<const uint4*>(l) + i, true);
-    cuda::copy_async_commit();
+    copy_row_async(cached, logits, n, n + 1, V);
     cuda::copy_async_wait<0>();
     __syncthreads();  // (the tail values and the target's logit are other threads' copies)
     row = reinterpret_cast<const T*>(cached);
   }
-  const float m = row_max_of(row, valid, shared_max);
-  // Every thread reads the target's logit before the barriers of the sum: past them, the thread
-  // that owns that column overwrites it with its dlogit (uncached).
-  const float tl = row_target_logit(row, target, target, valid);
-  const float s = row_sumexp(row, valid, m, shared_sum);
-  if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
-  row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss);
+  fused_row(row, l, n, targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss,
+            shared_max, shared_sum);
+}
+
+// The cached kernel's rows, double-buffered: a block stays for rows n ≡ blockIdx.x (mod
+// gridDim.x), and while it computes on one row in shared memory, the next row's copies land in
+// the other half — so that memory and arithmetic overlap instead of taking turns, which a block a
+// row leaves to the two blocks an SM holds (for 64K rows of GPT-2, estimated: 3.3 ms of memory at
+// 4 TB/s, about 3 ms of arithmetic — two exponentials a value, the sum in double). fused_row on
+// the same values: the same bits as the other kernels. 2·V·sizeof(T) bytes of dynamic shared
+// memory.
+template <typename T>
+__global__ void __launch_bounds__(kLossThreads)
+    crossentropy_pipelined_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
+                                  float* sumexp, float* target_logit, int N, int V, int valid,
+                                  float dloss) {
+  extern __shared__ uint4 cached[];  // (2, V·sizeof(T) / 16): two rows
+  __shared__ float shared_max[32];
+  __shared__ double shared_sum[32];
+  const int chunks = int(int64_t(V) * sizeof(T) / 16);
+  copy_row_async(cached, logits, blockIdx.x, N, V);
+  int half = 0;  // the half of `cached` that row n is copied into
+  for (int n = blockIdx.x; n < N; n += gridDim.x, half ^= 1) {
+    __syncthreads();  // every thread done with the other half (the previous row) before it refills
+    copy_row_async(cached + (half ^ 1) * chunks, logits, n + gridDim.x, N, V);
+    cuda::copy_async_wait<1>();  // this thread's copies of row n (the group before) have landed
+    __syncthreads();             // and every other thread's
+    fused_row(reinterpret_cast<const T*>(cached + half * chunks), logits + int64_t(n) * V, n,
+              targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss, shared_max,
+              shared_sum);
+  }
 }
 
 // ---- norms and AdamW ----
@@ -302,10 +350,20 @@ bool loss_rows_fit(size_t row_bytes) {
   return row_bytes % 16 == 0 && block <= cuda::shared_optin() &&
          2 * (block + 1024) <= cuda::shared_per_multiprocessor();
 }
+// Blocks of the double-buffered kernel a multiprocessor holds for rows of row_bytes (two rows and
+// 1 KiB of static memory allowed each, with the 1 KiB the system reserves; threads: 2048 an SM),
+// or 0 where two rows do not fit a block (GPT-2's 50304 in bf16, 100 KB a row: 1).
+int loss_pipelined_blocks_per_sm(size_t row_bytes) {
+  const size_t block = 2 * row_bytes + 1024;
+  if (row_bytes % 16 != 0 || block > cuda::shared_optin()) return 0;
+  return int(std::min<size_t>(2048 / kLossThreads,
+                              cuda::shared_per_multiprocessor() / (block + 1024)));
+}
 }  // namespace
 
 bool cuda_loss_rows_cached(int V, int element_bytes) {
-  return loss_rows_fit(size_t(V) * size_t(element_bytes));
+  const size_t row_bytes = size_t(V) * size_t(element_bytes);
+  return loss_rows_fit(row_bytes) || loss_pipelined_blocks_per_sm(row_bytes) > 0;
 }
 
 template <typename T>
@@ -313,10 +371,17 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
                                       float* row_max, float* sumexp, float* target_logit, int N,
                                       int V, int valid, float dloss) {
   const size_t row_bytes = size_t(V) * sizeof(T);
-  const bool cached = loss_row_cache_ && loss_rows_fit(row_bytes) &&
-                      reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const int per_sm = loss_pipeline_ && aligned ? loss_pipelined_blocks_per_sm(row_bytes) : 0;
+  const bool cached = loss_row_cache_ && aligned && (per_sm > 0 || loss_rows_fit(row_bytes));
   ++(cached ? loss_rows_cached_ : loss_rows_uncached_);
-  if (cached) {
+  if (cached && per_sm > 0) {
+    ++loss_rows_pipelined_;
+    const int blocks = int(std::min<int64_t>(N, int64_t(sm_count_) * per_sm));
+    cuda::allow_shared(crossentropy_pipelined_kernel<T>, 2 * row_bytes);
+    crossentropy_pipelined_kernel<T><<<blocks, kLossThreads, 2 * row_bytes, stream_>>>(
+        logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, dloss);
+  } else if (cached) {
     cuda::allow_shared(crossentropy_fused_kernel<T, true>, row_bytes);
     crossentropy_fused_kernel<T, true><<<N, kLossThreads, row_bytes, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
