@@ -183,16 +183,16 @@ __device__ void ln_backward_row_means(float& dn_mean, float& dnx_mean, const T* 
 
 // dinp's chunk at column c += the input gradient, r·(w·dout − dn_mean − xhat·dnx_mean); then
 // each(k, xhat, dout) for the chunk's values (the fused kernel's column sums). The chunk's value
-// before is read from di_now where given (a copy of it in shared memory), else from di.
+// before is read from di_now: di + c, or a copy of it in shared memory.
 template <typename T, int W, typename Each>
 __device__ void ln_backward_chunk(T* di, const T* d, const T* x, const T* weight, int c, float m,
                                   float r, float dn_mean, float dnx_mean, Each each,
-                                  const T* di_now = nullptr) {
+                                  const T* di_now) {
   cuda::Chunk<T, W> wc, dc, xc, ic;
   wc.load_from(weight + c);
   dc.load_from(d + c);
   xc.load_from(x + c);
-  ic.load_from(di_now ? di_now : di + c);
+  ic.load_from(di_now);
 #pragma unroll
   for (int k = 0; k < W; ++k) {
     const float xhat = (xc[k] - m) * r;
@@ -215,7 +215,8 @@ __global__ void layernorm_backward_inp_kernel(T* dinp, const T* dout, const T* i
   float dn_mean, dnx_mean;
   ln_backward_row_means<T, W, 0>(dn_mean, dnx_mean, d, x, weight, m, r, C, lane);
   for (int c = lane * W; c < C; c += 32 * W)
-    ln_backward_chunk<T, W>(di, d, x, weight, c, m, r, dn_mean, dnx_mean, [](int, float, float) {});
+    ln_backward_chunk<T, W>(di, d, x, weight, c, m, r, dn_mean, dnx_mean, [](int, float, float) {},
+                            di + c);
 }
 
 // partial (chunks, 2C): per chunk of kRowChunk rows, Σ dout (dbias) then Σ xhat·dout (dweight).
@@ -254,7 +255,7 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
                                                 const float* rstd, int N, int C, int rows) {
   static_assert(!Prefetch || sizeof(T) * W == 16);
   // (2C) floats, then with Prefetch the warps' copies of their row's dinp: (warps, J, 32) chunks
-  extern __shared__ float block_sums[];
+  extern __shared__ __align__(16) float block_sums[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   uint4* dinp_now = reinterpret_cast<uint4*>(block_sums + 2 * C) + warp * J * 32;  // (J, 32)
   float db[J][W], dw[J][W];  // this lane's columns lane·W + 32·W·j + k
@@ -290,7 +291,7 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
                                 dw[j][k] += xhat * dv;
                               },
                               Prefetch ? reinterpret_cast<const T*>(dinp_now + j * 32 + lane)
-                                       : nullptr);
+                                       : di + c);
     }
   }
   for (int w = 0; w < warps; ++w) {  // warp w adds its sums after warps 0 .. w-1 have

@@ -99,6 +99,12 @@ __device__ void row_finish(const T* src, T* dst, float* loss, int target, int t,
 // A block per row of logits (the rows' maxima, sums and gradients): threads it launches with, and
 // the most the compiler may plan registers for.
 constexpr int kLossThreads = 512;
+// The double-buffered kernel's blocks: 4 for each place on an SM, so that a block's rows (about
+// 124 of GPT-2's 64K on an H200) are a quarter of what the SM does — where other work holds some
+// SMs for a while (an NCCL kernel on its own stream), the others take more of the blocks instead
+// of those SMs' blocks waiting with all their rows; each block's first copy, a row's, is the only
+// one not overlapped.
+constexpr int kLossWaves = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
@@ -189,8 +195,8 @@ __global__ void __launch_bounds__(kLossThreads)
 }
 
 // The cached kernel's rows, double-buffered: a block stays for rows n ≡ blockIdx.x (mod
-// gridDim.x), and while it computes on one row in shared memory, the next row's copies land in
-// the other half — so that memory and arithmetic overlap instead of taking turns, which a block a
+// gridDim.x; 4 blocks an SM's place in turn: kLossWaves), and while it computes on one row in
+// shared memory, the next row's copies land in the other half — so that memory and arithmetic overlap instead of taking turns, which a block a
 // row leaves to the two blocks an SM holds (for 64K rows of GPT-2, estimated: 3.3 ms of memory at
 // 4 TB/s, about 3 ms of arithmetic — two exponentials a value, the sum in double). fused_row on
 // the same values: the same bits as the other kernels. 2·V·sizeof(T) bytes of dynamic shared
@@ -377,7 +383,7 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
   ++(cached ? loss_rows_cached_ : loss_rows_uncached_);
   if (cached && per_sm > 0) {
     ++loss_rows_pipelined_;
-    const int blocks = int(std::min<int64_t>(N, int64_t(sm_count_) * per_sm));
+    const int blocks = int(std::min<int64_t>(N, int64_t(kLossWaves) * sm_count_ * per_sm));
     cuda::allow_shared(crossentropy_pipelined_kernel<T>, 2 * row_bytes);
     crossentropy_pipelined_kernel<T><<<blocks, kLossThreads, 2 * row_bytes, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, dloss);

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "core/dtype.hpp"
 
@@ -32,12 +34,27 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned(b < 1 ? 1 : b);
 }
 
-/// Lets kernel `k` launch with `smem` bytes of dynamic shared memory (above 48 KiB a kernel must
-/// opt in).
+/// Lets kernel `k` launch with `smem` bytes of dynamic shared memory. Past 48 KiB — counting the
+/// kernel's static shared memory too, which the caller does not see — a kernel must opt in; so
+/// every kernel that takes dynamic shared memory opts in, once a device for the most asked of it
+/// so far.
+inline void allow_shared_bytes(const void* kernel, size_t smem) {
+  static std::mutex mutex;
+  // (kernel, device) → bytes opted into (the attribute is the device's)
+  static std::unordered_map<const void*, std::unordered_map<int, size_t>> allowed;
+  if (smem == 0) return;
+  int device = 0;
+  TRELLIS_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& now = allowed[kernel][device];
+  if (now >= smem) return;
+  TRELLIS_CUDA(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  now = smem;
+}
 template <typename Kernel>
 void allow_shared(Kernel k, size_t smem) {
-  if (smem > 48 * 1024)
-    TRELLIS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_shared_bytes(reinterpret_cast<const void*>(k), smem);
 }
 
 /// A device attribute of the current device, read once (asked before launches: not a driver
