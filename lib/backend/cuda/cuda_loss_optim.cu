@@ -155,14 +155,15 @@ __device__ void fused_row(const T* row, T* l, int n, int target, float* losses, 
   row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss);
 }
 
-// The rows' 16-byte chunks from logits row n into shared memory at dst, this thread's share, as
-// one group of asynchronous copies (empty where n ≥ N, so that every row is one group).
+// Row n of logits, its 16-byte chunks, into shared memory at dst — this thread's share, as one
+// group of asynchronous copies (empty where n ≥ N, so that every row is one group).
 template <typename T>
-__device__ void copy_row_async(uint4* dst, const T* logits, int n, int N, int V) {
+__device__ void copy_row_async(uint4* dst, const T* logits, int64_t n, int N, int V) {
   if (n < N) {
     const int chunks = int(int64_t(V) * sizeof(T) / 16);
-    const uint4* src = reinterpret_cast<const uint4*>(logits + int64_t(n) * V);
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) cuda::copy_async16(dst + i, src + i, true);
+    const uint4* src = reinterpret_cast<const uint4*>(logits + n * V);
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x)
+      cuda::copy_async16(dst + i, src + i, true);
   }
   cuda::copy_async_commit();
 }
@@ -196,11 +197,11 @@ __global__ void __launch_bounds__(kLossThreads)
 
 // The cached kernel's rows, double-buffered: a block stays for rows n ≡ blockIdx.x (mod
 // gridDim.x; 4 blocks an SM's place in turn: kLossWaves), and while it computes on one row in
-// shared memory, the next row's copies land in the other half — so that memory and arithmetic overlap instead of taking turns, which a block a
-// row leaves to the two blocks an SM holds (for 64K rows of GPT-2, estimated: 3.3 ms of memory at
-// 4 TB/s, about 3 ms of arithmetic — two exponentials a value, the sum in double). fused_row on
-// the same values: the same bits as the other kernels. 2·V·sizeof(T) bytes of dynamic shared
-// memory.
+// shared memory, the next row's copies land in the other half — so that memory and arithmetic
+// overlap instead of taking turns, which a block a row leaves to the two blocks an SM holds (for
+// 64K rows of GPT-2, estimated: 3.3 ms of memory at 4 TB/s, about 3 ms of arithmetic — two
+// exponentials a value, the sum in double). fused_row on the same values: the same bits as the
+// other kernels. 2·V·sizeof(T) bytes of dynamic shared memory.
 template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_pipelined_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kLossThreads)
   int half = 0;  // the half of `cached` that row n is copied into
   for (int n = blockIdx.x; n < N; n += gridDim.x, half ^= 1) {
     __syncthreads();  // every thread done with the other half (the previous row) before it refills
-    copy_row_async(cached + (half ^ 1) * chunks, logits, n + gridDim.x, N, V);
+    copy_row_async(cached + (half ^ 1) * chunks, logits, int64_t(n) + gridDim.x, N, V);
     cuda::copy_async_wait<1>();  // this thread's copies of row n (the group before) have landed
     __syncthreads();             // and every other thread's
     fused_row(reinterpret_cast<const T*>(cached + half * chunks), logits + int64_t(n) * V, n,
