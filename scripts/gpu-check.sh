@@ -28,7 +28,7 @@
 #      karpathy/llm.c#338, and faster on H100, #653), with the fused cross-entropy reading each
 #      row of logits from memory in each of its three passes instead of caching it in shared
 #      memory (TRELLIS_LOSS_ROW_CACHE=0, "bf16+tc-cesm"), with the cached cross-entropy a block a
-#      row instead of a block an SM copying the next row while it computes (TRELLIS_LOSS_PIPELINE=0,
+#      row instead of blocks copying their next row while they compute (TRELLIS_LOSS_PIPELINE=0,
 #      "bf16+tc-cepipe"), with the layer norm forward reading its
 #      rows again for each sum instead of holding them in registers (TRELLIS_LAYERNORM_HELD=0,
 #      "bf16+tc-lnreg"), with the layer norm backward loading a row's dinp after the row's means
@@ -109,7 +109,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -cepipe = the cached cross-entropy a block a row, not a block an SM copying its next row while it computes, -lnreg = the layer norm forward's rows read again for each sum, not held in registers, -lnpre = the layer norm backward loading dinp after each row's means, not copying it into shared memory with dout and inp, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -cepipe = the cached cross-entropy a block a row, not double-buffered blocks copying their next row while they compute, -lnreg = the layer norm forward's rows read again for each sum, not held in registers, -lnpre = the layer norm backward loading dinp after each row's means, not copying it into shared memory with dout and inp, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"

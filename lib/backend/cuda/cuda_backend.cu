@@ -144,7 +144,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* row_cache = std::getenv("TRELLIS_LOSS_ROW_CACHE");
   loss_row_cache_ = !(row_cache && std::strcmp(row_cache, "0") == 0);
   // TRELLIS_LOSS_PIPELINE=0: the cached cross-entropy a block a row, copying its row and then
-  // computing on it, instead of a block an SM copying the next row while it computes (the same
+  // computing on it, instead of blocks that copy their next row while they compute (the same
   // bits; to time the two side by side).
   const char* pipeline = std::getenv("TRELLIS_LOSS_PIPELINE");
   loss_pipeline_ = !(pipeline && std::strcmp(pipeline, "0") == 0);
@@ -415,7 +415,7 @@ std::string CudaBackend::profile_report() {
     if (loss_rows_pipelined_ > 0) {
       std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_pipelined_,
                     (long long)loss_rows_cached_);
-      rows.push_back({"  of which double-buffered (a block an SM)", "", "", buf[0], ""});
+      rows.push_back({"  of which double-buffered", "", "", buf[0], ""});
     }
   }
   // rate: on the least work — the products' FLOPs, or each input read and each output written
