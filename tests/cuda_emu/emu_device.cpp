@@ -359,7 +359,10 @@ void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
   if (threads == 0 || threads > kMaxThreads || block.z > 64 || grid.x == 0 || grid.y == 0 ||
       grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
     return set_error(cudaErrorInvalidConfiguration);
-  if (smem > kSharedOptin || (smem > kSharedDefault && smem > max_dynamic_shared(kernel)))
+  // Up to 48 KiB without opting in; once a kernel has opted in, up to what it opted into (the
+  // attribute is the launch's limit, also where it was set below 48 KiB).
+  const size_t opted = max_dynamic_shared(kernel);
+  if (smem > kSharedOptin || smem > (opted > 0 ? opted : kSharedDefault))
     return set_error(cudaErrorInvalidValue);
   stream_order(stream);
   if (!m.stacks) {

@@ -206,6 +206,7 @@ TEST(EmulatedGpu, AsyncCopiesLandAtTheirWait) {
 }
 
 __global__ void nothing(int) {}
+__global__ void nothing_else(int) {}
 
 TEST(EmulatedGpu, LaunchesAreCheckedAsOnAGpu) {
   trellis_emu::Launch(nothing, 1, 1025)(0);
@@ -223,6 +224,15 @@ TEST(EmulatedGpu, LaunchesAreCheckedAsOnAGpu) {
   EXPECT_EQ(cudaFuncSetAttribute(nothing, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(trellis_emu::kSharedOptin) + 1),
             cudaErrorInvalidValue);
+  // The attribute is the kernel's limit once set, below 48 KiB too (cuda::allow_shared raises it
+  // before every launch that asks more).
+  ASSERT_EQ(cudaFuncSetAttribute(nothing_else, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 16 << 10),
+            cudaSuccess);
+  trellis_emu::Launch(nothing_else, 1, 32, 20 << 10)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "20 KiB after opting into 16";
+  trellis_emu::Launch(nothing_else, 1, 32, 16 << 10)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "16 KiB after opting into 16";
 }
 
 TEST(EmulatedGpu, CopiesStayInsideDeviceAllocations) {
