@@ -29,7 +29,9 @@
 #      row of logits from memory in each of its three passes instead of caching it in shared
 #      memory (TRELLIS_LOSS_ROW_CACHE=0, "bf16+tc-cesm"), with the cached cross-entropy a block a
 #      row instead of blocks copying their next row while they compute (TRELLIS_LOSS_PIPELINE=0,
-#      "bf16+tc-cepipe"), with the layer norm forward reading its
+#      "bf16+tc-cepipe"), with the cross-entropy's exponentials by expf(x − m) instead of
+#      exp2f(x·log2e − m·log2e) (TRELLIS_LOSS_EXP2=0, "bf16+tc-ceexp2"), with the layer norm
+#      forward reading its
 #      rows again for each sum instead of holding them in registers (TRELLIS_LAYERNORM_HELD=0,
 #      "bf16+tc-lnreg"), with the layer norm backward loading a row's dinp after the row's means
 #      instead of copying it into shared memory beside dout and inp (TRELLIS_LAYERNORM_PREFETCH=0,
@@ -109,7 +111,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -cepipe = the cached cross-entropy a block a row, not double-buffered blocks copying their next row while they compute, -lnreg = the layer norm forward's rows read again for each sum, not held in registers, -lnpre = the layer norm backward loading dinp after each row's means, not copying it into shared memory with dout and inp, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -cepipe = the cached cross-entropy a block a row, not double-buffered blocks copying their next row while they compute, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -lnreg = the layer norm forward's rows read again for each sum, not held in registers, -lnpre = the layer norm backward loading dinp after each row's means, not copying it into shared memory with dout and inp, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -302,12 +304,12 @@ main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
   local name precision tc variant gemm_tune bgrad residual gelu row_cache ln_held emb_sorted
-  local cudnn_det loss_pipe ln_prefetch deck
+  local cudnn_det loss_pipe loss_exp2 ln_prefetch deck
   local tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
   gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 row_cache=1 ln_held=1 emb_sorted=1 cudnn_det=0
-  loss_pipe=1 ln_prefetch=1
+  loss_pipe=1 loss_exp2=1 ln_prefetch=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == bgrad ]] && bgrad=1
   [[ ${variant:-} == nores ]] && residual=0
@@ -317,6 +319,7 @@ bench_row() {
   [[ ${variant:-} == noembsort ]] && emb_sorted=0
   [[ ${variant:-} == cudnndet ]] && cudnn_det=1
   [[ ${variant:-} == nocepipe ]] && loss_pipe=0
+  [[ ${variant:-} == noceexp2 ]] && loss_exp2=0
   [[ ${variant:-} == nolnpre ]] && ln_prefetch=0
   [[ ${variant:-} == nocudnn ]] && cudnn=0
   deck=inputs/$name.deck
@@ -341,7 +344,8 @@ bench_row() {
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
       TRELLIS_LOSS_ROW_CACHE=$row_cache TRELLIS_LAYERNORM_HELD=$ln_held \
       TRELLIS_EMBEDDING_SORTED=$emb_sorted TRELLIS_CUDNN_DETERMINISTIC=$cudnn_det \
-      TRELLIS_LOSS_PIPELINE=$loss_pipe TRELLIS_LAYERNORM_PREFETCH=$ln_prefetch \
+      TRELLIS_LOSS_PIPELINE=$loss_pipe TRELLIS_LOSS_EXP2=$loss_exp2 \
+      TRELLIS_LAYERNORM_PREFETCH=$ln_prefetch \
       TRELLIS_CUDA_PROFILE=1 \
       "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
@@ -374,6 +378,7 @@ bench_row() {
   (( emb_sorted )) || label=bf16+tc-embsort
   (( cudnn_det )) && label=bf16+tc+det
   (( loss_pipe )) || label=bf16+tc-cepipe
+  (( loss_exp2 )) || label=bf16+tc-ceexp2
   (( ln_prefetch )) || label=bf16+tc-lnpre
   (( cudnn )) || label=bf16+mma
   [[ $precision == fp32 ]] && label=fp32/TF32
@@ -429,7 +434,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocepipe" "gpt2-124m bf16 auto nolnpre" \
+for run in "gpt2-124m bf16 auto nocepipe" "gpt2-124m bf16 auto noceexp2" \
+           "gpt2-124m bf16 auto nolnpre" \
            "gpt2-350m bf16 auto tune" "gpt2-124m bf16 auto nocesm" \
            "gpt2-124m bf16 auto nolnreg" "gpt2-124m bf16 auto noembsort" \
            "gpt2-124m bf16 auto cudnndet" \

@@ -424,7 +424,8 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
 // 100 and 40 KB, and fp32 rows of 20000, 80 KB; an fp32 row of 50304, 201 KB, is read from memory
 // in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; by default double-buffered, a block
 // taking several rows, and with TRELLIS_LOSS_PIPELINE=0 a block a row; the profile's rows count
-// the cached calls and the double-buffered ones.
+// the cached calls and the double-buffered ones. The exponentials by exp2f (the default) and by
+// expf (TRELLIS_LOSS_EXP2=0), each to the CPU's bounds.
 TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   for (const auto& [V, valid] : {std::pair{50304, 50257}, std::pair{20000, 19993}}) {
   SCOPED_TRACE("V = " + std::to_string(V));
@@ -432,14 +433,18 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   std::vector<int32_t> targets(N);
   for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
   targets[5] = valid - 1;
-  for (const auto& [cache, pipeline] : {std::pair{"1", "1"}, std::pair{"1", "0"},
-                                         std::pair{"0", "1"}}) {
+  struct Mode {
+    const char *cache, *pipeline, *exp2;
+  };
+  for (const auto& [cache, pipeline, exp2] :
+       {Mode{"1", "1", "1"}, Mode{"1", "0", "1"}, Mode{"0", "1", "1"}, Mode{"1", "1", "0"}}) {
   SCOPED_TRACE(std::string("TRELLIS_LOSS_ROW_CACHE=") + cache + " TRELLIS_LOSS_PIPELINE=" +
-               pipeline);
+               pipeline + " TRELLIS_LOSS_EXP2=" + exp2);
   // One multiprocessor: the double-buffered kernel's 4 or 8 blocks (4 for each of the one or two
   // an SM holds) take 2 to 5 of the 19 rows each, uneven.
   fresh_gpu({{"TRELLIS_LOSS_ROW_CACHE", cache}, {"TRELLIS_LOSS_PIPELINE", pipeline},
-             {"TRELLIS_EMU_SMS", "1"}, {"TRELLIS_CUDA_PROFILE", "1"}});
+             {"TRELLIS_LOSS_EXP2", exp2}, {"TRELLIS_EMU_SMS", "1"},
+             {"TRELLIS_CUDA_PROFILE", "1"}});
   int32_t* d_t = up(targets);
   int cached = 0;  // the calls that should cache their rows
   for (const char* precision : {"fp32", "bf16"}) {

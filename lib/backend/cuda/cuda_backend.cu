@@ -148,6 +148,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // bits; to time the two side by side).
   const char* pipeline = std::getenv("TRELLIS_LOSS_PIPELINE");
   loss_pipeline_ = !(pipeline && std::strcmp(pipeline, "0") == 0);
+  // TRELLIS_LOSS_EXP2=0: the cross-entropy's exponentials by expf(x − m) instead of
+  // exp2f(x·log2e − m·log2e) (about 1e-6 apart where it matters: cuda_loss_optim.cu; to time the
+  // two side by side).
+  const char* exp2 = std::getenv("TRELLIS_LOSS_EXP2");
+  loss_exp2_ = !(exp2 && std::strcmp(exp2, "0") == 0);
   // TRELLIS_LAYERNORM_HELD=0: the layer norm forward reads each row again for its variance and
   // its output instead of holding it in registers (the same bits; to time the two side by side).
   const char* held = std::getenv("TRELLIS_LAYERNORM_HELD");

@@ -497,6 +497,7 @@ class CudaBackend : public Backend {
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   bool loss_row_cache_ = true;  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy uncached
   bool loss_pipeline_ = true;   // TRELLIS_LOSS_PIPELINE=0: its cached rows a block each
+  bool loss_exp2_ = true;       // TRELLIS_LOSS_EXP2=0: its exponentials by expf
   bool layernorm_held_ = true;  // TRELLIS_LAYERNORM_HELD=0: the forward re-reads its rows
   bool layernorm_prefetch_ = true;  // TRELLIS_LAYERNORM_PREFETCH=0: the backward loads dinp late
   bool embedding_sorted_ = true;  // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics

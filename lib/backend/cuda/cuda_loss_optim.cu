@@ -65,12 +65,39 @@ __device__ float row_max_of(const T* l, int valid, float* shared) {
   return cuda::block_max(m, shared);
 }
 
+// exp(x − m) for the logits x of a row whose maximum is m, two ways. ExpOfShifted: expf(x − m),
+// its range reduction about 12 instructions a value. Exp2OfScaled (the default; TRELLIS_LOSS_EXP2=0
+// keeps the other): 2^(x·log2e − m·log2e), one fused multiply-add and the multi-function unit's
+// exp2 (within 2 ulp), about 4 — the cross-entropy takes two exponentials a logit. For the terms
+// that matter (x − m ≥ −30) within about 1e-6 of expf; m·log2e rounds once a row, a factor
+// common to the row's exponentials, which p = e/Σe cancels (the loss moves by under 1e-7·|m|).
+struct ExpOfShifted {
+  float m;
+  __device__ float operator()(float x) const { return expf(x - m); }
+};
+struct Exp2OfScaled {
+  float neg_m_log2e;
+  __device__ explicit Exp2OfScaled(float m) : neg_m_log2e(-m * 1.44269504088896341f) {}
+  __device__ float operator()(float x) const {
+    return exp2f(fmaf(x, 1.44269504088896341f, neg_m_log2e));
+  }
+};
+/// f(exp) with the row's exponential function: Exp2OfScaled where exp2, else ExpOfShifted (the
+/// choice outside the loops over the row, so that each is compiled apart).
+template <typename F>
+__device__ auto with_row_exp(bool exp2, float m, F&& f) {
+  return exp2 ? f(Exp2OfScaled(m)) : f(ExpOfShifted{m});
+}
+
 // Σ exp(logit − m) over the valid columns, fp32 exponentials added in double as the CPU does, in
 // every thread.
 template <typename T>
-__device__ float row_sumexp(const T* l, int valid, float m, double* shared) {
-  double s = 0.0;
-  row_read(l, valid, [&s, m](int, float x) { s += double(expf(x - m)); });
+__device__ float row_sumexp(const T* l, int valid, float m, double* shared, bool exp2) {
+  const double s = with_row_exp(exp2, m, [&](auto e) {
+    double sum = 0.0;
+    row_read(l, valid, [&sum, e](int, float x) { sum += double(e(x)); });
+    return sum;
+  });
   return float(cuda::block_sum(s, shared));
 }
 
@@ -84,15 +111,19 @@ __device__ float row_target_logit(const T* l, int target, int t, int valid) {
 // (which may be src: each column is read and written by one thread).
 template <typename T>
 __device__ void row_finish(const T* src, T* dst, float* loss, int target, int t, float m,
-                           float sumexp, float target_logit, int V, int valid, float dloss) {
+                           float sumexp, float target_logit, int V, int valid, float dloss,
+                           bool exp2) {
   const bool ignored = target < 0;
   if (threadIdx.x == 0) *loss = ignored ? 0.f : float(log(double(sumexp)) + m - target_logit);
   if (dloss == 0.f) return;
   const float inv = 1.0f / sumexp;
   const int live = ignored ? 0 : valid;
-  row_pass<true>(src, dst, V, [=](int v, float x) {
-    const float p = v < live ? expf(x - m) * inv : 0.0f;
-    return (v == t && v < live ? p - 1.0f : p) * dloss;
+  with_row_exp(exp2, m, [&](auto e) {
+    row_pass<true>(src, dst, V, [=](int v, float x) {
+      const float p = v < live ? e(x) * inv : 0.0f;
+      return (v == t && v < live ? p - 1.0f : p) * dloss;
+    });
+    return 0;
   });
 }
 
@@ -118,11 +149,11 @@ template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_sums_kernel(const T* logits, const int32_t* targets, const float* row_max,
                              float* sumexp, float* target_logit, int V, int valid,
-                             int vocab_begin) {
+                             int vocab_begin, bool exp2) {
   __shared__ double shared[32];
   const int n = blockIdx.x;
   const T* l = logits + int64_t(n) * V;  // (V)
-  const float s = row_sumexp(l, valid, row_max[n], shared);
+  const float s = row_sumexp(l, valid, row_max[n], shared, exp2);
   if (threadIdx.x == 0) {
     sumexp[n] = s;
     target_logit[n] = row_target_logit(l, targets[n], targets[n] - vocab_begin, valid);
@@ -133,11 +164,11 @@ template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_finish_kernel(T* logits, float* losses, const int32_t* targets,
                                const float* row_max, const float* sumexp, const float* target_logit,
-                               int V, int valid, int vocab_begin, float dloss) {
+                               int V, int valid, int vocab_begin, float dloss, bool exp2) {
   const int n = blockIdx.x;
   T* l = logits + int64_t(n) * V;  // (V)
   row_finish(l, l, losses + n, targets[n], targets[n] - vocab_begin, row_max[n],
-             sumexp[n], target_logit[n], V, valid, dloss);
+             sumexp[n], target_logit[n], V, valid, dloss, exp2);
 }
 
 // All three on row n of the whole vocabulary (vocab_begin 0), read from `row` (the logits' row l,
@@ -145,14 +176,14 @@ __global__ void __launch_bounds__(kLossThreads)
 template <typename T>
 __device__ void fused_row(const T* row, T* l, int n, int target, float* losses, float* row_max,
                           float* sumexp, float* target_logit, int V, int valid, float dloss,
-                          float* shared_max, double* shared_sum) {
+                          bool exp2, float* shared_max, double* shared_sum) {
   const float m = row_max_of(row, valid, shared_max);
   // Every thread reads the target's logit before the barriers of the sum: past them, the thread
   // that owns that column overwrites it with its dlogit (where row is l).
   const float tl = row_target_logit(row, target, target, valid);
-  const float s = row_sumexp(row, valid, m, shared_sum);
+  const float s = row_sumexp(row, valid, m, shared_sum, exp2);
   if (threadIdx.x == 0) row_max[n] = m, sumexp[n] = s, target_logit[n] = tl;
-  row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss);
+  row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss, exp2);
 }
 
 // Row n of logits, its 16-byte chunks, into shared memory at dst — this thread's share, as one
@@ -178,7 +209,8 @@ __device__ void copy_row_async(uint4* dst, const T* logits, int64_t n, int N, in
 template <typename T, bool Cached>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_fused_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
-                              float* sumexp, float* target_logit, int V, int valid, float dloss) {
+                              float* sumexp, float* target_logit, int V, int valid, float dloss,
+                              bool exp2) {
   extern __shared__ uint4 cached[];  // (V·sizeof(T) / 16): the row, where Cached
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
@@ -191,7 +223,7 @@ __global__ void __launch_bounds__(kLossThreads)
     __syncthreads();  // (the tail values and the target's logit are other threads' copies)
     row = reinterpret_cast<const T*>(cached);
   }
-  fused_row(row, l, n, targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss,
+  fused_row(row, l, n, targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss, exp2,
             shared_max, shared_sum);
 }
 
@@ -206,7 +238,7 @@ template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
     crossentropy_pipelined_kernel(T* logits, float* losses, const int32_t* targets, float* row_max,
                                   float* sumexp, float* target_logit, int N, int V, int valid,
-                                  float dloss) {
+                                  float dloss, bool exp2) {
   extern __shared__ uint4 cached[];  // (2, V·sizeof(T) / 16): two rows
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
@@ -219,7 +251,7 @@ __global__ void __launch_bounds__(kLossThreads)
     cuda::copy_async_wait<1>();  // this thread's copies of row n (the group before) have landed
     __syncthreads();             // and every other thread's
     fused_row(reinterpret_cast<const T*>(cached + half * chunks), logits + int64_t(n) * V, n,
-              targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss, shared_max,
+              targets[n], losses, row_max, sumexp, target_logit, V, valid, dloss, exp2, shared_max,
               shared_sum);
   }
 }
@@ -330,7 +362,8 @@ void CudaBackend::launch_crossentropy_sums(const T* logits, const int32_t* targe
   add_work(kLoss, 0, double(N) * valid * sizeof(T));
   if (N == 0) return;
   crossentropy_sums_kernel<<<N, kLossThreads, 0, stream_>>>(logits, targets, row_max, sumexp,
-                                                            target_logit, V, valid, vocab_begin);
+                                                            target_logit, V, valid, vocab_begin,
+                                                            loss_exp2_);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -343,7 +376,8 @@ void CudaBackend::launch_crossentropy_finish(T* logits, float* losses, const int
   add_work(kLoss, 0, double(N) * V * 2 * sizeof(T));
   if (N == 0) return;
   crossentropy_finish_kernel<<<N, kLossThreads, 0, stream_>>>(
-      logits, losses, targets, row_max, sumexp, target_logit, V, valid, vocab_begin, dloss);
+      logits, losses, targets, row_max, sumexp, target_logit, V, valid, vocab_begin, dloss,
+      loss_exp2_);
   TRELLIS_CUDA_LAUNCHED();
 }
 
@@ -387,14 +421,14 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
     const int blocks = int(std::min<int64_t>(N, int64_t(kLossWaves) * sm_count_ * per_sm));
     cuda::allow_shared(crossentropy_pipelined_kernel<T>, 2 * row_bytes);
     crossentropy_pipelined_kernel<T><<<blocks, kLossThreads, 2 * row_bytes, stream_>>>(
-        logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, dloss);
+        logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, dloss, loss_exp2_);
   } else if (cached) {
     cuda::allow_shared(crossentropy_fused_kernel<T, true>, row_bytes);
     crossentropy_fused_kernel<T, true><<<N, kLossThreads, row_bytes, stream_>>>(
-        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
+        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss, loss_exp2_);
   } else {
     crossentropy_fused_kernel<T, false><<<N, kLossThreads, 0, stream_>>>(
-        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss);
+        logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss, loss_exp2_);
   }
   TRELLIS_CUDA_LAUNCHED();
 }
