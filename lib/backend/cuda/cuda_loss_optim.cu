@@ -186,13 +186,13 @@ __device__ void fused_row(const T* row, T* l, int n, int target, float* losses, 
   row_finish(row, l, losses + n, target, target, m, s, tl, V, valid, dloss, exp2);
 }
 
-// Row n of logits, its 16-byte chunks, into shared memory at dst — this thread's share, as one
-// group of asynchronous copies (empty where n ≥ N, so that every row is one group).
+// A row of V logits, its 16-byte chunks, into shared memory at dst — this thread's share, as one
+// group of asynchronous copies (an empty group where row is null, so that every row is a group).
 template <typename T>
-__device__ void copy_row_async(uint4* dst, const T* logits, int64_t n, int N, int V) {
-  if (n < N) {
+__device__ void copy_row_async(uint4* dst, const T* row, int V) {
+  if (row) {
     const int chunks = int(int64_t(V) * sizeof(T) / 16);
-    const uint4* src = reinterpret_cast<const uint4*>(logits + n * V);
+    const uint4* src = reinterpret_cast<const uint4*>(row);
     for (int i = threadIdx.x; i < chunks; i += blockDim.x)
       cuda::copy_async16(dst + i, src + i, true);
   }
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kLossThreads)
   T* l = logits + int64_t(n) * V;  // (V)
   const T* row = l;                // where the passes read it
   if constexpr (Cached) {
-    copy_row_async(cached, logits, n, n + 1, V);
+    copy_row_async(cached, l, V);
     cuda::copy_async_wait<0>();
     __syncthreads();  // (the tail values and the target's logit are other threads' copies)
     row = reinterpret_cast<const T*>(cached);
@@ -243,11 +243,12 @@ __global__ void __launch_bounds__(kLossThreads)
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int chunks = int(int64_t(V) * sizeof(T) / 16);
-  copy_row_async(cached, logits, blockIdx.x, N, V);
+  copy_row_async(cached, logits + int64_t(blockIdx.x) * V, V);  // (blockIdx.x < N)
   int half = 0;  // the half of `cached` that row n is copied into
   for (int n = blockIdx.x; n < N; n += gridDim.x, half ^= 1) {
     __syncthreads();  // every thread done with the other half (the previous row) before it refills
-    copy_row_async(cached + (half ^ 1) * chunks, logits, int64_t(n) + gridDim.x, N, V);
+    const int64_t next = int64_t(n) + gridDim.x;  // this block's next row, if any
+    copy_row_async(cached + (half ^ 1) * chunks, next < N ? logits + next * V : nullptr, V);
     cuda::copy_async_wait<1>();  // this thread's copies of row n (the group before) have landed
     __syncthreads();             // and every other thread's
     fused_row(reinterpret_cast<const T*>(cached + half * chunks), logits + int64_t(n) * V, n,
