@@ -25,17 +25,13 @@
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
-#      karpathy/llm.c#338, and faster on H100, #653), with the fused cross-entropy reading each
-#      row of logits from memory in each of its three passes instead of caching it in shared
-#      memory (TRELLIS_LOSS_ROW_CACHE=0, "bf16+tc-cesm"), with the cached cross-entropy a block a
-#      row instead of blocks copying their next row while they compute (TRELLIS_LOSS_PIPELINE=0,
-#      "bf16+tc-cepipe"), with the cross-entropy's exponentials by expf(x − m) instead of
-#      exp2f(x·log2e − m·log2e) (TRELLIS_LOSS_EXP2=0, "bf16+tc-ceexp2"), with the layer norm
-#      forward reading its
-#      rows again for each sum instead of holding them in registers (TRELLIS_LAYERNORM_HELD=0,
-#      "bf16+tc-lnreg"), with the layer norm backward loading a row's dinp after the row's means
-#      instead of copying it into shared memory beside dout and inp (TRELLIS_LAYERNORM_PREFETCH=0,
-#      "bf16+tc-lnpre"), with the embedding gradient by atomics instead of sorting the positions
+#      karpathy/llm.c#338, and faster on H100, #653), with the cross-entropy's exponentials by
+#      expf(x − m) instead of exp2f(x·log2e − m·log2e) (TRELLIS_LOSS_EXP2=0, "bf16+tc-ceexp2"),
+#      with each kernel's first way to the same bits instead of the fastest of its ways timed at
+#      the run's first calls (TRELLIS_KERNEL_WAYS=0, "bf16+tc-ways": the cross-entropy's rows
+#      double-buffered in shared memory, the layer norm forward's held in registers, the
+#      backward's dinp copied early — every row's profile gives each way's time, and the summary
+#      the two target rows'), with the embedding gradient by atomics instead of sorting the positions
 #      by token (TRELLIS_EMBEDDING_SORTED=0, "bf16+tc-embsort"), with cuDNN's deterministic
 #      attention backward (TRELLIS_CUDNN_DETERMINISTIC=1, "bf16+tc+det": dP in the engine's
 #      workspace instead of the dQ accumulator), in bf16 with the fp32 attention kernels (on widened
@@ -111,7 +107,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -cesm = the cross-entropy's rows read from memory in each pass, not cached in shared memory, -cepipe = the cached cross-entropy a block a row, not double-buffered blocks copying their next row while they compute, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -lnreg = the layer norm forward's rows read again for each sum, not held in registers, -lnpre = the layer norm backward loading dinp after each row's means, not copying it into shared memory with dout and inp, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -ways = each kernel's first way to the same bits, not the fastest of its ways timed at the first calls, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -157,6 +153,13 @@ summary() {
     [[ -n $log ]] && grep -qs 'GEMMs by shape' "$log" || continue
     echo "$(basename "$log" .log), the 8 longest GEMM shapes:"
     awk '/GEMMs by shape/ {p = 1} p && /│/ {if (++n <= 10) print} p && /└/ {exit}' "$log"
+  done
+  # Which of their ways to the same bits the kernels took in the two target rows, and each way's
+  # time (kernel_ways.hpp).
+  for log in "${main_log:-}" "${main_log_350:-}"; do
+    [[ -n $log ]] && grep -qs 'ways to the same bits' "$log" || continue
+    echo "$(basename "$log" .log), the kernels' ways to the same bits (least of 2 timed calls, ms):"
+    awk '/ways to the same bits/ {p = 1} p && /│/ {if (++n > 2) print} p && /└/ {exit}' "$log"
   done
   echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
 }
@@ -303,24 +306,20 @@ bench_failed=0
 main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
-  local name precision tc variant gemm_tune bgrad residual gelu row_cache ln_held emb_sorted
-  local cudnn_det loss_pipe loss_exp2 ln_prefetch deck
+  local name precision tc variant gemm_tune bgrad residual gelu emb_sorted
+  local cudnn_det loss_exp2 kernel_ways deck
   local tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
-  gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 row_cache=1 ln_held=1 emb_sorted=1 cudnn_det=0
-  loss_pipe=1 loss_exp2=1 ln_prefetch=1
+  gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 emb_sorted=1 cudnn_det=0 loss_exp2=1 kernel_ways=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == bgrad ]] && bgrad=1
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
-  [[ ${variant:-} == nocesm ]] && row_cache=0
-  [[ ${variant:-} == nolnreg ]] && ln_held=0
   [[ ${variant:-} == noembsort ]] && emb_sorted=0
   [[ ${variant:-} == cudnndet ]] && cudnn_det=1
-  [[ ${variant:-} == nocepipe ]] && loss_pipe=0
   [[ ${variant:-} == noceexp2 ]] && loss_exp2=0
-  [[ ${variant:-} == nolnpre ]] && ln_prefetch=0
+  [[ ${variant:-} == noways ]] && kernel_ways=0
   [[ ${variant:-} == nocudnn ]] && cudnn=0
   deck=inputs/$name.deck
   tf32=0
@@ -339,13 +338,16 @@ bench_row() {
     # the backend's check on this device finds them agreeing with the fp32 kernels)
     tc_env=(TRELLIS_TC_ATTENTION=$tc)
     [[ $tc == auto ]] && tc_env=(-u TRELLIS_TC_ATTENTION)
-    env "${tc_env[@]}" TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
+    # (the kernels' ways, TRELLIS_LOSS_ROW_CACHE and the like, unset: each timed at the run's
+    # first calls, the fastest kept; env takes its -u options before any NAME=VALUE)
+    env -u TRELLIS_LOSS_ROW_CACHE -u TRELLIS_LOSS_PIPELINE \
+      -u TRELLIS_LAYERNORM_HELD -u TRELLIS_LAYERNORM_PREFETCH "${tc_env[@]}" \
+      TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad \
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
-      TRELLIS_LOSS_ROW_CACHE=$row_cache TRELLIS_LAYERNORM_HELD=$ln_held \
+      TRELLIS_KERNEL_WAYS=$kernel_ways \
       TRELLIS_EMBEDDING_SORTED=$emb_sorted TRELLIS_CUDNN_DETERMINISTIC=$cudnn_det \
-      TRELLIS_LOSS_PIPELINE=$loss_pipe TRELLIS_LOSS_EXP2=$loss_exp2 \
-      TRELLIS_LAYERNORM_PREFETCH=$ln_prefetch \
+      TRELLIS_LOSS_EXP2=$loss_exp2 \
       TRELLIS_CUDA_PROFILE=1 \
       "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
       --system.backend=cuda --system.precision=$precision \
@@ -373,13 +375,10 @@ bench_row() {
   (( bgrad )) && label=bf16+tc+bgrad
   (( residual )) || label=bf16+tc-res
   (( gelu )) || label=bf16+tc-gelu
-  (( row_cache )) || label=bf16+tc-cesm
-  (( ln_held )) || label=bf16+tc-lnreg
   (( emb_sorted )) || label=bf16+tc-embsort
   (( cudnn_det )) && label=bf16+tc+det
-  (( loss_pipe )) || label=bf16+tc-cepipe
   (( loss_exp2 )) || label=bf16+tc-ceexp2
-  (( ln_prefetch )) || label=bf16+tc-lnpre
+  (( kernel_ways )) || label=bf16+tc-ways
   (( cudnn )) || label=bf16+mma
   [[ $precision == fp32 ]] && label=fp32/TF32
   line=$(grep -s '^bench: ' "$log" | tail -1)
@@ -434,10 +433,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto nocepipe" "gpt2-124m bf16 auto noceexp2" \
-           "gpt2-124m bf16 auto nolnpre" \
-           "gpt2-350m bf16 auto tune" "gpt2-124m bf16 auto nocesm" \
-           "gpt2-124m bf16 auto nolnreg" "gpt2-124m bf16 auto noembsort" \
+for run in "gpt2-124m bf16 auto noceexp2" "gpt2-124m bf16 auto noways" \
+           "gpt2-350m bf16 auto tune" "gpt2-124m bf16 auto noembsort" \
            "gpt2-124m bf16 auto cudnndet" \
            "gpt2-124m bf16 auto nocudnn" \
            "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" \

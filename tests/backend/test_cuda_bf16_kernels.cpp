@@ -211,9 +211,10 @@ TEST_F(CudaBf16Kernels, BiasGradientsAreColumnSumsInAFixedOrder) {
   }
 }
 
-// The layer norm forward holding each lane's share of a row in registers (the default where the
-// row fits: C ≤ 2048 in bf16, 1024 in fp32) against the kernels that read the row again for each
-// sum (TRELLIS_LAYERNORM_HELD=0): the same bits — out, mean, rstd, and the residual sum written
+// The layer norm forward holding each lane's share of a row in registers (TRELLIS_LAYERNORM_HELD=1,
+// where the row fits: C ≤ 2048 in bf16, 1024 in fp32) against the kernels that read the row again
+// for each sum (=0; unset, the two are timed and the faster kept: test_cuda_kernel_ways.cpp): the
+// same bits — out, mean, rstd, and the residual sum written
 // over a and over b — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4 chunks a lane;
 // fp32: 2, 8 and 8).
 TEST_F(CudaBf16Kernels, LayerNormForwardHeldInRegistersIsBitForBitTheSame) {
@@ -267,10 +268,10 @@ TEST_F(CudaBf16Kernels, LayerNormForwardHeldInRegistersIsBitForBitTheSame) {
 }
 
 // The fused layer norm backward copying each row's dinp into shared memory while it loads the
-// row's dout and inp (the default where rows take 16-byte chunks) against the one loading dinp
-// after the row's means (TRELLIS_LAYERNORM_PREFETCH=0): the same bits — dinp (added to), dweight
-// and dbias (added to) — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4 chunks a
-// lane; fp32: 2, 8 and 8), and at C = 201 (one value a chunk: no copy either way). With one
+// row's dout and inp (TRELLIS_LAYERNORM_PREFETCH=1, where rows take 16-byte chunks) against the
+// one loading dinp after the row's means (=0; unset, both timed): the same bits — dinp (added
+// to), dweight and dbias (added to) — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4
+// chunks a lane; fp32: 2, 8 and 8), and at C = 201 (one value a chunk: no copy either way). With one
 // multiprocessor (TRELLIS_EMU_SMS=1), so that a warp takes several rows and reuses its copies'
 // shared memory, and with 132 (a row a warp).
 TEST_F(CudaBf16Kernels, LayerNormBackwardPrefetchIsBitForBitTheSame) {
@@ -422,8 +423,9 @@ TEST_F(CudaBf16Kernels, Bf16CrossEntropyVocabParallel) {
 // GPT-2's padded vocabulary, and of 20000: the fused kernel caches each row in shared memory where
 // two such blocks fit a multiprocessor (on an H100/H200, and the emulated GPU: bf16 rows of both,
 // 100 and 40 KB, and fp32 rows of 20000, 80 KB; an fp32 row of 50304, 201 KB, is read from memory
-// in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; by default double-buffered, a block
-// taking several rows, and with TRELLIS_LOSS_PIPELINE=0 a block a row; the profile's rows count
+// in each pass), and with TRELLIS_LOSS_ROW_CACHE=0 never; with TRELLIS_LOSS_PIPELINE=1
+// double-buffered, a block taking several rows, and with =0 a block a row (both unset: every way
+// timed, the fastest kept — test_cuda_kernel_ways.cpp); the profile's rows count
 // the cached calls and the double-buffered ones. The exponentials by exp2f (the default) and by
 // expf (TRELLIS_LOSS_EXP2=0), each to the CPU's bounds.
 TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
@@ -521,7 +523,7 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   const std::string counts = std::to_string(cached) + " of 4";
   EXPECT_NE(report.substr(row, report.find('\n', row) - row).find(counts), std::string::npos)
       << "expected " << counts << "\n" << report;
-  // Every cached call double-buffered unless TRELLIS_LOSS_PIPELINE=0 (the rows here fit both).
+  // Every cached call double-buffered with TRELLIS_LOSS_PIPELINE=1 (the rows here fit both).
   const size_t piped = report.find("of which double-buffered");
   if (std::string(pipeline) == "1" && cached > 0) {
     ASSERT_NE(piped, std::string::npos) << report;

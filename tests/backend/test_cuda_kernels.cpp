@@ -512,8 +512,9 @@ TEST_F(CudaKernels, ProfileReportsRatesOnTheLeastWork) {
   }
 }
 
-// A benchmark's profile is of its timed steps: reset_profile drops the warm-up, pause_profile
-// leaves the reference GEMMs between the steps out.
+// A benchmark's profile is of its timed steps: reset_profile drops the warm-up (its calls' times
+// and its counts of fused or cached calls), pause_profile leaves the reference GEMMs between the
+// steps out.
 TEST_F(CudaKernels, ProfileResetAndPause) {
   fresh_gpu({{"TRELLIS_CUDA_PROFILE", "1"}});
   const int N = 32, C = 48, OC = 40;
@@ -522,9 +523,18 @@ TEST_F(CudaKernels, ProfileResetAndPause) {
   float *d_mean = up(std::vector<float>(N)), *d_rstd = up(std::vector<float>(N));
   float *d_x = up(random_vec(size_t(N) * C, 80)), *d_w = up(random_vec(size_t(OC) * C, 81)),
         *d_g = up(random_vec(C, 82)), *d_b = up(random_vec(C, 83));
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = i % OC;
+  int32_t* d_t = up(targets);
+  float *d_loss = up(std::vector<float>(N)), *d_stats = up(std::vector<float>(3 * N));
+  const auto loss = [&] {  // the fused cross-entropy over d_out as logits (N, OC)
+    gpu->crossentropy(d_out, d_loss, d_t, d_stats, d_stats + N, d_stats + 2 * N, N, OC, OC, 0.f);
+  };
   gpu->matmul_forward(d_out, d_x, d_w, nullptr, N, C, OC);  // the warm-up
   gpu->layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_g, d_b, N, C);
+  loss(), loss();
   gpu->reset_profile();
+  loss();
   gpu->pause_profile(true);
   gpu->matmul_forward(d_out, d_x, d_w, nullptr, N, C, OC);  // a reference GEMM
   gpu->pause_profile(false);
@@ -539,6 +549,11 @@ TEST_F(CudaKernels, ProfileResetAndPause) {
       report.substr(at, report.find('\n', at) - at);  // name │ ms │ share │ calls │ rate
   for (int bar = 0; bar < 3; ++bar) ln = ln.substr(ln.find("│") + std::string("│").size());
   EXPECT_EQ(std::stoi(ln), 2) << "calls: " << ln;
+  const size_t cached = report.find("cross-entropy calls with rows in shared memory");
+  ASSERT_NE(cached, std::string::npos) << report;
+  EXPECT_NE(report.substr(cached, report.find('\n', cached) - cached).find(" of 1 "),
+            std::string::npos)
+      << report;
 }
 
 TEST_F(CudaKernels, MemoryIsOnTheDeviceAndCounted) {

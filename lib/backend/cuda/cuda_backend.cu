@@ -139,29 +139,33 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   bgrad_epilogue_ = bgrad && std::strcmp(bgrad, "0") != 0;
   const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
   residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
-  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy reads each row of logits three times from
-  // memory (L2 at best) instead of caching it in shared memory (to time the two side by side).
-  const char* row_cache = std::getenv("TRELLIS_LOSS_ROW_CACHE");
-  loss_row_cache_ = !(row_cache && std::strcmp(row_cache, "0") == 0);
-  // TRELLIS_LOSS_PIPELINE=0: the cached cross-entropy a block a row, copying its row and then
-  // computing on it, instead of blocks that copy their next row while they compute (the same
-  // bits; to time the two side by side).
-  const char* pipeline = std::getenv("TRELLIS_LOSS_PIPELINE");
-  loss_pipeline_ = !(pipeline && std::strcmp(pipeline, "0") == 0);
+  // Kernels with several ways to the same bits time them at each shape's first calls and keep
+  // the fastest (kernel_ways.hpp); TRELLIS_KERNEL_WAYS=0 takes each kernel's first way that
+  // applies, untimed. A way's own setting: 0 leaves out the ways with that feature, 1 keeps only
+  // those (where one applies), unset times them all —
+  //   TRELLIS_LOSS_ROW_CACHE: the fused cross-entropy's rows cached in shared memory (else each
+  //     row read from memory, L2 at best, in each of its three passes);
+  //   TRELLIS_LOSS_PIPELINE: the cached rows double-buffered, blocks that copy their next row
+  //     while they compute (else a block a row, copying it and then computing on it);
+  //   TRELLIS_LAYERNORM_HELD: the layer norm forward holding each lane's share of its row in
+  //     registers (else reading the row again for its variance and its output);
+  //   TRELLIS_LAYERNORM_PREFETCH: the fused layer norm backward copying a row's dinp into shared
+  //     memory while it loads dout and inp for the row's means (else loading it after them).
+  const char* ways = std::getenv("TRELLIS_KERNEL_WAYS");
+  time_ways_ = !(ways && std::strcmp(ways, "0") == 0);
+  const auto way_setting = [](const char* name) {
+    const char* v = std::getenv(name);
+    return !v || !*v ? -1 : std::strcmp(v, "0") == 0 ? 0 : 1;
+  };
+  loss_row_cache_ = way_setting("TRELLIS_LOSS_ROW_CACHE");
+  loss_pipeline_ = way_setting("TRELLIS_LOSS_PIPELINE");
+  layernorm_held_ = way_setting("TRELLIS_LAYERNORM_HELD");
+  layernorm_prefetch_ = way_setting("TRELLIS_LAYERNORM_PREFETCH");
   // TRELLIS_LOSS_EXP2=0: the cross-entropy's exponentials by expf(x − m) instead of
   // exp2f(x·log2e − m·log2e) (about 1e-6 apart where it matters: cuda_loss_optim.cu; to time the
   // two side by side).
   const char* exp2 = std::getenv("TRELLIS_LOSS_EXP2");
   loss_exp2_ = !(exp2 && std::strcmp(exp2, "0") == 0);
-  // TRELLIS_LAYERNORM_HELD=0: the layer norm forward reads each row again for its variance and
-  // its output instead of holding it in registers (the same bits; to time the two side by side).
-  const char* held = std::getenv("TRELLIS_LAYERNORM_HELD");
-  layernorm_held_ = !(held && std::strcmp(held, "0") == 0);
-  // TRELLIS_LAYERNORM_PREFETCH=0: the fused layer norm backward loads a row's dinp after the row's
-  // means, instead of copying it into shared memory while it loads dout and inp for them (the
-  // same bits; to time the two side by side).
-  const char* prefetch = std::getenv("TRELLIS_LAYERNORM_PREFETCH");
-  layernorm_prefetch_ = !(prefetch && std::strcmp(prefetch, "0") == 0);
   // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics, its last bits varying run to
   // run, instead of sorting the positions by token and adding each token's rows in order (to
   // time the two side by side).
@@ -173,6 +177,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   device_allocator().set_stream(nullptr);  // Buffers that outlive the backend: cudaFree
   for (auto& p : pending_) free_events_.push_back(p.start), free_events_.push_back(p.stop);
+  for (auto& t : way_times_) free_events_.push_back(t.start), free_events_.push_back(t.stop);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) {
     cublasLtMatrixLayoutDestroy(p.a);
@@ -290,19 +295,59 @@ void CudaBackend::reset_profile() {
   std::fill(std::begin(class_calls_), std::end(class_calls_), int64_t(0));
   for (auto& [key, p] : plans_) p.profile_ms = 0, p.profile_calls = 0;
   tuning_ms_ = 0;
+  // (the counts of fused and cached calls too, so that they count the calls the table times)
+  gelu_fused_ = gelu_unfused_ = bgrad_fused_ = bgrad_unfused_ = 0;
+  loss_rows_cached_ = loss_rows_uncached_ = loss_rows_pipelined_ = 0;
+}
+
+cudaEvent_t CudaBackend::record_event() {
+  cudaEvent_t e = take_event();
+  // (unchecked: destructors record too; a failed record shows at the next call that checks)
+  cudaEventRecord(e, stream_);
+  return e;
 }
 
 CudaBackend::Profiled::Profiled(CudaBackend& be, KernelClass cls) : be_(be), cls_(cls) {
-  if (!be_.profiling()) return;
-  start_ = be_.take_event();
-  TRELLIS_CUDA(cudaEventRecord(start_, be_.stream_));
+  if (be_.profiling()) start_ = be_.record_event();
 }
 
 CudaBackend::Profiled::~Profiled() {
-  if (!start_) return;
-  cudaEvent_t stop = be_.take_event();
-  cudaEventRecord(stop, be_.stream_);
-  be_.push_pending({cls_, start_, stop});
+  if (start_) be_.push_pending({cls_, start_, be_.record_event()});
+}
+
+// ---- kernels' ways to the same bits, timed (kernel_ways.hpp) ----
+
+CudaBackend::WayTrial::WayTrial(CudaBackend& be, const char* kernel, int rows, int cols,
+                                const std::vector<std::string>& ways)
+    : be_(be) {
+  if (!be_.time_ways_ || ways.size() < 2) return;
+  be_.resolve_way_times();
+  char shape[48];
+  std::snprintf(shape, sizeof shape, "%d×%d", rows, cols);
+  pick_ = be_.ways_.pick(kernel, shape, ways);
+  if (pick_.timed) start_ = be_.record_event();
+}
+
+CudaBackend::WayTrial::~WayTrial() {
+  if (start_) be_.way_times_.push_back({pick_.slot, pick_.way, start_, be_.record_event()});
+}
+
+void CudaBackend::resolve_way_times() {
+  size_t kept = 0;
+  for (const WayTime& t : way_times_) {
+    const cudaError_t done = cudaEventQuery(t.stop);
+    if (done == cudaErrorNotReady) {
+      way_times_[kept++] = t;
+      continue;
+    }
+    TRELLIS_CUDA(done);
+    float ms = 0;
+    TRELLIS_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
+    ways_.record(t.slot, t.way, ms);
+    free_events_.push_back(t.start);
+    free_events_.push_back(t.stop);
+  }
+  way_times_.resize(kept);
 }
 
 std::string CudaBackend::gemm_shapes_report() const {
@@ -425,9 +470,18 @@ std::string CudaBackend::profile_report() {
   }
   // rate: on the least work — the products' FLOPs, or each input read and each output written
   // once (add_work).
+  std::string ways;
+  if (time_ways_) {
+    resolve_way_times();
+    const auto way_rows = ways_.report();
+    if (!way_rows.empty())
+      ways = format_table("Kernels' ways to the same bits, each timed on this device at each "
+                          "shape (least of its calls; every later call takes the fastest)",
+                          {"kernel", "rows×columns", "ways (ms)", "chosen"}, way_rows);
+  }
   return format_table("CUDA device time per kernel class (TRELLIS_CUDA_PROFILE=1)",
                       {"kernel class", "ms", "share", "calls", "rate on least work"}, rows) +
-         gemm_shapes_report();
+         gemm_shapes_report() + ways;
 }
 
 // ---- bf16 conversions ----

@@ -39,10 +39,15 @@
 // tokens fix (TRELLIS_EMBEDDING_SORTED=0: by atomics, in any order). cuDNN's attention backward
 // does not (its dQ accumulator; TRELLIS_CUDNN=0 leaves it out).
 //
+// Kernels with several ways to the same bits — the fused cross-entropy, the layer norm forwards
+// and backward — take each way in turn at a shape's first calls, timed by events, and the fastest
+// from then on (kernel_ways.hpp, WayTrial; TRELLIS_KERNEL_WAYS=0: each one's first way, untimed).
+//
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
 // cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_embedding.cu (token and
-// position embeddings), cuda_kernels.cu (GELU, add), cuda_layernorm.cu (layer norm, column sums),
-// cuda_loss_optim.cu (cross-entropy, norms, AdamW),
+// position embeddings), cuda_kernels.cu (GELU, add), cuda_layernorm.cu (layer norm),
+// cuda_column_sums.cu (the deterministic column sums: bias gradients, the layer norm's partial
+// sums), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
 // row's logsumexp), cuda_attention_mma.cu (the same on the tensor cores, bf16: mma.sync with the
 // scores in registers — its warp-level pieces in cuda_mma_tiles.cuh, the instructions in
@@ -68,6 +73,7 @@
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/cudnn_attention.cuh"
+#include "backend/cuda/kernel_ways.hpp"
 
 namespace trellis {
 
@@ -268,6 +274,8 @@ class CudaBackend : public Backend {
   std::string profile_report() override;
   void reset_profile() override;
   void pause_profile(bool paused) override { profile_paused_ = paused; }
+  /// Whether some kernel's ways to the same bits are still on trial (kernel_ways.hpp).
+  bool settling() const override { return ways_.settling(); }
   /// True while calls are being profiled (TRELLIS_CUDA_PROFILE, not paused).
   bool profiling() const { return profiling_ && !profile_paused_; }
 
@@ -289,6 +297,23 @@ class CudaBackend : public Backend {
    private:
     CudaBackend& be_;
     KernelClass cls_;
+    cudaEvent_t start_ = nullptr;
+  };
+  /// The way a call takes among its kernel's ways to the same bits (kernel_ways.hpp): made right
+  /// before the launch, it times the call by events until it goes, while the ways are on trial.
+  /// TRELLIS_KERNEL_WAYS=0: the first way always, untimed.
+  class WayTrial {
+   public:
+    WayTrial(CudaBackend& be, const char* kernel, int rows, int cols,
+             const std::vector<std::string>& ways);
+    ~WayTrial();
+    WayTrial(const WayTrial&) = delete;
+    WayTrial& operator=(const WayTrial&) = delete;
+    int way() const { return pick_.way; }
+
+   private:
+    CudaBackend& be_;
+    cuda::KernelWays::Pick pick_;
     cudaEvent_t start_ = nullptr;
   };
 
@@ -495,11 +520,22 @@ class CudaBackend : public Backend {
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
   bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1: bias gradients in the dweight GEMMs
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
-  bool loss_row_cache_ = true;  // TRELLIS_LOSS_ROW_CACHE=0: the fused cross-entropy uncached
-  bool loss_pipeline_ = true;   // TRELLIS_LOSS_PIPELINE=0: its cached rows a block each
+  // Ways to the same bits (kernel_ways.hpp), each setting -1 where unset (every way that applies
+  // is timed), 0 (the ways with the feature left out) or 1 (only those, where one applies):
+  int loss_row_cache_ = -1;  // TRELLIS_LOSS_ROW_CACHE: the fused cross-entropy's rows cached
+  int loss_pipeline_ = -1;   // TRELLIS_LOSS_PIPELINE: its cached rows double-buffered
+  int layernorm_held_ = -1;  // TRELLIS_LAYERNORM_HELD: the forward's rows held in registers
+  int layernorm_prefetch_ = -1;  // TRELLIS_LAYERNORM_PREFETCH: the backward's dinp copied early
   bool loss_exp2_ = true;       // TRELLIS_LOSS_EXP2=0: its exponentials by expf
-  bool layernorm_held_ = true;  // TRELLIS_LAYERNORM_HELD=0: the forward re-reads its rows
-  bool layernorm_prefetch_ = true;  // TRELLIS_LAYERNORM_PREFETCH=0: the backward loads dinp late
+  cuda::KernelWays ways_;
+  bool time_ways_ = true;  // TRELLIS_KERNEL_WAYS=0: each kernel's first way that applies
+  struct WayTime {  // a timed call whose events are not yet read
+    int slot, way;
+    cudaEvent_t start, stop;
+  };
+  std::vector<WayTime> way_times_;
+  /// Hands the finished timed calls' device times to ways_ (without waiting for the others).
+  void resolve_way_times();
   bool embedding_sorted_ = true;  // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics
   // cuBLASLt's workspace, and the kernels' scratch (grown to its largest use), allocated on
   // stream_ and counted as scratch (core/memory.hpp count_memory), so that the memory a rank
@@ -512,6 +548,7 @@ class CudaBackend : public Backend {
 
   // ---- profile ----
   cudaEvent_t take_event();
+  cudaEvent_t record_event();  // a free event recorded on the stream
   void resolve_profile();  // adds up the finished event pairs
   struct PendingTime {
     KernelClass cls;

@@ -1,21 +1,21 @@
-// CUDA backend: layer norm (forward, with the residual add fused, and backward) and the
-// deterministic column sums over rows (the layer norm's dweight and dbias, the bias gradients):
-// fixed-order partial sums per chunk of rows, then the chunks added in order, so that the same
-// inputs give the same bits every run. The formulas are the CPU backend's (cpu/*.cpp).
+// CUDA backend: layer norm (forward, with the residual add fused, and backward). Its dweight and
+// dbias are sums over rows in a fixed order (partial sums per chunk of rows, then the chunks added
+// in order: cuda_column_sums.cuh), so that the same inputs give the same bits every run. The
+// formulas are the CPU backend's (cpu/*.cpp).
 #include <cmath>
 #include <initializer_list>
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.cuh"
+#include "backend/cuda/cuda_column_sums.cuh"
 
 namespace trellis {
 
+using cuda::add_partials;
+using cuda::kRowChunk;
 using cuda::kThreads;
 
 namespace {
-
-// Rows per partial sum in the deterministic column reductions.
-constexpr int kRowChunk = 256;
 
 using cuda::load;
 using cuda::store;
@@ -313,73 +313,6 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
     partial[int64_t(blockIdx.x) * 2 * C + c] = block_sums[c];
 }
 
-// dst (width) += Σ over chunks of partial (chunks, stride) columns [0, width); columns from
-// `split` on go to dst_hi[c − split] instead (the layer norm's dbias and dweight in one launch).
-// A block takes 32 columns; its 32 rows of threads each add the chunks k ≡ y (mod 32) in order,
-// then row 0 adds the 32 sums in y order: a fixed order (the same bits every run), with 32 times
-// the loads in flight of one thread a column walking a thousand chunks.
-constexpr int kPartialRows = 32;
-__global__ void __launch_bounds__(32 * kPartialRows)
-    add_partials_kernel(float* dst, float* dst_hi, int split, const float* partial, int chunks,
-                        int64_t stride, int width) {
-  __shared__ float sums[kPartialRows][33];  // (+1: the rows' same column in other banks)
-  const int c = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
-  float acc = 0.0f;
-  if (c < width)
-    for (int k = y; k < chunks; k += kPartialRows) acc += partial[k * stride + c];
-  sums[y][threadIdx.x] = acc;
-  __syncthreads();
-  if (y != 0 || c >= width) return;
-  float total = 0.0f;
-  for (int r = 0; r < kPartialRows; ++r) total += sums[r][threadIdx.x];
-  if (c < split)
-    dst[c] += total;
-  else
-    dst_hi[c - split] += total;
-}
-/// The launch: dst (width) += the column sums of partial (chunks, stride), columns ≥ split into
-/// dst_hi.
-void add_partials(cudaStream_t stream, float* dst, float* dst_hi, int split, const float* partial,
-                  int chunks, int64_t stride, int width) {
-  const unsigned blocks = unsigned((width + 31) / 32);
-  add_partials_kernel<<<blocks, dim3(32, kPartialRows), 0, stream>>>(dst, dst_hi, split, partial,
-      chunks, stride, width);
-  TRELLIS_CUDA_LAUNCHED();
-}
-
-// partial (chunks, C): per chunk of kRowChunk rows, the column sums of src (N,C). A thread takes
-// W columns (a 16-byte chunk of each row where the rows allow, else one value: a warp's loads
-// then span 512 bytes of a row instead of 64 in bf16) and the chunk's rows in order, 8 rows'
-// loads issued before their adds: each column's sum in the same order either way, the same
-// bits. (2.6 TB/s on the H200 with one value a thread, 2026-12-04: the linear layers' bias
-// gradients, 3.9 ms of a 124M bf16 step.)
-template <typename T, int W>
-__global__ void column_partials_kernel(float* partial, const T* src, int N, int C) {
-  constexpr int kBatch = 8;  // rows whose loads are in flight together
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * W;
-  if (c >= C) return;
-  const int64_t r0 = int64_t(blockIdx.y) * kRowChunk, r1 = min(int64_t(N), r0 + kRowChunk);
-  float acc[W] = {};
-  int64_t r = r0;
-  for (; r + kBatch <= r1; r += kBatch) {
-    cuda::Chunk<T, W> rows[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) rows[u].load_from(src + (r + u) * C + c);
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += rows[u][k];
-  }
-  for (; r < r1; ++r) {
-    cuda::Chunk<T, W> row;
-    row.load_from(src + r * C + c);
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] += row[k];
-  }
-#pragma unroll
-  for (int k = 0; k < W; ++k) partial[int64_t(blockIdx.y) * C + c + k] = acc[k];
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -391,6 +324,12 @@ unsigned ln_blocks(int N) { return unsigned((N + kLnRowsPerBlock - 1) / kLnRowsP
 }  // namespace
 
 namespace {
+// Whether the forward's rows of C values at these pointers may be held in registers: 16-byte
+// chunks, at most 8 a lane.
+template <typename T>
+bool lane_row_holds(int C, std::initializer_list<const void*> pointers) {
+  return cuda::wide_rows<T>(C, pointers) && 32 * cuda::kWide<T> * 8 >= C;
+}
 // f(W, J) as std::integral_constants for the forward's rows of C values at these pointers: W
 // values a chunk (16 bytes where the rows allow, else 1), J chunks a lane held in registers —
 // the fewest of 2, 4, 8 that cover C, where the chunks are 16 bytes and `held` — or 0 (LaneRow).
@@ -408,6 +347,15 @@ void with_lane_row(bool held, int C, std::initializer_list<const void*> pointers
   if (32 * W * 8 >= C) return f(w, std::integral_constant<int, 8>());
   f(w, I());
 }
+// The forward's ways to the same bits (kernel_ways.hpp): rows held in registers where they may
+// be and `setting` (TRELLIS_LAYERNORM_HELD) does not leave it out, then rows re-read unless the
+// setting keeps only the held way.
+std::vector<std::string> held_ways(bool holds, int setting) {
+  std::vector<std::string> ways;
+  if (holds && setting != 0) ways.push_back("held in registers");
+  if (ways.empty() || setting != 1) ways.push_back("re-read");
+  return ways;
+}
 }  // namespace
 
 template <typename T>
@@ -415,7 +363,11 @@ void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, con
                                            const T* weight, const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
-  with_lane_row<T>(layernorm_held_, C, {out, inp, weight, bias}, [&](auto w, auto j) {
+  const auto ways = held_ways(lane_row_holds<T>(C, {out, inp, weight, bias}), layernorm_held_);
+  WayTrial trial(*this, sizeof(T) == 4 ? "layer norm forward fp32" : "layer norm forward bf16",
+                 N, C, ways);
+  const bool held = ways[size_t(trial.way())] == "held in registers";
+  with_lane_row<T>(held, C, {out, inp, weight, bias}, [&](auto w, auto j) {
     constexpr int W = decltype(w)::value, J = decltype(j)::value;
     layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
         weight, bias, N, C);
@@ -429,7 +381,14 @@ void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean,
                                                     const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
-  with_lane_row<T>(layernorm_held_, C, {res, out, a, b, weight, bias}, [&](auto w, auto j) {
+  const auto ways =
+      held_ways(lane_row_holds<T>(C, {res, out, a, b, weight, bias}), layernorm_held_);
+  WayTrial trial(*this,
+                 sizeof(T) == 4 ? "residual + layer norm forward fp32"
+                                : "residual + layer norm forward bf16",
+                 N, C, ways);
+  const bool held = ways[size_t(trial.way())] == "held in registers";
+  with_lane_row<T>(held, C, {res, out, a, b, weight, bias}, [&](auto w, auto j) {
     constexpr int W = decltype(w)::value, J = decltype(j)::value;
     residual_layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out,
         mean, rstd, a, b, weight, bias, N, C);
@@ -490,12 +449,21 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   const int rows = J > 0 ? layernorm_backward_chunk_rows(N, sm_count_) : kRowChunk;
   const int chunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
-  if (J > 0 && wide && layernorm_prefetch_) {
-    launch_ln_fused<T, W, true>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
-                                C);
-  } else if (J > 0 && wide) {
-    launch_ln_fused<T, W, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
-                                 C);
+  if (J > 0 && wide) {
+    // Two ways to the same bits (kernel_ways.hpp): dinp copied early, unless
+    // TRELLIS_LAYERNORM_PREFETCH=0; dinp loaded late, unless it is 1.
+    std::vector<std::string> ways;
+    if (layernorm_prefetch_ != 0) ways.push_back("dinp copied early");
+    if (layernorm_prefetch_ != 1) ways.push_back("dinp loaded late");
+    WayTrial trial(*this,
+                   sizeof(T) == 4 ? "layer norm backward fp32" : "layer norm backward bf16", N,
+                   C, ways);
+    if (trial.way() == 0 && layernorm_prefetch_ != 0)
+      launch_ln_fused<T, W, true>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd,
+                                  N, C);
+    else
+      launch_ln_fused<T, W, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd,
+                                   N, C);
   } else if (J > 0) {
     launch_ln_fused<T, 1, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
                                  C);
@@ -561,36 +529,4 @@ void CudaBackend::layernorm_backward_bf16(Ptr dinp, float* dweight, float* dbias
   launch_layernorm_backward(dev(dinp.bf16()), dweight, dbias, dev(dout.bf16()), dev(inp.bf16()),
                             dev(weight.bf16()), mean, rstd, N, C);
 }
-// ---- column sums (fp32 out; either type in) ----
-
-namespace {
-// column_partials_kernel over src (N,C) into partial (chunks, C): W columns a thread where the
-// rows take 16-byte chunks; blocks of 128 threads (a bias of 768 bf16 columns is 96 threads).
-template <typename T>
-void launch_column_partials(cudaStream_t stream, float* partial, const T* src, int N, int C,
-                            int chunks) {
-  constexpr int W = cuda::kWide<T>, kColumnThreads = 128;
-  const bool wide = cuda::wide_rows<T>(C, {src});
-  const int threads = wide ? C / W : C;
-  const dim3 grid(unsigned((threads + kColumnThreads - 1) / kColumnThreads), unsigned(chunks));
-  if (wide)
-    column_partials_kernel<T, W><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
-  else
-    column_partials_kernel<T, 1><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
-  TRELLIS_CUDA_LAUNCHED();
-}
-}  // namespace
-
-void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
-  Profiled prof(*this, kElementwise);  // (a linear layer's bias gradient, where not in its GEMM)
-  add_work(kElementwise, 0, double(src.bytes(int64_t(N) * C)) + 8.0 * C);
-  const int chunks = (N + kRowChunk - 1) / kRowChunk;
-  float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * C));  // (chunks, C)
-  if (src.is_f32())
-    launch_column_partials(stream_, partial, src.f32(), N, C, chunks);
-  else
-    launch_column_partials(stream_, partial, dev(src.bf16()), N, C, chunks);
-  add_partials(stream_, dst, nullptr, C, partial, chunks, C, C);
-}
-
 }  // namespace trellis

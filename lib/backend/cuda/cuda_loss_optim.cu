@@ -414,16 +414,30 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
                                       int V, int valid, float dloss) {
   const size_t row_bytes = size_t(V) * sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  const int per_sm = loss_pipeline_ && aligned ? loss_pipelined_blocks_per_sm(row_bytes) : 0;
-  const bool cached = loss_row_cache_ && aligned && (per_sm > 0 || loss_rows_fit(row_bytes));
-  ++(cached ? loss_rows_cached_ : loss_rows_uncached_);
-  if (cached && per_sm > 0) {
+  const int per_sm = aligned ? loss_pipelined_blocks_per_sm(row_bytes) : 0;
+  // The ways to the same bits that apply (the one predicted fastest first), less those the
+  // settings leave out; timed at this shape's first calls, the fastest kept (kernel_ways.hpp).
+  enum Way { kPipelined, kRowCached, kUncached };
+  std::vector<Way> ways;
+  if (per_sm > 0 && loss_row_cache_ != 0 && loss_pipeline_ != 0) ways.push_back(kPipelined);
+  if (aligned && loss_rows_fit(row_bytes) && loss_row_cache_ != 0 && loss_pipeline_ != 1)
+    ways.push_back(kRowCached);
+  if (loss_row_cache_ != 1 && loss_pipeline_ != 1) ways.push_back(kUncached);
+  if (ways.empty()) ways.push_back(kUncached);  // (a way asked for that does not apply here)
+  static const char* names[] = {"double-buffered", "a row a block", "uncached"};
+  std::vector<std::string> way_names;
+  for (Way w : ways) way_names.push_back(names[w]);
+  WayTrial trial(*this, sizeof(T) == 4 ? "cross-entropy fp32" : "cross-entropy bf16", N, V,
+                 way_names);
+  const Way way = ways[size_t(trial.way())];
+  ++(way == kUncached ? loss_rows_uncached_ : loss_rows_cached_);
+  if (way == kPipelined) {
     ++loss_rows_pipelined_;
     const int blocks = int(std::min<int64_t>(N, int64_t(kLossWaves) * sm_count_ * per_sm));
     cuda::allow_shared(crossentropy_pipelined_kernel<T>, 2 * row_bytes);
     crossentropy_pipelined_kernel<T><<<blocks, kLossThreads, 2 * row_bytes, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, N, V, valid, dloss, loss_exp2_);
-  } else if (cached) {
+  } else if (way == kRowCached) {
     cuda::allow_shared(crossentropy_fused_kernel<T, true>, row_bytes);
     crossentropy_fused_kernel<T, true><<<N, kLossThreads, row_bytes, stream_>>>(
         logits, losses, targets, row_max, sumexp, target_logit, V, valid, dloss, loss_exp2_);

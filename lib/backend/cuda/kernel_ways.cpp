@@ -1,0 +1,72 @@
+// The bookkeeping of the kernels' timed ways (kernel_ways.hpp).
+#include "backend/cuda/kernel_ways.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace trellis::cuda {
+
+namespace {
+double least(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+}  // namespace
+
+KernelWays::Pick KernelWays::pick(const std::string& kernel, const std::string& shape,
+                                  const std::vector<std::string>& ways) {
+  if (ways.size() <= 1) return {};
+  // (the ways are part of the key: which apply can change with a call's pointers' alignment)
+  std::string key = kernel + '\n' + shape;
+  for (const std::string& w : ways) key += '\n' + w;
+  auto [it, added] = index_.emplace(key, int(entries_.size()));
+  if (added) {
+    entries_.push_back({kernel, shape, ways, std::vector<int>(ways.size(), 0),
+                        std::vector<std::vector<double>>(ways.size()), -1});
+  }
+  const int slot = it->second;
+  Entry& e = entries_[size_t(slot)];
+  if (e.chosen >= 0) return {e.chosen, false, slot};
+  int next = -1;  // the way launched least, while some way lacks its samples
+  for (int w = 0; w < int(ways.size()); ++w) {
+    const int n = e.launched[size_t(w)];
+    if (n < kSamples && (next < 0 || n < e.launched[size_t(next)])) next = w;
+  }
+  if (next >= 0) {
+    ++e.launched[size_t(next)];
+    return {next, true, slot};
+  }
+  for (const auto& t : e.times)
+    if (int(t.size()) < kSamples) return {0, false, slot};  // (samples still on their way)
+  int best = 0;
+  for (int w = 1; w < int(ways.size()); ++w)
+    if (least(e.times[size_t(w)]) < least(e.times[size_t(best)])) best = w;
+  e.chosen = best;
+  return {best, false, slot};
+}
+
+void KernelWays::record(int slot, int way, double ms) {
+  entries_.at(size_t(slot)).times.at(size_t(way)).push_back(ms);
+}
+
+bool KernelWays::settling() const {
+  for (const Entry& e : entries_)
+    if (e.chosen < 0) return true;
+  return false;
+}
+
+std::vector<std::vector<std::string>> KernelWays::report() const {
+  std::vector<std::vector<std::string>> rows;
+  char buf[128];
+  for (const Entry& e : entries_) {
+    std::string times;
+    for (size_t w = 0; w < e.ways.size(); ++w) {
+      if (e.times[w].empty())
+        std::snprintf(buf, sizeof buf, "%s -", e.ways[w].c_str());
+      else
+        std::snprintf(buf, sizeof buf, "%s %.3f", e.ways[w].c_str(), least(e.times[w]));
+      times += (w ? ", " : "") + std::string(buf);
+    }
+    rows.push_back({e.kernel, e.shape, times, e.chosen >= 0 ? e.ways[size_t(e.chosen)] : "-"});
+  }
+  return rows;
+}
+
+}  // namespace trellis::cuda

@@ -1,0 +1,134 @@
+// The kernels whose ways to the same bits the CUDA backend times and chooses among
+// (lib/backend/cuda/kernel_ways.hpp): the fused cross-entropy, the layer norm forwards, the fused
+// layer norm backward. By default each shape's first calls take every way in turn; whichever a
+// call takes, its outputs must be the same bits, and once the trials are over the profile names
+// the way kept. Skips without a CUDA device (the emulated GPU runs it on every build with nvcc).
+#include <bit>
+
+#include "cuda_test_util.hpp"
+#ifdef TRELLIS_HAVE_CUDA
+
+namespace {
+
+class CudaKernelWays : public CudaKernelTest {
+ protected:
+  /// Every bit of a device tensor of n values (fp32 or bf16).
+  std::vector<uint32_t> bits(CPtr p, size_t n) {
+    std::vector<uint32_t> out;
+    if (p.is_f32()) {
+      for (float v : down(p.f32(), n)) out.push_back(std::bit_cast<uint32_t>(v));
+    } else {
+      for (bf16_t v : down_bits(p.bf16(), n)) out.push_back(v.bits);
+    }
+    return out;
+  }
+  Ptr tensor(const std::vector<float>& v, bool bf16) {
+    return bf16 ? Ptr(up(bits_of(v))) : Ptr(up(v));
+  }
+  /// The profile's table of ways: the row naming `kernel`, or "" where there is none.
+  static std::string way_row(const std::string& report, const std::string& kernel) {
+    const size_t table = report.find("ways to the same bits");
+    if (table == std::string::npos) return "";
+    const size_t at = report.find("│ " + kernel + " ", table);
+    if (at == std::string::npos) return "";
+    return report.substr(at, report.find('\n', at) - at);
+  }
+};
+
+// 8 calls of each kernel on the same inputs, with the ways timed (the default), on one emulated
+// multiprocessor so that the double-buffered cross-entropy's blocks take several rows: every
+// call's outputs are the first call's bits, every way was timed (no "-" among the times), and
+// the profile names a way chosen. With TRELLIS_KERNEL_WAYS=0, no trials: no table, and every
+// cached cross-entropy call double-buffered (the first way).
+TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
+  const int N = 19, C = 768, V = 20000, valid = 19993, calls = 8;
+  for (const char* timed : {"1", "0"}) {
+    SCOPED_TRACE(std::string("TRELLIS_KERNEL_WAYS=") + timed);
+    fresh_gpu({{"TRELLIS_KERNEL_WAYS", timed}, {"TRELLIS_EMU_SMS", "1"},
+               {"TRELLIS_CUDA_PROFILE", "1"}, {"TRELLIS_LOSS_ROW_CACHE", nullptr},
+               {"TRELLIS_LOSS_PIPELINE", nullptr}, {"TRELLIS_LAYERNORM_HELD", nullptr},
+               {"TRELLIS_LAYERNORM_PREFETCH", nullptr}});
+    gpu->set_precision("bf16");
+    const std::vector<float> logits = random_vec(size_t(N) * V, 70, -6.f, 6.f),
+                             x = random_vec(size_t(N) * C, 71, -3.f, 3.f),
+                             y = random_vec(size_t(N) * C, 72), w = random_vec(C, 73),
+                             b = random_vec(C, 74), d = random_vec(size_t(N) * C, 75),
+                             dw = random_vec(C, 76), db = random_vec(C, 77);
+    std::vector<int32_t> targets(N);
+    for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
+    const int32_t* d_t = up(targets);
+    const size_t n = size_t(N) * C;
+    std::vector<std::vector<uint32_t>> first;  // the first call's outputs, kernel by kernel
+    size_t differ = 0, compared = 0;
+    for (int call = 0; call < calls; ++call) {
+      std::vector<std::vector<uint32_t>> outs;
+      // The fused cross-entropy: dlogits over the logits, the losses and the row statistics.
+      Ptr pl = tensor(logits, true);
+      float *loss = up(std::vector<float>(N, NAN)), *stats = up(std::vector<float>(3 * N, NAN));
+      gpu->crossentropy(pl, loss, d_t, stats, stats + N, stats + 2 * N, N, V, valid, 1.0f / N);
+      outs.push_back(bits(pl, logits.size()));
+      outs.push_back(bits(Ptr(loss), N));
+      outs.push_back(bits(Ptr(stats), 3 * N));
+      // The layer norm forward, and the residual one writing the sum over its first input.
+      float *mean = up(std::vector<float>(N, NAN)), *rstd = up(std::vector<float>(N, NAN));
+      Ptr out = tensor(std::vector<float>(n, NAN), true), pw = tensor(w, true),
+          pb = tensor(b, true);
+      gpu->layernorm_forward(out, mean, rstd, tensor(x, true), pw, pb, N, C);
+      outs.push_back(bits(out, n));
+      outs.push_back(bits(Ptr(mean), N));
+      outs.push_back(bits(Ptr(rstd), N));
+      Ptr a = tensor(x, true);
+      gpu->residual_layernorm_forward(a, out, mean, rstd, a, tensor(y, true), pw, pb, N, C);
+      outs.push_back(bits(a, n));
+      outs.push_back(bits(out, n));
+      // The layer norm backward, adding into dinp, dweight and dbias.
+      Ptr dinp = tensor(y, true);
+      float *pdw = up(dw), *pdb = up(db);
+      gpu->layernorm_backward(dinp, pdw, pdb, tensor(d, true), tensor(x, true), pw, mean, rstd, N,
+                              C);
+      outs.push_back(bits(dinp, n));
+      outs.push_back(bits(Ptr(pdw), C));
+      outs.push_back(bits(Ptr(pdb), C));
+      if (call == 0) {
+        first = outs;
+        continue;
+      }
+      for (size_t k = 0; k < outs.size(); ++k)
+        for (size_t i = 0; i < outs[k].size(); ++i) differ += outs[k][i] != first[k][i], ++compared;
+    }
+    std::printf("kernel ways %s: %zu of %zu values differ from the first call's over %d calls\n",
+                std::string(timed) == "1" ? "timed" : "untimed", differ, compared, calls);
+    EXPECT_EQ(differ, 0u);
+    const std::string report = gpu->profile_report();
+    std::printf("%s", report.c_str());
+    for (const char* kernel :
+         {"cross-entropy bf16", "layer norm forward bf16", "residual + layer norm forward bf16",
+          "layer norm backward bf16"}) {
+      SCOPED_TRACE(kernel);
+      const std::string row = way_row(report, kernel);
+      if (std::string(timed) == "0") {
+        EXPECT_EQ(row, "");
+        continue;
+      }
+      ASSERT_NE(row, "") << report;
+      EXPECT_EQ(row.find(" -"), std::string::npos) << "a way not timed, or none chosen: " << row;
+    }
+    const std::string ce = way_row(report, "cross-entropy bf16");
+    if (std::string(timed) == "1") {  // (bf16 rows of 20000 fit every way on the emulated GPU)
+      for (const char* way : {"double-buffered", "a row a block", "uncached"})
+        EXPECT_NE(ce.find(way), std::string::npos) << ce;
+    } else {
+      const size_t piped = report.find("of which double-buffered");
+      ASSERT_NE(piped, std::string::npos) << report;
+      const std::string all = std::to_string(calls) + " of " + std::to_string(calls);
+      EXPECT_NE(report.substr(piped, report.find('\n', piped) - piped).find(all),
+                std::string::npos)
+          << report;
+    }
+    EXPECT_FALSE(gpu->settling());
+  }
+}
+
+}  // namespace
+
+#endif  // TRELLIS_HAVE_CUDA
