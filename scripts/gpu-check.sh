@@ -340,8 +340,8 @@ bench_row() {
     [[ $tc == auto ]] && tc_env=(-u TRELLIS_TC_ATTENTION)
     # (the kernels' ways, TRELLIS_LOSS_ROW_CACHE and the like, unset: each timed at the run's
     # first calls, the fastest kept; env takes its -u options before any NAME=VALUE)
-    env -u TRELLIS_LOSS_ROW_CACHE -u TRELLIS_LOSS_PIPELINE \
-      -u TRELLIS_LAYERNORM_HELD -u TRELLIS_LAYERNORM_PREFETCH "${tc_env[@]}" \
+    env -u TRELLIS_LOSS_ROW_CACHE -u TRELLIS_LOSS_PIPELINE -u TRELLIS_LAYERNORM_HELD \
+      -u TRELLIS_LAYERNORM_PREFETCH -u TRELLIS_LAYERNORM_AHEAD "${tc_env[@]}" \
       TRELLIS_TF32=$tf32 TRELLIS_GEMM_TUNE=$gemm_tune \
       TRELLIS_BGRAD_EPILOGUE=$bgrad \
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \

@@ -267,14 +267,16 @@ TEST_F(CudaBf16Kernels, LayerNormForwardHeldInRegistersIsBitForBitTheSame) {
   }
 }
 
-// The fused layer norm backward copying each row's dinp into shared memory while it loads the
-// row's dout and inp (TRELLIS_LAYERNORM_PREFETCH=1, where rows take 16-byte chunks) against the
-// one loading dinp after the row's means (=0; unset, both timed): the same bits — dinp (added
-// to), dweight and dbias (added to) — in fp32 and bf16, at C = 96, 768 and 1024 (bf16: 2, 4 and 4
-// chunks a lane; fp32: 2, 8 and 8), and at C = 201 (one value a chunk: no copy either way). With one
+// The fused layer norm backward's ways, where rows take 16-byte chunks: copying each row's dinp
+// into shared memory while it loads the row's dout and inp (TRELLIS_LAYERNORM_PREFETCH=1), its
+// warps copying the next row's dout, inp and dinp while they compute on this one
+// (TRELLIS_LAYERNORM_AHEAD=1), against loading dinp after the row's means (both 0; unset, every
+// way timed): the same bits — dinp (added to), dweight and dbias (added to) — in fp32 and bf16,
+// at C = 96, 768 and 1024 (bf16: 2, 4 and 4 chunks a lane; fp32: 2, 8 and 8), and at C = 201 (one
+// value a chunk: no copy any way). With one
 // multiprocessor (TRELLIS_EMU_SMS=1), so that a warp takes several rows and reuses its copies'
 // shared memory, and with 132 (a row a warp).
-TEST_F(CudaBf16Kernels, LayerNormBackwardPrefetchIsBitForBitTheSame) {
+TEST_F(CudaBf16Kernels, LayerNormBackwardWaysAreBitForBitTheSame) {
   const int N = 67;
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
@@ -290,8 +292,9 @@ TEST_F(CudaBf16Kernels, LayerNormBackwardPrefetchIsBitForBitTheSame) {
       for (const char* sms : {"1", "132"}) {
         SCOPED_TRACE(std::string("TRELLIS_EMU_SMS=") + sms);
         // dinp, then dweight and dbias, as bits.
-        const auto run = [&](const char* prefetch) {
-          fresh_gpu({{"TRELLIS_LAYERNORM_PREFETCH", prefetch}, {"TRELLIS_EMU_SMS", sms}});
+        const auto run = [&](const char* prefetch, const char* ahead) {
+          fresh_gpu({{"TRELLIS_LAYERNORM_PREFETCH", prefetch}, {"TRELLIS_LAYERNORM_AHEAD", ahead},
+                     {"TRELLIS_EMU_SMS", sms}});
           gpu->set_precision(precision);
           const auto tensor = [&](const std::vector<float>& v) {
             return bf16 ? Ptr(up(bits_of(v))) : Ptr(up(v));
@@ -310,13 +313,16 @@ TEST_F(CudaBf16Kernels, LayerNormBackwardPrefetchIsBitForBitTheSame) {
             for (float v : down(p, C)) bits.push_back(std::bit_cast<uint32_t>(v));
           return bits;
         };
-        const std::vector<uint32_t> early = run("1"), late = run("0");
-        size_t differ = 0;
-        for (size_t i = 0; i < early.size(); ++i) differ += early[i] != late[i];
-        std::printf("layer norm backward %dx%d %s, %s SMs: %zu of %zu values differ with dinp "
-                    "copied early against loaded late\n",
-                    N, C, precision, sms, differ, early.size());
-        EXPECT_EQ(differ, 0u);
+        const std::vector<uint32_t> late = run("0", "0");
+        for (const auto& [way, bits] : {std::pair{"dinp copied early", run("1", nullptr)},
+                                        std::pair{"rows a row ahead", run(nullptr, "1")}}) {
+          size_t differ = 0;
+          for (size_t i = 0; i < late.size(); ++i) differ += bits[i] != late[i];
+          std::printf("layer norm backward %dx%d %s, %s SMs: %zu of %zu values differ with %s "
+                      "against dinp loaded late\n",
+                      N, C, precision, sms, differ, late.size(), way);
+          EXPECT_EQ(differ, 0u) << way;
+        }
       }
     }
   }

@@ -47,7 +47,7 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
     fresh_gpu({{"TRELLIS_KERNEL_WAYS", timed}, {"TRELLIS_EMU_SMS", "1"},
                {"TRELLIS_CUDA_PROFILE", "1"}, {"TRELLIS_LOSS_ROW_CACHE", nullptr},
                {"TRELLIS_LOSS_PIPELINE", nullptr}, {"TRELLIS_LAYERNORM_HELD", nullptr},
-               {"TRELLIS_LAYERNORM_PREFETCH", nullptr}});
+               {"TRELLIS_LAYERNORM_PREFETCH", nullptr}, {"TRELLIS_LAYERNORM_AHEAD", nullptr}});
     gpu->set_precision("bf16");
     const std::vector<float> logits = random_vec(size_t(N) * V, 70, -6.f, 6.f),
                              x = random_vec(size_t(N) * C, 71, -3.f, 3.f),
@@ -113,10 +113,13 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
       ASSERT_NE(row, "") << report;
       EXPECT_EQ(row.find(" -"), std::string::npos) << "a way not timed, or none chosen: " << row;
     }
-    const std::string ce = way_row(report, "cross-entropy bf16");
+    const std::string ce = way_row(report, "cross-entropy bf16"),
+                      lnb = way_row(report, "layer norm backward bf16");
     if (std::string(timed) == "1") {  // (bf16 rows of 20000 fit every way on the emulated GPU)
       for (const char* way : {"double-buffered", "a row a block", "uncached"})
         EXPECT_NE(ce.find(way), std::string::npos) << ce;
+      for (const char* way : {"dinp copied early", "rows a row ahead", "dinp loaded late"})
+        EXPECT_NE(lnb.find(way), std::string::npos) << lnb;
     } else {
       const size_t piped = report.find("of which double-buffered");
       ASSERT_NE(piped, std::string::npos) << report;

@@ -150,7 +150,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   //   TRELLIS_LAYERNORM_HELD: the layer norm forward holding each lane's share of its row in
   //     registers (else reading the row again for its variance and its output);
   //   TRELLIS_LAYERNORM_PREFETCH: the fused layer norm backward copying a row's dinp into shared
-  //     memory while it loads dout and inp for the row's means (else loading it after them).
+  //     memory while it loads dout and inp for the row's means (else loading it after them);
+  //   TRELLIS_LAYERNORM_AHEAD: the fused layer norm backward's warps copying the next row's dout,
+  //     inp and dinp into shared memory while they compute on this one.
   const char* ways = std::getenv("TRELLIS_KERNEL_WAYS");
   time_ways_ = !(ways && std::strcmp(ways, "0") == 0);
   const auto way_setting = [](const char* name) {
@@ -161,6 +163,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   loss_pipeline_ = way_setting("TRELLIS_LOSS_PIPELINE");
   layernorm_held_ = way_setting("TRELLIS_LAYERNORM_HELD");
   layernorm_prefetch_ = way_setting("TRELLIS_LAYERNORM_PREFETCH");
+  layernorm_ahead_ = way_setting("TRELLIS_LAYERNORM_AHEAD");
   // TRELLIS_LOSS_EXP2=0: the cross-entropy's exponentials by expf(x − m) instead of
   // exp2f(x·log2e − m·log2e) (about 1e-6 apart where it matters: cuda_loss_optim.cu; to time the
   // two side by side).

@@ -526,6 +526,7 @@ class CudaBackend : public Backend {
   int loss_pipeline_ = -1;   // TRELLIS_LOSS_PIPELINE: its cached rows double-buffered
   int layernorm_held_ = -1;  // TRELLIS_LAYERNORM_HELD: the forward's rows held in registers
   int layernorm_prefetch_ = -1;  // TRELLIS_LAYERNORM_PREFETCH: the backward's dinp copied early
+  int layernorm_ahead_ = -1;  // TRELLIS_LAYERNORM_AHEAD: the backward's rows copied a row ahead
   bool loss_exp2_ = true;       // TRELLIS_LOSS_EXP2=0: its exponentials by expf
   cuda::KernelWays ways_;
   bool time_ways_ = true;  // TRELLIS_KERNEL_WAYS=0: each kernel's first way that applies

@@ -244,32 +244,69 @@ __global__ void layernorm_backward_partials_kernel(float* partial, const T* dout
 // by a column pass. The block then adds
 // its warps' sums in warp order (through shared memory: 2C floats) into partial (blocks, 2C):
 // Σ dout (dbias), then Σ xhat·dout (dweight). A fixed order everywhere: the same bits every run.
-// With Prefetch (16-byte chunks), each lane also copies its chunks of the row's dinp into shared
-// memory (cp.async) as it loads dout and inp for the row's means, so that the row costs one wait
-// on device memory, not two — dinp's chunks otherwise are loaded only after the means, as the
-// warp needs them; the registers that could hold them are the column sums'. The same arithmetic
-// on the same values: the same bits either way.
-template <typename T, int W, int J, bool Prefetch>
+// How it waits on memory is its Way (16-byte chunks for the two that copy; the same arithmetic on
+// the same values, so the same bits every way, and the runs time them: kernel_ways.hpp):
+//   kDinpLate   a row's dinp is loaded after the row's means, as the warp needs each chunk — so a
+//               row waits on device memory twice (the registers that could hold dinp are the
+//               column sums');
+//   kDinpEarly  each lane copies its chunks of the row's dinp into shared memory (cp.async) as it
+//               loads dout and inp for the means: one wait a row;
+//   kRowsAhead  each warp copies the next row's dout, inp and dinp into shared memory (its lanes
+//               their own chunks, at their columns: two stages of three rows a warp) while it
+//               computes on this one, which it reads from there: its loads in flight all along,
+//               not only between rows.
+enum LnBackwardWay { kDinpLate, kDinpEarly, kRowsAhead };
+template <typename T, int W, int J, int Way>
 __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T* dout,
                                                 const T* inp, const T* weight, const float* mean,
                                                 const float* rstd, int N, int C, int rows) {
-  static_assert(!Prefetch || sizeof(T) * W == 16);
-  // (2C) floats, then with Prefetch the warps' copies of their row's dinp: (warps, J, 32) chunks
+  static_assert(Way == kDinpLate || sizeof(T) * W == 16);
+  // (2C) floats, then the warps' copies: kDinpEarly (warps, J, 32) chunks of dinp; kRowsAhead
+  // (warps, 2 stages, 3: dout, inp, dinp, kRow) values, a row's chunks at their own columns
   extern __shared__ __align__(16) float block_sums[];
+  constexpr int kRow = 32 * W * J;  // a lane's J chunks, each warp's lanes side by side
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   uint4* dinp_now = reinterpret_cast<uint4*>(block_sums + 2 * C) + warp * J * 32;  // (J, 32)
+  T* stages = reinterpret_cast<T*>(block_sums + 2 * C) + int64_t(warp) * 2 * 3 * kRow;
+  // kRowsAhead: this lane's chunks of row's dout, inp and dinp into stage s, as one group.
+  const auto copy_row = [&](int64_t row, int s) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane * W + 32 * W * j;
+      if (c >= C) break;
+      T* to = stages + s * 3 * kRow + c;
+      cuda::copy_async16(to, dout + row * C + c, true);
+      cuda::copy_async16(to + kRow, inp + row * C + c, true);
+      cuda::copy_async16(to + 2 * kRow, dinp + row * C + c, true);
+    }
+    cuda::copy_async_commit();
+  };
   float db[J][W], dw[J][W];  // this lane's columns lane·W + 32·W·j + k
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int k = 0; k < W; ++k) db[j][k] = dw[j][k] = 0.0f;
   const int64_t r1 = min(int64_t(N), int64_t(blockIdx.x + 1) * rows);
-  for (int64_t row = int64_t(blockIdx.x) * rows + warp; row < r1; row += warps) {
+  const int64_t first = int64_t(blockIdx.x) * rows + warp;
+  if constexpr (Way == kRowsAhead)
+    if (first < r1) copy_row(first, 0);
+  int stage = 0;
+  for (int64_t row = first; row < r1; row += warps, stage ^= 1) {
     const T* x = inp + row * C;   // (C)
     const T* d = dout + row * C;  // (C)
     T* di = dinp + row * C;       // (C)
+    const T* di_before = di;      // where dinp's values before are read: (C)
     const float m = mean[row], r = rstd[row];
-    if constexpr (Prefetch) {  // (each lane reads back only its own chunks: no barrier)
+    if constexpr (Way == kRowsAhead) {  // (each lane reads back only its own chunks: no barrier)
+      if (row + warps < r1)
+        copy_row(row + warps, stage ^ 1);
+      else
+        cuda::copy_async_commit();  // (an empty group: one a row, so that the wait below counts)
+      cuda::copy_async_wait<1>();   // this row's group landed; the next row's may be in flight
+      const T* now = stages + stage * 3 * kRow;
+      d = now, x = now + kRow, di_before = now + 2 * kRow;
+    }
+    if constexpr (Way == kDinpEarly) {  // (each lane reads back only its own chunks: no barrier)
 #pragma unroll
       for (int j = 0; j < J; ++j) {
         const int c = lane * W + 32 * W * j;
@@ -280,7 +317,7 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
     }
     float dn_mean, dnx_mean;
     ln_backward_row_means<T, W, J>(dn_mean, dnx_mean, d, x, weight, m, r, C, lane);
-    if constexpr (Prefetch) cuda::copy_async_wait<0>();
+    if constexpr (Way == kDinpEarly) cuda::copy_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int c = lane * W + 32 * W * j;
@@ -290,8 +327,9 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
                                 db[j][k] += dv;
                                 dw[j][k] += xhat * dv;
                               },
-                              Prefetch ? reinterpret_cast<const T*>(dinp_now + j * 32 + lane)
-                                       : di + c);
+                              Way == kDinpEarly
+                                  ? reinterpret_cast<const T*>(dinp_now + j * 32 + lane)
+                                  : di_before + c);
     }
   }
   for (int w = 0; w < warps; ++w) {  // warp w adds its sums after warps 0 .. w-1 have
@@ -405,33 +443,50 @@ int ln_fused_steps(int C) {
     if (32 * W * J >= C) return J;
   return 0;
 }
-template <typename T, int W, int J, bool Prefetch>
+// The fused backward's shared memory: 2C floats, and the warps' copies (kDinpEarly: 16 bytes a
+// chunk of a row a warp, at most 32 KiB at J = 8; kRowsAhead: two stages of three rows of 32·W·J
+// values a warp, 96 KiB at C = 1024 in bf16 — two blocks a multiprocessor — and at most 192 KiB,
+// J = 8).
+template <typename T, int W, int J, int Way>
+size_t ln_fused_shared(int C) {
+  const size_t warps = kThreads / 32, sums = 2 * size_t(C) * sizeof(float);
+  if constexpr (Way == kDinpEarly) return sums + warps * J * 32 * 16;
+  if constexpr (Way == kRowsAhead) return sums + warps * 2 * 3 * 32 * W * J * sizeof(T);
+  return sums;
+}
+template <typename T, int W, int J, int Way>
 void launch_ln_fused(cudaStream_t stream, int rows, T* dinp, float* partial, const T* dout,
                      const T* inp, const T* weight, const float* mean, const float* rstd, int N,
                      int C) {
   const unsigned blocks = unsigned((N + rows - 1) / rows);
-  // 2C floats, at most 16 KiB (C ≤ 2048), and with Prefetch 16 bytes a chunk of a row a warp:
-  // 8 · 32 · J · 16 bytes, at most 32 KiB (J = 8).
-  const size_t smem =
-      2 * size_t(C) * sizeof(float) + (Prefetch ? size_t(kThreads / 32) * J * 32 * 16 : 0);
-  cuda::allow_shared(layernorm_backward_fused_kernel<T, W, J, Prefetch>, smem);
-  layernorm_backward_fused_kernel<T, W, J, Prefetch><<<blocks, kThreads, smem, stream>>>(dinp,
+  const size_t smem = ln_fused_shared<T, W, J, Way>(C);
+  cuda::allow_shared(layernorm_backward_fused_kernel<T, W, J, Way>, smem);
+  layernorm_backward_fused_kernel<T, W, J, Way><<<blocks, kThreads, smem, stream>>>(dinp,
       partial, dout, inp, weight, mean, rstd, N, C, rows);
   TRELLIS_CUDA_LAUNCHED();
 }
-template <typename T, int W, bool Prefetch>
+template <typename T, int W, int Way>
 void launch_ln_fused(int J, cudaStream_t stream, int rows, T* dinp, float* partial,
                      const T* dout, const T* inp, const T* weight, const float* mean,
                      const float* rstd, int N, int C) {
   if (J == 2)
-    launch_ln_fused<T, W, 2, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
-                                       N, C);
+    launch_ln_fused<T, W, 2, Way>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                  C);
   else if (J == 4)
-    launch_ln_fused<T, W, 4, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
-                                       N, C);
+    launch_ln_fused<T, W, 4, Way>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                  C);
   else
-    launch_ln_fused<T, W, 8, Prefetch>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd,
-                                       N, C);
+    launch_ln_fused<T, W, 8, Way>(stream, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
+                                  C);
+}
+// Whether the kRowsAhead way's shared memory fits a block at J chunks a lane.
+template <typename T>
+bool ln_rows_ahead_fit(int J, int C) {
+  constexpr int W = cuda::kWide<T>;
+  const size_t smem = J == 2   ? ln_fused_shared<T, W, 2, kRowsAhead>(C)
+                      : J == 4 ? ln_fused_shared<T, W, 4, kRowsAhead>(C)
+                               : ln_fused_shared<T, W, 8, kRowsAhead>(C);
+  return smem <= cuda::shared_optin();
 }
 }  // namespace
 
@@ -450,23 +505,34 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
   const int chunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * 2 * C));
   if (J > 0 && wide) {
-    // Two ways to the same bits (kernel_ways.hpp): dinp copied early, unless
-    // TRELLIS_LAYERNORM_PREFETCH=0; dinp loaded late, unless it is 1.
-    std::vector<std::string> ways;
-    if (layernorm_prefetch_ != 0) ways.push_back("dinp copied early");
-    if (layernorm_prefetch_ != 1) ways.push_back("dinp loaded late");
+    // The ways to the same bits (kernel_ways.hpp), less those the settings leave out:
+    // TRELLIS_LAYERNORM_PREFETCH (dinp copied early) and TRELLIS_LAYERNORM_AHEAD (rows copied a
+    // row ahead), each 0 (left out) or 1 (only it); the late loads where neither is kept.
+    std::vector<int> ways;
+    if (layernorm_prefetch_ != 0 && layernorm_ahead_ != 1) ways.push_back(kDinpEarly);
+    if (layernorm_ahead_ != 0 && layernorm_prefetch_ != 1 && ln_rows_ahead_fit<T>(J, C))
+      ways.push_back(kRowsAhead);
+    if ((layernorm_prefetch_ != 1 && layernorm_ahead_ != 1) || ways.empty())
+      ways.push_back(kDinpLate);
+    static const char* names[] = {"dinp loaded late", "dinp copied early", "rows a row ahead"};
+    std::vector<std::string> way_names;
+    for (int w : ways) way_names.push_back(names[w]);
     WayTrial trial(*this,
                    sizeof(T) == 4 ? "layer norm backward fp32" : "layer norm backward bf16", N,
-                   C, ways);
-    if (trial.way() == 0 && layernorm_prefetch_ != 0)
-      launch_ln_fused<T, W, true>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd,
-                                  N, C);
+                   C, way_names);
+    const int way = ways[size_t(trial.way())];
+    if (way == kDinpEarly)
+      launch_ln_fused<T, W, kDinpEarly>(J, stream_, rows, dinp, partial, dout, inp, weight, mean,
+                                        rstd, N, C);
+    else if (way == kRowsAhead)
+      launch_ln_fused<T, W, kRowsAhead>(J, stream_, rows, dinp, partial, dout, inp, weight, mean,
+                                        rstd, N, C);
     else
-      launch_ln_fused<T, W, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd,
-                                   N, C);
+      launch_ln_fused<T, W, kDinpLate>(J, stream_, rows, dinp, partial, dout, inp, weight, mean,
+                                       rstd, N, C);
   } else if (J > 0) {
-    launch_ln_fused<T, 1, false>(J, stream_, rows, dinp, partial, dout, inp, weight, mean, rstd, N,
-                                 C);
+    launch_ln_fused<T, 1, kDinpLate>(J, stream_, rows, dinp, partial, dout, inp, weight, mean,
+                                     rstd, N, C);
   } else {  // wider rows than a lane's registers hold: dinp, then a pass over the columns
     if (wide)
       layernorm_backward_inp_kernel<T, W><<<ln_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp,
