@@ -1,6 +1,6 @@
 // The kernels whose ways to the same bits the CUDA backend times and chooses among
 // (lib/backend/cuda/kernel_ways.hpp): the fused cross-entropy, the layer norm forwards, the fused
-// layer norm backward. By default each shape's first calls take every way in turn; whichever a
+// layer norm backward, the column sums (a linear layer's bias gradient). By default each shape's first calls take every way in turn; whichever a
 // call takes, its outputs must be the same bits, and once the trials are over the profile names
 // the way kept. Skips without a CUDA device (the emulated GPU runs it on every build with nvcc).
 #include <bit>
@@ -41,7 +41,7 @@ class CudaKernelWays : public CudaKernelTest {
 // the profile names a way chosen. With TRELLIS_KERNEL_WAYS=0, no trials: no table, and every
 // cached cross-entropy call double-buffered (the first way).
 TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
-  const int N = 19, C = 768, V = 20000, valid = 19993, calls = 8;
+  const int N = 19, C = 768, OC = 96, V = 20000, valid = 19993, calls = 8;
   for (const char* timed : {"1", "0"}) {
     SCOPED_TRACE(std::string("TRELLIS_KERNEL_WAYS=") + timed);
     fresh_gpu({{"TRELLIS_KERNEL_WAYS", timed}, {"TRELLIS_EMU_SMS", "1"},
@@ -53,7 +53,12 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
                              x = random_vec(size_t(N) * C, 71, -3.f, 3.f),
                              y = random_vec(size_t(N) * C, 72), w = random_vec(C, 73),
                              b = random_vec(C, 74), d = random_vec(size_t(N) * C, 75),
-                             dw = random_vec(C, 76), db = random_vec(C, 77);
+                             dw = random_vec(C, 76), db = random_vec(C, 77),
+                             wproj = random_vec(size_t(OC) * C, 79);
+    // dout of a linear layer, each row at another scale (2^0 to 2^19): fp32 sums of its bf16
+    // values round, so that a column summed in another order gives other bits.
+    std::vector<float> dproj = random_vec(size_t(N) * OC, 78);
+    for (size_t i = 0; i < dproj.size(); ++i) dproj[i] *= std::ldexp(1.0f, int(i / OC * 7 % 20));
     std::vector<int32_t> targets(N);
     for (int i = 0; i < N; ++i) targets[i] = i == 3 ? -1 : (i * 7919) % valid;
     const int32_t* d_t = up(targets);
@@ -89,6 +94,11 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
       outs.push_back(bits(dinp, n));
       outs.push_back(bits(Ptr(pdw), C));
       outs.push_back(bits(Ptr(pdb), C));
+      // A linear layer's bias gradient: the column sums of dout (N, OC), added into dbias.
+      float* pbias = up(db);
+      gpu->matmul_backward(Ptr(), up(std::vector<float>(size_t(OC) * C, 0.f)), pbias,
+                           tensor(dproj, true), tensor(x, true), tensor(wproj, true), N, C, OC);
+      outs.push_back(bits(Ptr(pbias), OC));
       if (call == 0) {
         first = outs;
         continue;
@@ -103,7 +113,7 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
     std::printf("%s", report.c_str());
     for (const char* kernel :
          {"cross-entropy bf16", "layer norm forward bf16", "residual + layer norm forward bf16",
-          "layer norm backward bf16"}) {
+          "layer norm backward bf16", "column sums bf16"}) {
       SCOPED_TRACE(kernel);
       const std::string row = way_row(report, kernel);
       if (std::string(timed) == "0") {
@@ -120,6 +130,9 @@ TEST_F(CudaKernelWays, EveryWayGivesTheSameBitsAndOneIsKept) {
         EXPECT_NE(ce.find(way), std::string::npos) << ce;
       for (const char* way : {"dinp copied early", "rows a row ahead", "dinp loaded late"})
         EXPECT_NE(lnb.find(way), std::string::npos) << lnb;
+      const std::string sums = way_row(report, "column sums bf16");
+      for (const char* way : {"16 B × 8 rows", "16 B × 16 rows", "a value × 8 rows"})
+        EXPECT_NE(sums.find(way), std::string::npos) << sums;
     } else {
       const size_t piped = report.find("of which double-buffered");
       ASSERT_NE(piped, std::string::npos) << report;

@@ -1,7 +1,7 @@
 // CUDA backend: the deterministic column sums over rows (cuda_column_sums.cuh) — the chunks'
 // partial sums added in order (the layer norm backward's and the column sums'), and the linear
 // layers' bias gradients, the column sums of dout (Backend::column_sums_add's caller: the
-// dweight GEMMs unless TRELLIS_BGRAD_EPILOGUE=1).
+// dweight GEMMs unless TRELLIS_BGRAD_EPILOGUE=1), in three ways to the same bits, timed.
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_column_sums.cuh"
 
@@ -38,12 +38,12 @@ __global__ void __launch_bounds__(32 * kPartialRows)
 // partial (chunks, C): per chunk of kRowChunk rows, the column sums of src (N,C). A thread takes
 // W columns (a 16-byte chunk of each row where the rows allow, else one value: a warp's loads
 // then span 512 bytes of a row instead of 64 in bf16) and the chunk's rows in order, 8 rows'
-// loads issued before their adds: each column's sum in the same order either way, the same
-// bits. (2.6 TB/s on the H200 with one value a thread, 2026-12-04: the linear layers' bias
-// gradients, 3.9 ms of a 124M bf16 step.)
-template <typename T, int W>
+// loads (kBatch: 8 or 16) issued before their adds: each column's sum in the same order every
+// way, the same bits — so the runs time them (kernel_ways.hpp). (2.6 TB/s on the H200 with one
+// value a thread and 8 rows, 2026-12-04: the linear layers' bias gradients, 3.9 ms of a 124M bf16
+// step; for 350M's widths, about 29 GB a step.)
+template <typename T, int W, int kBatch>
 __global__ void column_partials_kernel(float* partial, const T* src, int N, int C) {
-  constexpr int kBatch = 8;  // rows whose loads are in flight together
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * W;
   if (c >= C) return;
   const int64_t r0 = int64_t(blockIdx.y) * kRowChunk, r1 = min(int64_t(N), r0 + kRowChunk);
@@ -85,19 +85,24 @@ void add_partials(cudaStream_t stream, float* dst, float* dst_hi, int split, con
 // ---- column sums (fp32 out; either type in) ----
 
 namespace {
+// The column sums' ways to the same bits: a thread's columns and the rows whose loads it has in
+// flight at once.
+enum ColumnWay { kChunk8Rows, kChunk16Rows, kValue8Rows };
 // column_partials_kernel over src (N,C) into partial (chunks, C): W columns a thread where the
-// rows take 16-byte chunks; blocks of 128 threads (a bias of 768 bf16 columns is 96 threads).
+// rows take 16-byte chunks (else one value, and the way is kValue8Rows); blocks of 128 threads (a
+// bias of 768 bf16 columns is 96 threads).
 template <typename T>
 void launch_column_partials(cudaStream_t stream, float* partial, const T* src, int N, int C,
-                            int chunks) {
+                            int chunks, ColumnWay way) {
   constexpr int W = cuda::kWide<T>, kColumnThreads = 128;
-  const bool wide = cuda::wide_rows<T>(C, {src});
-  const int threads = wide ? C / W : C;
+  const int threads = way == kValue8Rows ? C : C / W;
   const dim3 grid(unsigned((threads + kColumnThreads - 1) / kColumnThreads), unsigned(chunks));
-  if (wide)
-    column_partials_kernel<T, W><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
+  if (way == kChunk8Rows)
+    column_partials_kernel<T, W, 8><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
+  else if (way == kChunk16Rows)
+    column_partials_kernel<T, W, 16><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
   else
-    column_partials_kernel<T, 1><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
+    column_partials_kernel<T, 1, 8><<<grid, kColumnThreads, 0, stream>>>(partial, src, N, C);
   TRELLIS_CUDA_LAUNCHED();
 }
 }  // namespace
@@ -107,10 +112,18 @@ void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
   add_work(kElementwise, 0, double(src.bytes(int64_t(N) * C)) + 8.0 * C);
   const int chunks = (N + kRowChunk - 1) / kRowChunk;
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * C));  // (chunks, C)
+  const bool wide = src.is_f32() ? cuda::wide_rows<float>(C, {src.data})
+                                 : cuda::wide_rows<__nv_bfloat16>(C, {src.data});
+  static const char* names[] = {"16 B × 8 rows", "16 B × 16 rows", "a value × 8 rows"};
+  const std::vector<std::string> ways =
+      wide ? std::vector<std::string>{names[0], names[1], names[2]}
+           : std::vector<std::string>{names[kValue8Rows]};
+  WayTrial trial(*this, src.is_f32() ? "column sums fp32" : "column sums bf16", N, C, ways);
+  const ColumnWay way = wide ? ColumnWay(trial.way()) : kValue8Rows;
   if (src.is_f32())
-    launch_column_partials(stream_, partial, src.f32(), N, C, chunks);
+    launch_column_partials(stream_, partial, src.f32(), N, C, chunks, way);
   else
-    launch_column_partials(stream_, partial, cuda::dev(src.bf16()), N, C, chunks);
+    launch_column_partials(stream_, partial, cuda::dev(src.bf16()), N, C, chunks, way);
   cuda::add_partials(stream_, dst, nullptr, C, partial, chunks, C, C);
 }
 
