@@ -89,13 +89,12 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   const double step_flops = train_flops_per_token(cfg.model) * tokens;
   trainer.set_quiet(true);
-  // Two warm-up steps, and more while the backend still times its kernels' ways (cuda: the
-  // cross-entropy's take a call a step, three ways twice each), up to 12 — so that the timed
-  // steps run as every later step of a training would.
-  double warm_step = 1e30;
-  int64_t step = 0;
-  while (step < 2 || (backend.settling() && step < 12))
-    warm_step = std::min(warm_step, trainer.train_step(step++).seconds);
+  // Two warm-up steps, and more while a backend still times its kernels' ways (cuda: the
+  // cross-entropy's take a call a micro-batch, three ways twice each), up to 12 — so that the
+  // timed steps run as every later step of a training would.
+  const Trainer::WarmUp warm = trainer.warm_up(2, 12);
+  const double warm_step = warm.fastest_seconds;
+  int64_t step = warm.steps;
   const int calls = std::clamp(int(std::lround(warm_step / square.seconds(1))), 1, 8);
   // The kernel profile (TRELLIS_CUDA_PROFILE) of the timed steps alone: not the warm-up, nor the
   // reference GEMMs between the steps.

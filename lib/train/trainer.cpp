@@ -139,6 +139,20 @@ double Trainer::blocked_seconds(const char* group) const {
   return tp_comm_->stats().seconds_blocked + (kv ? kv->stats().seconds_blocked : 0.0);
 }
 
+Trainer::WarmUp Trainer::warm_up(int min_steps, int max_steps) {
+  WarmUp w;
+  w.fastest_seconds = 1e30;
+  while (w.steps < max_steps) {
+    if (w.steps >= min_steps) {
+      int settling = backend_->settling() ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &settling, 1, MPI_INT, MPI_MAX, comm_);
+      if (!settling) break;
+    }
+    w.fastest_seconds = std::min(w.fastest_seconds, train_step(w.steps++).seconds);
+  }
+  return w;
+}
+
 StepResult Trainer::train_step(int64_t step) {
   watchdog_beat("a training step");  // (whoever steps: the run, tune, bench)
   // Tests whose timing must not depend on the machine's speed (tests/cli/test_slurm.sh): each step

@@ -66,6 +66,14 @@ class Trainer {
 
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);
+  /// The warm-up before timed steps (bench, tune): steps 0, 1, ... until at least `min_steps`
+  /// have run and no rank's backend is still timing its kernels' ways (Backend::settling, agreed
+  /// over the ranks so that every rank runs the same steps), at most `max_steps`.
+  struct WarmUp {
+    int64_t steps = 0;            // steps run: the next step's index
+    double fastest_seconds = 0;   // of this rank's warm-up steps
+  };
+  WarmUp warm_up(int min_steps, int max_steps);
   /// The mean loss (nats/token) over the held-out set, eval.batches global batches of it, with
   /// forward passes only (collective; every rank gets it). Needs eval.every > 0.
   double evaluate();

@@ -312,4 +312,36 @@ TEST(DeviceLayouts, Bf16CheckpointResumesInBf16BitwiseAndInFp32) {
         diff);
 }
 
+// The warm-up before timed steps (bench, tune: Trainer::warm_up) goes on while any rank's backend
+// still times its kernels' ways — agreed over the ranks, so that every rank runs the same steps
+// (a rank stepping alone would wait forever in the step's collectives). Here rank 0's backend
+// says it is settling for its first 3 questions, the others' never: every rank runs 2 + 3 steps;
+// one that never settles is cut at the cap.
+class SettlingBackend : public trellis::testing::FakeDeviceBackend {
+ public:
+  explicit SettlingBackend(int questions) : left_(questions) {}
+  bool settling() const override { return left_-- > 0; }
+
+ private:
+  mutable int left_;
+};
+
+TEST(DeviceLayouts, WarmUpLastsWhileAnyRankSettles) {
+  const std::string deck = trellis::testing::write_deck("warm-up", kDeck);
+  const int n = trellis::testing::world_size();
+  const std::vector<std::string> layout = {"--parallel.dp=" + std::to_string(n),
+                                           "--train.global_batch=" + std::to_string(2 * n),
+                                           "--train.steps=20"};
+  const Config cfg = load_config(deck, layout, n);
+  for (const auto& [questions, want] : {std::pair{3, 5}, std::pair{100, 7}}) {
+    const bool first = trellis::testing::world_rank() == 0;
+    Trainer t(cfg, MPI_COMM_WORLD, std::make_unique<SettlingBackend>(first ? questions : 0));
+    t.set_quiet(true);
+    const Trainer::WarmUp warm = t.warm_up(2, 7);
+    EXPECT_EQ(warm.steps, want) << "rank 0 settling for " << questions << " questions";
+    EXPECT_GT(warm.fastest_seconds, 0.0);
+    EXPECT_EQ(t.history().size(), 0u);  // (warm-up steps are not the run's history)
+  }
+}
+
 }  // namespace
