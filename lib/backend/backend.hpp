@@ -150,7 +150,7 @@ class Backend {
   virtual void pause_profile(bool /*paused*/) {}
   /// Whether the backend is still timing its kernels' ways to the same bits, so that a
   /// benchmark's steps would time the trials (cuda: cuda/kernel_ways.hpp); it warms up until not.
-  virtual bool settling() const { return false; }
+  virtual bool settling() { return false; }
 
   // ---- the kernels. A Ptr/CPtr argument is a tensor of the run's type (activations, the
   //      parameters the model reads: fp32 or bf16); a float* one is fp32 whatever the precision

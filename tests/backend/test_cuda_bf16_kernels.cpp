@@ -314,8 +314,16 @@ TEST_F(CudaBf16Kernels, LayerNormBackwardWaysAreBitForBitTheSame) {
           return bits;
         };
         const std::vector<uint32_t> late = run("0", "0");
-        for (const auto& [way, bits] : {std::pair{"dinp copied early", run("1", nullptr)},
-                                        std::pair{"rows a row ahead", run(nullptr, "1")}}) {
+        // (a way asked for where it does not apply gives the late loads: here only where this
+        // device's shared memory cannot hold the rows ahead — an A100's fp32 rows of 1024 — which
+        // says so rather than compare late with late)
+        const bool ahead = cuda_layernorm_rows_ahead_fit(C, bf16 ? 2 : 4) || C % 8 != 0;
+        if (!ahead)
+          std::printf("layer norm backward %dx%d %s: rows a row ahead do not fit this device\n",
+                      N, C, precision);
+        for (const auto& [way, bits] :
+             {std::pair{"dinp copied early", run("1", nullptr)},
+              std::pair{"rows a row ahead", ahead ? run(nullptr, "1") : late}}) {
           size_t differ = 0;
           for (size_t i = 0; i < late.size(); ++i) differ += bits[i] != late[i];
           std::printf("layer norm backward %dx%d %s, %s SMs: %zu of %zu values differ with %s "

@@ -320,10 +320,10 @@ TEST(DeviceLayouts, Bf16CheckpointResumesInBf16BitwiseAndInFp32) {
 class SettlingBackend : public trellis::testing::FakeDeviceBackend {
  public:
   explicit SettlingBackend(int questions) : left_(questions) {}
-  bool settling() const override { return left_-- > 0; }
+  bool settling() override { return left_-- > 0; }
 
  private:
-  mutable int left_;
+  int left_;
 };
 
 TEST(DeviceLayouts, WarmUpLastsWhileAnyRankSettles) {

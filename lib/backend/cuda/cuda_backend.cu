@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <new>
 
@@ -328,29 +329,40 @@ CudaBackend::WayTrial::WayTrial(CudaBackend& be, const char* kernel, int rows, i
   char shape[48];
   std::snprintf(shape, sizeof shape, "%d×%d", rows, cols);
   pick_ = be_.ways_.pick(kernel, shape, ways);
+  exceptions_ = std::uncaught_exceptions();
   if (pick_.timed) start_ = be_.record_event();
 }
 
 CudaBackend::WayTrial::~WayTrial() {
-  if (start_) be_.way_times_.push_back({pick_.slot, pick_.way, start_, be_.record_event()});
+  if (!start_) return;
+  if (std::uncaught_exceptions() > exceptions_)  // (the launch failed: no time to keep)
+    be_.free_events_.push_back(start_);
+  else
+    be_.way_times_.push_back({pick_.slot, pick_.way, start_, be_.record_event()});
 }
 
 void CudaBackend::resolve_way_times() {
-  size_t kept = 0;
+  // (every finished pair's events go back to the pool, and a failure is thrown only once the
+  // list holds just the pairs still pending: none is given back twice)
+  std::vector<WayTime> pending;
+  cudaError_t failed = cudaSuccess;
   for (const WayTime& t : way_times_) {
-    const cudaError_t done = cudaEventQuery(t.stop);
-    if (done == cudaErrorNotReady) {
-      way_times_[kept++] = t;
+    cudaError_t e = failed == cudaSuccess ? cudaEventQuery(t.stop) : cudaErrorNotReady;
+    if (e == cudaErrorNotReady) {
+      pending.push_back(t);
       continue;
     }
-    TRELLIS_CUDA(done);
     float ms = 0;
-    TRELLIS_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
-    ways_.record(t.slot, t.way, ms);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, t.start, t.stop);
     free_events_.push_back(t.start);
     free_events_.push_back(t.stop);
+    if (e == cudaSuccess)
+      ways_.record(t.slot, t.way, ms);
+    else
+      failed = e;
   }
-  way_times_.resize(kept);
+  way_times_ = std::move(pending);
+  TRELLIS_CUDA(failed);
 }
 
 std::string CudaBackend::gemm_shapes_report() const {

@@ -40,8 +40,9 @@
 // does not (its dQ accumulator; TRELLIS_CUDNN=0 leaves it out).
 //
 // Kernels with several ways to the same bits — the fused cross-entropy, the layer norm forwards
-// and backward — take each way in turn at a shape's first calls, timed by events, and the fastest
-// from then on (kernel_ways.hpp, WayTrial; TRELLIS_KERNEL_WAYS=0: each one's first way, untimed).
+// and backward, the column sums — take each way in turn at a shape's first calls, timed by
+// events, and the fastest from then on (kernel_ways.hpp, WayTrial; TRELLIS_KERNEL_WAYS=0: each
+// one's first way, untimed).
 //
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
 // cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_embedding.cu (token and
@@ -274,8 +275,12 @@ class CudaBackend : public Backend {
   std::string profile_report() override;
   void reset_profile() override;
   void pause_profile(bool paused) override { profile_paused_ = paused; }
-  /// Whether some kernel's ways to the same bits are still on trial (kernel_ways.hpp).
-  bool settling() const override { return ways_.settling(); }
+  /// Whether some kernel's ways to the same bits are still on trial (kernel_ways.hpp), once the
+  /// timed calls that have finished are counted.
+  bool settling() override {
+    resolve_way_times();
+    return ways_.settling();
+  }
   /// True while calls are being profiled (TRELLIS_CUDA_PROFILE, not paused).
   bool profiling() const { return profiling_ && !profile_paused_; }
 
@@ -315,6 +320,7 @@ class CudaBackend : public Backend {
     CudaBackend& be_;
     cuda::KernelWays::Pick pick_;
     cudaEvent_t start_ = nullptr;
+    int exceptions_ = 0;  // std::uncaught_exceptions() when made: a failed launch is no sample
   };
 
  private:

@@ -118,12 +118,14 @@ void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
   const std::vector<std::string> ways =
       wide ? std::vector<std::string>{names[0], names[1], names[2]}
            : std::vector<std::string>{names[kValue8Rows]};
-  WayTrial trial(*this, src.is_f32() ? "column sums fp32" : "column sums bf16", N, C, ways);
-  const ColumnWay way = wide ? ColumnWay(trial.way()) : kValue8Rows;
-  if (src.is_f32())
-    launch_column_partials(stream_, partial, src.f32(), N, C, chunks, way);
-  else
-    launch_column_partials(stream_, partial, cuda::dev(src.bf16()), N, C, chunks, way);
+  {  // (the trial times the partial sums alone, which are what the ways change)
+    WayTrial trial(*this, src.is_f32() ? "column sums fp32" : "column sums bf16", N, C, ways);
+    const ColumnWay way = wide ? ColumnWay(trial.way()) : kValue8Rows;
+    if (src.is_f32())
+      launch_column_partials(stream_, partial, src.f32(), N, C, chunks, way);
+    else
+      launch_column_partials(stream_, partial, cuda::dev(src.bf16()), N, C, chunks, way);
+  }
   cuda::add_partials(stream_, dst, nullptr, C, partial, chunks, C, C);
 }
 

@@ -22,6 +22,11 @@ bool cuda_tc_attention_takes(int hd);
 /// for tests.
 bool cuda_loss_rows_cached(int V, int element_bytes);
 
+/// Whether the fused layer norm backward can take rows of C values of `element_bytes` each a row
+/// ahead (its kRowsAhead way: two stages of three rows a warp in shared memory) on the current
+/// device, given 16-byte aligned rows: for tests.
+bool cuda_layernorm_rows_ahead_fit(int C, int element_bytes);
+
 /// On the current device, the register layouts the mma.sync attention assumes (cuda_mma.cuh):
 /// one line per register (half) that ldmatrix or mma.sync fills otherwise than the kernels
 /// expect, naming the instruction, lane, register and the element it holds; empty when all

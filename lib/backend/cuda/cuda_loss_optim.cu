@@ -427,8 +427,12 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
   static const char* names[] = {"double-buffered", "a row a block", "uncached"};
   std::vector<std::string> way_names;
   for (Way w : ways) way_names.push_back(names[w]);
-  WayTrial trial(*this, sizeof(T) == 4 ? "cross-entropy fp32" : "cross-entropy bf16", N, V,
-                 way_names);
+  // (dloss = 0, the forward alone — no dlogits written: an evaluation's — is timed apart)
+  const char* kernel = sizeof(T) == 4 ? (dloss == 0.0f ? "cross-entropy fp32, forward"
+                                                       : "cross-entropy fp32")
+                                      : (dloss == 0.0f ? "cross-entropy bf16, forward"
+                                                       : "cross-entropy bf16");
+  WayTrial trial(*this, kernel, N, V, way_names);
   const Way way = ways[size_t(trial.way())];
   ++(way == kUncached ? loss_rows_uncached_ : loss_rows_cached_);
   if (way == kPipelined) {

@@ -33,17 +33,22 @@ KernelWays::Pick KernelWays::pick(const std::string& kernel, const std::string& 
     ++e.launched[size_t(next)];
     return {next, true, slot};
   }
+  return {0, false, slot};  // (samples still on their way)
+}
+
+void KernelWays::choose(Entry& e) {
   for (const auto& t : e.times)
-    if (int(t.size()) < kSamples) return {0, false, slot};  // (samples still on their way)
+    if (int(t.size()) < kSamples) return;
   int best = 0;
-  for (int w = 1; w < int(ways.size()); ++w)
+  for (int w = 1; w < int(e.ways.size()); ++w)
     if (least(e.times[size_t(w)]) < least(e.times[size_t(best)])) best = w;
   e.chosen = best;
-  return {best, false, slot};
 }
 
 void KernelWays::record(int slot, int way, double ms) {
-  entries_.at(size_t(slot)).times.at(size_t(way)).push_back(ms);
+  Entry& e = entries_.at(size_t(slot));
+  e.times.at(size_t(way)).push_back(ms);
+  if (e.chosen < 0) choose(e);
 }
 
 bool KernelWays::settling() const {
