@@ -21,7 +21,8 @@
 #      gradients in the dweight GEMMs' BGRADB epilogue instead of the column-sum kernels
 #      (TRELLIS_BGRAD_EPILOGUE=1, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it was
 #      the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
-#      NVIDIA/CUDALibrarySamples#90), with the residual adds
+#      NVIDIA/CUDALibrarySamples#90; gpt2-350m too, whose 54.6 % was measured with it and whose
+#      wider GEMMs may weigh it otherwise), with the residual adds
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
@@ -434,7 +435,8 @@ fi
 write_summary
 
 for run in "gpt2-124m bf16 auto noceexp2" "gpt2-124m bf16 auto noways" \
-           "gpt2-350m bf16 auto tune" "gpt2-124m bf16 auto noembsort" \
+           "gpt2-350m bf16 auto tune" "gpt2-350m bf16 auto bgrad" \
+           "gpt2-124m bf16 auto noembsort" \
            "gpt2-124m bf16 auto cudnndet" \
            "gpt2-124m bf16 auto nocudnn" \
            "gpt2-124m bf16 auto tune" "gpt2-124m bf16 auto bgrad" \
