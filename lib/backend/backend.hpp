@@ -151,6 +151,9 @@ class Backend {
   /// Whether the backend is still timing its kernels' ways to the same bits, so that a
   /// benchmark's steps would time the trials (cuda: cuda/kernel_ways.hpp); it warms up until not.
   virtual bool settling() { return false; }
+  /// The way each kernel took where the backend chose among ways to the same bits by timing them
+  /// (cuda: cuda/kernel_ways.hpp), one line for the log; empty elsewhere.
+  virtual std::string kernel_ways() { return ""; }
 
   // ---- the kernels. A Ptr/CPtr argument is a tensor of the run's type (activations, the
   //      parameters the model reads: fp32 or bf16); a float* one is fp32 whatever the precision

@@ -129,6 +129,8 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
       // bf16: the "sgemm" rows below are the backend's GEMM on bf16 tensors (fp32 accumulation)
       {"backend, precision", backend.name() + ", " + backend.precision()},
       {"backend details", backend.details().empty() ? "-" : backend.details()},
+      {"kernel ways kept (timed; rank 0)",
+       backend.kernel_ways().empty() ? "-" : backend.kernel_ways()},
       {strfmt("step (median round of %d; fastest of %d steps)", rounds, per_round),
        strfmt("%.1f ms", step_ms)},
       {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},

@@ -123,6 +123,9 @@ void Trainer::finish() {
                  {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer",
                   "evaluation", "checkpoint", "logging"}));
   if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
+  if (const std::string ways = backend_->kernel_ways(); !ways.empty())
+    log("kernel ways (each kernel's fastest way to the same bits, timed on this device; rank 0): " +
+        ways);
   if (grid_->pp_size() > 1) {
     // The bubble's share of the training steps' time: the evaluations' forward passes (whose
     // waits the pipeline's timer counts too), the checkpoints, the resume and the logging apart.

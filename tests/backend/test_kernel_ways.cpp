@@ -63,6 +63,7 @@ TEST(KernelWays, EachWayInTurnThenTheFastestForGood) {
   EXPECT_EQ(rows[0], (std::vector<std::string>{"cross-entropy bf16", "19×20000",
                                                "first 2.000, second 1.000, third 1.200",
                                                "second"}));
+  EXPECT_EQ(ways.summary(), "cross-entropy bf16: second");
 }
 
 // Equal times go to the way listed first; each shape, and each list of ways (which apply can
@@ -91,6 +92,12 @@ TEST(KernelWays, TiesGoToTheFirstAndShapesAreTimedApart) {
   EXPECT_EQ(rows[1][3], "second");
   EXPECT_EQ(rows[2][2], "second -, first -");  // (no sample back yet)
   EXPECT_EQ(rows[2][3], "-");
+  // The log's line: the way each shape kept, counted; a kernel none of whose shapes has chosen
+  // says so.
+  EXPECT_EQ(ways.summary(), "layer norm backward bf16: first (1 shape), second (1)");
+  p = ways.pick("column sums bf16", "8×96", two);
+  EXPECT_EQ(ways.summary(),
+            "layer norm backward bf16: first (1 shape), second (1); column sums bf16: still timing");
 }
 
 }  // namespace

@@ -143,6 +143,8 @@ for precision in fp32 bf16; do
   check "$precision: one rank on the emulated GPU runs" "[ $(status_of one-$precision) = 0 ]"
   check "$precision: one rank on the emulated GPU against the CPU" \
     "close one-$precision cpu-$precision $cpu_rtol && close one-$precision cpu-$precision $eval_cpu_rtol eval.csv 2"
+  check "$precision: the log ends naming the way each kernel kept, the cross-entropy's and the layer norm's" \
+    "grep -q \"kernel ways (each kernel's fastest way to the same bits.*cross-entropy $precision: .*layer norm backward $precision: \" $work/one-$precision.log"
   if [ "$precision" = bf16 ]; then
     check "bf16: attention on cuDNN's fused attention by default (the emulated cuDNN), once checked against the fp32 kernels" \
       "grep -q \"bf16 attention: head size 32 on cuDNN 9.19.0 (.*libcudnn-emu.so)'s fused attention (agreed with the fp32 kernels)\" $work/one-bf16.log"

@@ -281,6 +281,10 @@ class CudaBackend : public Backend {
     resolve_way_times();
     return ways_.settling();
   }
+  std::string kernel_ways() override {
+    resolve_way_times();
+    return ways_.summary();
+  }
   /// True while calls are being profiled (TRELLIS_CUDA_PROFILE, not paused).
   bool profiling() const { return profiling_ && !profile_paused_; }
 

@@ -57,6 +57,36 @@ bool KernelWays::settling() const {
   return false;
 }
 
+std::string KernelWays::summary() const {
+  // kernel → (way kept → shapes), in the order the kernels first ran
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, int>>>> kept;
+  for (const Entry& e : entries_) {
+    auto k = std::find_if(kept.begin(), kept.end(),
+                          [&](const auto& x) { return x.first == e.kernel; });
+    if (k == kept.end()) k = kept.insert(kept.end(), {e.kernel, {}});
+    if (e.chosen < 0) continue;
+    const std::string& way = e.ways[size_t(e.chosen)];
+    auto w = std::find_if(k->second.begin(), k->second.end(),
+                          [&](const auto& x) { return x.first == way; });
+    if (w == k->second.end())
+      k->second.push_back({way, 1});
+    else
+      ++w->second;
+  }
+  std::string line;
+  for (const auto& [kernel, ways] : kept) {
+    line += (line.empty() ? "" : "; ") + kernel + ": ";
+    if (ways.empty()) line += "still timing";
+    for (size_t i = 0; i < ways.size(); ++i) {
+      line += (i ? ", " : "") + ways[i].first;
+      if (ways.size() > 1)
+        line += " (" + std::to_string(ways[i].second) +
+                (i > 0 ? ")" : ways[i].second == 1 ? " shape)" : " shapes)");
+    }
+  }
+  return line;
+}
+
 std::vector<std::vector<std::string>> KernelWays::report() const {
   std::vector<std::vector<std::string>> rows;
   char buf[128];

@@ -43,6 +43,11 @@ class KernelWays {
   void record(int slot, int way, double ms);
   /// Whether some kernel's ways are still being timed (a benchmark warms up until they are not).
   bool settling() const;
+  /// One line for a run's log: each kernel's way kept, with how many shapes kept it where its
+  /// shapes differ ("cross-entropy bf16: double-buffered; column sums bf16: 16 B × 16 rows (3
+  /// shapes), 16 B × 8 rows (1)"), "still timing" for a kernel none of whose shapes has chosen
+  /// yet; empty when no kernel had ways to time.
+  std::string summary() const;
   /// One row a kernel and shape: kernel, shape, each way's least time in ms so far ("name
   /// 1.234", "name -" before its first sample), the way chosen ("-" while timing).
   std::vector<std::vector<std::string>> report() const;
