@@ -9,15 +9,17 @@
 #include "backend/cuda/kernel_ways.hpp"
 
 using trellis::cuda::KernelWays;
+using trellis::cuda::WaySet;
 
 namespace {
 
-const std::vector<std::string> kThree = {"first", "second", "third"};
+const char* const kNames[] = {"first", "second", "third"};
+const WaySet kThree = {0, 1, 2};
 
 TEST(KernelWays, OneWayIsNeverTimedNorReported) {
   KernelWays ways;
   for (int i = 0; i < 5; ++i) {
-    const KernelWays::Pick p = ways.pick("layer norm forward bf16", "64×96", {"re-read"});
+    const KernelWays::Pick p = ways.pick("layer norm forward bf16", 64, 96, kNames, {0});
     EXPECT_EQ(p.way, 0);
     EXPECT_FALSE(p.timed);
   }
@@ -32,7 +34,7 @@ TEST(KernelWays, EachWayInTurnThenTheFastestForGood) {
   std::vector<int> order;
   int slot = -1;
   for (int i = 0; i < 3 * KernelWays::kSamples; ++i) {
-    const KernelWays::Pick p = ways.pick("cross-entropy bf16", "19×20000", kThree);
+    const KernelWays::Pick p = ways.pick("cross-entropy bf16", 19, 20000, kNames, kThree);
     EXPECT_TRUE(p.timed) << "call " << i;
     order.push_back(p.way);
     slot = p.slot;
@@ -40,7 +42,7 @@ TEST(KernelWays, EachWayInTurnThenTheFastestForGood) {
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 0, 1, 2}));
   EXPECT_TRUE(ways.settling());
   // No time back yet: the first way, untimed, and still settling.
-  KernelWays::Pick p = ways.pick("cross-entropy bf16", "19×20000", kThree);
+  KernelWays::Pick p = ways.pick("cross-entropy bf16", 19, 20000, kNames, kThree);
   EXPECT_EQ(p.way, 0);
   EXPECT_FALSE(p.timed);
   EXPECT_TRUE(ways.settling());
@@ -48,12 +50,13 @@ TEST(KernelWays, EachWayInTurnThenTheFastestForGood) {
   ways.record(slot, 0, 2.0), ways.record(slot, 0, 2.5);
   ways.record(slot, 1, 3.0), ways.record(slot, 1, 1.0);
   ways.record(slot, 2, 1.5);
-  p = ways.pick("cross-entropy bf16", "19×20000", kThree);  // (the third's second sample missing)
+  // (the third's second sample missing)
+  p = ways.pick("cross-entropy bf16", 19, 20000, kNames, kThree);
   EXPECT_EQ(p.way, 0);
   EXPECT_FALSE(p.timed);
   ways.record(slot, 2, 1.2);
   for (int i = 0; i < 4; ++i) {
-    p = ways.pick("cross-entropy bf16", "19×20000", kThree);
+    p = ways.pick("cross-entropy bf16", 19, 20000, kNames, kThree);
     EXPECT_EQ(p.way, 1);
     EXPECT_FALSE(p.timed);
   }
@@ -70,20 +73,20 @@ TEST(KernelWays, EachWayInTurnThenTheFastestForGood) {
 // change with a call's alignment), is timed apart.
 TEST(KernelWays, TiesGoToTheFirstAndShapesAreTimedApart) {
   KernelWays ways;
-  const std::vector<std::string> two = {"first", "second"};
-  for (const char* shape : {"8×96", "16×96"}) {
+  const WaySet two = {0, 1};
+  for (const int rows : {8, 16}) {
     for (int i = 0; i < 2 * KernelWays::kSamples; ++i) {
-      const KernelWays::Pick p = ways.pick("layer norm backward bf16", shape, two);
+      const KernelWays::Pick p = ways.pick("layer norm backward bf16", rows, 96, kNames, two);
       ASSERT_TRUE(p.timed);
-      ways.record(p.slot, p.way, std::string(shape) == "8×96" ? 1.0 : 2.0 - p.way);
+      ways.record(p.slot, p.index, rows == 8 ? 1.0 : 2.0 - p.way);
     }
   }
-  KernelWays::Pick p = ways.pick("layer norm backward bf16", "8×96", two);
+  KernelWays::Pick p = ways.pick("layer norm backward bf16", 8, 96, kNames, two);
   EXPECT_EQ(p.way, 0);  // a tie
-  p = ways.pick("layer norm backward bf16", "16×96", two);
+  p = ways.pick("layer norm backward bf16", 16, 96, kNames, two);
   EXPECT_EQ(p.way, 1);  // 1.0 against 2.0
   // The same kernel and shape with another list of ways: trials of its own.
-  p = ways.pick("layer norm backward bf16", "8×96", {"second", "first"});
+  p = ways.pick("layer norm backward bf16", 8, 96, kNames, {1, 0});
   EXPECT_TRUE(p.timed);
   EXPECT_TRUE(ways.settling());
   const auto rows = ways.report();
@@ -95,7 +98,7 @@ TEST(KernelWays, TiesGoToTheFirstAndShapesAreTimedApart) {
   // The log's line: the way each shape kept, counted; a kernel none of whose shapes has chosen
   // says so.
   EXPECT_EQ(ways.summary(), "layer norm backward bf16: first (1 shape), second (1)");
-  p = ways.pick("column sums bf16", "8×96", two);
+  p = ways.pick("column sums bf16", 8, 96, kNames, two);
   EXPECT_EQ(ways.summary(),
             "layer norm backward bf16: first (1 shape), second (1); column sums bf16: still timing");
 }

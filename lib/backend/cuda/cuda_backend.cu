@@ -322,13 +322,12 @@ CudaBackend::Profiled::~Profiled() {
 // ---- kernels' ways to the same bits, timed (kernel_ways.hpp) ----
 
 CudaBackend::WayTrial::WayTrial(CudaBackend& be, const char* kernel, int rows, int cols,
-                                const std::vector<std::string>& ways)
+                                const char* const* names, const cuda::WaySet& ways)
     : be_(be) {
+  pick_.way = ways[0];
   if (!be_.time_ways_ || ways.size() < 2) return;
   be_.resolve_way_times();
-  char shape[48];
-  std::snprintf(shape, sizeof shape, "%d×%d", rows, cols);
-  pick_ = be_.ways_.pick(kernel, shape, ways);
+  pick_ = be_.ways_.pick(kernel, rows, cols, names, ways);
   exceptions_ = std::uncaught_exceptions();
   if (pick_.timed) start_ = be_.record_event();
 }
@@ -338,10 +337,11 @@ CudaBackend::WayTrial::~WayTrial() {
   if (std::uncaught_exceptions() > exceptions_)  // (the launch failed: no time to keep)
     be_.free_events_.push_back(start_);
   else
-    be_.way_times_.push_back({pick_.slot, pick_.way, start_, be_.record_event()});
+    be_.way_times_.push_back({pick_.slot, pick_.index, start_, be_.record_event()});
 }
 
 void CudaBackend::resolve_way_times() {
+  if (way_times_.empty()) return;
   // (every finished pair's events go back to the pool, and a failure is thrown only once the
   // list holds just the pairs still pending: none is given back twice)
   std::vector<WayTime> pending;
@@ -357,7 +357,7 @@ void CudaBackend::resolve_way_times() {
     free_events_.push_back(t.start);
     free_events_.push_back(t.stop);
     if (e == cudaSuccess)
-      ways_.record(t.slot, t.way, ms);
+      ways_.record(t.slot, t.index, ms);
     else
       failed = e;
   }

@@ -310,11 +310,12 @@ class CudaBackend : public Backend {
   };
   /// The way a call takes among its kernel's ways to the same bits (kernel_ways.hpp): made right
   /// before the launch, it times the call by events until it goes, while the ways are on trial.
+  /// `kernel` a string literal, names[id] way id's name; way() is the id taken.
   /// TRELLIS_KERNEL_WAYS=0: the first way always, untimed.
   class WayTrial {
    public:
-    WayTrial(CudaBackend& be, const char* kernel, int rows, int cols,
-             const std::vector<std::string>& ways);
+    WayTrial(CudaBackend& be, const char* kernel, int rows, int cols, const char* const* names,
+             const cuda::WaySet& ways);
     ~WayTrial();
     WayTrial(const WayTrial&) = delete;
     WayTrial& operator=(const WayTrial&) = delete;
@@ -541,7 +542,7 @@ class CudaBackend : public Backend {
   cuda::KernelWays ways_;
   bool time_ways_ = true;  // TRELLIS_KERNEL_WAYS=0: each kernel's first way that applies
   struct WayTime {  // a timed call whose events are not yet read
-    int slot, way;
+    int slot, index;
     cudaEvent_t start, stop;
   };
   std::vector<WayTime> way_times_;

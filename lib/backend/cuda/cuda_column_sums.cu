@@ -114,13 +114,13 @@ void CudaBackend::column_sums_add(float* dst, CPtr src, int N, int C) {
   float* partial = static_cast<float*>(scratch(sizeof(float) * chunks * C));  // (chunks, C)
   const bool wide = src.is_f32() ? cuda::wide_rows<float>(C, {src.data})
                                  : cuda::wide_rows<__nv_bfloat16>(C, {src.data});
-  static const char* names[] = {"16 B × 8 rows", "16 B × 16 rows", "a value × 8 rows"};
-  const std::vector<std::string> ways =
-      wide ? std::vector<std::string>{names[0], names[1], names[2]}
-           : std::vector<std::string>{names[kValue8Rows]};
+  static const char* const names[] = {"16 B × 8 rows", "16 B × 16 rows", "a value × 8 rows"};
+  const cuda::WaySet ways = wide ? cuda::WaySet{kChunk8Rows, kChunk16Rows, kValue8Rows}
+                                 : cuda::WaySet{kValue8Rows};
   {  // (the trial times the partial sums alone, which are what the ways change)
-    WayTrial trial(*this, src.is_f32() ? "column sums fp32" : "column sums bf16", N, C, ways);
-    const ColumnWay way = wide ? ColumnWay(trial.way()) : kValue8Rows;
+    WayTrial trial(*this, src.is_f32() ? "column sums fp32" : "column sums bf16", N, C, names,
+                   ways);
+    const ColumnWay way = ColumnWay(trial.way());
     if (src.is_f32())
       launch_column_partials(stream_, partial, src.f32(), N, C, chunks, way);
     else

@@ -388,10 +388,12 @@ void with_lane_row(bool held, int C, std::initializer_list<const void*> pointers
 // The forward's ways to the same bits (kernel_ways.hpp): rows held in registers where they may
 // be and `setting` (TRELLIS_LAYERNORM_HELD) does not leave it out, then rows re-read unless the
 // setting keeps only the held way.
-std::vector<std::string> held_ways(bool holds, int setting) {
-  std::vector<std::string> ways;
-  if (holds && setting != 0) ways.push_back("held in registers");
-  if (ways.empty() || setting != 1) ways.push_back("re-read");
+enum LnForwardWay { kHeld, kReread };
+const char* const kLnForwardWays[] = {"held in registers", "re-read"};
+cuda::WaySet held_ways(bool holds, int setting) {
+  cuda::WaySet ways;
+  if (holds && setting != 0) ways.add(kHeld);
+  if (ways.size() == 0 || setting != 1) ways.add(kReread);
   return ways;
 }
 }  // namespace
@@ -401,10 +403,11 @@ void CudaBackend::launch_layernorm_forward(T* out, float* mean, float* rstd, con
                                            const T* weight, const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 2 * sizeof(T) + 8.0 * N);
-  const auto ways = held_ways(lane_row_holds<T>(C, {out, inp, weight, bias}), layernorm_held_);
+  const cuda::WaySet ways =
+      held_ways(lane_row_holds<T>(C, {out, inp, weight, bias}), layernorm_held_);
   WayTrial trial(*this, sizeof(T) == 4 ? "layer norm forward fp32" : "layer norm forward bf16",
-                 N, C, ways);
-  const bool held = ways[size_t(trial.way())] == "held in registers";
+                 N, C, kLnForwardWays, ways);
+  const bool held = trial.way() == kHeld;
   with_lane_row<T>(held, C, {out, inp, weight, bias}, [&](auto w, auto j) {
     constexpr int W = decltype(w)::value, J = decltype(j)::value;
     layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp,
@@ -419,13 +422,13 @@ void CudaBackend::launch_residual_layernorm_forward(T* res, T* out, float* mean,
                                                     const T* bias, int N, int C) {
   Profiled prof(*this, kLayerNorm);
   add_work(kLayerNorm, 0, double(N) * C * 4 * sizeof(T) + 8.0 * N);
-  const auto ways =
+  const cuda::WaySet ways =
       held_ways(lane_row_holds<T>(C, {res, out, a, b, weight, bias}), layernorm_held_);
   WayTrial trial(*this,
                  sizeof(T) == 4 ? "residual + layer norm forward fp32"
                                 : "residual + layer norm forward bf16",
-                 N, C, ways);
-  const bool held = ways[size_t(trial.way())] == "held in registers";
+                 N, C, kLnForwardWays, ways);
+  const bool held = trial.way() == kHeld;
   with_lane_row<T>(held, C, {res, out, a, b, weight, bias}, [&](auto w, auto j) {
     constexpr int W = decltype(w)::value, J = decltype(j)::value;
     residual_layernorm_forward_kernel<T, W, J><<<ln_blocks(N), kThreads, 0, stream_>>>(res, out,
@@ -518,19 +521,18 @@ void CudaBackend::launch_layernorm_backward(T* dinp, float* dweight, float* dbia
     // The ways to the same bits (kernel_ways.hpp), less those the settings leave out:
     // TRELLIS_LAYERNORM_PREFETCH (dinp copied early) and TRELLIS_LAYERNORM_AHEAD (rows copied a
     // row ahead), each 0 (left out) or 1 (only it); the late loads where neither is kept.
-    std::vector<int> ways;
-    if (layernorm_prefetch_ != 0 && layernorm_ahead_ != 1) ways.push_back(kDinpEarly);
+    static const char* const names[] = {"dinp loaded late", "dinp copied early",
+                                        "rows a row ahead"};
+    cuda::WaySet ways;
+    if (layernorm_prefetch_ != 0 && layernorm_ahead_ != 1) ways.add(kDinpEarly);
     if (layernorm_ahead_ != 0 && layernorm_prefetch_ != 1 && ln_rows_ahead_fit<T>(J, C))
-      ways.push_back(kRowsAhead);
-    if ((layernorm_prefetch_ != 1 && layernorm_ahead_ != 1) || ways.empty())
-      ways.push_back(kDinpLate);
-    static const char* names[] = {"dinp loaded late", "dinp copied early", "rows a row ahead"};
-    std::vector<std::string> way_names;
-    for (int w : ways) way_names.push_back(names[w]);
+      ways.add(kRowsAhead);
+    if ((layernorm_prefetch_ != 1 && layernorm_ahead_ != 1) || ways.size() == 0)
+      ways.add(kDinpLate);
     WayTrial trial(*this,
                    sizeof(T) == 4 ? "layer norm backward fp32" : "layer norm backward bf16", N,
-                   C, way_names);
-    const int way = ways[size_t(trial.way())];
+                   C, names, ways);
+    const int way = trial.way();
     if (way == kDinpEarly)
       launch_ln_fused<T, W, kDinpEarly>(J, stream_, rows, dinp, partial, dout, inp, weight, mean,
                                         rstd, N, C);

@@ -418,22 +418,20 @@ void CudaBackend::launch_crossentropy(T* logits, float* losses, const int32_t* t
   // The ways to the same bits that apply (the one predicted fastest first), less those the
   // settings leave out; timed at this shape's first calls, the fastest kept (kernel_ways.hpp).
   enum Way { kPipelined, kRowCached, kUncached };
-  std::vector<Way> ways;
-  if (per_sm > 0 && loss_row_cache_ != 0 && loss_pipeline_ != 0) ways.push_back(kPipelined);
+  static const char* const names[] = {"double-buffered", "a row a block", "uncached"};
+  cuda::WaySet ways;
+  if (per_sm > 0 && loss_row_cache_ != 0 && loss_pipeline_ != 0) ways.add(kPipelined);
   if (aligned && loss_rows_fit(row_bytes) && loss_row_cache_ != 0 && loss_pipeline_ != 1)
-    ways.push_back(kRowCached);
-  if (loss_row_cache_ != 1 && loss_pipeline_ != 1) ways.push_back(kUncached);
-  if (ways.empty()) ways.push_back(kUncached);  // (a way asked for that does not apply here)
-  static const char* names[] = {"double-buffered", "a row a block", "uncached"};
-  std::vector<std::string> way_names;
-  for (Way w : ways) way_names.push_back(names[w]);
+    ways.add(kRowCached);
+  if (loss_row_cache_ != 1 && loss_pipeline_ != 1) ways.add(kUncached);
+  if (ways.size() == 0) ways.add(kUncached);  // (a way asked for that does not apply here)
   // (dloss = 0, the forward alone — no dlogits written: an evaluation's — is timed apart)
   const char* kernel = sizeof(T) == 4 ? (dloss == 0.0f ? "cross-entropy fp32, forward"
                                                        : "cross-entropy fp32")
                                       : (dloss == 0.0f ? "cross-entropy bf16, forward"
                                                        : "cross-entropy bf16");
-  WayTrial trial(*this, kernel, N, V, way_names);
-  const Way way = ways[size_t(trial.way())];
+  WayTrial trial(*this, kernel, N, V, names, ways);
+  const Way way = Way(trial.way());
   ++(way == kUncached ? loss_rows_uncached_ : loss_rows_cached_);
   if (way == kPipelined) {
     ++loss_rows_pipelined_;

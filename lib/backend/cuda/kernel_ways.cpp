@@ -10,30 +10,39 @@ namespace {
 double least(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 }  // namespace
 
-KernelWays::Pick KernelWays::pick(const std::string& kernel, const std::string& shape,
-                                  const std::vector<std::string>& ways) {
-  if (ways.size() <= 1) return {};
-  // (the ways are part of the key: which apply can change with a call's pointers' alignment)
-  std::string key = kernel + '\n' + shape;
-  for (const std::string& w : ways) key += '\n' + w;
-  auto [it, added] = index_.emplace(key, int(entries_.size()));
+KernelWays::Pick KernelWays::pick(std::string_view kernel, int rows, int cols,
+                                  const char* const* names, const WaySet& ways) {
+  if (ways.size() <= 1) return {ways.size() ? ways[0] : 0, false, -1, 0};
+  auto [it, added] =
+      index_.emplace(std::tuple(kernel, rows, cols, ways.key()), int(entries_.size()));
   if (added) {
-    entries_.push_back({kernel, shape, ways, std::vector<int>(ways.size(), 0),
-                        std::vector<std::vector<double>>(ways.size()), -1});
+    Entry e;
+    e.kernel = kernel;
+    e.shape = std::to_string(rows) + "×" + std::to_string(cols);
+    for (int i = 0; i < ways.size(); ++i) {
+      e.ids.push_back(ways[i]);
+      e.ways.push_back(names[ways[i]]);
+    }
+    e.launched.assign(size_t(ways.size()), 0);
+    e.times.resize(size_t(ways.size()));
+    entries_.push_back(std::move(e));
   }
   const int slot = it->second;
   Entry& e = entries_[size_t(slot)];
-  if (e.chosen >= 0) return {e.chosen, false, slot};
+  const auto at = [&](int index, bool timed) {
+    return Pick{e.ids[size_t(index)], timed, slot, index};
+  };
+  if (e.chosen >= 0) return at(e.chosen, false);
   int next = -1;  // the way launched least, while some way lacks its samples
-  for (int w = 0; w < int(ways.size()); ++w) {
+  for (int w = 0; w < ways.size(); ++w) {
     const int n = e.launched[size_t(w)];
     if (n < kSamples && (next < 0 || n < e.launched[size_t(next)])) next = w;
   }
   if (next >= 0) {
     ++e.launched[size_t(next)];
-    return {next, true, slot};
+    return at(next, true);
   }
-  return {0, false, slot};  // (samples still on their way)
+  return at(0, false);  // (samples still on their way)
 }
 
 void KernelWays::choose(Entry& e) {
@@ -45,9 +54,9 @@ void KernelWays::choose(Entry& e) {
   e.chosen = best;
 }
 
-void KernelWays::record(int slot, int way, double ms) {
+void KernelWays::record(int slot, int index, double ms) {
   Entry& e = entries_.at(size_t(slot));
-  e.times.at(size_t(way)).push_back(ms);
+  e.times.at(size_t(index)).push_back(ms);
   if (e.chosen < 0) choose(e);
 }
 
