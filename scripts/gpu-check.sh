@@ -19,10 +19,14 @@
 #      by timing the heuristic's candidates (TRELLIS_GEMM_TUNE=1, "bf16+tc+tune"; gpt2-350m too,
 #      first: the 55 % target's model), with the bias
 #      gradients in the dweight GEMMs' BGRADB epilogue instead of the column-sum kernels
-#      (TRELLIS_BGRAD_EPILOGUE=1, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it was
-#      the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
+#      (TRELLIS_BGRAD_EPILOGUE=dweight, "bf16+tc+bgrad": slower on an H200 on 2026-12-04, when it
+#      was the default — a fused epilogue can make cuBLASLt pick a slower GEMM,
 #      NVIDIA/CUDALibrarySamples#90; gpt2-350m too, whose 54.6 % was measured with it and whose
-#      wider GEMMs may weigh it otherwise), with the residual adds
+#      wider GEMMs may weigh it otherwise), gpt2-350m (first of these rows) with the MLP's first
+#      bias gradient out of the GEMM that applies the GELU's derivative (DGELU_BGRAD: about 13 of
+#      the 29 GB the column sums read a step; TRELLIS_BGRAD_EPILOGUE=dgelu, "bf16+tc+dgbgrad";
+#      where cuBLASLt has no fp32 bias gradient beside a bf16 D, the profile's last rows say "0 of"
+#      and the row is the default again), with the residual adds
 #      apart from the projection GEMMs (TRELLIS_RESIDUAL_EPILOGUE=0, "bf16+tc-res"), with the
 #      MLP's GELU as kernels of its own instead of cuBLASLt's GELU_AUX_BIAS/DGELU epilogues
 #      (TRELLIS_GELU_EPILOGUE=0, "bf16+tc-gelu": llm.c measured the epilogues slower on one GPU,
@@ -108,7 +112,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -ways = each kernel's first way to the same bits, not the fastest of its ways timed at the first calls, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +dgbgrad = the MLP's first bias gradient in its dinp GEMM's DGELU_BGRAD epilogue (fp32 sums), the others by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -ways = each kernel's first way to the same bits, not the fastest of its ways timed at the first calls, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -162,6 +166,15 @@ summary() {
     echo "$(basename "$log" .log), the kernels' ways to the same bits (least of 2 timed calls, ms):"
     awk '/ways to the same bits/ {p = 1} p && /│/ {if (++n > 2) print} p && /└/ {exit}' "$log"
   done
+  # 350M's MLP dinp GEMM with DGELU_BGRAD against the default's plain DGELU (its rows in the
+  # GEMMs-by-shape tables: what the epilogue costs that GEMM) and whether cuBLASLt took it.
+  if [[ -n ${dgbgrad_log_350:-} ]] && grep -qs 'GEMMs by shape' "$dgbgrad_log_350"; then
+    grep -hs 'MLP first bias gradients in the DGELU GEMM' "$dgbgrad_log_350" |
+      sed 's/^/gpt2-350m bf16+tc+dgbgrad: /'
+    for log in "$dgbgrad_log_350" "${main_log_350:-}"; do
+      [[ -n $log ]] && grep -hs '│.*dGELU' "$log" | sed "s/^/$(basename "$log" .log): /"
+    done
+  fi
   echo "(every run's kernel classes: the tables above; logs in $OUTDIR)"
 }
 write_summary() {  # (mid-run: what has run so far; a lease cut short keeps it)
@@ -314,7 +327,8 @@ bench_row() {
   read -r name precision tc variant <<< "$1"
   gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 emb_sorted=1 cudnn_det=0 loss_exp2=1 kernel_ways=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
-  [[ ${variant:-} == bgrad ]] && bgrad=1
+  [[ ${variant:-} == bgrad ]] && bgrad=dweight
+  [[ ${variant:-} == dgbgrad ]] && bgrad=dgelu
   [[ ${variant:-} == nores ]] && residual=0
   [[ ${variant:-} == nogelu ]] && gelu=0
   [[ ${variant:-} == noembsort ]] && emb_sorted=0
@@ -370,10 +384,12 @@ bench_row() {
   done
   [[ $name == gpt2-124m && $tc == auto && -z ${variant:-} ]] && main_log=$log  # in the summary
   [[ $name == gpt2-350m && $tc == auto && -z ${variant:-} ]] && main_log_350=$log
+  [[ $name == gpt2-350m && ${variant:-} == dgbgrad ]] && dgbgrad_log_350=$log
   label=$precision
   [[ $tc == 1 || $tc == auto ]] && label=bf16+tc
   (( gemm_tune )) && label=bf16+tc+tune
-  (( bgrad )) && label=bf16+tc+bgrad
+  [[ $bgrad == dweight ]] && label=bf16+tc+bgrad
+  [[ $bgrad == dgelu ]] && label=bf16+tc+dgbgrad
   (( residual )) || label=bf16+tc-res
   (( gelu )) || label=bf16+tc-gelu
   (( emb_sorted )) || label=bf16+tc-embsort
@@ -434,7 +450,8 @@ fi
 
 write_summary
 
-for run in "gpt2-124m bf16 auto noceexp2" "gpt2-124m bf16 auto noways" \
+for run in "gpt2-350m bf16 auto dgbgrad" \
+           "gpt2-124m bf16 auto noceexp2" "gpt2-124m bf16 auto noways" \
            "gpt2-350m bf16 auto tune" "gpt2-350m bf16 auto bgrad" \
            "gpt2-124m bf16 auto noembsort" \
            "gpt2-124m bf16 auto cudnndet" \

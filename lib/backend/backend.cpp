@@ -100,12 +100,13 @@ void Backend::adamw_ranges(float* param, const float* grad, float* m, float* v,
           beta2, eps, r.decay ? weight_decay : 0.0f, bc1, bc2, grad_scale);
 }
 
-void Backend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
-                                       float* dbias, const float* dout, const float* inp,
-                                       const float* pre, const float* weight, int N, int C,
-                                       int OC) {
+bool Backend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
+                                       float* dbias, float* /*dbias_pre*/, const float* dout,
+                                       const float* inp, const float* pre, const float* weight,
+                                       int N, int C, int OC) {
   matmul_backward_f32(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
   gelu_backward_f32(dpre, pre, dinp_scratch, int64_t(N) * C);
+  return false;
 }
 
 // ---- the kernels: the fp32 ones when every tensor is fp32, else the bf16 ones ----
@@ -194,14 +195,14 @@ void Backend::matmul_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr 
   matmul_gelu_forward_f32(pre.f32(), out.f32(), inp.f32(), weight.f32(), bias.f32(), N, C, OC);
 }
 
-void Backend::matmul_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
-                                   CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
-                                   int OC) {
+bool Backend::matmul_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                   float* dbias_pre, CPtr dout, CPtr inp, CPtr pre, CPtr weight,
+                                   int N, int C, int OC) {
   if (any_bf16({dpre, dinp_scratch, dout, inp, pre, weight}))
-    return matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N,
-                                     C, OC);
-  matmul_backward_gelu_f32(dpre.f32(), dinp_scratch.f32(), dweight, dbias, dout.f32(), inp.f32(),
-                           pre.f32(), weight.f32(), N, C, OC);
+    return matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dbias_pre, dout, inp, pre,
+                                     weight, N, C, OC);
+  return matmul_backward_gelu_f32(dpre.f32(), dinp_scratch.f32(), dweight, dbias, dbias_pre,
+                                  dout.f32(), inp.f32(), pre.f32(), weight.f32(), N, C, OC);
 }
 
 void Backend::attention_forward(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,

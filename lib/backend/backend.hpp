@@ -213,9 +213,13 @@ class Backend {
   /// The backward of the layer after a GELU, y = gelu(pre)·weightᵀ + bias, with inp = gelu(pre)
   /// (N,C): dpre (N,C) = gelu'(pre) ∘ (dout·weight) (overwrites), dweight and dbias as
   /// matmul_backward. dinp_scratch (N,C) may be overwritten. A backend may fuse the GELU's
-  /// derivative into the GEMM.
-  void matmul_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias, CPtr dout,
-                            CPtr inp, CPtr pre, CPtr weight, int N, int C, int OC);
+  /// derivative into the GEMM. dbias_pre (C), may be null: the gradient of the bias that made
+  /// pre, to which a backend may add dpre's column sums here, out of the same GEMM (cuBLASLt's
+  /// DGELU_BGRAD epilogue), and then returns true; false (by default): the caller adds them
+  /// (the layer before's matmul_backward with its dbias).
+  bool matmul_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                            float* dbias_pre, CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N,
+                            int C, int OC);
 
   // ---- causal self-attention with grouped key/value heads ----
   /// qkv (B,T,(H+2·KV)·hd) holds, per position, H query heads then KV key heads then KV value
@@ -326,11 +330,11 @@ class Backend {
   virtual void matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
                                        const float* weight, const float* bias, int N, int C,
                                        int OC);
-  /// Default: matmul_backward into dinp_scratch, then gelu_backward.
-  virtual void matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
-                                        float* dbias, const float* dout, const float* inp,
-                                        const float* pre, const float* weight, int N, int C,
-                                        int OC);
+  /// Default: matmul_backward into dinp_scratch, then gelu_backward; dbias_pre untouched (false).
+  virtual bool matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
+                                        float* dbias, float* dbias_pre, const float* dout,
+                                        const float* inp, const float* pre, const float* weight,
+                                        int N, int C, int OC);
   virtual void attention_forward_f32(float* out, float* att, const float* qkv, int B, int T, int H,
                                      int KV, int hd) = 0;
   virtual void attention_backward_f32(float* dqkv, const float* dout, const float* qkv,
@@ -375,9 +379,9 @@ class Backend {
                                             CPtr bias, int N, int C, int OC);
   virtual void matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
                                         int C, int OC);
-  virtual void matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
-                                         CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
-                                         int OC);
+  virtual bool matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                         float* dbias_pre, CPtr dout, CPtr inp, CPtr pre,
+                                         CPtr weight, int N, int C, int OC);
   virtual void attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
                                       int hd);
   virtual void attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,

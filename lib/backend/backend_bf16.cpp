@@ -201,18 +201,20 @@ void Backend::matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, 
   w.finish();
 }
 
-void Backend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
-                                        CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
-                                        int OC) {
+bool Backend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                        float* dbias_pre, CPtr dout, CPtr inp, CPtr pre,
+                                        CPtr weight, int N, int C, int OC) {
   const int64_t n = int64_t(N) * C;
   Widened w(*this);
   const float* d = w.in(dout, int64_t(N) * OC);
   const float* x = w.in(inp, n);
   const float* p = w.in(pre, n);
   const float* W = w.in(weight, int64_t(OC) * C);
-  matmul_backward_gelu_f32(w.out(dpre, n), w.out(dinp_scratch, n), dweight, dbias, d, x, p, W, N, C,
-                           OC);
+  // (dbias_pre from the fp32 dpre, where the fp32 kernel sums it: not from dpre as rounded)
+  const bool summed = matmul_backward_gelu_f32(w.out(dpre, n), w.out(dinp_scratch, n), dweight,
+                                               dbias, dbias_pre, d, x, p, W, N, C, OC);
   w.finish();
+  return summed;
 }
 
 void Backend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,

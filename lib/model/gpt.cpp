@@ -293,10 +293,14 @@ void GPT::block_backward(BlockActivations& a, int l, CPtr x, CPtr p, float* g, P
 
   // MLP half. On entry dres = ∂L/∂res3; the residual passes it straight to res2.
   CPtr dout = gather_rows(dres, partial_);
-  be_.matmul_backward_gelu(dfch_, dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr,
-                           dout, a.fch_gelu, a.fch, at(o.fcproj_w), N_, Fl_, C_);
+  // The first layer's bias gradient (column sums of dfch_) may come out of the GEMM that makes
+  // dfch_ (a backend's choice); else from that layer's own backward.
+  const bool fc_bias_summed = be_.matmul_backward_gelu(
+      dfch_, dfch_gelu_, grad(o.fcproj_w), bias_grad ? grad(o.fcproj_b) : nullptr, grad(o.fc_b),
+      dout, a.fch_gelu, a.fch, at(o.fcproj_w), N_, Fl_, C_);
   CPtr in = gather_rows(a.ln2, full_);
-  be_.matmul_backward(dbtc_, grad(o.fc_w), grad(o.fc_b), dfch_, in, at(o.fc_w), N_, C_, Fl_);
+  be_.matmul_backward(dbtc_, grad(o.fc_w), fc_bias_summed ? nullptr : grad(o.fc_b), dfch_, in,
+                      at(o.fc_w), N_, C_, Fl_);
   CPtr dln = reduce_rows(dbtc_, dchunk_);
   be_.layernorm_backward(dres, grad(o.ln2_w), grad(o.ln2_b), dln, a.res2, at(o.ln2_w), a.ln2_mean,
                          a.ln2_rstd, R_, C_);

@@ -445,7 +445,7 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
     // layernorm_backward_chunk_rows where a lane's registers take a row, C ≤ 256·W with W values
     // a 16-byte load, else of 256 rows); the gradient norm's 512 partial sums in fp64
     // (cuda_loss_optim.cu); and, in bf16 with the GELU kept out of the GEMM's epilogue
-    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_gemm.cu); on the
+    // (TRELLIS_GELU_EPILOGUE=0), the MLP GEMM's fp32 output (N, d_ff) (cuda_linear.cu); on the
     // first stage the embedding gradient's sort of the positions by token (cuda_embedding.cu).
     // On cuDNN the attention backward's are its dQ accumulator (B,H,T,hd) and Σ dout·out
     // (B,H,T) in fp32 (cudnn_attention.cu; the engine's own workspace, unknown here, comes on

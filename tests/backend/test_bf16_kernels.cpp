@@ -95,14 +95,17 @@ TEST_F(Bf16Kernels, MatmulWithGeluBothWays) {
   const auto g = OUT.widened(), p = PRE.widened();
   Bf16Vec D(dout), W2(w2), DPRE(std::vector<float>(N * OC)), SCR(std::vector<float>(N * OC));
   std::vector<float> dw(C2 * OC, 0.f), db(C2, 0.f), dw_ref = dw, db_ref = db;
-  be->matmul_backward_gelu(DPRE.ptr(), SCR.ptr(), dw.data(), db.data(), D.ptr(), OUT.ptr(),
-                           PRE.ptr(), W2.ptr(), N, OC, C2);
+  // (the CPU leaves dpre's column sums to the caller: dbias_pre untouched, false)
+  std::vector<float> dbp(OC, 0.5f);
+  EXPECT_FALSE(be->matmul_backward_gelu(DPRE.ptr(), SCR.ptr(), dw.data(), db.data(), dbp.data(),
+                                        D.ptr(), OUT.ptr(), PRE.ptr(), W2.ptr(), N, OC, C2));
   std::vector<float> dpre(N * OC), scratch(N * OC);
-  be->matmul_backward_gelu(dpre.data(), scratch.data(), dw_ref.data(), db_ref.data(), dout.data(),
-                           g.data(), p.data(), w2.data(), N, OC, C2);
+  be->matmul_backward_gelu(dpre.data(), scratch.data(), dw_ref.data(), db_ref.data(), nullptr,
+                           dout.data(), g.data(), p.data(), w2.data(), N, OC, C2);
   EXPECT_EQ(bits_of(DPRE), rounded_bits(dpre));
   EXPECT_EQ(dw, dw_ref);
   EXPECT_EQ(db, db_ref);
+  EXPECT_EQ(dbp, std::vector<float>(OC, 0.5f));
 }
 
 TEST_F(Bf16Kernels, LayerNormForwardBackwardAndTheFusedResidual) {

@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "cuda_test_util.hpp"
+#include "scoped_env.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
 namespace {
@@ -102,6 +103,12 @@ TEST_F(CudaKernels, MatmulForwardAndBackward) {
 // at most ×1.13: 1e-3 for out and dpre). cuBLASLt's own GELU: relative L2 ≤ 1e-3 as in fp32,
 // plus 2⁻⁸ for the two sides' roundings. One CUDA backend at a time; the profile's last row
 // counts the fused passes.
+// The first layer's bias gradient (dbias_pre += dpre's column sums): with
+// TRELLIS_BGRAD_EPILOGUE=dgelu out of the same GEMM (DGELU_BGRAD, fp32 sums of the products before
+// their rounding) where cuBLASLt takes it — then the call says so, and the sums match the GPU's
+// own dpre summed on the host (fp32: to the GEMMs' bound; bf16: relative L2 ≤ 2⁻⁸, the terms'
+// roundings) and the CPU's (as dpre: 1e-3, plus 2⁻⁸ in bf16) — else, as by default and on the CPU,
+// dbias_pre is left untouched for the caller. The profile counts the calls either way.
 TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
   for (auto [N, C, OC, OC2] : {std::tuple{256, 64, 192, 40}, std::tuple{37, 24, 53, 16}}) {
     SCOPED_TRACE(::testing::Message() << N << "x" << C << "x" << OC << "x" << OC2);
@@ -109,32 +116,77 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
          b = random_vec(OC, 13, -0.5f, 0.5f), w2 = random_vec(size_t(OC2) * OC, 14),
          dout = random_vec(size_t(N) * OC2, 15);
     auto dw0 = random_vec(size_t(OC2) * OC, 16), db0 = random_vec(OC2, 17);  // accumulated into
+    const auto dbp0 = random_vec(OC, 18);  // the first layer's bias gradient, accumulated into
     struct Run {
-      std::vector<float> pre, out, dpre, dw, db;
+      std::vector<float> pre, out, dpre, dw, db, dbp;
+      bool summed = false;  // dbp += dpre's column sums, by the call
+      std::string profile;
     };
     const size_t n1 = size_t(N) * OC;
     auto run_on = [&](Backend& be) {
-      Run r{std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), dw0, db0};
+      Run r{std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), std::vector<float>(n1, 9.f), dw0, db0, dbp0, false, {}};
       std::vector<float> scratch(n1, 9.f);
       if (&be == cpu.get()) {
         be.matmul_gelu_forward(r.pre.data(), r.out.data(), inp.data(), w.data(), b.data(), N, C, OC);
-        be.matmul_backward_gelu(r.dpre.data(), scratch.data(), r.dw.data(), r.db.data(), dout.data(),
-                                r.out.data(), r.pre.data(), w2.data(), N, OC, OC2);
+        r.summed = be.matmul_backward_gelu(r.dpre.data(), scratch.data(), r.dw.data(), r.db.data(),
+                                           r.dbp.data(), dout.data(), r.out.data(), r.pre.data(),
+                                           w2.data(), N, OC, OC2);
         return r;
       }
       float *d_pre = up(r.pre), *d_out = up(r.out), *d_dpre = up(r.dpre), *d_scratch = up(scratch),
-            *d_dw = up(dw0), *d_db = up(db0);
+            *d_dw = up(dw0), *d_db = up(db0), *d_dbp = up(dbp0);
       be.matmul_gelu_forward(d_pre, d_out, up(inp), up(w), up(b), N, C, OC);
-      be.matmul_backward_gelu(d_dpre, d_scratch, d_dw, d_db, up(dout), d_out, d_pre, up(w2), N, OC, OC2);
+      r.summed = be.matmul_backward_gelu(d_dpre, d_scratch, d_dw, d_db, d_dbp, up(dout), d_out,
+                                         d_pre, up(w2), N, OC, OC2);
       r.pre = down(d_pre, n1);
       r.out = down(d_out, n1);
       r.dpre = down(d_dpre, n1);
       r.dw = down(d_dw, dw0.size());
       r.db = down(d_db, db0.size());
-      std::printf("%s", be.profile_report().c_str());
+      r.dbp = down(d_dbp, dbp0.size());
+      r.profile = be.profile_report();
+      std::printf("%s", r.profile.c_str());
       return r;
     };
-    auto compare = [&](const Run& got, const Run& want, double gemm_tol, const char* what) {
+    // The first layer's bias gradient against dpre's column sums (dbp0 + Σ over the N rows).
+    auto check_dbias_pre = [&](const std::vector<float>& got_dbp, bool summed,
+                               const std::vector<float>& got_dpre,
+                               const std::vector<float>& want_dpre, double tol, bool bf16,
+                               const std::string& profile, bool asked) {
+      const auto sums = [&](const std::vector<float>& dpre) {
+        std::vector<double> s(dbp0.begin(), dbp0.end());
+        for (int n = 0; n < N; ++n)
+          for (int c = 0; c < OC; ++c) s[size_t(c)] += dpre[size_t(n) * OC + size_t(c)];
+        return s;
+      };
+      if (!summed) std::printf("  dbias_pre left to the caller\n");
+      if (summed) {
+        const auto own = sums(got_dpre), cpu_sums = sums(want_dpre);
+        std::printf("  dbias_pre summed by the dpre GEMM (DGELU_BGRAD): rel. L2 error %.2e against "
+                    "the GPU's dpre summed, %.2e against the CPU's\n",
+                    relative_l2(got_dbp, own), relative_l2(got_dbp, cpu_sums));
+        if (bf16) {
+          EXPECT_LE(relative_l2(got_dbp, own), 1.0 / 256) << "dbias_pre against the GPU's dpre";
+        } else {
+          expect_close(got_dbp, own, tol, "dbias_pre against the GPU's dpre");
+        }
+        EXPECT_LE(relative_l2(got_dbp, cpu_sums), 1e-3 + (bf16 ? 1.0 / 256 : 0.0))
+            << "dbias_pre against the CPU's dpre";
+      } else {
+        EXPECT_EQ(got_dbp, dbp0) << "dbias_pre untouched where the call did not sum it";
+      }
+      const size_t row = profile.find("MLP first bias gradients in the DGELU GEMM");
+      if (!asked) {
+        EXPECT_FALSE(summed) << "summed without TRELLIS_BGRAD_EPILOGUE";
+        EXPECT_EQ(row, std::string::npos) << profile;
+        return;
+      }
+      ASSERT_NE(row, std::string::npos) << profile;
+      const std::string line = profile.substr(row, profile.find('\n', row) - row);
+      EXPECT_NE(line.find(summed ? "1 of 1" : "0 of 1"), std::string::npos) << line;
+    };
+    auto compare = [&](const Run& got, const Run& want, double gemm_tol, const char* what,
+                       bool asked) {
       SCOPED_TRACE(what);
       const double bound = std::max(1e-3, gemm_tol);
       expect_close(got.pre, want.pre, gemm_tol, "pre");
@@ -142,6 +194,7 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
       EXPECT_LE(relative_l2(got.dpre, want.dpre), bound) << "dpre";
       EXPECT_LE(relative_l2(got.dw, want.dw), bound) << "dweight";
       expect_close(got.db, want.db, dbias_rtol(), "dbias");
+      check_dbias_pre(got.dbp, got.summed, got.dpre, want.dpre, gemm_tol, false, got.profile, asked);
       // The GPU's GELU of its own pre against the tanh and the erf forms, in double.
       std::vector<double> tanh_form(n1), erf_form(n1);
       for (size_t i = 0; i < n1; ++i) {
@@ -155,10 +208,23 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
                   relative_l2(got.out, tanh_form), relative_l2(got.out, erf_form));
     };
     const Run reference = run_on(*cpu);
+    EXPECT_FALSE(reference.summed) << "the CPU leaves dpre's column sums to the caller";
+    EXPECT_EQ(reference.dbp, dbp0);
     fresh_gpu({{"TRELLIS_GELU_EPILOGUE", "1"}, {"TRELLIS_CUDA_PROFILE", "1"}});
-    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, epilogue");
+    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, epilogue", false);
+    fresh_gpu({{"TRELLIS_GELU_EPILOGUE", "1"},
+               {"TRELLIS_BGRAD_EPILOGUE", "dgelu"},
+               {"TRELLIS_CUDA_PROFILE", "1"}});
+    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, epilogue with the bias gradient", true);
+    {  // cuBLASLt without DGELU_BGRAD (the emulated one on request): DGELU, dbias_pre left over
+      const ScopedEnv refuse("TRELLIS_EMU_LT_REFUSE", "dgelu-bgrad");
+      fresh_gpu({{"TRELLIS_GELU_EPILOGUE", "1"},
+                 {"TRELLIS_BGRAD_EPILOGUE", "1"},
+                 {"TRELLIS_CUDA_PROFILE", "1"}});
+      compare(run_on(*gpu), reference, gemm_rtol(), "fp32, DGELU_BGRAD refused", true);
+    }
     fresh_gpu({{"TRELLIS_GELU_EPILOGUE", "0"}, {"TRELLIS_CUDA_PROFILE", "1"}});
-    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, two passes");
+    compare(run_on(*gpu), reference, gemm_rtol(), "fp32, two passes", false);
 
     // bf16: the same values rounded, in bf16 tensors.
     const Bits inp16 = bits_of(inp), w16 = bits_of(w), b16 = bits_of(b), w2_16 = bits_of(w2),
@@ -172,21 +238,32 @@ TEST_F(CudaKernels, MatmulWithGeluMatchesTheCpu) {
     cpu->matmul_gelu_forward(want.pre.data(), want.out.data(), inp16.data(), w16.data(), b16.data(),
                              N, C, OC);
     cpu->matmul_backward_gelu(want.dpre.data(), scratch16.data(), want.dw.data(), want.db.data(),
-                              dout16.data(), want.out.data(), want.pre.data(), w2_16.data(), N, OC,
-                              OC2);
-    for (const char* epilogue : {"1", "0"}) {
-      fresh_gpu({{"TRELLIS_GELU_EPILOGUE", epilogue}, {"TRELLIS_CUDA_PROFILE", "1"}});
+                              nullptr, dout16.data(), want.out.data(), want.pre.data(),
+                              w2_16.data(), N, OC, OC2);
+    for (auto [epilogue, bgrad] : {std::pair{"1", "0"}, std::pair{"1", "dgelu"},
+                                   std::pair{"0", "0"}, std::pair{"0", "dgelu"}}) {
+      fresh_gpu({{"TRELLIS_GELU_EPILOGUE", epilogue},
+                 {"TRELLIS_BGRAD_EPILOGUE", bgrad},
+                 {"TRELLIS_CUDA_PROFILE", "1"}});
       gpu->set_precision("bf16");
       bf16_t *d_pre = up(bf16_nan(n1)), *d_out = up(bf16_nan(n1)), *d_dpre = up(bf16_nan(n1));
-      float *d_dw = up(dw0), *d_db = up(db0);
+      float *d_dw = up(dw0), *d_db = up(db0), *d_dbp = up(dbp0);
       gpu->matmul_gelu_forward(d_pre, d_out, up(inp16), up(w16), up(b16), N, C, OC);
-      gpu->matmul_backward_gelu(d_dpre, up(bf16_nan(n1)), d_dw, d_db, up(dout16), up(want.out),
-                                up(want.pre), up(w2_16), N, OC, OC2);
+      const bool summed =
+          gpu->matmul_backward_gelu(d_dpre, up(bf16_nan(n1)), d_dw, d_db, d_dbp, up(dout16),
+                                    up(want.out), up(want.pre), up(w2_16), N, OC, OC2);
       const Run16 got{down_bits(d_pre, n1), down_bits(d_out, n1), down_bits(d_dpre, n1),
                       down(d_dw, dw0.size()), down(d_db, db0.size())};
-      std::printf("%sMLP GELU bf16 %dx%dx%dx%d, TRELLIS_GELU_EPILOGUE=%s:\n",
-                  gpu->profile_report().c_str(), N, C, OC, OC2, epilogue);
-      SCOPED_TRACE(std::string("bf16, TRELLIS_GELU_EPILOGUE=") + epilogue);
+      const std::string profile = gpu->profile_report();
+      std::printf("%sMLP GELU bf16 %dx%dx%dx%d, TRELLIS_GELU_EPILOGUE=%s, TRELLIS_BGRAD_EPILOGUE=%s:\n",
+                  profile.c_str(), N, C, OC, OC2, epilogue, bgrad);
+      SCOPED_TRACE(std::string("bf16, TRELLIS_GELU_EPILOGUE=") + epilogue +
+                   ", TRELLIS_BGRAD_EPILOGUE=" + bgrad);
+      const bool asked = std::string(bgrad) == "dgelu";
+      check_dbias_pre(down(d_dbp, dbp0.size()), summed, widen(got.dpre), widen(want.dpre),
+                      gemm_rtol(), true, profile, asked);
+      // (the epilogue off leaves the GELU, and so the bias gradient, to kernels of their own)
+      EXPECT_TRUE(std::string(epilogue) == "1" || !summed) << "summed without the GELU epilogue";
       expect_bf16(got.pre, want.pre, 5e-4, "pre");
       const bool our_gelu = std::string(epilogue) == "0" || OC % 8 != 0;
       if (our_gelu) {

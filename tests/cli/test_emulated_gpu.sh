@@ -63,6 +63,7 @@ train() {
   local devices=1 share=1 pass=()
   [[ -n ${TRELLIS_CUDNN_LIBRARY:-} ]] && pass=(-x TRELLIS_CUDNN_LIBRARY)
   [[ -n ${TRELLIS_EMU_NCCL_ASYNC_ERROR:-} ]] && pass+=(-x TRELLIS_EMU_NCCL_ASYNC_ERROR)
+  [[ -n ${TRELLIS_BGRAD_EPILOGUE:-} ]] && pass+=(-x TRELLIS_BGRAD_EPILOGUE -x TRELLIS_CUDA_PROFILE)
   [[ " $* " == *" --system.device_comm=nccl "* && -z ${SHARED:-} ]] && devices=$np share=0
   TRELLIS_EMU_DEVICES=$devices TRELLIS_SHARE_GPUS=$share timeout 300 \
     mpirun "${flags[@]}" -x ASAN_OPTIONS -x UBSAN_OPTIONS -x TRELLIS_EMU_DEVICES \
@@ -112,6 +113,10 @@ for precision in fp32 bf16; do
   start "cpu-$precision" "$build/trellis" 1 --system.precision="$precision" "${lr[@]}"
   start "one-$precision" "$build/trellis-emu" 1 --system.backend=cuda --system.precision="$precision" \
     "${lr[@]}"
+  # The bias gradients out of the GEMMs' epilogues (BGRADB, and DGELU_BGRAD for the MLP's first
+  # layer), profiled: the profile counts the calls that took them.
+  TRELLIS_BGRAD_EPILOGUE=1 TRELLIS_CUDA_PROFILE=1 start "one-$precision-bgrad" "$build/trellis-emu" 1 \
+    --system.backend=cuda --system.precision="$precision" "${lr[@]}"
   mapfile -t all < <(layouts "$precision")
   for l in "${all[@]}"; do
     layout "$precision" "$l"
@@ -145,6 +150,11 @@ for precision in fp32 bf16; do
     "close one-$precision cpu-$precision $cpu_rtol && close one-$precision cpu-$precision $eval_cpu_rtol eval.csv 2"
   check "$precision: the log ends naming the way each kernel kept, the cross-entropy's and the layer norm's" \
     "grep -q \"kernel ways (each kernel's fastest way to the same bits.*cross-entropy $precision: .*layer norm backward $precision: \" $work/one-$precision.log"
+  check_log="$work/one-$precision-bgrad.log"
+  check "$precision: bias gradients in the GEMMs' epilogues (TRELLIS_BGRAD_EPILOGUE=1), every call, against the CPU" \
+    "[ $(status_of one-$precision-bgrad) = 0 ] && close one-$precision-bgrad cpu-$precision $cpu_rtol &&
+     grep -q 'MLP first bias gradients in the DGELU GEMM[ │]*\([1-9][0-9]*\) of \1 ' $work/one-$precision-bgrad.log &&
+     grep -q 'bias gradients fused into GEMMs[ │]*\([1-9][0-9]*\) of \1 ' $work/one-$precision-bgrad.log"
   if [ "$precision" = bf16 ]; then
     check "bf16: attention on cuDNN's fused attention by default (the emulated cuDNN), once checked against the fp32 kernels" \
       "grep -q \"bf16 attention: head size 32 on cuDNN 9.19.0 (.*libcudnn-emu.so)'s fused attention (agreed with the fp32 kernels)\" $work/one-bf16.log"

@@ -2,10 +2,12 @@
 // semantics cublasLt.h documents for the attributes it sets. Column-major, as cuBLAS:
 //   D (m,n) = epilogue(alpha · op(A) (m,k) · op(B) (k,n) + beta · C + bias),
 // bias one value per row of D; GELU_AUX(_BIAS) stores its input (the sum) in aux and GELU of it in
-// D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form); BGRADB leaves D as DEFAULT does
-// and writes B's bias gradient — Σ over k of op(B) (k,n), in k order, one value per column of D, of
-// B's values as stored (TF32 rounds only the product's operands) — to the bias pointer (alpha 1
-// only: whether alpha scales it, this emulation does not guess). Inputs fp32 or bf16, C/D fp32 or
+// D; DGELU stores the sum times GELU'(aux) (GELU: the tanh form); DGELU_BGRAD does as DGELU and
+// writes D's bias gradient — Σ over n of those products in fp32, before D's rounding, in column
+// order, one value per row of D — to the bias pointer; BGRADB leaves D as DEFAULT does and writes
+// B's bias gradient — Σ over k of op(B) (k,n), in k order, one value per column of D, of B's
+// values as stored (TF32 rounds only the product's operands) — to the bias pointer (both alpha 1
+// only: whether alpha scales them, this emulation does not guess). Inputs fp32 or bf16, C/D fp32 or
 // bf16, fp32 accumulation (TF32 compute rounds fp32 inputs to 10 mantissa bits first). A call whose
 // descriptors disagree, or that names an attribute this emulation does not know, is refused —
 // loudly, on stderr — rather than guessed at.
@@ -15,7 +17,9 @@
 // algorithm for the BIAS epilogue on an fp32 D; `out-of-place` — no algorithm writes D apart from
 // C (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT 0, and a call with C ≠ D is refused);
 // `out-of-place-first` — the heuristic's first cannot, the others can; `alloc-once` — the
-// process's first heuristic call fails as if kernels could not be loaded for want of memory.
+// process's first heuristic call fails as if kernels could not be loaded for want of memory;
+// `dgelu-bgrad` — no algorithm for DGELU_BGRAD (as for an fp32 bias gradient beside a bf16 D,
+// which cublasLt.h does not promise).
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -114,9 +118,10 @@ bool has_bias(cublasLtEpilogue_t e) {
          e == CUBLASLT_EPILOGUE_GELU_BIAS;
 }
 bool writes_bias_gradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADB; }
+bool writes_d_bias_gradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
 bool has_aux(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
-         e == CUBLASLT_EPILOGUE_DGELU;
+         e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
 }
 
 // Whether the descriptors describe one product this emulation can run (the checks cuBLASLt makes
@@ -272,6 +277,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if (refusing("fp32-bias") && desc(operationDesc).epilogue == CUBLASLT_EPILOGUE_BIAS &&
       layout(Ddesc).type == CUDA_R_32F)
     return refuse("no algorithm for a bias on an fp32 D (fp32-bias)");
+  if (refusing("dgelu-bgrad") && desc(operationDesc).epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD)
+    return refuse("no algorithm for DGELU_BGRAD (dgelu-bgrad)");
   // Up to three "algorithms" (as the real one offers several), which compute alike here: a caller
   // that times them (TRELLIS_GEMM_TUNE) may keep any.
   const int n = std::min(requestedAlgoCount, 3);
@@ -323,13 +330,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
        (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(m) * bytes_of(bias_t)))) ||
       (writes_bias_gradient(d.epilogue) &&
        (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(n) * bytes_of(bias_t)))) ||
+      (writes_d_bias_gradient(d.epilogue) &&
+       (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(m) * bytes_of(bias_t)))) ||
       (has_aux(d.epilogue) &&
        (!d.aux || !trellis_emu::is_device_range(
                       d.aux, (size_t((n - 1) * d.aux_ld) + m) * bytes_of(dl.type)))))
     return refuse("a matrix, bias or aux outside device memory");
   trellis_emu::stream_order(stream);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  if (writes_bias_gradient(d.epilogue) && al != 1.0f)
+  if ((writes_bias_gradient(d.epilogue) || writes_d_bias_gradient(d.epilogue)) && al != 1.0f)
     return refuse("a bias-gradient epilogue with alpha other than 1");
   const bool tf = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type == CUDA_R_32F;
   // op(A) (m,k) and op(B) (k,n) as fp32, row-major copies.
@@ -347,6 +356,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
   // op(A) · op(B) (m,n), row-major, in fp32 through the host's BLAS (the sums' order is its own,
   // as a GPU's is cuBLASLt's: the backend's tests bound the GEMMs' error, not an order).
   std::vector<float> prod(size_t(m * n));
+  std::vector<float> row_sums(writes_d_bias_gradient(d.epilogue) ? size_t(m) : 0, 0.0f);  // (m)
   if (m > 0 && n > 0 && k > 0)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f,
                 opa.data(), int(k), opb.data(), int(n), 0.0f, prod.data(), int(n));
@@ -364,6 +374,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
         case CUBLASLT_EPILOGUE_DGELU:
           x *= dgelu(load(d.aux, dl.type, i + j * d.aux_ld));
           break;
+        case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+          x *= dgelu(load(d.aux, dl.type, i + j * d.aux_ld));
+          row_sums[size_t(i)] += x;
+          break;
         case CUBLASLT_EPILOGUE_DEFAULT:
         case CUBLASLT_EPILOGUE_BIAS:
         case CUBLASLT_EPILOGUE_BGRADB:
@@ -373,6 +387,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
       }
       store(D, dl.type, i + j * dl.ld, x);
     }
+  for (int64_t i = 0; i < int64_t(row_sums.size()); ++i)
+    store(const_cast<void*>(d.bias), bias_t, i, row_sums[size_t(i)]);  // (an output here)
   if (writes_bias_gradient(d.epilogue))  // (of B as stored: no TF32 rounding of the sums' terms)
     for (int64_t j = 0; j < n; ++j) {
       float sum = 0.0f;

@@ -267,6 +267,20 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
   expect_same_gradients(first_step_gradients({"--system.backend=cuda", "--system.precision=bf16"}),
                         first_step_gradients({"--system.backend=cpu", "--system.precision=bf16"}),
                         6e-3);
+  // The bias gradients out of the GEMMs' epilogues (BGRADB; DGELU_BGRAD for the MLP's first
+  // layer, whose column sums the model then leaves out): each bias's gradient counted once.
+  for (const std::string precision : {"fp32", "bf16"}) {
+    std::printf("%s, bias gradients in the GEMMs' epilogues (TRELLIS_BGRAD_EPILOGUE=1):\n",
+                precision.c_str());
+    std::vector<std::pair<std::string, std::vector<float>>> gpu;
+    {
+      ScopedEnv on("TRELLIS_BGRAD_EPILOGUE", "1");
+      gpu = first_step_gradients({"--system.backend=cuda", "--system.precision=" + precision});
+    }
+    expect_same_gradients(
+        gpu, first_step_gradients({"--system.backend=cpu", "--system.precision=" + precision}),
+        precision == "fp32" ? 1e-4 : 6e-3);
+  }
   if (cuda_tc_attention_takes(32)) {
     std::printf("bf16, head size 32, attention on the tensor cores:\n");
     ScopedEnv on("TRELLIS_TC_ATTENTION", "1");

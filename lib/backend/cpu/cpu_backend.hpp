@@ -84,9 +84,10 @@ class CpuBackend : public Backend {
   /// The GELU on the threads' blocks of the GEMM, right after each is computed.
   void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
                                const float* bias, int N, int C, int OC) override;
-  void matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
-                                const float* dout, const float* inp, const float* pre,
-                                const float* weight, int N, int C, int OC) override;
+  bool matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                                float* dbias_pre, const float* dout, const float* inp,
+                                const float* pre, const float* weight, int N, int C,
+                                int OC) override;
 
   void attention_forward_f32(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
                              int hd) override;

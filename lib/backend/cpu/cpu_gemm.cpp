@@ -188,11 +188,12 @@ void CpuBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias, 
   linear_backward(dinp, nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
-void CpuBackend::matmul_backward_gelu_f32(float* dpre, float* /*dinp_scratch: dpre serves*/,
-                                          float* dweight, float* dbias, const float* dout,
-                                          const float* inp, const float* pre, const float* weight,
-                                          int N, int C, int OC) {
+bool CpuBackend::matmul_backward_gelu_f32(float* dpre, float* /*dinp_scratch: dpre serves*/,
+                                          float* dweight, float* dbias, float* /*dbias_pre*/,
+                                          const float* dout, const float* inp, const float* pre,
+                                          const float* weight, int N, int C, int OC) {
   linear_backward(dpre, pre, dweight, dbias, dout, inp, weight, N, C, OC);
+  return false;  // (dpre's column sums: the caller's matmul_backward, in its fixed order)
 }
 
 namespace {

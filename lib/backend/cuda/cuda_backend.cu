@@ -1,5 +1,5 @@
 // CUDA backend: the device, memory and copies, the profile, the bf16 conversions, and the
-// factory (the GEMMs and the linear layer: cuda_gemm.cu).
+// factory (the GEMMs: cuda_gemm.cu; the linear layers: cuda_linear.cu).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -133,11 +133,17 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   tune_gemms_ = tune && std::strcmp(tune, "0") != 0;
   const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
   gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
+  // Bias gradients out of the GEMMs' epilogues instead of column sums of their own:
+  // TRELLIS_BGRAD_EPILOGUE=1 both kinds, =dweight only the dweight GEMMs' BGRADB (every linear
+  // layer's), =dgelu only the MLP dinp GEMM's DGELU_BGRAD (the first MLP layer's, from the dpre
+  // it writes anyway), 0 or unset neither. Opt-in: on an H200 (2026-12-04) GPT-2 124M in bf16
+  // ran 2.4-3.9 % faster with the column sums (50.4 and 51.1 % MFU against 49.2 and 49.2, two
+  // calls, BGRADB): the fused epilogue's GEMMs lost more than the pass over dout it saves.
+  // DGELU_BGRAD has not been timed.
   const char* bgrad = std::getenv("TRELLIS_BGRAD_EPILOGUE");
-  // Opt-in: on an H200 (2026-12-04) GPT-2 124M in bf16 ran 2.4-3.9 % faster with the column sums
-  // (50.4 and 51.1 % MFU against 49.2 and 49.2, two calls): the fused epilogue's GEMMs lost more
-  // than the pass over dout it saves.
-  bgrad_epilogue_ = bgrad && std::strcmp(bgrad, "0") != 0;
+  const std::string bgrad_kind = bgrad ? bgrad : "";
+  bgrad_epilogue_ = !bgrad_kind.empty() && bgrad_kind != "0" && bgrad_kind != "dgelu";
+  dgelu_bgrad_epilogue_ = !bgrad_kind.empty() && bgrad_kind != "0" && bgrad_kind != "dweight";
   const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
   residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
   // Kernels with several ways to the same bits time them at each shape's first calls and keep
@@ -301,6 +307,7 @@ void CudaBackend::reset_profile() {
   tuning_ms_ = 0;
   // (the counts of fused and cached calls too, so that they count the calls the table times)
   gelu_fused_ = gelu_unfused_ = bgrad_fused_ = bgrad_unfused_ = 0;
+  dgelu_bgrad_fused_ = dgelu_bgrad_unfused_ = 0;
   loss_rows_cached_ = loss_rows_uncached_ = loss_rows_pipelined_ = 0;
 }
 
@@ -372,8 +379,9 @@ std::string CudaBackend::gemm_shapes_report() const {
     double ms = 0, flops = 0;
     int64_t calls = 0;
   };
-  static const char* epilogues[] = {"none", "bias", "GELU aux", "bias, GELU aux", "dGELU",
-                                    "BGRADB"};
+  static const char* const epilogues[] = {"none",  "bias",   "GELU aux",        "bias, GELU aux",
+                                          "dGELU", "BGRADB", "dGELU, bias grad"};
+  static_assert(std::size(epilogues) == size_t(Epilogue::dgelu_bgrad) + 1, "a name per Epilogue");
   std::map<std::array<std::string, 3>, Row> by_shape;  // (shape and ops, epilogue, types)
   double total = 0;
   char buf[3][64];
@@ -472,6 +480,11 @@ std::string CudaBackend::profile_report() {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)bgrad_fused_,
                   (long long)(bgrad_fused_ + bgrad_unfused_));
     rows.push_back({"bias gradients fused into GEMMs", "", "", buf[0], ""});
+  }
+  if (dgelu_bgrad_fused_ + dgelu_bgrad_unfused_ > 0) {  // (the MLP's dinp GEMM, DGELU_BGRAD)
+    std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)dgelu_bgrad_fused_,
+                  (long long)(dgelu_bgrad_fused_ + dgelu_bgrad_unfused_));
+    rows.push_back({"MLP first bias gradients in the DGELU GEMM", "", "", buf[0], ""});
   }
   if (loss_rows_cached_ + loss_rows_uncached_ > 0) {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_cached_,

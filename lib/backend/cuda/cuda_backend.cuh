@@ -45,8 +45,9 @@
 // one's first way, untimed).
 //
 // Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
-// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16, the linear layer), cuda_embedding.cu (token and
-// position embeddings), cuda_kernels.cu (GELU, add), cuda_layernorm.cu (layer norm),
+// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16), cuda_linear.cu (the linear layers on them),
+// cuda_embedding.cu (token and position embeddings), cuda_kernels.cu (GELU, add),
+// cuda_layernorm.cu (layer norm),
 // cuda_column_sums.cu (the deterministic column sums: bias gradients, the layer norm's partial
 // sums), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
@@ -203,9 +204,10 @@ class CudaBackend : public Backend {
   /// epilogues; TRELLIS_GELU_EPILOGUE=0 turns it off), else the two passes of the default.
   void matmul_gelu_forward_f32(float* pre, float* out, const float* inp, const float* weight,
                                const float* bias, int N, int C, int OC) override;
-  void matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
-                                const float* dout, const float* inp, const float* pre,
-                                const float* weight, int N, int C, int OC) override;
+  bool matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight, float* dbias,
+                                float* dbias_pre, const float* dout, const float* inp,
+                                const float* pre, const float* weight, int N, int C,
+                                int OC) override;
   // The same on bf16 tensors (cuBLASLt: bf16 A, B and D, fp32 accumulation; dweight fp32).
   void matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
                            int OC) override;
@@ -215,9 +217,9 @@ class CudaBackend : public Backend {
                                     int N, int C, int OC) override;
   void matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
                                 int OC) override;
-  void matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
-                                 CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
-                                 int OC) override;
+  bool matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                                 float* dbias_pre, CPtr dout, CPtr inp, CPtr pre, CPtr weight,
+                                 int N, int C, int OC) override;
 
   void attention_forward_f32(float* out, float* att, const float* qkv, int B, int T, int H, int KV,
                              int hd) override;
@@ -331,9 +333,11 @@ class CudaBackend : public Backend {
  private:
   /// What a GEMM's epilogue does to D (column-major, as cuBLASLt sees it): add a bias (m) per
   /// column; GELU after the bias, writing its input to `aux` (same shape, ld and type as D);
-  /// multiply by the GELU's derivative at `aux` (read); or, D untouched, write the bias gradient
-  /// of B — Σ over k of op(B) (k,n), one value per column of D — to the "bias" (n, D's type).
-  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
+  /// multiply by the GELU's derivative at `aux` (read), and with dgelu_bgrad also write that
+  /// product's sums over n — one value per row of D, the bias gradient of the layer whose output
+  /// `aux` is — to the "bias" (m, fp32); or, D untouched, write the bias gradient of B — Σ over k
+  /// of op(B) (k,n), one value per column of D — to the "bias" (n, fp32 as D is).
+  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgradb, dgelu_bgrad };
   struct GemmPlan;
   /// Column-major D (m,n) = op(A)·op(B) + beta·C, then the epilogue, through cuBLASLt, as BLAS
   /// names it; A is (m,k) after op, B (k,n) after op; C is D unless given (then of D's shape,
@@ -385,8 +389,9 @@ class CudaBackend : public Backend {
   /// matmul_backward on tensors of one type (dinp null: only dweight and dbias).
   void linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp, CPtr weight,
                        int N, int C, int OC);
-  void linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias, CPtr dout,
-                            CPtr inp, CPtr pre, CPtr weight, int N, int C, int OC);
+  bool linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
+                            float* dbias_pre, CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N,
+                            int C, int OC);
   // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_embedding.cu,
   // cuda_kernels.cu and (layer norm) cuda_layernorm.cu.
   template <typename T>
@@ -484,6 +489,7 @@ class CudaBackend : public Backend {
   /// Two matmul passes of the MLP's GELU each way: fused into a GEMM, or not (for the profile);
   /// likewise the bias gradients.
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
+  int64_t dgelu_bgrad_fused_ = 0, dgelu_bgrad_unfused_ = 0;  // (calls with a dbias_pre)
   /// The fused cross-entropy's calls with the rows cached in shared memory, or not.
   int64_t loss_rows_cached_ = 0, loss_rows_uncached_ = 0;
   int64_t loss_rows_pipelined_ = 0;  // (of the cached: double-buffered)
@@ -529,7 +535,8 @@ class CudaBackend : public Backend {
   /// each head size's first (a warning on stderr where they disagree or cuDNN has no plan).
   bool cudnn_agrees(int hd) const;
   bool gelu_epilogue_ = true;   // TRELLIS_GELU_EPILOGUE=0: the MLP's GELU in its own kernels
-  bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1: bias gradients in the dweight GEMMs
+  bool bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1|dweight: in the dweight GEMMs (BGRADB)
+  bool dgelu_bgrad_epilogue_ = false;  // TRELLIS_BGRAD_EPILOGUE=1|dgelu: dpre's, in DGELU_BGRAD
   bool residual_epilogue_ = true;  // TRELLIS_RESIDUAL_EPILOGUE=0: residual adds apart
   // Ways to the same bits (kernel_ways.hpp), each setting -1 where unset (every way that applies
   // is timed), 0 (the ways with the feature left out) or 1 (only those, where one applies):

@@ -1,5 +1,6 @@
-// CUDA backend: the GEMMs (cuBLASLt: plans per shape, type and alignment; bias and GELU
-// epilogues) and the linear layer built on them, in fp32 and on bf16 tensors (fp32 accumulation).
+// CUDA backend: the GEMMs (cuBLASLt: plans per shape, type and alignment; bias, GELU and
+// bias-gradient epilogues), in fp32 and on bf16 tensors (fp32 accumulation); the linear layers
+// built on them are in cuda_linear.cu.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -56,14 +57,26 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
   // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h: "bias or bias gradient"), as the GELU's
   // auxiliary matrix (GELU's input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld =
-  // D's, a multiple of 8. BGRADB writes the bias gradient of B (its sums over k) there instead.
+  // D's, a multiple of 8. BGRADB writes the bias gradient of B (its sums over k) there instead,
+  // DGELU_BGRAD that of D (its sums over n).
   const cublasLtEpilogue_t lt_epi = epi == Epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
                                     : epi == Epilogue::gelu_aux      ? CUBLASLT_EPILOGUE_GELU_AUX
                                     : epi == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                     : epi == Epilogue::dgelu         ? CUBLASLT_EPILOGUE_DGELU
                                     : epi == Epilogue::bgradb        ? CUBLASLT_EPILOGUE_BGRADB
+                                    : epi == Epilogue::dgelu_bgrad   ? CUBLASLT_EPILOGUE_DGELU_BGRAD
                                                                      : CUBLASLT_EPILOGUE_DEFAULT;
   TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
+  // A bias gradient is an fp32 sum, as every gradient here: beside a bf16 D (DGELU_BGRAD's dpre)
+  // it is asked for in fp32, not in D's type (cublasLt.h: "the same type as the output elements"
+  // by default). Where cuBLASLt has no algorithm for that, the plan is not found and the column
+  // sums take over — a bias gradient rounded to bf16 is not what the CPU and every other path
+  // here give.
+  if (epi == Epilogue::dgelu_bgrad || epi == Epilogue::bgradb) {
+    const int32_t bias_type = CUDA_R_32F;
+    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof(bias_type)));
+  }
   // The heuristic reads the bias's and aux's alignment from the pointers (cublasLt.h): set them
   // before it runs; run() points them at each call's buffers, of the same alignment (the key).
   if (bias)
@@ -184,22 +197,22 @@ const cublasLtMatmulAlgo_t* CudaBackend::out_of_place_algo(GemmPlan& p) {
 }
 
 void CudaBackend::epilogue_failed(Epilogue epi, cublasStatus_t status, const char* when) {
-  const bool bgrad = epi == Epilogue::bgradb, bias = epi == Epilogue::bias;
+  const bool bgrad = epi == Epilogue::bgradb, bias = epi == Epilogue::bias,
+             dgelu_bgrad = epi == Epilogue::dgelu_bgrad;
   char message[256];
   std::snprintf(message, sizeof message,
                 "cuBLASLt refused the %s epilogue while %s (status %d); %s",
-                bgrad  ? "bias-gradient (BGRADB)"
-                : bias ? "fp32 bias"
-                       : "GELU",
+                bgrad         ? "bias-gradient (BGRADB)"
+                : dgelu_bgrad ? "GELU and bias-gradient (DGELU_BGRAD)"
+                : bias        ? "fp32 bias"
+                              : "GELU",
                 when, int(status),
-                bgrad  ? "bias gradients are column sums of their own"
-                : bias ? "the bias is added by a kernel of its own"
-                       : "the MLP's GELU runs as kernels of its own");
-  // (the GELU epilogues share one warning)
-  warn_once(bgrad  ? int(Epilogue::bgradb)
-            : bias ? int(Epilogue::bias)
-                   : int(Epilogue::gelu_aux),
-            message);
+                bgrad         ? "bias gradients are column sums of their own"
+                : dgelu_bgrad ? "the MLP's first bias gradients are column sums of their own"
+                : bias        ? "the bias is added by a kernel of its own"
+                              : "the MLP's GELU runs as kernels of its own");
+  // (the GELU epilogues without a bias gradient share one warning)
+  warn_once(bgrad || dgelu_bgrad || bias ? int(epi) : int(Epilogue::gelu_aux), message);
 }
 
 void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
@@ -363,201 +376,7 @@ CudaBackend::GemmPlan* CudaBackend::gelu_plan(Epilogue epi, bool trans_a, bool t
   return p.found ? &p : nullptr;
 }
 
-// ---- the linear layer, in either type ----
-
-using cuda::all_bf16;
-
-namespace {
-/// Every non-null tensor 16-byte aligned: what this backend hands cuBLASLt in a bf16 run. A bf16
-/// tensor at an odd element offset (a parameter inside the flat buffer of a model whose sizes are
-/// not multiples of 8) goes to the widening default instead — its fp32 copies are 64-byte aligned
-/// — rather than risk cuBLASLt having no algorithm for 2-byte aligned operands.
-bool aligned16(std::initializer_list<CPtr> tensors) {
-  for (CPtr t : tensors)
-    if (t.data && reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
-  return true;
-}
-/// A bf16 output of OC columns whose rows are not 16-byte aligned (OC not a multiple of 8) goes
-/// to the widening default too: on an H200 (cuBLASLt of CUDA 13, 2026-12-04) the algorithms
-/// chosen for such a D added the bias or the residual to a product already rounded to bf16 — up
-/// to 2 units in the last place at 37x29x53 and 40x24x36, in 3 % of the entries — where every
-/// aligned shape rounded once.
-bool rows_aligned16(int OC) { return OC % 8 == 0; }
-}  // namespace
-
-void CudaBackend::linear_forward(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C, int OC,
-                                 CPtr residual) {
-  Profiled prof(*this, kGemm);
-  // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC). Column-major: outᵀ (OC,N) =
-  // op(W, stored (C,OC)) = (OC,C) times inpᵀ, stored (C,N); the bias runs along OC.
-  // A bf16 output must be rounded once, from the fp32 sum with the bias: an unaligned bf16 bias
-  // goes to the epilogue from an aligned copy in scratch (OC values; scratch is free here).
-  if (bias && !bias.is_f32() && alignment(bias.data) < 16) {
-    void* copy = scratch(bias.bytes(OC));
-    TRELLIS_CUDA(
-        cudaMemcpyAsync(copy, bias.data, bias.bytes(OC), cudaMemcpyDeviceToDevice, stream_));
-    bias = CPtr(copy, bias.dtype);
-  }
-  const bool fused = bias && alignment(bias.data) >= 16;
-  // A residual is the GEMM's C: out = residual + inp·weightᵀ (+ bias), rounded once.
-  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, residual ? 1.0f : 0.0f,
-       fused ? bias : CPtr(), residual);
-  if (bias && !fused) add_bias(out.f32(), bias.f32(), OC, N, OC);  // fp32: a second rounding
-}
-
-void CudaBackend::matmul_forward_f32(float* out, const float* inp, const float* weight,
-                                     const float* bias, int N, int C, int OC) {
-  linear_forward(out, inp, weight, bias, N, C, OC);
-}
-
-void CudaBackend::matmul_forward_bf16(Ptr out, CPtr inp, CPtr weight, CPtr bias, int N, int C,
-                                      int OC) {
-  if (!all_bf16({out, inp, weight, bias}) || !aligned16({out, inp, weight}) ||
-      (bias && !rows_aligned16(OC)))
-    return Backend::matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
-  linear_forward(out, inp, weight, bias, N, C, OC);
-}
-
-void CudaBackend::matmul_residual_forward_f32(float* out, const float* residual, const float* inp,
-                                              const float* weight, const float* bias, int N, int C,
-                                              int OC) {
-  linear_forward(out, inp, weight, bias, N, C, OC, residual);
-}
-
-void CudaBackend::matmul_residual_forward_bf16(Ptr out, CPtr residual, CPtr inp, CPtr weight,
-                                               CPtr bias, int N, int C, int OC) {
-  if (!all_bf16({out, residual, inp, weight, bias}) || !aligned16({out, residual, inp, weight}) ||
-      !rows_aligned16(OC))
-    return Backend::matmul_residual_forward_bf16(out, residual, inp, weight, bias, N, C, OC);
-  linear_forward(out, inp, weight, bias, N, C, OC, residual);
-}
-
-bool CudaBackend::gelu_gemm(GemmPlan* p, CPtr A, CPtr B, Ptr D, CPtr bias, CPtr aux) {
-  bool ran = false;
-  if (p) {
-    Profiled prof(*this, kGemm);
-    ran = try_run(*p, A, B, D, 0.0f, bias, aux);
-  }
-  ++(ran ? gelu_fused_ : gelu_unfused_);
-  return ran;
-}
-
-void CudaBackend::linear_gelu_forward(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias, int N,
-                                      int C, int OC) {
-  // The same GEMM as linear_forward with cuBLASLt's GELU_AUX(_BIAS) epilogue: D = out =
-  // gelu(inp·weightᵀ + bias), its input kept in aux = pre ((OC,N) column-major, ld OC), both of
-  // D's type. Where there is no plan, or cuBLASLt refuses it: the GEMM, then the GELU kernel.
-  GemmPlan* p = gelu_plan(bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, true, false, OC, N,
-                          C, C, C, OC, weight, inp, out, bias, pre);
-  if (gelu_gemm(p, weight, inp, out, bias, pre)) return;
-  if (out.is_f32()) {
-    linear_forward(pre, inp, weight, bias, N, C, OC);
-    gelu_forward(out, pre, int64_t(N) * OC);
-    return;
-  }
-  // bf16: out is the GELU of the fp32 pre-activation, as the epilogue and the CPU compute it,
-  // not of pre rounded to bf16. The GEMM into fp32 scratch ((OC,N) column-major, ld OC), then one
-  // kernel adds the bias (of any alignment) and writes pre and out, each rounded once.
-  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * OC));  // (N,OC)
-  {
-    Profiled prof(*this, kGemm);
-    gemm(true, false, OC, N, C, weight, C, inp, C, acc, OC, 0.0f, nullptr);
-  }
-  launch_bias_gelu(cuda::dev(pre.bf16()), cuda::dev(out.bf16()), acc,
-                   bias ? cuda::dev(bias.bf16()) : nullptr, N, OC);
-}
-
-void CudaBackend::matmul_gelu_forward_f32(float* pre, float* out, const float* inp,
-                                          const float* weight, const float* bias, int N, int C,
-                                          int OC) {
-  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
-}
-
-void CudaBackend::matmul_gelu_forward_bf16(Ptr pre, Ptr out, CPtr inp, CPtr weight, CPtr bias,
-                                           int N, int C, int OC) {
-  if (!all_bf16({pre, out, inp, weight, bias}) || !aligned16({pre, out, inp, weight}))
-    return Backend::matmul_gelu_forward_bf16(pre, out, inp, weight, bias, N, C, OC);
-  linear_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
-}
-
-void CudaBackend::matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
-                                      const float* inp, const float* weight, int N, int C, int OC) {
-  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-}
-
-void CudaBackend::matmul_backward_bf16(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
-                                       CPtr weight, int N, int C, int OC) {
-  if (!all_bf16({dinp, dout, inp, weight}) || !aligned16({dinp, dout, inp, weight}))
-    return Backend::matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-  linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-}
-
-void CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
-                                       CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N, int C,
-                                       int OC) {
-  // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
-  // pre in D's shape ((C,N) column-major, ld C). Without a plan, or where cuBLASLt refuses it:
-  // the GEMM, then the GELU's backward kernel.
-  GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
-                          nullptr, pre);
-  if (gelu_gemm(p, weight, dout, dpre, nullptr, pre)) {
-    linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
-    return;
-  }
-  if (dpre.is_f32()) {
-    linear_backward(dinp_scratch, dweight, dbias, dout, inp, weight, N, C, OC);
-    gelu_backward(dpre, pre, dinp_scratch, int64_t(N) * C);
-    return;
-  }
-  // bf16: gelu'(pre) times the unrounded dout·weight, rounded once (as the epilogue and the CPU):
-  // the GEMM into fp32 scratch ((C,N) column-major, ld C), the kernel, then dweight and dbias,
-  // whose column sums reuse the scratch after the kernel has read it (one stream).
-  float* acc = static_cast<float*>(scratch(sizeof(float) * int64_t(N) * C));  // (N,C)
-  {
-    Profiled prof(*this, kGemm);
-    gemm(false, false, C, N, OC, weight, C, dout, OC, acc, C, 0.0f, nullptr);
-  }
-  launch_gelu_backward_of_f32(cuda::dev(dpre.bf16()), cuda::dev(pre.bf16()), acc, int64_t(N) * C);
-  linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);
-}
-
-void CudaBackend::matmul_backward_gelu_f32(float* dpre, float* dinp_scratch, float* dweight,
-                                           float* dbias, const float* dout, const float* inp,
-                                           const float* pre, const float* weight, int N, int C,
-                                           int OC) {
-  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
-}
-
-void CudaBackend::matmul_backward_gelu_bf16(Ptr dpre, Ptr dinp_scratch, float* dweight,
-                                            float* dbias, CPtr dout, CPtr inp, CPtr pre,
-                                            CPtr weight, int N, int C, int OC) {
-  if (!all_bf16({dpre, dinp_scratch, dout, inp, pre, weight}) ||
-      !aligned16({dpre, dinp_scratch, dout, inp, pre, weight}))
-    return Backend::matmul_backward_gelu_bf16(dpre, dinp_scratch, dweight, dbias, dout, inp, pre,
-                                              weight, N, C, OC);
-  linear_backward_gelu(dpre, dinp_scratch, dweight, dbias, dout, inp, pre, weight, N, C, OC);
-}
-
-void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp,
-                                  CPtr weight, int N, int C, int OC) {
-  // dout (N,OC), inp (N,C), weight (OC,C), dinp (N,C): one type; dweight (OC,C) and dbias (OC)
-  // are fp32 (bf16 inputs: cuBLASLt accumulates in fp32 and adds into the fp32 dweight).
-  {
-    Profiled prof(*this, kGemm);
-    // dinp (N,C) = dout · weight; column-major dinpᵀ (C,N) = W stored (C,OC) · doutᵀ stored
-    // (OC,N).
-    if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
-  }
-  // dweight (OC,C) += doutᵀ · inp; column-major dweightᵀ (C,OC) = inpᵀ (C,N) · dout (N,OC).
-  // dbias (OC) += the column sums of dout: from the same GEMM where cuBLASLt takes its BGRADB
-  // epilogue (Σ over k = N of op(B) = dout), else a pass of its own over dout.
-  if (dbias && dweight_with_dbias(dweight, dbias, dout, inp, N, C, OC)) return;
-  {
-    Profiled prof(*this, kGemm);
-    gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
-  }
-  if (dbias) column_sums_add(dbias, dout, N, OC);
-}
+// ---- the dweight GEMM with its bias gradient (linear_backward's) ----
 
 bool CudaBackend::dweight_with_dbias(float* dweight, float* dbias, CPtr dout, CPtr inp, int N,
                                      int C, int OC) {
