@@ -19,7 +19,9 @@
 // `out-of-place-first` — the heuristic's first cannot, the others can; `alloc-once` — the
 // process's first heuristic call fails as if kernels could not be loaded for want of memory;
 // `dgelu-bgrad` — no algorithm for DGELU_BGRAD (as for an fp32 bias gradient beside a bf16 D,
-// which cublasLt.h does not promise).
+// which cublasLt.h does not promise); `dgelu-bgrad-dtype` — DGELU_BGRAD taken, but its bias
+// gradient written in D's type whatever CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says (what
+// cublasLt.h's "the same type as the output elements" could mean).
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -325,6 +327,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
                               p, (size_t((l.cols - 1) * l.ld) + l.rows) * bytes_of(l.type));
   };
   const cudaDataType bias_t = d.bias_type < 0 ? dl.type : cudaDataType(d.bias_type);
+  if (!supported(bias_t)) return refuse("a bias type other than fp32 or bf16");
   if (!inside(A, a) || !inside(B, b) || !inside(C, c) || !inside(D, dl) ||
       (has_bias(d.epilogue) &&
        (!d.bias || !trellis_emu::is_device_range(d.bias, size_t(m) * bytes_of(bias_t)))) ||
@@ -387,8 +390,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
       }
       store(D, dl.type, i + j * dl.ld, x);
     }
+  const cudaDataType d_bias_t = refusing("dgelu-bgrad-dtype") ? dl.type : bias_t;
   for (int64_t i = 0; i < int64_t(row_sums.size()); ++i)
-    store(const_cast<void*>(d.bias), bias_t, i, row_sums[size_t(i)]);  // (an output here)
+    store(const_cast<void*>(d.bias), d_bias_t, i, row_sums[size_t(i)]);  // (an output here)
   if (writes_bias_gradient(d.epilogue))  // (of B as stored: no TF32 rounding of the sums' terms)
     for (int64_t j = 0; j < n; ++j) {
       float sum = 0.0f;

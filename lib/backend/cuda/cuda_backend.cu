@@ -142,8 +142,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // DGELU_BGRAD has not been timed.
   const char* bgrad = std::getenv("TRELLIS_BGRAD_EPILOGUE");
   const std::string bgrad_kind = bgrad ? bgrad : "";
-  bgrad_epilogue_ = !bgrad_kind.empty() && bgrad_kind != "0" && bgrad_kind != "dgelu";
-  dgelu_bgrad_epilogue_ = !bgrad_kind.empty() && bgrad_kind != "0" && bgrad_kind != "dweight";
+  if (bgrad_kind != "" && bgrad_kind != "0" && bgrad_kind != "1" && bgrad_kind != "dweight" &&
+      bgrad_kind != "dgelu")
+    std::fprintf(stderr,
+                 "trellis: warning: TRELLIS_BGRAD_EPILOGUE=%s is none of 0, 1, dweight, dgelu: "
+                 "taken as 0 (the bias gradients as column sums)\n",
+                 bgrad_kind.c_str());
+  bgrad_epilogue_ = bgrad_kind == "1" || bgrad_kind == "dweight";
+  dgelu_bgrad_epilogue_ = bgrad_kind == "1" || bgrad_kind == "dgelu";
   const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
   residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
   // Kernels with several ways to the same bits time them at each shape's first calls and keep
@@ -484,7 +490,13 @@ std::string CudaBackend::profile_report() {
   if (dgelu_bgrad_fused_ + dgelu_bgrad_unfused_ > 0) {  // (the MLP's dinp GEMM, DGELU_BGRAD)
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)dgelu_bgrad_fused_,
                   (long long)(dgelu_bgrad_fused_ + dgelu_bgrad_unfused_));
-    rows.push_back({"MLP first bias gradients in the DGELU GEMM", "", "", buf[0], ""});
+    buf[1][0] = '\0';
+    if (dgelu_bgrad_dropped_)  // (the last check's figure; NaN where the sums were not finite)
+      std::snprintf(buf[1], sizeof buf[1], "off the column sums (%.1e): dropped",
+                    dgelu_bgrad_check_);
+    else if (dgelu_bgrad_check_ >= 0)
+      std::snprintf(buf[1], sizeof buf[1], "column sums %.1e apart", dgelu_bgrad_check_);
+    rows.push_back({"MLP first bias gradients in the DGELU GEMM", "", "", buf[0], buf[1]});
   }
   if (loss_rows_cached_ + loss_rows_uncached_ > 0) {
     std::snprintf(buf[0], sizeof buf[0], "%lld of %lld", (long long)loss_rows_cached_,

@@ -373,6 +373,14 @@ class CudaBackend : public Backend {
   void warn_once(int what, const char* message);
   bool warned_[8] = {};  // by Epilogue, then kWarnInPlace
   static constexpr int kWarnInPlace = 7;
+  static_assert(int(Epilogue::dgelu_bgrad) < kWarnInPlace, "a warning per Epilogue");
+  /// dbias (C) += a DGELU_BGRAD plan's sums (C, fp32), held once to the column sums of the dpre
+  /// (N,C) its GEMM wrote: cublasLt.h gives a bias gradient D's type and does not promise the
+  /// fp32 this backend asks for beside a bf16 D, so a library that took the attribute and wrote
+  /// bf16 would leave garbage. Where they disagree the column sums are added instead, and the
+  /// plan is dropped with a warning (the column sums from then on). Returns whether they agreed.
+  bool add_checked_bias_gradient(GemmPlan& p, float* dbias, const float* sums, CPtr dpre, int N,
+                                 int C);
   /// The algorithm of `p` that writes D apart from C (the plan's own where it can, else the first
   /// candidate that can), or null where none can: found once per plan, after any tuning.
   const cublasLtMatmulAlgo_t* out_of_place_algo(GemmPlan& p);
@@ -454,6 +462,7 @@ class CudaBackend : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // whether the heuristic offered an algorithm
     Epilogue epi = Epilogue::none;
+    bool checked = false;  // DGELU_BGRAD: its first sums held to the column sums of its dpre
     int m = 0, n = 0, ldd = 0;  // D's shape (column-major) and leading dimension
     double flops = 0;    // 2·m·n·k, for the profile
     size_t d_bytes = 0;  // D's extent (ldd · n values of its type)
@@ -490,6 +499,8 @@ class CudaBackend : public Backend {
   /// likewise the bias gradients.
   int64_t gelu_fused_ = 0, gelu_unfused_ = 0, bgrad_fused_ = 0, bgrad_unfused_ = 0;
   int64_t dgelu_bgrad_fused_ = 0, dgelu_bgrad_unfused_ = 0;  // (calls with a dbias_pre)
+  double dgelu_bgrad_check_ = -1;  // the last check's relative L2 (add_checked_bias_gradient)
+  bool dgelu_bgrad_dropped_ = false;  // whether a check found a plan's sums off
   /// The fused cross-entropy's calls with the rows cached in shared memory, or not.
   int64_t loss_rows_cached_ = 0, loss_rows_uncached_ = 0;
   int64_t loss_rows_pipelined_ = 0;  // (of the cached: double-buffered)

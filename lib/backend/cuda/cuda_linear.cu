@@ -3,8 +3,11 @@
 // derivative in cuBLASLt's GELU epilogues where it has them, else kernels of their own.
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.cuh"
 #include "core/error.hpp"
@@ -148,7 +151,9 @@ bool CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweigh
   // the GEMM, then the GELU's backward kernel.
   // With DGELU_BGRAD (TRELLIS_BGRAD_EPILOGUE=1|dgelu) the same GEMM also sums dpre's columns —
   // over n = N, one per row of the column-major D — into fp32 scratch (C; written, not added),
-  // from the fp32 products before they are rounded to D's type; then added to dbias_pre.
+  // presumably from the fp32 products before they are rounded to D's type (cuBLASLt does not
+  // say; the emulated one does so); then added to dbias_pre, the first time a plan runs only
+  // after they agree with the column sums of the dpre it wrote (add_checked_bias_gradient).
   // (N = 1, a sum of one column, is left to the column sums, as BGRADB's k = 1 is.)
   if (dbias_pre && dgelu_bgrad_epilogue_) {
     float* sums = static_cast<float*>(scratch(sizeof(float) * C));  // (C)
@@ -160,13 +165,19 @@ bool CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweigh
       Profiled prof(*this, kGemm);
       ran = try_run(*pb, weight, dout, dpre, 0.0f, CPtr(sums), pre);
     }
-    ++(ran ? dgelu_bgrad_fused_ : dgelu_bgrad_unfused_);
     if (ran) {
       ++gelu_fused_;
-      add_f32(dbias_pre, dbias_pre, sums, C);  // (before linear_backward reuses the scratch)
+      // (before linear_backward reuses the scratch)
+      bool fused = true;
+      if (pb->checked)
+        add_f32(dbias_pre, dbias_pre, sums, C);
+      else
+        fused = add_checked_bias_gradient(*pb, dbias_pre, sums, dpre, N, C);
+      ++(fused ? dgelu_bgrad_fused_ : dgelu_bgrad_unfused_);
       linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
       return true;
     }
+    ++dgelu_bgrad_unfused_;
   }
   GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
                           nullptr, pre);
@@ -230,6 +241,48 @@ void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr d
     gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
   }
   if (dbias) column_sums_add(dbias, dout, N, OC);
+}
+
+bool CudaBackend::add_checked_bias_gradient(GemmPlan& p, float* dbias, const float* sums,
+                                            CPtr dpre, int N, int C) {
+  p.checked = true;
+  // The plan's sums and the column sums side by side, apart from the scratch (which the column
+  // sums' partials take), then both to the host: once a shape, so one synchronisation.
+  float* both = nullptr;  // (2, C): the plan's, the column sums
+  TRELLIS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&both), 2 * sizeof(float) * C, stream_));
+  TRELLIS_CUDA(
+      cudaMemcpyAsync(both, sums, sizeof(float) * C, cudaMemcpyDeviceToDevice, stream_));
+  TRELLIS_CUDA(cudaMemsetAsync(both + C, 0, sizeof(float) * C, stream_));
+  column_sums_add(both + C, dpre, N, C);
+  std::vector<float> host(2 * size_t(C));
+  TRELLIS_CUDA(cudaMemcpyAsync(host.data(), both, 2 * sizeof(float) * C, cudaMemcpyDeviceToHost,
+                               stream_));
+  TRELLIS_CUDA(cudaStreamSynchronize(stream_));
+  double diff = 0, norm = 0;
+  for (int c = 0; c < C; ++c) {
+    const double d = double(host[size_t(c)]) - host[size_t(C + c)];
+    diff += d * d;
+    norm += double(host[size_t(C + c)]) * host[size_t(C + c)];
+  }
+  // The column sums add dpre as stored (rounded, in bf16); the plan's presumably its fp32
+  // products: relative L2 about 2⁻⁹ apart at most in bf16. A bias gradient of another type, of
+  // another axis or unwritten is off by its whole size (or not finite: NaN fails the test).
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  const bool agrees = rel <= 1e-2;
+  dgelu_bgrad_check_ = rel, dgelu_bgrad_dropped_ = dgelu_bgrad_dropped_ || !agrees;
+  if (!agrees) {
+    char message[320];
+    std::snprintf(message, sizeof message,
+                  "cuBLASLt's DGELU_BGRAD bias gradient (asked for in fp32) disagrees with the "
+                  "column sums of the dpre it wrote (relative L2 %.2e over %d columns); the MLP's "
+                  "first bias gradients are column sums of their own",
+                  rel, C);
+    warn_once(int(Epilogue::dgelu_bgrad), message);
+    p.found = false;  // not again
+  }
+  add_f32(dbias, dbias, agrees ? both : both + C, C);
+  TRELLIS_CUDA(cudaFreeAsync(both, stream_));
+  return agrees;
 }
 
 }  // namespace trellis
