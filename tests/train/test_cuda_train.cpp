@@ -296,17 +296,24 @@ TEST_F(CudaTrain, FirstStepGradientsMatchTheCpu) {
 // orders, the embedding gradient's in the order of the positions sorted by token — all but cuDNN's
 // default attention backward, left out here (TRELLIS_CUDNN=0), or taken in its deterministic
 // form (TRELLIS_CUDNN_DETERMINISTIC=1). Two first steps' gradients, fp32, bf16, and bf16 on
-// cuDNN's deterministic backward, bit for bit. (The emulated GPU runs its threads in one order, so there it holds by
-// construction; on a GPU it is the check.)
+// cuDNN's deterministic backward, bit for bit; and bf16 with the bias gradients in cuBLASLt's
+// epilogues (TRELLIS_BGRAD_EPILOGUE=1: BGRADB, DGELU_BGRAD — cuBLAS promises the same bits run to
+// run on one GPU model, which this holds its epilogues' reductions to). (The emulated GPU runs
+// its threads in one order, so there it holds by construction; on a GPU it is the check.)
 TEST_F(CudaTrain, FirstStepGradientsRepeatBitForBit) {
   ScopedEnv tc("TRELLIS_TC_ATTENTION", nullptr);  // (cuDNN is tried only in the checked default)
-  for (const char* precision : {"fp32", "bf16", "bf16 on cuDNN's deterministic backward"}) {
+  const std::string epilogues = "bf16 with the bias gradients in the GEMMs' epilogues";
+  for (const char* precision :
+       {"fp32", "bf16", "bf16 on cuDNN's deterministic backward", epilogues.c_str()}) {
     SCOPED_TRACE(precision);
-    const bool det = std::strlen(precision) > 4;
+    const bool in_epilogues = precision == epilogues;
+    ScopedEnv bgrad("TRELLIS_BGRAD_EPILOGUE", in_epilogues ? "1" : "0");
+    const bool det = std::strlen(precision) > 4 && !in_epilogues;
     ScopedEnv cudnn("TRELLIS_CUDNN", det ? "1" : "0");
     ScopedEnv cudnn_det("TRELLIS_CUDNN_DETERMINISTIC", det ? "1" : "0");
     const std::vector<std::string> o = {
-        "--system.backend=cuda", std::string("--system.precision=") + (det ? "bf16" : precision)};
+        "--system.backend=cuda",
+        std::string("--system.precision=") + (det || in_epilogues ? "bf16" : precision)};
     const auto a = first_step_gradients(o), b = first_step_gradients(o);
     ASSERT_EQ(a.size(), b.size());
     size_t differ = 0, total = 0;
