@@ -400,6 +400,11 @@ class CudaBackend : public Backend {
   bool linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweight, float* dbias,
                             float* dbias_pre, CPtr dout, CPtr inp, CPtr pre, CPtr weight, int N,
                             int C, int OC);
+  /// linear_backward_gelu's dpre (N,C) by the GEMM with DGELU_BGRAD, and dbias_pre (C) += its
+  /// column sums from the same GEMM: true where cuBLASLt took it (the sums held once a plan to
+  /// the column sums), false with nothing launched where it did not.
+  bool dgelu_with_bias_gradient(Ptr dpre, float* dbias_pre, CPtr dout, CPtr pre, CPtr weight,
+                                int N, int C, int OC);
   // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_embedding.cu,
   // cuda_kernels.cu and (layer norm) cuda_layernorm.cu.
   template <typename T>

@@ -149,35 +149,12 @@ bool CudaBackend::linear_backward_gelu(Ptr dpre, Ptr dinp_scratch, float* dweigh
   // dpre (N,C) = gelu'(pre) ∘ (dout·weight): the dinp GEMM with cuBLASLt's DGELU epilogue, aux =
   // pre in D's shape ((C,N) column-major, ld C). Without a plan, or where cuBLASLt refuses it:
   // the GEMM, then the GELU's backward kernel.
-  // With DGELU_BGRAD (TRELLIS_BGRAD_EPILOGUE=1|dgelu) the same GEMM also sums dpre's columns —
-  // over n = N, one per row of the column-major D — into fp32 scratch (C; written, not added),
-  // presumably from the fp32 products before they are rounded to D's type (cuBLASLt does not
-  // say; the emulated one does so); then added to dbias_pre, the first time a plan runs only
-  // after they agree with the column sums of the dpre it wrote (add_checked_bias_gradient).
-  // (N = 1, a sum of one column, is left to the column sums, as BGRADB's k = 1 is.)
-  if (dbias_pre && dgelu_bgrad_epilogue_) {
-    float* sums = static_cast<float*>(scratch(sizeof(float) * C));  // (C)
-    GemmPlan* pb = N < 2 ? nullptr
-                         : gelu_plan(Epilogue::dgelu_bgrad, false, false, C, N, OC, C, OC, C,
-                                     weight, dout, dpre, CPtr(sums), pre);
-    bool ran = false;
-    if (pb) {
-      Profiled prof(*this, kGemm);
-      ran = try_run(*pb, weight, dout, dpre, 0.0f, CPtr(sums), pre);
-    }
-    if (ran) {
-      ++gelu_fused_;
-      // (before linear_backward reuses the scratch)
-      bool fused = true;
-      if (pb->checked)
-        add_f32(dbias_pre, dbias_pre, sums, C);
-      else
-        fused = add_checked_bias_gradient(*pb, dbias_pre, sums, dpre, N, C);
-      ++(fused ? dgelu_bgrad_fused_ : dgelu_bgrad_unfused_);
-      linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
-      return true;
-    }
-    ++dgelu_bgrad_unfused_;
+  // With TRELLIS_BGRAD_EPILOGUE=1|dgelu the same GEMM may also give dbias_pre its sums
+  // (dgelu_with_bias_gradient), and the caller then leaves them out.
+  if (dbias_pre && dgelu_bgrad_epilogue_ &&
+      dgelu_with_bias_gradient(dpre, dbias_pre, dout, pre, weight, N, C, OC)) {
+    linear_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC);  // dweight, dbias
+    return true;
   }
   GemmPlan* p = gelu_plan(Epilogue::dgelu, false, false, C, N, OC, C, OC, C, weight, dout, dpre,
                           nullptr, pre);
@@ -241,6 +218,38 @@ void CudaBackend::linear_backward(Ptr dinp, float* dweight, float* dbias, CPtr d
     gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
   }
   if (dbias) column_sums_add(dbias, dout, N, OC);
+}
+
+bool CudaBackend::dgelu_with_bias_gradient(Ptr dpre, float* dbias_pre, CPtr dout, CPtr pre,
+                                           CPtr weight, int N, int C, int OC) {
+  // linear_backward_gelu's dpre GEMM with DGELU_BGRAD: it also sums dpre's columns — over n = N,
+  // one per row of the column-major D — into fp32 scratch (C; written, not added), presumably
+  // from the fp32 products before they are rounded to D's type (cuBLASLt does not say; the
+  // emulated one does so); then they are added to dbias_pre, the first time a plan runs only
+  // after they agree with the column sums of the dpre it wrote (add_checked_bias_gradient).
+  // (N = 1, a sum of one column, is left to the column sums, as BGRADB's k = 1 is.)
+  float* sums = static_cast<float*>(scratch(sizeof(float) * C));  // (C)
+  GemmPlan* p = N < 2 ? nullptr
+                      : gelu_plan(Epilogue::dgelu_bgrad, false, false, C, N, OC, C, OC, C, weight,
+                                  dout, dpre, CPtr(sums), pre);
+  bool ran = false;
+  if (p) {
+    Profiled prof(*this, kGemm);
+    ran = try_run(*p, weight, dout, dpre, 0.0f, CPtr(sums), pre);
+  }
+  if (!ran) {
+    ++dgelu_bgrad_unfused_;
+    return false;
+  }
+  ++gelu_fused_;
+  // (before the caller's linear_backward reuses the scratch)
+  bool fused = true;
+  if (p->checked)
+    add_f32(dbias_pre, dbias_pre, sums, C);
+  else
+    fused = add_checked_bias_gradient(*p, dbias_pre, sums, dpre, N, C);
+  ++(fused ? dgelu_bgrad_fused_ : dgelu_bgrad_unfused_);
+  return true;
 }
 
 bool CudaBackend::add_checked_bias_gradient(GemmPlan& p, float* dbias, const float* sums,
