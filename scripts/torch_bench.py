@@ -241,8 +241,10 @@ def main():
     if not torch.cuda.is_available():
         print("torch-bench: error no CUDA device for torch")
         return 1
-    print(f"torch-bench: torch={torch.__version__} device={torch.cuda.get_device_name()}",
-          flush=True)
+    # (cuDNN's version: Trellis opens the cuDNN it finds, PyTorch's own where the system has none
+    # — so that a difference in attention between the two is seen to be, or not be, the library's)
+    print(f"torch-bench: torch={torch.__version__} device={torch.cuda.get_device_name()} "
+          f"cudnn={torch.backends.cudnn.version()}", flush=True)
     failed = 0
     for part in (attention_bench, train_step_bench, gemm_bench):
         t0 = time.time()

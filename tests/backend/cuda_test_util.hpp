@@ -1,6 +1,7 @@
-// Shared by the CUDA kernel tests — test_cuda_kernels.cpp (fp32, and the GEMMs' mixed cases) and
-// test_cuda_bf16_kernels.cpp (every kernel on bf16 tensors): host bf16 helpers, how a GPU's bf16
-// outputs are judged against the CPU's, and the fixture (a GPU and a CPU backend, device copies).
+// Shared by the CUDA kernel tests — test_cuda_kernels.cpp and test_cuda_gemm.cpp (fp32, and the
+// GEMMs' mixed cases), test_cuda_bf16_*.cpp (every kernel on bf16 tensors) and the rest of
+// test_cuda_*.cpp: host bf16 helpers, how a GPU's bf16 outputs are judged against the CPU's, and
+// the fixture (a GPU and a CPU backend, device copies).
 //
 // Every CUDA kernel against the CPU backend on fresh random inputs. Built where nvcc exists; each
 // test skips when no CUDA device is present (cudaGetDeviceCount reports none). Each test prints

@@ -44,10 +44,10 @@
 // events, and the fastest from then on (kernel_ways.hpp, WayTrial; TRELLIS_KERNEL_WAYS=0: each
 // one's first way, untimed).
 //
-// Files: cuda_backend.cu (device, memory, profile, the bf16 conversions, the factory),
-// cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16), cuda_linear.cu (the linear layers on them),
-// cuda_embedding.cu (token and position embeddings), cuda_kernels.cu (GELU, add),
-// cuda_layernorm.cu (layer norm),
+// Files: cuda_backend.cu (device, memory, the bf16 conversions, the factory), cuda_profile.cu
+// (the profile, the timed ways), cuda_gemm.cu (cuBLASLt GEMMs in fp32 and bf16), cuda_linear.cu
+// (the linear layers on them), cuda_embedding.cu (token and position embeddings),
+// cuda_kernels.cu (GELU, add), cuda_layernorm.cu and cuda_layernorm_backward.cu (layer norm),
 // cuda_column_sums.cu (the deterministic column sums: bias gradients, the layer norm's partial
 // sums), cuda_loss_optim.cu (cross-entropy, norms, AdamW),
 // cuda_attention.cu (fused causal attention: no (T,T) matrix in global memory; forward keeps each
@@ -230,7 +230,7 @@ class CudaBackend : public Backend {
   void gelu_backward_f32(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void add_f32(float* out, const float* a, const float* b, int64_t n) override;
 
-  // ---- bf16 kernels (cuda_embedding.cu, cuda_kernels.cu, cuda_layernorm.cu, cuda_attention.cu):
+  // ---- bf16 kernels (cuda_embedding.cu, cuda_kernels.cu, cuda_layernorm*.cu, cuda_attention.cu):
   //      every tensor bf16, arithmetic in fp32; a call with a mix of types takes the Backend's
   //      widening default ----
   void embedding_forward_bf16(Ptr out, const int32_t* tokens, CPtr wte, int N, int C,
@@ -406,7 +406,7 @@ class CudaBackend : public Backend {
   bool dgelu_with_bias_gradient(Ptr dpre, float* dbias_pre, CPtr dout, CPtr pre, CPtr weight,
                                 int N, int C, int OC);
   // The kernels' launches for element type T (float, or __nv_bfloat16): cuda_embedding.cu,
-  // cuda_kernels.cu and (layer norm) cuda_layernorm.cu.
+  // cuda_kernels.cu and (layer norm) cuda_layernorm.cu, cuda_layernorm_backward.cu.
   template <typename T>
   void launch_embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C,
                                 int vocab_begin, int vocab_count);

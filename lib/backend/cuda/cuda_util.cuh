@@ -33,6 +33,11 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   if (b > 65535LL * 16) b = 65535LL * 16;
   return unsigned(b < 1 ? 1 : b);
 }
+/// Blocks of kThreads for `rows` rows, one warp a row (the layer norms).
+inline unsigned warp_row_blocks(int64_t rows) {
+  constexpr int kRows = kThreads / 32;
+  return unsigned((rows + kRows - 1) / kRows);
+}
 
 /// Lets kernel `k` launch with `smem` bytes of dynamic shared memory. Past 48 KiB — counting the
 /// kernel's static shared memory too, which the caller does not see — a kernel must opt in; so
