@@ -128,8 +128,10 @@ __device__ inline int token_rows(const int* counts, int G, int vocab_count, int 
 }
 
 // block_totals (blocks, 2): the rows and the runs (tokens present) of each block's 1024 tokens.
-__global__ void embedding_block_totals_kernel(int* block_totals, const int* counts, int G,
-                                              int vocab_count) {
+// (The bounds: a block of 1024 threads may take at most 64 registers a thread — the compiler's to
+// keep, where without them a kernel grown past that would fail only at its launch, on a GPU.)
+__global__ void __launch_bounds__(kOffsetThreads)
+    embedding_block_totals_kernel(int* block_totals, const int* counts, int G, int vocab_count) {
   __shared__ int shared[32];
   const int rows = token_rows(counts, G, vocab_count, blockIdx.x * blockDim.x + threadIdx.x);
   int block_rows, block_runs;
@@ -143,8 +145,9 @@ __global__ void embedding_block_totals_kernel(int* block_totals, const int* coun
 
 // counts (G, vocab_count) become each (tile, token)'s first place in sorted (tokens present);
 // runs (R, 3) get each present token, its first place and its rows, in token order; run_count R.
-__global__ void embedding_offsets_kernel(int* counts, int* runs, int* run_count,
-                                         const int* block_totals, int G, int vocab_count) {
+__global__ void __launch_bounds__(kOffsetThreads)
+    embedding_offsets_kernel(int* counts, int* runs, int* run_count, const int* block_totals,
+                             int G, int vocab_count) {
   __shared__ int shared[32];
   __shared__ int before[2];  // the rows and runs of the blocks before this one
   if (threadIdx.x == 0) {
