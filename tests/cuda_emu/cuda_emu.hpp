@@ -10,9 +10,11 @@
 // API; only the functions behind them are ours.
 //
 // The device: every CUDA thread of a block is a fiber with its own stack, run one at a
-// time on the calling thread, in descending thread order (a thread that reads, without the
-// barrier it needs, what a lower-numbered thread or lane writes, reads garbage); blocks run
-// one after the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a
+// time on the calling thread, in descending thread order in blocks of even linear index and in
+// ascending order in odd ones (a thread that reads, without the barrier it needs, what a
+// lower-numbered thread or lane writes reads garbage in the first, what a higher-numbered one
+// writes in the second: a kernel of two blocks or more shows either); blocks run one after
+// the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a
 // barrier that can never be reached by every live thread is reported as a deadlock. Shared and
 // device memory are fresh allocations filled with NaN bits (0xff), checked by AddressSanitizer
 // (the emulated objects are built with it and UBSan: an out-of-bounds or misaligned access aborts

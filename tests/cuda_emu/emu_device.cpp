@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,6 +133,9 @@ struct Machine {
   Context scheduler;
   Fiber* current = nullptr;
   int alive = 0, arrived = 0;  // the block's live threads, and those at __syncthreads
+  // The order the block's threads (and each warp's lanes) take turns in: descending in blocks of
+  // even linear index, ascending in odd ones (cuda_emu.hpp: which missing barriers each shows).
+  bool ascending = false;
   void* shared = nullptr;
   size_t shared_bytes = 0;
   const std::function<void()>* body = nullptr;
@@ -157,7 +161,8 @@ void yield(Fiber& f) {
   Machine& m = machine();
   const int first = f.linear - f.linear % 32, n = int(m.fibers.size());
   for (int k = 1; k < 32; ++k) {
-    const int i = first + (f.linear - first - k + 32) % 32;  // descending, wrapping in the warp
+    // the block's order (Machine::ascending), wrapping in the warp
+    const int i = first + (f.linear - first + (m.ascending ? k : 32 - k)) % 32;
     if (i >= n || m.fibers[i].state != State::runnable) continue;
     m.current = &m.fibers[i];
     switch_context(f.context, m.fibers[i].context);
@@ -228,6 +233,10 @@ void run_block(const Index& block, const std::function<void()>& body) {
   m.body = &body;
   m.alive = n;
   m.arrived = 0;
+  const uint64_t linear_block =
+      block.block.x + uint64_t(block.grid_dim.x) *
+                          (block.block.y + uint64_t(block.grid_dim.y) * block.block.z);
+  m.ascending = linear_block % 2 == 1;
   for (int i = 0; i < n; ++i) {
     Fiber& f = m.fibers[i];
     f.index = block;
@@ -245,11 +254,13 @@ void run_block(const Index& block, const std::function<void()>& body) {
   }
   while (m.alive > 0) {
     bool ran = false;
-    for (int i = n - 1; i >= 0; --i)  // descending: see cuda_emu.hpp
-      if (m.fibers[i].state == State::runnable) {
-        resume(m.fibers[i]);
+    for (int k = 0; k < n; ++k) {  // the block's order: see cuda_emu.hpp
+      Fiber& f = m.fibers[m.ascending ? k : n - 1 - k];
+      if (f.state == State::runnable) {
+        resume(f);
         ran = true;
       }
+    }
     if (!ran && m.alive > 0) {
       const std::string where = describe(m);
       std::fprintf(stderr, "emulated GPU: block (%u,%u,%u) cannot go on:%s\n", block.block.x,

@@ -1,9 +1,11 @@
 // The emulated GPU's own tests (in emu_tests): that barriers, shuffles and shared memory do
 // what CUDA's do, that launches are checked as a GPU checks them, and that a missing barrier
-// shows (the point of running threads in descending order on NaN-filled memory).
+// shows (the point of running threads in descending order, and in ascending order in every
+// other block, on NaN-filled memory).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "cuda_emu.hpp"
@@ -79,6 +81,34 @@ TEST(EmulatedGpu, AMissingBarrierReadsMemoryNobodyWroteYet) {
   for (int t = 0; t < 64; ++t) garbage += std::isnan(out[t]);
   EXPECT_EQ(garbage, 63);
   cudaFree(d_out);
+}
+
+// The same without the barrier, in two blocks, reading the neighbour below (step 63) or above
+// (step 1): block 0 runs its threads last to first, block 1 first to last, so that each
+// direction's missing barrier shows in one of them — a thread that reads before its neighbour
+// wrote reads NaN.
+__global__ void neighbour_at(float* out, int step) {
+  float* s = static_cast<float*>(trellis_emu::dynamic_shared());
+  const int t = threadIdx.x, n = blockDim.x;
+  s[t] = float(t);
+  out[blockIdx.x * n + t] = s[(t + step) % n];
+}
+
+TEST(EmulatedGpu, AMissingBarrierShowsWhicheverNeighbourWrites) {
+  for (const int step : {63, 1}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    float* d_out = device_copy(std::vector<float>(128, 0.0f));
+    trellis_emu::Launch(neighbour_at, 2, 64, 64 * sizeof(float))(d_out, step);
+    std::vector<float> out(128);
+    cudaMemcpy(out.data(), d_out, sizeof(out[0]) * 128, cudaMemcpyDeviceToHost);
+    int garbage[2] = {0, 0};  // per block
+    for (int i = 0; i < 128; ++i) garbage[i / 64] += std::isnan(out[i]);
+    // Reading below (step 63): block 0 (last to first) reads 63 values not yet written, block 1
+    // one (thread 0's neighbour, 63, runs last). Reading above (step 1): the other way round.
+    EXPECT_EQ(garbage[0], step == 63 ? 63 : 1);
+    EXPECT_EQ(garbage[1], step == 63 ? 1 : 63);
+    cudaFree(d_out);
+  }
 }
 
 // Butterfly sums and broadcasts across a warp (two warps: each its own).
