@@ -58,7 +58,10 @@
 #define __device__
 #define __host__
 // A block's static shared variables: one object shared by the block's fibers (blocks run one at
-// a time). Not zeroed between blocks on a GPU, and a kernel must not count on it here either.
+// a time). emulate.sed follows each declaration `__shared__ T name[...];` with fresh_shared(name),
+// which fills it with NaN bits once a block, as dynamic shared memory is filled: a read before
+// this block wrote it reads garbage, not the last block's values. (This definition is for a
+// declaration the rewrite does not match: one object, not refilled.)
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(...)
@@ -75,6 +78,10 @@ struct Index {
 const Index& index();
 /// The running block's dynamic shared memory (the launch's smem bytes).
 void* dynamic_shared();
+/// A static shared variable's `bytes` at p, filled with NaN bits by the first of the block's
+/// threads to reach its declaration (the rest leave it as it is by then); the block's static
+/// shared memory is held to a GPU's 48 KiB, and with its dynamic to 227 KiB.
+void fresh_shared(void* p, size_t bytes);
 /// Barriers: every live thread of the block, of the running thread's warp.
 void sync_block();
 void sync_warp();

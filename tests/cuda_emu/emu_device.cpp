@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_emu.hpp"
@@ -138,6 +139,11 @@ struct Machine {
   bool ascending = false;
   void* shared = nullptr;
   size_t shared_bytes = 0;
+  // Static shared variables (fresh_shared): the block's number, counted from 1, the last block
+  // that filled each, and this block's static bytes.
+  uint64_t block_number = 0;
+  std::unordered_map<void*, uint64_t> filled_in;
+  size_t static_bytes = 0;
   const std::function<void()>* body = nullptr;
 };
 
@@ -233,6 +239,8 @@ void run_block(const Index& block, const std::function<void()>& body) {
   m.body = &body;
   m.alive = n;
   m.arrived = 0;
+  ++m.block_number;
+  m.static_bytes = 0;
   const uint64_t linear_block =
       block.block.x + uint64_t(block.grid_dim.x) *
                           (block.block.y + uint64_t(block.grid_dim.y) * block.block.z);
@@ -276,6 +284,19 @@ const Index& index() { return current().index; }
 void* dynamic_shared() {
   current();
   return machine().shared;
+}
+void fresh_shared(void* p, size_t bytes) {
+  current();
+  Machine& m = machine();
+  uint64_t& block = m.filled_in[p];
+  if (block == m.block_number) return;  // this block's: another thread got here first
+  block = m.block_number;
+  std::memset(p, 0xff, bytes);
+  m.static_bytes += bytes;
+  if (m.static_bytes > kSharedDefault)
+    fault("static shared memory over the 48 KiB a block may declare");
+  if (m.static_bytes + m.shared_bytes > kSharedOptin)
+    fault("static and dynamic shared memory over the device's most per block");
 }
 int lane() { return linear(current()) % 32; }
 void* warp_exchange() {

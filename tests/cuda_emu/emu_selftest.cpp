@@ -111,6 +111,30 @@ TEST(EmulatedGpu, AMissingBarrierShowsWhicheverNeighbourWrites) {
   }
 }
 
+// A static shared array as emulate.sed rewrites `__shared__ float s[64];` in the backend's kernels
+// (followed by fresh_shared), read before this block writes it, then written: what the next
+// block reads, were the array not filled again for it.
+__global__ void static_read_then_written(float* out) {
+  static float s[64];
+  trellis_emu::fresh_shared(s, sizeof(s));
+  const int t = threadIdx.x;
+  out[blockIdx.x * 64 + t] = s[t];
+  __syncthreads();
+  s[t] = float(t);
+}
+
+TEST(EmulatedGpu, StaticSharedMemoryIsFreshInEveryBlock) {
+  float* d_out = device_copy(std::vector<float>(192, 0.0f));
+  trellis_emu::Launch(static_read_then_written, 3, 64)(d_out);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> out(192);
+  cudaMemcpy(out.data(), d_out, sizeof(out[0]) * 192, cudaMemcpyDeviceToHost);
+  int garbage = 0;
+  for (float v : out) garbage += std::isnan(v);
+  EXPECT_EQ(garbage, 192) << "every block reads NaN bits, not the block before's values";
+  cudaFree(d_out);
+}
+
 // Butterfly sums and broadcasts across a warp (two warps: each its own).
 __global__ void warp_ops(float* sums, float* firsts, const float* in) {
   const int t = threadIdx.x;
