@@ -273,7 +273,8 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, i
 inline void __syncthreads() { trellis_emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { trellis_emu::sync_warp(); }
 
-// Every lane of the warp takes part (the backend's kernels always pass the full mask).
+// Every lane of the warp takes part (the backend's kernels always pass the full mask): a shuffle
+// in a warp with a lane exited, or of fewer than 32 threads, is reported (emu_device.cpp).
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
   const int l = trellis_emu::lane();

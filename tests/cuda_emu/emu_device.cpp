@@ -301,7 +301,13 @@ void fresh_shared(void* p, size_t bytes) {
 int lane() { return linear(current()) % 32; }
 void* warp_exchange() {
   Fiber& f = current();
-  return warp_of(f).exchange[f.shuffles++ & 1];
+  Warp& w = warp_of(f);
+  // The backend's shuffles (and ldmatrix, mma.sync) name all 32 lanes: on a GPU a lane that has
+  // exited, or a warp short of 32, makes that undefined — here every lane would still pair up.
+  if (w.alive < 32)
+    fault("a warp-wide operation (shuffle, ldmatrix, mma.sync: all 32 lanes) in a warp with "
+          "fewer than 32 live lanes");
+  return w.exchange[f.shuffles++ & 1];
 }
 uint64_t shuffle_bits(uint64_t bits, int src) {
   if (src < 0 || src >= 32) fault("a shuffle from a lane outside the warp");

@@ -135,6 +135,27 @@ TEST(EmulatedGpu, StaticSharedMemoryIsFreshInEveryBlock) {
   cudaFree(d_out);
 }
 
+// What a GPU leaves undefined, reported: a full-mask shuffle after half the warp's lanes have
+// returned, and more static shared memory than a block may declare (as emulate.sed rewrites it).
+__global__ void shuffle_after_half_returned(float* out) {
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, float(threadIdx.x), 1);
+}
+__global__ void too_much_static_shared(float* out) {
+  static float big[13 * 1024];  // 52 KiB
+  trellis_emu::fresh_shared(big, sizeof(big));
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+TEST(EmulatedGpu, WhatAGpuLeavesUndefinedIsReported) {
+  float* d_out = device_copy(std::vector<float>(32, 0.0f));
+  EXPECT_DEATH(trellis_emu::Launch(shuffle_after_half_returned, 1, 32)(d_out),
+               "fewer than 32 live lanes");
+  EXPECT_DEATH(trellis_emu::Launch(too_much_static_shared, 1, 32)(d_out),
+               "static shared memory over the 48 KiB");
+  cudaFree(d_out);
+}
+
 // Butterfly sums and broadcasts across a warp (two warps: each its own).
 __global__ void warp_ops(float* sums, float* firsts, const float* in) {
   const int t = threadIdx.x;
