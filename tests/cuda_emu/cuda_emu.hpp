@@ -15,7 +15,9 @@
 // lower-numbered thread or lane writes reads garbage in the first, what a higher-numbered one
 // writes in the second: a kernel of two blocks or more shows either); blocks run one after
 // the other. __syncthreads, __syncwarp and the shuffles are barriers between fibers; a
-// barrier that can never be reached by every live thread is reported as a deadlock. Shared and
+// barrier that can never be reached by every live thread is reported as a deadlock, a
+// __syncthreads that not the whole block reaches (some threads returned) and a shuffle in a warp
+// short of 32 live lanes as what a GPU leaves undefined. Shared and
 // device memory are fresh allocations filled with NaN bits (0xff), checked by AddressSanitizer
 // (the emulated objects are built with it and UBSan: an out-of-bounds or misaligned access aborts
 // the test with the kernel's source line). The PTX instructions ldmatrix and mma.sync m16n8k16 (cuda_mma.cuh) are warp-wide

@@ -210,6 +210,7 @@ void entry() {
   Fiber& f = *m.current;
   (*m.body)();
   f.state = State::done;
+  if (m.arrived > 0) fault("a thread returned while others wait at __syncthreads");
   --m.alive;
   const int w = linear(f) / 32;
   --m.warps[w].alive;
@@ -360,6 +361,11 @@ void copy_async_wait(int pending) {
 void sync_block() {
   Machine& m = machine();
   Fiber& f = current();
+  // CUDA asks that a __syncthreads be reached by the whole block (a condition around it the same
+  // in every thread): one after some threads returned is reported, as is a return while others
+  // wait (in entry), where this emulator would otherwise count only the threads left.
+  if (m.alive < int(m.fibers.size()))
+    fault("__syncthreads after some of the block's threads returned");
   f.state = State::at_block_barrier;
   ++m.arrived;
   release_block_if_complete();

@@ -136,7 +136,13 @@ TEST(EmulatedGpu, StaticSharedMemoryIsFreshInEveryBlock) {
 }
 
 // What a GPU leaves undefined, reported: a full-mask shuffle after half the warp's lanes have
-// returned, and more static shared memory than a block may declare (as emulate.sed rewrites it).
+// returned, a __syncthreads that not the whole block reaches (a warp returned before it), and
+// more static shared memory than a block may declare (as emulate.sed rewrites it).
+__global__ void barrier_after_a_warp_returned(float* out) {
+  if (threadIdx.x >= 32) return;
+  __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
 __global__ void shuffle_after_half_returned(float* out) {
   if (threadIdx.x >= 16) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, float(threadIdx.x), 1);
@@ -151,6 +157,8 @@ TEST(EmulatedGpu, WhatAGpuLeavesUndefinedIsReported) {
   float* d_out = device_copy(std::vector<float>(32, 0.0f));
   EXPECT_DEATH(trellis_emu::Launch(shuffle_after_half_returned, 1, 32)(d_out),
                "fewer than 32 live lanes");
+  EXPECT_DEATH(trellis_emu::Launch(barrier_after_a_warp_returned, 1, 64)(d_out),
+               "returned");
   EXPECT_DEATH(trellis_emu::Launch(too_much_static_shared, 1, 32)(d_out),
                "static shared memory over the 48 KiB");
   cudaFree(d_out);
