@@ -126,7 +126,9 @@ summary() {
   # each said once, the first few.
   grep -hs 'warning' "${main_log:-/dev/null}" | sort -u | head -6 | sed 's/^/gpt2-124m bf16+tc: /'
   echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
-  printf '%-10s %-15s %8s %9s %9s %10s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB"
+  # (step ms: steps without the kernel profile; prof. ms: as many after them with it, whose
+  # profile the tables below show — the difference is what its events cost)
+  printf '%-10s %-15s %8s %9s %9s %10s %9s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB" "prof. ms"
   for r in "${rows[@]}"; do echo "$r"; done
   # PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
   best_tps=""
@@ -140,9 +142,9 @@ summary() {
       "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
     awk -v a="$tps" -v b="${best_tps:-0}" 'BEGIN { exit !(a > b) }' && best_tps=$tps
   done < <(grep -s '^torch-bench: gpt2-124m' "$OUTDIR/torch-bench.log")
-  # (Trellis's row is profiled — two CUDA events a call —, PyTorch's is not; both are the median of
-  # rounds of 3 steps, each round's fastest, at the same B·T)
-  [[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s (Trellis profiled, PyTorch not)\n", a / b }' 
+  # (neither row profiled; both the median of rounds of 3 steps, each round's fastest, at the same
+  # B·T)
+  [[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s\n", a / b }'
   grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
   [[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
   # Where the device time went in the two target rows (350M's: what stands between it and 55 %).
@@ -407,10 +409,11 @@ bench_row() {
     rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "$why")")
     bench_failed=1
   elif (( B >= 1 )) && [[ -n $line ]]; then
-    rows+=("$(printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
+    rows+=("$(printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
       "$(field "$line" tokens_per_s)" "$(awk -v m="$(field "$line" mfu)" 'BEGIN {print 100 * m}')" \
       "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')" \
-      "$(awk -v b="$(field "$line" planned_bytes)" 'BEGIN {print b / 2^30}')")")
+      "$(awk -v b="$(field "$line" planned_bytes)" 'BEGIN {print b / 2^30}')" \
+      "$(field "$line" profiled_step_ms)")")
     [[ $label == bf16+tc && $name == gpt2-124m ]] && main_tps=$(field "$line" tokens_per_s) main_B=$B
   else
     rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "FAILED: see $log")")

@@ -143,6 +143,9 @@ class Backend {
   /// A table of device time per kernel class where the backend measures it (cuda with
   /// TRELLIS_CUDA_PROFILE=1); empty otherwise.
   virtual std::string profile_report() { return ""; }
+  /// Whether the backend keeps such a profile at all (paused or not): a benchmark then times its
+  /// steps with the profile paused, its events being instrumentation, not training.
+  virtual bool profiles() const { return false; }
   /// Starts the profile over: what ran so far (a benchmark's warm-up) is dropped.
   virtual void reset_profile() {}
   /// Leaves the calls from now on out of the profile (true: a benchmark's reference GEMMs) or

@@ -277,6 +277,7 @@ class CudaBackend : public Backend {
   std::string profile_report() override;
   void reset_profile() override;
   void pause_profile(bool paused) override { profile_paused_ = paused; }
+  bool profiles() const override { return profiling_; }
   /// Whether some kernel's ways to the same bits are still on trial (kernel_ways.hpp), once the
   /// timed calls that have finished are counted.
   bool settling() override {
