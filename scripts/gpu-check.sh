@@ -148,6 +148,14 @@ summary() {
   # B·T)
   [[ -n $main_tps && -n $best_tps ]] && awk -v a="$main_tps" -v b="$best_tps" 'BEGIN { if (b > 0) printf "gpt2-124m bf16+tc / the faster torch eager: %.2f× the tokens/s\n", a / b }'
   grep -hE '^torch-bench: (attention|gemm|error|torch=)' "$OUTDIR/torch-bench.log" 2>/dev/null | sed 's/^torch-bench: /PyTorch: /'
+  # Trellis's attention alone, one layer's shape, forward and backward back to back as PyTorch's
+  # above (beside the step's profile, where the GEMMs share the device's power and L2 with it).
+  local alog aline
+  for alog in "${main_log:-}" "${main_log_350:-}"; do
+    aline=$(grep -s '^bench: ' "${alog:-/dev/null}" | tail -1)
+    [[ -n $(field "$aline" attention_tflops) ]] || continue
+    echo "Trellis $(basename "$alog" .log): attention alone, forward and backward: $(field "$aline" attention_tflops) TFLOP/s"
+  done
   [[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"
   # Where the device time went in the two target rows (350M's: what stands between it and 55 %).
   local log

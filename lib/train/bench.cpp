@@ -11,6 +11,7 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
+#include "model/params.hpp"
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
 #include "train/trainer.hpp"
@@ -63,6 +64,42 @@ class ReferenceGemm {
   int M_, N_, K_;
   Buffer a_, b_, c_;  // (M,K), (N,K), (M,N)
 };
+
+/// Attention alone: `iterations` forward and backward passes of one layer's shape on this rank
+/// (its micro-batch, its heads under tp), back to back, as PyTorch's SDPA is timed beside it
+/// (scripts/torch_bench.py) — what the backend's attention reaches with the device to itself,
+/// to hold against the profile's in-step rate. TFLOP/s by the profile's count (causal: 3.5 times
+/// 2·B·H·T²·hd a pass); 0 where its buffers do not fit next to the training's.
+static double attention_alone_tflops(Backend& backend, const Config& cfg, int iterations) {
+  const ParamTable table(cfg.model, cfg.parallel.tp);
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, H = table.heads_local,
+            KV = table.kv_heads_local, hd = cfg.model.d_model / cfg.model.heads;
+  const DType t = backend.dtype();
+  const size_t e = dtype_bytes(t), rows = size_t(B) * T;
+  try {
+    // (zeros: a fused attention's time does not depend on the values)
+    Allocator* device = backend.allocator();
+    Buffer qkv(MemKind::Scratch, e * rows * (H + 2 * KV) * hd, device);   // (B,T,(H+2KV)·hd)
+    Buffer dqkv(MemKind::Scratch, e * rows * (H + 2 * KV) * hd, device);  // (B,T,(H+2KV)·hd)
+    Buffer out(MemKind::Scratch, e * rows * H * hd, device);              // (B,T,H·hd)
+    Buffer dout(MemKind::Scratch, e * rows * H * hd, device);             // (B,T,H·hd)
+    Buffer att(MemKind::Scratch, sizeof(float) * backend.attention_state_elems(B, T, H), device);
+    const auto pass = [&] {
+      backend.attention_forward(out.as(t), att.f32(), qkv.as(t), B, T, H, KV, hd);
+      backend.attention_backward(dqkv.as(t), dout.as(t), qkv.as(t), out.as(t), att.f32(), B, T, H,
+                                 KV, hd);
+    };
+    pass();  // (warm-up: plans, workspace)
+    backend.synchronize();
+    const double t0 = now_seconds();
+    for (int i = 0; i < iterations; ++i) pass();
+    backend.synchronize();
+    const double seconds = (now_seconds() - t0) / iterations;
+    return 3.5 * 2.0 * B * H * double(T) * T * hd / seconds / 1e12;
+  } catch (const OutOfMemory&) {  // (no figure; the rest of the benchmark stands)
+    return 0;
+  }
+}
 
 // Measures the step against the sgemm (below) and prints the table and the `bench:` line.
 static int measure(Trainer& trainer, const Config& cfg, const std::string& deck, World& world) {
@@ -170,6 +207,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   double planned_bytes = 0;
   for (const RankMemory& stage : layout_memory(cfg, run_memory_options(cfg, backend)))
     planned_bytes = std::max(planned_bytes, stage.total());
+  // (after the peak above: its buffers are not the training's)
+  const double attention_tflops =
+      profiled_step_ms > 0 ? attention_alone_tflops(backend, cfg, 10) : 0;
   rows.push_back({"peak memory (measured: the training's allocations)", format_bytes(peak_bytes)});
   rows.push_back({"peak memory (trellis plan)", format_bytes(planned_bytes)});
   if (peak_gflops > 0) rows.push_back({"MFU (system.peak_gflops)", strfmt("%.1f %%", 100 * gflops / peak_gflops)});
@@ -177,15 +217,18 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
     rows.push_back({strfmt("step while profiled (median of %d rounds' fastest)", rounds),
                     strfmt("%.1f ms (%+.1f %%)", profiled_step_ms,
                            100 * (profiled_step_ms / step_ms - 1))});
+  if (attention_tflops > 0)
+    rows.push_back({"attention alone, forward and backward (TFLOP/s, 10 passes)",
+                    strfmt("%.4g", attention_tflops)});
   log(format_table("trellis bench: " + deck, {"what", "measured"}, rows));
   if (const std::string kernels = backend.profile_report(); !kernels.empty()) log(kernels);
   log(
       strfmt("bench: step_ms=%.3f tokens_per_s=%.1f gflops=%.2f sgemm_gflops=%.2f ratio=%.4f "
              "ratio_min=%.4f ratio_max=%.4f peak_bytes=%.0f planned_bytes=%.0f mfu=%.4f "
-             "profiled_step_ms=%.3f",
+             "profiled_step_ms=%.3f attention_tflops=%.4g",
              step_ms, tokens / (step_ms * 1e-3), gflops, sgemm_square, mid.ratio,
              results.front().ratio, results.back().ratio, peak_bytes, planned_bytes,
-             peak_gflops > 0 ? gflops / peak_gflops : 0.0, profiled_step_ms));
+             peak_gflops > 0 ? gflops / peak_gflops : 0.0, profiled_step_ms, attention_tflops));
   return kExitOk;
 }
 
@@ -198,7 +241,8 @@ const char* const kBenchUsage =
     "  steps only: no checkpoints, no held-out evaluation, nothing written. Deck keys: trellis\n"
     "  train --help. With a kernel profile (TRELLIS_CUDA_PROFILE=1) the timed steps run without\n"
     "  it and as many steps after them with it: the profile is theirs, and profiled_step_ms their\n"
-    "  time (0 without a profile).\n";
+    "  time (0 without a profile); attention_tflops is then the rate of one layer's attention\n"
+    "  alone, forward and backward, 10 passes back to back.\n";
 
 namespace {
 

@@ -136,7 +136,8 @@ SHARED=1 start shared-nccl "$build/trellis-emu" 2 --system.backend=cuda --parall
 TRELLIS_EMU_NCCL_ASYNC_ERROR=10 start nccl-async-error "$build/trellis-emu" 2 \
   --system.backend=cuda --parallel.dp=2 --system.device_comm=nccl
 # trellis bench with the kernel profile: its timed steps run without it, then as many steps with
-# it — so its profile counts the GEMMs of 6 steps (2 rounds of 3), as 6 steps of training do.
+# it — so its profile counts the GEMMs of 6 steps (2 rounds of 3), as 6 steps of training do —,
+# then one layer's attention alone (a rate, however slow the emulated GPU).
 profiled() {
   local name=$1; shift
   TRELLIS_CUDA_PROFILE=1 timeout 300 "$build/trellis-emu" "$@" --system.backend=cuda \
@@ -186,11 +187,12 @@ done
 
 check_log="$work/bench-profiled.log"
 gemm_calls() { sed -n 's/^│ GEMM (cuBLASLt) *│[^│]*│[^│]*│ *\([0-9]*\) .*/\1/p' "$work/$1.log"; }
-check "bench with TRELLIS_CUDA_PROFILE=1: timed unprofiled, then profiled over as many steps (the GEMMs of 6 training steps: $(gemm_calls train-profiled))" \
+check "bench with TRELLIS_CUDA_PROFILE=1: timed unprofiled, then profiled over as many steps (the GEMMs of 6 training steps: $(gemm_calls train-profiled)), then attention alone" \
   "[ $(status_of bench-profiled) = 0 ] && [ $(status_of train-profiled) = 0 ] &&
    [ -n \"$(gemm_calls bench-profiled)\" ] && [ \"$(gemm_calls bench-profiled)\" = \"$(gemm_calls train-profiled)\" ] &&
    grep -q '^bench: .* profiled_step_ms=[1-9]' $work/bench-profiled.log &&
-   grep -q 'step while profiled (median of 2 rounds' $work/bench-profiled.log"
+   grep -q 'step while profiled (median of 2 rounds' $work/bench-profiled.log &&
+   grep -q '^bench: .* attention_tflops=[0-9.]*[1-9]' $work/bench-profiled.log"
 check_log="$work/fp32-nccl-dp2-zero1.log"
 check "the log says what device memory the NCCL links took (their buffers: none, emulated)" \
   "grep -q 'through the nccl link (NCCL; its communicators took 0.0 MiB of device memory on rank 0' $work/fp32-nccl-dp2-zero1.log"
