@@ -144,6 +144,14 @@ TEST_F(CudaCudnn, FaultsLeaveAttentionToTheMmaKernels) {
     const std::string said = testing::internal::GetCapturedStderr();
     EXPECT_EQ(said.find("warning"), std::string::npos) << said;
     EXPECT_NE(gpu->details().find("head size 64 on cuDNN"), std::string::npos) << gpu->details();
+    // The details name the engine configuration each pass took, of how many the heuristics
+    // offered: the fallback list's where mode A offers none, the second where the first fails.
+    const std::string took = std::string(fault) == "4"   ? "fallback #0 of 1"
+                             : std::string(fault) == "5" ? "mode A #1 of 2"
+                                                         : "mode A #0 of 1";
+    EXPECT_NE(gpu->details().find("B 2 T 130 H 4/2 hd 64: forward " + took + ", backward " + took),
+              std::string::npos)
+        << gpu->details();
   }
   {
     SCOPED_TRACE("cuDNN 9.13");

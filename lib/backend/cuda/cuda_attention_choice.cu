@@ -139,6 +139,9 @@ std::string CudaBackend::details() const {
       sep = ", ";
     }
   }
+  if (cudnn_)
+    if (const std::string engines = cudnn_->engines(); !engines.empty())
+      s += "; cuDNN's engine configurations (the heuristics' choice, of how many): " + engines;
   return no_cudnn.empty() ? s : s + "; " + no_cudnn;
 }
 

@@ -358,6 +358,16 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
   return false;
 }
 
+std::string CudnnAttention::engines() const {
+  std::string all;
+  for (const auto& [s, p] : passes_)
+    all += std::string(all.empty() ? "" : "; ") + "B " + std::to_string(s.B) + " T " +
+           std::to_string(s.T) + " H " + std::to_string(s.H) + "/" + std::to_string(s.KV) +
+           " hd " + std::to_string(s.hd) + ": forward " + p->forward.graph->choice() +
+           ", backward " + p->backward.graph->choice();
+  return all;
+}
+
 size_t CudnnAttention::workspace_bytes(const AttentionShape& s) const {
   const Passes& p = *passes_.at(s);
   return size_t(std::max(round_up(p.forward.workspace),
@@ -434,6 +444,7 @@ CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::takes(const AttentionShape&, std::string& why) {
   return why = "built without cuDNN", false;
 }
+std::string CudnnAttention::engines() const { return ""; }
 size_t CudnnAttention::workspace_bytes(const AttentionShape&) const { return 0; }
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const AttentionShape&,
                              void*) {}

@@ -60,6 +60,9 @@ class CudnnAttention {
 
   /// "cuDNN 9.13.0 (path)", for the log.
   const std::string& name() const { return name_; }
+  /// Each shape's engine configurations, for the log: "B 64 T 1024 H 12/12 hd 64: forward mode A
+  /// #0 of 1, backward mode A #0 of 2"; shapes apart by "; ".
+  std::string engines() const;
   bool deterministic() const { return deterministic_; }
 
  private:

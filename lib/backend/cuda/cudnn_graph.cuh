@@ -163,6 +163,10 @@ class Graph {
     ops_.push_back(&op.finalize("a reshape operation"));
   }
 
+  /// Which of the heuristics' configurations the plan took, of how many ("mode A #0 of 2"): where
+  /// the heuristics offer more than one, timing them might find a faster one.
+  const std::string& choice() const { return choice_; }
+
   /// The engine configurations cuDNN's heuristics in `mode` offer for `graph`, best first.
   std::vector<std::unique_ptr<Desc>> engine_configs(const Desc& graph, cudnnBackendHeurMode_t mode) {
     Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -221,6 +225,8 @@ class Graph {
                                      CUDNN_TYPE_INT64, 1, &count, workspace),
                 "the plan's workspace size");
           chosen_ = std::move(configs[i]);  // kept with the plan, as cuDNN's frontend keeps it
+          choice_ = std::string(mode_name) + " #" + std::to_string(i) + " of " +
+                    std::to_string(configs.size());
           return plan;
         } catch (const std::runtime_error& e) {  // the next configuration may build
           if (errors.find(e.what()) == std::string::npos)  // (each reason once)
@@ -244,6 +250,7 @@ class Graph {
   cudnnHandle_t handle_;
   std::deque<Desc> descs_;
   std::unique_ptr<Desc> chosen_;  // the engine configuration of the plan
+  std::string choice_;            // which of the heuristics' it was (choice())
   std::vector<const Desc*> ops_;
   int64_t next_virtual_ = kFirstVirtualUid;
 };
