@@ -153,7 +153,8 @@ summary() {
   local alog aline
   for alog in "${main_log:-}" "${main_log_350:-}"; do
     aline=$(grep -s '^bench: ' "${alog:-/dev/null}" | tail -1)
-    [[ -n $(field "$aline" attention_tflops) ]] || continue
+    # (0: none measured — no profile, or its buffers did not fit)
+    awk -v r="$(field "$aline" attention_tflops)" 'BEGIN { exit !(r > 0) }' || continue
     echo "Trellis $(basename "$alog" .log): attention alone, forward and backward: $(field "$aline" attention_tflops) TFLOP/s"
   done
   [[ -n $torch_summary ]] && echo "PyTorch beside it: $torch_summary"

@@ -77,13 +77,24 @@ static double attention_alone_tflops(Backend& backend, const Config& cfg, int it
   const DType t = backend.dtype();
   const size_t e = dtype_bytes(t), rows = size_t(B) * T;
   try {
-    // (zeros: a fused attention's time does not depend on the values)
     Allocator* device = backend.allocator();
     Buffer qkv(MemKind::Scratch, e * rows * (H + 2 * KV) * hd, device);   // (B,T,(H+2KV)·hd)
     Buffer dqkv(MemKind::Scratch, e * rows * (H + 2 * KV) * hd, device);  // (B,T,(H+2KV)·hd)
     Buffer out(MemKind::Scratch, e * rows * H * hd, device);              // (B,T,H·hd)
     Buffer dout(MemKind::Scratch, e * rows * H * hd, device);             // (B,T,H·hd)
     Buffer att(MemKind::Scratch, sizeof(float) * backend.attention_state_elems(B, T, H), device);
+    // Values in [-1, 1), as PyTorch's are random: a GPU's clock under all-zero operands, which
+    // draw less power, would flatter the rate. (A chunk repeated: a 350M layer's qkv is 200M.)
+    const auto fill = [&](const Buffer& b, int64_t n, int64_t seed) {
+      std::vector<float> chunk(size_t(std::min<int64_t>(n, 1 << 20)));
+      for (size_t i = 0; i < chunk.size(); ++i)
+        chunk[i] = float((int64_t(i) * seed) % 2000) * 1e-3f - 1.0f;
+      for (int64_t at = 0; at < n; at += int64_t(chunk.size()))
+        backend.copy_from_host_as(b.as(t).at(at), chunk.data(),
+                                  std::min<int64_t>(n - at, int64_t(chunk.size())));
+    };
+    fill(qkv, int64_t(rows) * (H + 2 * KV) * hd, 7919);
+    fill(dout, int64_t(rows) * H * hd, 104729);
     const auto pass = [&] {
       backend.attention_forward(out.as(t), att.f32(), qkv.as(t), B, T, H, KV, hd);
       backend.attention_backward(dqkv.as(t), dout.as(t), qkv.as(t), out.as(t), att.f32(), B, T, H,

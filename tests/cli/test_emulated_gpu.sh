@@ -186,11 +186,15 @@ for precision in fp32 bf16; do
 done
 
 check_log="$work/bench-profiled.log"
-gemm_calls() { sed -n 's/^│ GEMM (cuBLASLt) *│[^│]*│[^│]*│ *\([0-9]*\) .*/\1/p' "$work/$1.log"; }
-check "bench with TRELLIS_CUDA_PROFILE=1: timed unprofiled, then profiled over as many steps (the GEMMs of 6 training steps: $(gemm_calls train-profiled)), then attention alone" \
+# calls RUN CLASS: the calls of a kernel class in RUN's profile.
+calls() { sed -n "s/^│ $2 *│[^│]*│[^│]*│ *\([0-9]*\) .*/\1/p" "$work/$1.log"; }
+check "bench with TRELLIS_CUDA_PROFILE=1: timed unprofiled, then profiled over as many steps (the GEMMs and attention calls of 6 training steps: $(calls train-profiled 'GEMM (cuBLASLt)'), $(calls train-profiled attention)), then attention alone" \
   "[ $(status_of bench-profiled) = 0 ] && [ $(status_of train-profiled) = 0 ] &&
-   [ -n \"$(gemm_calls bench-profiled)\" ] && [ \"$(gemm_calls bench-profiled)\" = \"$(gemm_calls train-profiled)\" ] &&
-   grep -q '^bench: .* profiled_step_ms=[1-9]' $work/bench-profiled.log &&
+   [ -n \"$(calls bench-profiled 'GEMM (cuBLASLt)')\" ] &&
+   [ \"$(calls bench-profiled 'GEMM (cuBLASLt)')\" = \"$(calls train-profiled 'GEMM (cuBLASLt)')\" ] &&
+   [ -n \"$(calls bench-profiled attention)\" ] &&
+   [ \"$(calls bench-profiled attention)\" = \"$(calls train-profiled attention)\" ] &&
+   grep -q '^bench: .* profiled_step_ms=[0-9.]*[1-9]' $work/bench-profiled.log &&
    grep -q 'step while profiled (median of 2 rounds' $work/bench-profiled.log &&
    grep -q '^bench: .* attention_tflops=[0-9.]*[1-9]' $work/bench-profiled.log"
 check_log="$work/fp32-nccl-dp2-zero1.log"
