@@ -45,7 +45,9 @@
 #      plan's figure beside it; `trellis bench` times its steps unprofiled, then profiles as
 #      many: "prof. ms"), device time per kernel
 #      class — the two rows of the targets first, then 350M's dgbgrad and bgrad rows (which of
-#      its three ways to the bias gradients is fastest decides its default), then
+#      its three ways to the bias gradients is fastest decides its default) and, where cuDNN's
+#      heuristics offered more than one engine configuration for a pass, its attention with each
+#      timed and the fastest kept (TRELLIS_CUDNN_TUNE=1, "bf16+tc+cudnntune"), then
 #   2b. where python3 has torch, PyTorch beside it on the same device (scripts/torch_bench.py):
 #      GPT-2 124M in eager PyTorch as Trellis's bf16 runs it, its attention through each SDPA
 #      backend, its GEMMs through cuBLAS — then the comparison rows;
@@ -114,7 +116,7 @@ save_logs() {
 # The table of section 4 (also GPU_CHECK_RESULTS/summary.txt, written after each phase too).
 summary() {
   echo
-  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +dgbgrad = the MLP's first bias gradient in its dinp GEMM's DGELU_BGRAD epilogue (fp32 sums), the others by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -ways = each kernel's first way to the same bits, not the fastest of its ways timed at the first calls, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward"
+  echo "gpu-check summary — ${GPU:-no GPU found by nvidia-smi}, MFU vs the bf16 peak $PEAK TFLOP/s; bf16 = bf16 activations and weights (fp32 master weights), +tc = attention as by default (cuDNN's fused attention where it loads and agrees with the fp32 kernels, else mma.sync), +mma = the mma.sync kernels (TRELLIS_CUDNN=0), +tune = GEMM algorithms chosen by timing, +bgrad = bias gradients in the dweight GEMMs' BGRADB epilogue, not by column sums, +dgbgrad = the MLP's first bias gradient in its dinp GEMM's DGELU_BGRAD epilogue (fp32 sums), the others by column sums, -res = the residual adds apart from the projection GEMMs, -gelu = the MLP's GELU as kernels of its own, not in cuBLASLt's epilogues, -ceexp2 = the cross-entropy's exponentials by expf, not exp2f on a pre-scaled argument, -ways = each kernel's first way to the same bits, not the fastest of its ways timed at the first calls, -embsort = the embedding gradient by atomics, not in the order of the positions sorted by token, +det = cuDNN's deterministic attention backward, +cudnntune = each engine configuration cuDNN's heuristics offer timed, the fastest kept"
   (( no_device )) && echo "no GPU: the binaries see no CUDA device; nothing below was measured"
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
@@ -334,11 +336,13 @@ main_B=$B0  # tokens/s and B of gpt2-124m bf16+tc, for the ratio to PyTorch's
 # bench_row "NAME PRECISION TC [VARIANT]": one row of the table.
 bench_row() {
   local name precision tc variant gemm_tune bgrad residual gelu emb_sorted
-  local cudnn_det loss_exp2 kernel_ways deck
+  local cudnn_det loss_exp2 kernel_ways deck cudnn_tune
   local tf32 B t label
   local status line why="" log="" tc_env cudnn
   read -r name precision tc variant <<< "$1"
   gemm_tune=0 bgrad=0 residual=1 gelu=1 cudnn=1 emb_sorted=1 cudnn_det=0 loss_exp2=1 kernel_ways=1
+  cudnn_tune=0
+  [[ ${variant:-} == cudnntune ]] && cudnn_tune=1
   [[ ${variant:-} == tune ]] && gemm_tune=1
   [[ ${variant:-} == bgrad ]] && bgrad=dweight
   [[ ${variant:-} == dgbgrad ]] && bgrad=dgelu
@@ -375,6 +379,7 @@ bench_row() {
       TRELLIS_RESIDUAL_EPILOGUE=$residual TRELLIS_GELU_EPILOGUE=$gelu TRELLIS_CUDNN=$cudnn \
       TRELLIS_KERNEL_WAYS=$kernel_ways \
       TRELLIS_EMBEDDING_SORTED=$emb_sorted TRELLIS_CUDNN_DETERMINISTIC=$cudnn_det \
+      TRELLIS_CUDNN_TUNE=$cudnn_tune \
       TRELLIS_LOSS_EXP2=$loss_exp2 \
       TRELLIS_CUDA_PROFILE=1 \
       "${TIMEOUT[@]}" "$t" "$BIN/trellis" bench "$deck" \
@@ -407,6 +412,7 @@ bench_row() {
   (( gelu )) || label=bf16+tc-gelu
   (( emb_sorted )) || label=bf16+tc-embsort
   (( cudnn_det )) && label=bf16+tc+det
+  (( cudnn_tune )) && label=bf16+tc+cudnntune
   (( loss_exp2 )) || label=bf16+tc-ceexp2
   (( kernel_ways )) || label=bf16+tc-ways
   (( cudnn )) || label=bf16+mma
@@ -443,6 +449,16 @@ for run in "gpt2-350m bf16 auto dgbgrad" "gpt2-350m bf16 auto bgrad"; do
   bench_row "$run"
   write_summary
 done
+# cuDNN's attention with each engine configuration its heuristics offer timed and the fastest
+# kept (TRELLIS_CUDNN_TUNE=1) — only where the default 350M row's details say they offered more
+# than one for a pass ("… of 2"): otherwise there is nothing to choose.
+if grep -qs "cuDNN's engine configurations.* of [2-9]" "${main_log_350:-/dev/null}"; then
+  bench_row "gpt2-350m bf16 auto cudnntune"
+else
+  rows+=("$(printf '%-10s %-15s %5s %s' gpt2-350m bf16+tc+cudnntune - \
+    "skipped (cuDNN offered one engine configuration a pass, or did not run)")")
+fi
+write_summary
 
 # ---- 2b. PyTorch beside it, where python3 has torch (scripts/torch_bench.py) ----
 # GPT-2 124M in eager PyTorch as Trellis's bf16 runs it (same B·T, MFU by the same count), its

@@ -4,6 +4,7 @@
 // the emulated GPU it runs on the emulated cuDNN (tests/cuda_emu/emu_cudnn_lib.cpp: the backend
 // API with an interpreter of the graphs), which also plays the faults a real one may have.
 #include <cstring>
+#include <regex>
 
 #include "cuda_test_util.hpp"
 #include "scoped_env.hpp"
@@ -94,6 +95,36 @@ TEST_F(CudaCudnn, DeterministicBackwardAgreesAndRepeatsBitForBit) {
     ASSERT_EQ(a.dqkv.size(), b.dqkv.size());
     EXPECT_EQ(std::memcmp(a.dqkv.data(), b.dqkv.data(), sizeof(bf16_t) * a.dqkv.size()), 0)
         << s.name() << ": two backwards differ";
+  }
+}
+
+// TRELLIS_CUDNN_TUNE=1: each engine configuration the heuristics offer that builds is timed at
+// its pass's first call at a shape (the details give each one's time), one of them kept, the
+// results within the same bounds; without it the first, untimed. On the emulated cuDNN, which
+// offers two that compute alike (TRELLIS_EMU_CUDNN_ENGINES=2); a GPU's offers what it offers.
+TEST_F(CudaCudnn, TuningTimesEachEngineConfiguration) {
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+  gpu->set_precision("bf16");
+  gpu->widened_calls(64);
+  if (gpu->details().find("libcudnn-emu.so") == std::string::npos)
+    GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
+  ScopedEnv two("TRELLIS_EMU_CUDNN_ENGINES", "2");
+  const std::string ms = "[0-9.e+-]+";
+  for (const char* tune : {"1", "0"}) {
+    SCOPED_TRACE(std::string("TRELLIS_CUDNN_TUNE=") + tune);
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr},
+               {"TRELLIS_CUDNN", nullptr},
+               {"TRELLIS_CUDNN_TUNE", tune}});
+    gpu->set_precision("bf16");
+    expect_fused(AttentionShape{2, 128, 4, 2, 64}, 60);
+    const std::string timed = " \\(timed: " + ms + ", " + ms + " ms\\)";
+    const std::string want = std::string("B 2 T 128 H 4/2 hd 64: ") +
+                             (std::strcmp(tune, "1") == 0
+                                  ? "forward mode A #[01] of 2" + timed +
+                                        ", backward mode A #[01] of 2" + timed
+                                  : "forward mode A #0 of 2, backward mode A #0 of 2(;|$| )");
+    EXPECT_TRUE(std::regex_search(gpu->details(), std::regex(want))) << want << "\n"
+                                                                     << gpu->details();
   }
 }
 

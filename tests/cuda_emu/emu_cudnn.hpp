@@ -29,6 +29,13 @@ struct Desc {
   bool broken = false;    // an engine configuration whose plan does not build (fault 5)
 };
 
+/// TRELLIS_EMU_CUDNN_ENGINES: how many engine configurations the heuristics offer for a graph,
+/// all of which build and compute alike (default 1), for the tuning that times them.
+inline int64_t engine_count() {
+  const char* n = std::getenv("TRELLIS_EMU_CUDNN_ENGINES");
+  return n && std::atoi(n) > 0 ? std::atoi(n) : 1;
+}
+
 inline std::string fault_mode() {
   const char* f = std::getenv("TRELLIS_EMU_CUDNN_FAULT");
   return f ? f : "";

@@ -19,7 +19,8 @@
 // masks the scores after subtracting the statistics (as cuDNN's frontend does now), as engines
 // of 2024 might not: the other spelling must be tried; 4 offers engines only in the fallback
 // list (CUDNN_HEUR_MODE_FALLBACK), none in mode A; 5 offers two, the first of which fails to
-// build an execution plan (the next must be taken).
+// build an execution plan (the next must be taken). TRELLIS_EMU_CUDNN_ENGINES: how many engine
+// configurations it offers otherwise (1; every one builds and computes alike).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -390,7 +391,7 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc,
                                     (fault == "4" && mode_a)
                                 ? 0
                             : fault == "5" ? 2  // (the first of which does not build)
-                                           : 1;
+                                           : engine_count();
     *count = requested == 0 ? engines : std::min(engines, requested);
     for (int64_t i = 0; i < std::min(requested, engines); ++i) {
       Desc* cfg = static_cast<Desc**>(elements)[i];

@@ -73,7 +73,7 @@ bool CudaBackend::cudnn_agrees(int hd) const {
   if (!cudnn_wanted_ || tc_attention_ != TcAttention::mma || !tc_attention_checked_) return false;
   if (!cudnn_opened_) {
     cudnn_opened_ = true;
-    cudnn_ = cuda::CudnnAttention::open(stream_, cudnn_deterministic_, cudnn_why_);
+    cudnn_ = cuda::CudnnAttention::open(stream_, cudnn_deterministic_, cudnn_tune_, cudnn_why_);
   }
   if (!cudnn_) return false;
   auto it = cudnn_disagreements_.find(hd);

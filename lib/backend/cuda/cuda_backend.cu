@@ -123,6 +123,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cudnn_wanted_ = !(cudnn && std::strcmp(cudnn, "0") == 0);
   const char* cudnn_det = std::getenv("TRELLIS_CUDNN_DETERMINISTIC");
   cudnn_deterministic_ = cudnn_det && std::strcmp(cudnn_det, "0") != 0;
+  const char* cudnn_tune = std::getenv("TRELLIS_CUDNN_TUNE");
+  cudnn_tune_ = cudnn_tune && std::strcmp(cudnn_tune, "0") != 0;
   // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
   // against the 128-row ones).
   const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS");

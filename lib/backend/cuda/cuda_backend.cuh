@@ -538,6 +538,7 @@ class CudaBackend : public Backend {
   // TRELLIS_CUDNN_DETERMINISTIC=1: cuDNN's backward without the dQ accumulator, bit for bit run
   // to run, its engine keeping dP in a workspace (about 2·B·H·T² bytes).
   bool cudnn_deterministic_ = false;
+  bool cudnn_tune_ = false;  // TRELLIS_CUDNN_TUNE=1: its engine configurations timed
   mutable bool cudnn_opened_ = false;
   mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
   mutable std::string cudnn_why_;  // why cuDNN could not be opened

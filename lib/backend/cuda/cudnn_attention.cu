@@ -10,7 +10,9 @@
 // are fp32 tensors of ours in the workspace, dense, as the engines require.
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -91,10 +93,18 @@ int64_t round_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
+// One pass: its graph and the plans of its engine configurations — the heuristics' first that
+// builds, or (tuning) each that builds, timed against one another at the first call.
 struct CudnnAttention::Plan {
-  std::unique_ptr<Graph> graph;  // what the plan refers to, alive as long as it
-  std::unique_ptr<Desc> plan;
-  int64_t workspace = 0;  // the engine's own
+  std::unique_ptr<Graph> graph;  // what the plans refer to, alive as long as they
+  std::vector<Graph::Built> built;
+  size_t chosen = 0;
+  std::vector<float> ms;  // each one's time, where they were timed
+  int64_t workspace() const {  // the engines' own: the largest (any of them may run)
+    int64_t w = 0;
+    for (const Graph::Built& b : built) w = std::max(w, b.workspace);
+    return w;
+  }
 };
 
 struct CudnnAttention::Passes {
@@ -269,7 +279,7 @@ void execute(cudnnHandle_t handle, const Desc& plan,
 }  // namespace
 
 std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, bool deterministic,
-                                                     std::string& why) {
+                                                     bool tune, std::string& why) {
   const CudnnApi& api = cudnn();
   if (!api.error.empty()) return why = api.error, nullptr;
   const long version = long(api.GetVersion());
@@ -301,6 +311,7 @@ std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, bool d
   a->stream_ = stream;
   a->version_ = version;
   a->deterministic_ = deterministic;
+  a->tune_ = tune;
   a->name_ = "cuDNN " + dotted + " (" + api.file + ")";
   return a;
 }
@@ -332,18 +343,19 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
       for (bool backward : {false, true}) {
         Plan& plan = backward ? p->backward : p->forward;
         std::string errors;  // each spelling's, where none builds
-        for (int spelling = 0; spelling < (backward ? 2 : 1) && !plan.plan; ++spelling) {
+        for (int spelling = 0; spelling < (backward ? 2 : 1) && plan.built.empty(); ++spelling) {
           plan.graph = std::make_unique<Graph>(handle);
           try {
             backward ? build_backward(*plan.graph, l, spelling == 1, deterministic_)
                      : build_forward(*plan.graph, l);
-            plan.plan = plan.graph->plan(&plan.workspace);
+            plan.built = plan.graph->plans(tune_);
           } catch (const std::runtime_error& e) {
             errors +=
                 std::string(errors.empty() ? "" : "; masked before the statistics: ") + e.what();
           }
         }
-        if (!plan.plan) throw std::runtime_error((backward ? "backward: " : "forward: ") + errors);
+        if (plan.built.empty())
+          throw std::runtime_error((backward ? "backward: " : "forward: ") + errors);
       }
       p->dq_accum_bytes =
           deterministic_ ? 0 : round_up(int64_t(sizeof(float)) * s.B * s.H * s.T * s.hd);
@@ -359,19 +371,53 @@ bool CudnnAttention::takes(const AttentionShape& s, std::string& why) {
 }
 
 std::string CudnnAttention::engines() const {
+  // "mode A #1 of 2", and where the plans were timed each one's time: "(timed: 1.2, 1.05 ms)".
+  const auto chosen_engine = [](const Plan& p) {
+    std::string s = p.built[p.chosen].choice;
+    char buf[32];
+    for (size_t i = 0; i < p.ms.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.3g", p.ms[i]);
+      s += (i == 0 ? " (timed: " : ", ") + std::string(buf) + (i + 1 == p.ms.size() ? " ms)" : "");
+    }
+    return s;
+  };
   std::string all;
   for (const auto& [s, p] : passes_)
     all += std::string(all.empty() ? "" : "; ") + "B " + std::to_string(s.B) + " T " +
            std::to_string(s.T) + " H " + std::to_string(s.H) + "/" + std::to_string(s.KV) +
-           " hd " + std::to_string(s.hd) + ": forward " + p->forward.graph->choice() +
-           ", backward " + p->backward.graph->choice();
+           " hd " + std::to_string(s.hd) + ": forward " + chosen_engine(p->forward) +
+           ", backward " + chosen_engine(p->backward);
   return all;
+}
+
+void CudnnAttention::choose(Plan& plan, const std::function<void(size_t)>& run) {
+  if (!plan.ms.empty() || plan.built.size() < 2) return;
+  // Each plan once to warm up, then twice timed; another than the heuristics' first only where
+  // it is at least 3 % faster (as TRELLIS_GEMM_TUNE judges cuBLASLt's).
+  cudaEvent_t start, stop;
+  TRELLIS_CUDA(cudaEventCreate(&start));
+  TRELLIS_CUDA(cudaEventCreate(&stop));
+  for (size_t i = 0; i < plan.built.size(); ++i) {
+    run(i);
+    TRELLIS_CUDA(cudaEventRecord(start, stream_));
+    run(i);
+    run(i);
+    TRELLIS_CUDA(cudaEventRecord(stop, stream_));
+    TRELLIS_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    TRELLIS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    plan.ms.push_back(ms / 2);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (size_t i = 1; i < plan.ms.size(); ++i)
+    if (plan.ms[i] < (plan.chosen == 0 ? 0.97f : 1.0f) * plan.ms[plan.chosen]) plan.chosen = i;
 }
 
 size_t CudnnAttention::workspace_bytes(const AttentionShape& s) const {
   const Passes& p = *passes_.at(s);
-  return size_t(std::max(round_up(p.forward.workspace),
-                         p.dq_accum_bytes + p.softmax_sum_bytes + round_up(p.backward.workspace)));
+  return size_t(std::max(round_up(p.forward.workspace()), p.dq_accum_bytes + p.softmax_sum_bytes +
+                                                               round_up(p.backward.workspace())));
 }
 
 namespace {
@@ -380,25 +426,29 @@ float neg_inf_for(long version) { return version >= 91000 ? -INFINITY : -FLT_MAX
 
 void CudnnAttention::forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                              const AttentionShape& s, void* workspace) {
-  const Passes& p = *passes_.at(s);
+  Plan& plan = passes_.at(s)->forward;
   alignas(16) const float scale = 1.0f / std::sqrt(float(s.hd));  // (16: as their descriptors say)
   alignas(16) const float neg_inf = neg_inf_for(version_);
   const int64_t head = s.hd;
-  execute(static_cast<cudnnHandle_t>(handle_), *p.forward.plan,
-          {{kQ, qkv},
-           {kK, qkv + s.H * head},
-           {kV, qkv + (s.H + s.KV) * head},
-           {kO, out},
-           {kStats, lse},
-           {kScale, &scale},
-           {kNegInf, &neg_inf}},
-          workspace);
+  const auto run = [&](size_t i) {  // (every plan writes the same out and lse)
+    execute(static_cast<cudnnHandle_t>(handle_), *plan.built[i].plan,
+            {{kQ, qkv},
+             {kK, qkv + s.H * head},
+             {kV, qkv + (s.H + s.KV) * head},
+             {kO, out},
+             {kStats, lse},
+             {kScale, &scale},
+             {kNegInf, &neg_inf}},
+            workspace);
+  };
+  choose(plan, run);
+  run(plan.chosen);
 }
 
 void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
                               const AttentionShape& s, void* workspace) {
-  const Passes& p = *passes_.at(s);
+  Passes& p = *passes_.at(s);
   alignas(16) const float scale = 1.0f / std::sqrt(float(s.hd));  // (16: as their descriptors say)
   alignas(16) const float neg_inf = neg_inf_for(version_);
   alignas(16) const float one = 1.0f;
@@ -407,9 +457,6 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
   void* dq_accum = base;
   void* softmax_sum = base + p.dq_accum_bytes;
   void* engine = base + p.dq_accum_bytes + p.softmax_sum_bytes;
-  // Before 9.6 the engines added into the accumulator without clearing it first.
-  if (p.dq_accum_bytes > 0 && version_ < 90600)
-    TRELLIS_CUDA(cudaMemsetAsync(dq_accum, 0, p.dq_accum_bytes, stream_));
   std::vector<std::pair<int64_t, const void*>> tensors = {{kQ, qkv},
                                                            {kK, qkv + s.H * head},
                                                            {kV, qkv + (s.H + s.KV) * head},
@@ -424,7 +471,14 @@ void CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                                                            {kOne, &one},
                                                            {kSoftmaxSum, softmax_sum}};
   if (p.dq_accum_bytes > 0) tensors.push_back({kDQAccum, dq_accum});
-  execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan, tensors, engine);
+  const auto run = [&](size_t i) {  // (every plan overwrites the same dqkv)
+    // Before 9.6 the engines added into the accumulator without clearing it first.
+    if (p.dq_accum_bytes > 0 && version_ < 90600)
+      TRELLIS_CUDA(cudaMemsetAsync(dq_accum, 0, p.dq_accum_bytes, stream_));
+    execute(static_cast<cudnnHandle_t>(handle_), *p.backward.built[i].plan, tensors, engine);
+  };
+  choose(p.backward, run);
+  run(p.backward.chosen);
 }
 
 }  // namespace trellis::cuda
@@ -436,7 +490,7 @@ namespace trellis::cuda {
 struct CudnnAttention::Plan {};
 struct CudnnAttention::Passes {};
 
-std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t, bool, std::string& why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t, bool, bool, std::string& why) {
   why = "built without cuDNN's headers (cudnn_graph.h)";
   return nullptr;
 }
@@ -445,6 +499,7 @@ bool CudnnAttention::takes(const AttentionShape&, std::string& why) {
   return why = "built without cuDNN", false;
 }
 std::string CudnnAttention::engines() const { return ""; }
+void CudnnAttention::choose(Plan&, const std::function<void(size_t)>&) {}
 size_t CudnnAttention::workspace_bytes(const AttentionShape&) const { return 0; }
 void CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, const AttentionShape&,
                              void*) {}

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,7 +39,10 @@ class CudnnAttention {
   /// cuDNN with a handle on the current device, working on `stream`; null where it cannot be
   /// used, with the reason in `why` (no library, a version with known faults, no handle).
   /// `deterministic`: the backward's graph whose engine repeats bit for bit (build_backward).
-  static std::unique_ptr<CudnnAttention> open(cudaStream_t stream, bool deterministic,
+  /// `tune` (TRELLIS_CUDNN_TUNE): every engine configuration of the heuristics' that builds is
+  /// timed at its pass's first call at each shape, the fastest kept (another than the first
+  /// only where 3 % faster); without it, the first that builds, as cuDNN's frontend takes.
+  static std::unique_ptr<CudnnAttention> open(cudaStream_t stream, bool deterministic, bool tune,
                                               std::string& why);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
@@ -69,10 +73,14 @@ class CudnnAttention {
   struct Plan;
   struct Passes;
   CudnnAttention() = default;
+  /// Where the pass has plans not yet timed: runs each (`run(i)`: plan i on the call's tensors)
+  /// and keeps the fastest as plan.chosen.
+  void choose(Plan& plan, const std::function<void(size_t)>& run);
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_ = nullptr;
   long version_ = 0;  // cudnnGetVersion(): 91300 for 9.13.0
   bool deterministic_ = false;  // the backward's graph without the dQ accumulator
+  bool tune_ = false;           // each pass's engine configurations timed (open)
   std::string name_;
   std::map<AttentionShape, std::unique_ptr<Passes>> passes_;
   std::map<AttentionShape, std::string> refused_;

@@ -2,7 +2,8 @@
 // run time (libcudnn_graph.so.9, or TRELLIS_CUDNN_LIBRARY); descriptors that destroy themselves
 // and say which call failed and why; and a Graph that builds an operation graph (tensors,
 // pointwise, matmul, reduction and reshape operations) and the execution plan of the first engine
-// configuration cuDNN's heuristics offer that builds. Only for files that have <cudnn_graph.h>.
+// configuration cuDNN's heuristics offer that builds (or of each, to be timed). Only for files
+// that have <cudnn_graph.h>.
 #pragma once
 #include <cudnn_graph.h>
 
@@ -163,10 +164,6 @@ class Graph {
     ops_.push_back(&op.finalize("a reshape operation"));
   }
 
-  /// Which of the heuristics' configurations the plan took, of how many ("mode A #0 of 2"): where
-  /// the heuristics offer more than one, timing them might find a faster one.
-  const std::string& choice() const { return choice_; }
-
   /// The engine configurations cuDNN's heuristics in `mode` offer for `graph`, best first.
   std::vector<std::unique_ptr<Desc>> engine_configs(const Desc& graph, cudnnBackendHeurMode_t mode) {
     Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -191,9 +188,18 @@ class Graph {
     return configs;
   }
 
-  /// The operation graph, the heuristics' engine configurations, and the plan of the first
-  /// that builds; its workspace size into *workspace.
-  std::unique_ptr<Desc> plan(int64_t* workspace) {
+  /// One execution plan of the graph: its engine's workspace and which of the heuristics'
+  /// configurations it runs, of how many ("mode A #0 of 2").
+  struct Built {
+    std::unique_ptr<Desc> plan;
+    int64_t workspace = 0;
+    std::string choice;
+  };
+
+  /// The operation graph, the heuristics' engine configurations, and the plan of the first that
+  /// builds — or, with `every`, of each that builds (to be timed against one another): mode A's,
+  /// or the fallback list's where none of those builds.
+  std::vector<Built> plans(bool every) {
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const Desc* op : ops_) ops.push_back(op->get());
     Desc& graph = keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -203,6 +209,7 @@ class Graph {
         .finalize("the operation graph");
     // The heuristics' configurations (mode A, as cuDNN's frontend asks), then the fallback
     // list where none of those builds; each configuration's error kept for the message.
+    std::vector<Built> built;
     std::string errors;
     int64_t tried = 0;
     for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -220,20 +227,23 @@ class Graph {
           plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
               .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i])
               .finalize("the execution plan");
+          Built b{std::move(plan), 0,
+                  std::string(mode_name) + " #" + std::to_string(i) + " of " +
+                      std::to_string(configs.size())};
           int64_t count = 0;
-          check(cudnn().GetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                     CUDNN_TYPE_INT64, 1, &count, workspace),
+          check(cudnn().GetAttribute(b.plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                     CUDNN_TYPE_INT64, 1, &count, &b.workspace),
                 "the plan's workspace size");
-          chosen_ = std::move(configs[i]);  // kept with the plan, as cuDNN's frontend keeps it
-          choice_ = std::string(mode_name) + " #" + std::to_string(i) + " of " +
-                    std::to_string(configs.size());
-          return plan;
+          configs_.push_back(std::move(configs[i]));  // kept with the plan, as the frontend does
+          built.push_back(std::move(b));
+          if (!every) return built;
         } catch (const std::runtime_error& e) {  // the next configuration may build
           if (errors.find(e.what()) == std::string::npos)  // (each reason once)
             errors += std::string(errors.empty() ? "" : "; ") + mode_name + " #" +
                       std::to_string(i) + ": " + e.what();
         }
       }
+      if (!built.empty()) return built;
     }
     if (tried == 0)
       throw std::runtime_error(
@@ -249,8 +259,7 @@ class Graph {
   static constexpr bool kTrue = true;
   cudnnHandle_t handle_;
   std::deque<Desc> descs_;
-  std::unique_ptr<Desc> chosen_;  // the engine configuration of the plan
-  std::string choice_;            // which of the heuristics' it was (choice())
+  std::vector<std::unique_ptr<Desc>> configs_;  // the engine configurations of the plans
   std::vector<const Desc*> ops_;
   int64_t next_virtual_ = kFirstVirtualUid;
 };
