@@ -34,6 +34,14 @@ class CudaCudnn : public CudaKernelTest {
     EXPECT_EQ(said.find("warning"), std::string::npos) << said;
     return details;
   }
+  /// A fresh backend in bf16 with attention as by default: whether its cuDNN, once checked, is
+  /// the emulated one (whose variables play what a GPU's cuDNN may do).
+  bool on_emulated_cudnn() {
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
+    gpu->set_precision("bf16");
+    gpu->widened_calls(64);
+    return gpu->details().find("libcudnn-emu.so") != std::string::npos;
+  }
 };
 
 /// The checks of the tensor-core attention (Bf16AttentionOnTensorCores): cuDNN also rounds P and
@@ -103,11 +111,7 @@ TEST_F(CudaCudnn, DeterministicBackwardAgreesAndRepeatsBitForBit) {
 // results within the same bounds; without it the first, untimed. On the emulated cuDNN, which
 // offers two that compute alike (TRELLIS_EMU_CUDNN_ENGINES=2); a GPU's offers what it offers.
 TEST_F(CudaCudnn, TuningTimesEachEngineConfiguration) {
-  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
-  gpu->set_precision("bf16");
-  gpu->widened_calls(64);
-  if (gpu->details().find("libcudnn-emu.so") == std::string::npos)
-    GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
+  if (!on_emulated_cudnn()) GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
   ScopedEnv two("TRELLIS_EMU_CUDNN_ENGINES", "2");
   const std::string ms = "[0-9.e+-]+";
   for (const char* tune : {"1", "0"}) {
@@ -138,11 +142,7 @@ TEST_F(CudaCudnn, TuningTimesEachEngineConfiguration) {
 // untried. (A library that is not there: tests/cli/test_emulated_gpu.sh, since a process loads
 // cuDNN once.)
 TEST_F(CudaCudnn, FaultsLeaveAttentionToTheMmaKernels) {
-  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr}, {"TRELLIS_CUDNN", nullptr}});
-  gpu->set_precision("bf16");
-  gpu->widened_calls(64);
-  if (gpu->details().find("libcudnn-emu.so") == std::string::npos)
-    GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
+  if (!on_emulated_cudnn()) GTEST_SKIP() << "not the emulated cuDNN: " << gpu->details();
   const AttentionShape s{1, 130, 2, 1, 64};
   for (const char* fault : {"1", "2"}) {
     SCOPED_TRACE(std::string("TRELLIS_EMU_CUDNN_FAULT=") + fault);
