@@ -132,7 +132,7 @@ summary() {
   echo "layouts on one GPU vs one rank (max rel. loss diff over $LAYOUT_STEPS steps, ≤ $LAYOUT_RTOL, bf16 ≤ $LAYOUT_RTOL_BF16): $layout_summary"
   # (step ms: steps without the kernel profile; prof. ms: as many after them with it, whose
   # profile the tables below show — the difference is what its events cost)
-  printf '%-10s %-15s %8s %9s %9s %10s %9s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB" "prof. ms"
+  printf '%-10s %-17s %8s %9s %9s %10s %9s %9s %9s\n' model precision "B×T" "tokens/s" MFU "step ms" "peak GiB" "plan GiB" "prof. ms"
   for r in "${rows[@]}"; do echo "$r"; done
   # PyTorch's rows (2b): its step in the same columns, then its attention and GEMM rates.
   best_tps=""
@@ -141,7 +141,7 @@ summary() {
     tps=$(field "$tline" tokens_per_s)
     [[ -n $tps ]] || continue
     sdpa=$(sed -n 's/.* sdpa=\([a-z]*\).*/\1/p' <<< "$tline")
-    printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
+    printf '%-10s %-17s %5s %9.0f %8.1f%% %10.1f %9.1f\n' gpt2-124m "torch/${sdpa:-?}" \
       "$(field "$tline" B)x$(field "$tline" T)" "$tps" "$(awk -v m="$(field "$tline" mfu)" 'BEGIN {print 100 * m}')" \
       "$(field "$tline" step_ms)" "$(awk -v b="$(field "$tline" peak_bytes)" 'BEGIN {print b / 2^30}')"
     awk -v a="$tps" -v b="${best_tps:-0}" 'BEGIN { exit !(a > b) }' && best_tps=$tps
@@ -423,17 +423,17 @@ bench_row() {
     [[ -n $line && -z $(field "$line" $k) ]] && why="FAILED (no $k in its bench line: see $log)"
   done
   if [[ -n $why ]]; then
-    rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "$why")")
+    rows+=("$(printf '%-10s %-17s %5s %s' "$name" "$label" "-" "$why")")
     bench_failed=1
   elif (( B >= 1 )) && [[ -n $line ]]; then
-    rows+=("$(printf '%-10s %-15s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
+    rows+=("$(printf '%-10s %-17s %5s %9.0f %8.1f%% %10.1f %9.1f %9.1f %9.1f' "$name" "$label" "${B}x1024" \
       "$(field "$line" tokens_per_s)" "$(awk -v m="$(field "$line" mfu)" 'BEGIN {print 100 * m}')" \
       "$(field "$line" step_ms)" "$(awk -v b="$(field "$line" peak_bytes)" 'BEGIN {print b / 2^30}')" \
       "$(awk -v b="$(field "$line" planned_bytes)" 'BEGIN {print b / 2^30}')" \
       "$(field "$line" profiled_step_ms)")")
     [[ $label == bf16+tc && $name == gpt2-124m ]] && main_tps=$(field "$line" tokens_per_s) main_B=$B
   else
-    rows+=("$(printf '%-10s %-15s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
+    rows+=("$(printf '%-10s %-17s %5s %s' "$name" "$label" "-" "FAILED: see $log")")
     bench_failed=1
   fi
 }
@@ -455,7 +455,7 @@ done
 if grep -qs "cuDNN's engine configurations.* of [2-9]" "${main_log_350:-/dev/null}"; then
   bench_row "gpt2-350m bf16 auto cudnntune"
 else
-  rows+=("$(printf '%-10s %-15s %5s %s' gpt2-350m bf16+tc+cudnntune - \
+  rows+=("$(printf '%-10s %-17s %5s %s' gpt2-350m bf16+tc+cudnntune - \
     "skipped (cuDNN offered one engine configuration a pass, or did not run)")")
 fi
 write_summary
