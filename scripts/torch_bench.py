@@ -13,9 +13,9 @@ Three measurements, each printed as `torch-bench:` lines (key=value) that gpu-ch
      with cuDNN's attention first where this torch has it (on Hopper often the faster);
   2. the attention alone, forward and backward, (B, 12, T, 64) bf16 causal, through each SDPA
      backend this torch has (flash, cuDNN, memory-efficient), and cuDNN's again on Trellis's
-     layout (q, k, v strided views of one packed (B, T, 3·H·64) tensor): ms and TFLOP/s counted as
-     docs/gpus.md's prediction counts them (3.5 × 2·B·H·T²·D: the causal half of the forward's two
-     products and the backward's five);
+     layout (q, k, v strided views of one packed (B, T, 3·H·64) tensor): ms and TFLOP/s counted
+     as Trellis's profile and `trellis bench`'s attention alone count them (3.5 × 2·B·H·T²·D: the
+     causal half of the forward's two products and the backward's five);
   3. the GEMMs of the 124M and 350M steps in bf16 (torch.matmul, cuBLAS), each linear layer's
      forward, dinp and dweight: TFLOP/s.
 Nothing here is Trellis code: it is the yardstick. A part that fails prints `torch-bench: error`
