@@ -130,6 +130,17 @@ TEST_F(CudaCudnn, TuningTimesEachEngineConfiguration) {
     EXPECT_TRUE(std::regex_search(gpu->details(), std::regex(want))) << want << "\n"
                                                                      << gpu->details();
   }
+  // A configuration that builds but fails to run (TRELLIS_EMU_CUDNN_FAULT=6, the first of two):
+  // tuning times it as no choice ("inf") and takes the other, which computes as before.
+  ScopedEnv fault("TRELLIS_EMU_CUDNN_FAULT", "6");
+  fresh_gpu({{"TRELLIS_TC_ATTENTION", nullptr},
+             {"TRELLIS_CUDNN", nullptr},
+             {"TRELLIS_CUDNN_TUNE", "1"}});
+  gpu->set_precision("bf16");
+  expect_fused(AttentionShape{2, 128, 4, 2, 64}, 61);
+  EXPECT_NE(gpu->details().find("B 2 T 128 H 4/2 hd 64: forward mode A #1 of 2 (timed: inf, "),
+            std::string::npos)
+      << gpu->details();
 }
 
 // On the emulated cuDNN only (a GPU's cuDNN ignores the variables): an engine that computes

@@ -27,6 +27,7 @@ struct Desc {
   bool finalized = false;
   Desc* graph = nullptr;  // an engine configuration's or plan's operation graph
   bool broken = false;    // an engine configuration whose plan does not build (fault 5)
+  bool fails = false;     // a configuration or plan that builds but fails to run (fault 6)
 };
 
 /// TRELLIS_EMU_CUDNN_ENGINES: how many engine configurations the heuristics offer for a graph,

@@ -19,8 +19,9 @@
 // masks the scores after subtracting the statistics (as cuDNN's frontend does now), as engines
 // of 2024 might not: the other spelling must be tried; 4 offers engines only in the fallback
 // list (CUDNN_HEUR_MODE_FALLBACK), none in mode A; 5 offers two, the first of which fails to
-// build an execution plan (the next must be taken). TRELLIS_EMU_CUDNN_ENGINES: how many engine
-// configurations it offers otherwise (1; every one builds and computes alike).
+// build an execution plan (the next must be taken); 6 offers two, the first of which builds but
+// fails to run (tuning, which runs each, must take the other). TRELLIS_EMU_CUDNN_ENGINES: how
+// many engine configurations it offers otherwise (1; every one builds and computes alike).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -300,6 +301,7 @@ cudnnStatus_t finalize(Desc* d) {
     if (config->broken)
       return fail(CUDNN_STATUS_NOT_SUPPORTED, "this engine configuration does not build (fault 5)");
     d->graph = config->graph;
+    d->fails = config->fails;
   }
   if (!why.empty()) return fail(CUDNN_STATUS_BAD_PARAM, why);
   d->finalized = true;
@@ -390,8 +392,8 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc,
     const int64_t engines = fault == "2" || (fault == "3" && masks_after_a_sub(graph)) ||
                                     (fault == "4" && mode_a)
                                 ? 0
-                            : fault == "5" ? 2  // (the first of which does not build)
-                                           : engine_count();
+                            : fault == "5" || fault == "6" ? 2  // (the first does not build/run)
+                                                           : engine_count();
     *count = requested == 0 ? engines : std::min(engines, requested);
     for (int64_t i = 0; i < std::min(requested, engines); ++i) {
       Desc* cfg = static_cast<Desc**>(elements)[i];
@@ -399,6 +401,7 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc,
         return fail(CUDNN_STATUS_BAD_PARAM, "results into a descriptor of another type");
       cfg->graph = child(d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
       cfg->broken = fault == "5" && i == 0;
+      cfg->fails = fault == "6" && i == 0;
       cfg->finalized = true;
     }
     return CUDNN_STATUS_SUCCESS;
@@ -423,6 +426,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t, cudnnBackendDescriptor_t plan_d
   const Desc* pack = reinterpret_cast<Desc*>(pack_desc);
   if (!plan->finalized || !pack->finalized || plan->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
     return fail(CUDNN_STATUS_BAD_PARAM, "execute takes a finalized plan and variant pack");
+  if (plan->fails) return fail(CUDNN_STATUS_EXECUTION_FAILED, "this plan does not run (fault 6)");
   const auto uids = values<int64_t>(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
   const auto pointers = values<void*>(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
   if (uids.size() != pointers.size()) return fail(CUDNN_STATUS_BAD_PARAM, "ids and pointers");

@@ -398,15 +398,20 @@ void CudnnAttention::choose(Plan& plan, const std::function<void(size_t)>& run) 
   TRELLIS_CUDA(cudaEventCreate(&start));
   TRELLIS_CUDA(cudaEventCreate(&stop));
   for (size_t i = 0; i < plan.built.size(); ++i) {
-    run(i);
-    TRELLIS_CUDA(cudaEventRecord(start, stream_));
-    run(i);
-    run(i);
-    TRELLIS_CUDA(cudaEventRecord(stop, stream_));
-    TRELLIS_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    TRELLIS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    plan.ms.push_back(ms / 2);
+    float ms = INFINITY;  // (a plan that builds but will not run is no choice, not a failure)
+    try {
+      run(i);
+      TRELLIS_CUDA(cudaEventRecord(start, stream_));
+      run(i);
+      run(i);
+      TRELLIS_CUDA(cudaEventRecord(stop, stream_));
+      TRELLIS_CUDA(cudaEventSynchronize(stop));
+      TRELLIS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      ms /= 2;
+    } catch (const std::runtime_error&) {
+      ms = INFINITY;
+    }
+    plan.ms.push_back(ms);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
