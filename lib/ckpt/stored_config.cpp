@@ -11,20 +11,24 @@ namespace trellis {
 Config stored_config(const std::string& path) { return stored_config(path, {}, 1); }
 
 Config stored_config(const std::string& path, const std::vector<std::string>& overrides,
-                     int world_size) {
+                     int world_size, StoredPrecision precision) {
   CkptMeta meta = read_checkpoint_meta(path);
   const auto version = meta.integers.find("format_version");
   if (version == meta.integers.end() || version->second != kCheckpointFormat ||
       !meta.text.count("deck"))
     throw UserError("checkpoint " + path + ": not a Trellis checkpoint of format version " +
                     std::to_string(kCheckpointFormat) + " (no format_version or deck attribute)");
-  return stored_deck_config(meta.text["deck"], path + " (its stored deck)", overrides, world_size);
+  return stored_deck_config(meta.text["deck"], path + " (its stored deck)", overrides, world_size,
+                            precision);
 }
 
 Config stored_deck_config(const std::string& deck, const std::string& where,
-                          const std::vector<std::string>& overrides, int world_size) {
-  // The model as CPU ranks hold it: the shape is what the stored deck tells; the layout, backend
-  // and precision that trained it do not matter (checkpoints are fp32 and layout-free).
+                          const std::vector<std::string>& overrides, int world_size,
+                          StoredPrecision precision) {
+  // The model as CPU ranks hold it: the shape is what the stored deck tells; the layout and
+  // backend that trained it do not matter (checkpoints are fp32 and layout-free), nor the
+  // precision for the model's weights — but a bf16 run's losses are its bf16 arithmetic's, so an
+  // evaluation that is to give the loss the run logged keeps it.
   // (dp = 0: all the ranks the others leave.)
   std::vector<std::string> layout = {"parallel.dp=0",
                                      "parallel.tp=1",
@@ -35,8 +39,8 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
                                      "parallel.sequence_parallel=false",
                                      "parallel.zero=0",
                                      "system.backend=cpu",
-                                     "system.precision=fp32",
                                      "system.grad_reduce=fp32"};
+  if (precision == StoredPrecision::fp32) layout.push_back("system.precision=fp32");
   layout.insert(layout.end(), overrides.begin(), overrides.end());
   return load_config_text(deck, where, layout, world_size);
 }

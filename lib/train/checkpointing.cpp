@@ -248,6 +248,7 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   const auto tokens = meta.integers.find("tokens_seen");
   resumed_step_ = step;
   resumed_seconds_ = io.seconds;
+  resumed_path_ = path;
   resumed_tokens_ = tokens == meta.integers.end()
                         ? step * int64_t(cfg_.train.global_batch) * cfg_.model.seq_len
                         : tokens->second;

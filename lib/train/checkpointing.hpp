@@ -41,6 +41,8 @@ class Checkpointer {
   std::optional<int64_t> resume(bool training = true, bool logs_too = false);
   /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
   double resumed_seconds() const { return resumed_seconds_; }
+  /// The checkpoint the resume loaded (empty without one).
+  const std::string& resumed_path() const { return resumed_path_; }
 
  private:
   /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
@@ -70,6 +72,7 @@ class Checkpointer {
   MPI_Comm world_;
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   double resumed_seconds_ = 0;                     // and the time its read took
+  std::string resumed_path_;                        // and its file
   Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 

@@ -96,15 +96,15 @@ const char* const kEvalUsage =
     "  checkpoint directory or a run directory (its newest checkpoint). The deck is the one the\n"
     "  checkpoint stores, with the overrides: [eval] says what to measure (eval.path,\n"
     "  eval.batches), [parallel] the layout of the N ranks (default dp = N), system.backend\n"
-    "  where (default cpu).\n";
+    "  where (default cpu), system.precision in what (default: the run's own).\n";
 
 // Measures the held-out loss of the loaded checkpoint (collective) and says it (rank 0).
 static void report_evaluation(Trainer& trainer, const Config& cfg, const std::string& path,
                               int64_t steps, World& world) {
   const Grid& grid = trainer.grid();
-  log(strfmt("eval: %s, after %lld steps; %d ranks: dp %d x tp %d x pp %d, %s backend",
+  log(strfmt("eval: %s, after %lld steps; %d ranks: dp %d x tp %d x pp %d, %s backend, %s",
              path.c_str(), (long long)steps, world.size(), grid.dp_size(), grid.tp_size(),
-             grid.pp_size(), cfg.system.backend.c_str()));
+             grid.pp_size(), cfg.system.backend.c_str(), cfg.system.precision.c_str()));
   log("eval: held-out data: " + trainer.held_out_source()->describe());
   const double start = now_seconds();
   const double loss = trainer.evaluate();
@@ -143,7 +143,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
     path = resolve_checkpoint(world.comm(), path);
     if (path == "never" || path == "auto") path = "./" + path;
-    cfg = stored_config(path, overrides, world.size());
+    cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
     if (cfg.data.source != "synthetic" && cfg.eval.path.empty())
       throw UserError(path + " holds a model trained on data.source = " +
                       cfg.data.source + " without [eval]: name the held-out data with " +

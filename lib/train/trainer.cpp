@@ -302,14 +302,22 @@ double Trainer::run() {
     if (!error.empty()) throw UserError(error);
   }
   if (first_step >= cfg_.train.steps) {
-    // A finished run resubmitted (make run twice, a requeued job): say so, and keep the
-    // summary.json of the run that did the training instead of overwriting it with an empty one.
-    if (!quiet_)
-      log(strfmt("nothing to train: %s already holds step %lld of train.steps = %lld (raise "
+    // A finished run resubmitted (make run twice, a requeued job), or a resume from a
+    // checkpoint at or past train.steps: say so, naming the checkpoint, and keep the
+    // summary.json of the run that did the training (if this run directory holds it) instead of
+    // overwriting it with an empty one.
+    if (!quiet_) {
+      const std::string summary = cfg_.run.dir + "/summary.json";
+      const std::string held_by = checkpointer_ && !checkpointer_->resumed_path().empty()
+                                      ? checkpointer_->resumed_path()
+                                      : cfg_.checkpoint.dir;
+      log(strfmt("nothing to train: %s holds step %lld of train.steps = %lld (raise "
                  "--train.steps to go on; --checkpoint.resume=never or another run.dir starts "
-                 "over); %s/summary.json is the finished run's",
-                 cfg_.checkpoint.dir.c_str(), (long long)first_step,
-                 (long long)cfg_.train.steps, cfg_.run.dir.c_str()));
+                 "over)%s",
+                 held_by.c_str(), (long long)first_step,
+                 (long long)cfg_.train.steps,
+                 std::filesystem::exists(summary) ? ("; " + summary + " is the finished run's").c_str() : ""));
+    }
     return NAN;
   }
   // Until this run has written a checkpoint, the time its resume took to read one (the same

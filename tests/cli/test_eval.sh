@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `trellis eval CKPT`: the held-out loss of a checkpoint is the one its run logged for that step
-# (eval.csv), on one rank and under other layouts (tp, pp, dp with ZeRO-3); a text model reads
-# the stored eval.path or another one given, and needs no training corpus; bad input (no or two
-# checkpoints, a missing or damaged checkpoint, a missing eval.path, a text model trained without
-# [eval] and no --eval.path, ranks that do not divide the global batch) ends every rank with
-# status 2 and one message.
+# (eval.csv), on one rank and under other layouts (tp, pp, dp with ZeRO-3), in the precision that
+# trained it (fp32 or bf16); a text model reads the stored eval.path or another one given, and
+# needs no training corpus; bad input (no or two checkpoints, a missing or damaged checkpoint, a
+# missing eval.path, a text model trained without [eval] and no --eval.path, ranks that do not
+# divide the global batch) ends every rank with status 2 and one message.
 # Usage: test_eval.sh BUILD_DIR. Ends with "eval: N passed, M failed".
 set -u
 build=${1:-build}
@@ -39,6 +39,16 @@ for layout in "--parallel.tp=2" "--parallel.pp=2" "--parallel.dp=2 --parallel.ze
   rc=$(run -np 2 "$trellis" eval "$work/run/ckpt/step_00000006.h5" $layout)
   check "2 ranks, $layout: the same loss (1e-5)" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-5'
 done
+# A bf16 run's losses are its bf16 arithmetic's: eval keeps the precision that trained it (in fp32
+# the loss differs by about 1e-5 relative), unless told otherwise.
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/bf16" --system.precision=bf16)
+logged_bf16=$(tail -1 "$work/bf16/eval.csv" | cut -d, -f2)
+rc=$(run -np 1 "$trellis" eval "$work/bf16")
+check "bf16 run: evaluated in bf16, the loss its run logged" \
+  '[ $rc -eq 0 ] && near "$(printed)" "$logged_bf16" 1e-6 && grep -q "cpu backend, bf16" "$work/out.log"'
+rc=$(run -np 1 "$trellis" eval "$work/bf16" --system.precision=fp32)
+check "bf16 run, --system.precision=fp32: evaluated in fp32, said so" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && [ "$(printed)" != "$logged_bf16" ] && grep -q "cpu backend, fp32" "$work/out.log"'
 rc=$(run -np 1 "$trellis" eval "$work/run" --eval.batches=1)
 check "eval.batches = 1: the first global batch of the set, a loss of its own" \
   '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "over 64 tokens (8 sequences)" "$work/out.log"'

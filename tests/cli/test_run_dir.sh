@@ -4,7 +4,8 @@
 # own files; a start over (checkpoint.resume = never) in a directory of checkpoints moves the
 # earlier run's checkpoints and logs into superseded-TIME/ and a later auto resume takes the new
 # run's; a metrics.csv that cannot be written (a full disk: /dev/full) is warned of and ends the
-# run with status 2, not 0. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
+# run with status 2, not 0; with nothing left to train, the message names the checkpoint that holds
+# the last step. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
 set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-rundir-XXXXXX)
@@ -65,4 +66,19 @@ check "warned of when it happened, and named at the end with the reason" \
   "grep -q '^warning: cannot write $work/full/metrics.csv (No space left on device): the run goes on' '$work/full.log' && grep -q 'error: run.dir: cannot write $work/full/metrics.csv (No space left on device) during the run' '$work/full.log'"
 check "the checkpoint and summary.json are written all the same" \
   '[ -s "$work/full/summary.json" ] && [ -f "$work/full/ckpt/step_00000002.h5" ]'
+
+# 4. Nothing left to train: a finished run resubmitted, and another run.dir resuming from its last
+# checkpoint. Each says which checkpoint holds the last step, and names a summary.json only where
+# one is (the finished run's, kept).
+run --run.dir="$dir" --train.steps=5 > "$work/again.log" 2>&1
+rc=$?
+check_log="$work/again.log"
+check "the finished run resubmitted: status 0, its newest checkpoint named, its summary kept" \
+  "[ $rc -eq 0 ] && grep -q 'nothing to train: $dir/ckpt/step_00000005.h5 holds step 5 of train.steps = 5 (.*); $dir/summary.json is the finished run.s' '$work/again.log' && grep -q '\"steps\": 2' '$dir/summary.json'"
+run --run.dir="$work/fresh" --train.steps=5 --checkpoint.resume="$dir/ckpt/step_00000005.h5" \
+  > "$work/fresh.log" 2>&1
+rc=$?
+check_log="$work/fresh.log"
+check "a fresh run.dir from a finished checkpoint: status 0, that checkpoint named, no summary" \
+  "[ $rc -eq 0 ] && grep -q 'nothing to train: $dir/ckpt/step_00000005.h5 holds step 5 of train.steps = 5 (.*over)\$' '$work/fresh.log' && [ ! -e '$work/fresh/summary.json' ]"
 echo "rundir: $passed passed, $failed failed"
