@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -127,11 +128,23 @@ int main(int argc, char** argv) {
   trellis::set_log_rank(world.rank());
   int status;
   {
+    // Every rank the same subcommand (mpirun's MPMD form can start others, which would wait on
+    // collectives the others never join).
+    std::string error = trellis::settings_differ_from_rank0(world.comm(), {{"command", command}});
     // Not given the command line: Kokkos would parse options of its own there (--threads,
     // --numa, --device-id, --kokkos-*), and abort on a value that is not a number, before our
-    // parser could name the unknown key. (Its environment variables still apply; the host
-    // threads are system.threads.)
-    Kokkos::ScopeGuard kokkos;
+    // parser could name the unknown key. Its environment variables still apply (the host threads
+    // are system.threads): one it cannot read throws, which is the user's to fix, on every rank.
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    try {
+      kokkos.emplace();
+    } catch (const std::exception& e) {
+      if (error.empty())
+        error = std::string("Kokkos did not start (check the KOKKOS_* environment variables): ") +
+                e.what();
+    }
+    if (trellis::failed_together(world.comm(), error, "trellis " + command))
+      return trellis::kExitBadInput;
     if (command == "train") {
       if (rest.empty() || rest[0].rfind("--", 0) == 0) {
         if (world.rank() == 0) trellis::log_error("trellis train: which deck? usage: trellis train DECK");

@@ -131,12 +131,16 @@ void read_deck(const std::string& path, Sources& sources) {
 }
 
 // `path` only names the deck in messages.
-void parse_deck_text(const std::string& path, const std::string& text, Sources& sources) {
-  // A deck without a single key is almost surely the wrong file (or a truncated one): say so
-  // rather than train a default model.
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+void parse_deck_text(const std::string& path, const std::string& raw, Sources& sources) {
+  // Some editors start a UTF-8 file with a byte-order mark: it is not part of the first line.
+  const std::string text = raw.rfind("\xEF\xBB\xBF", 0) == 0 ? raw.substr(3) : raw;
+  // A deck without a single key (blank, only comments or section headers) is almost surely the
+  // wrong file (or a truncated one): say so rather than train a default model.
+  const auto no_key = [&] {
     fail(path, "the deck is empty: give at least one [section] with a key (trellis train --help "
                "lists them)");
+  };
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) no_key();
 
   check_sections(path, text);
 
@@ -159,6 +163,8 @@ void parse_deck_text(const std::string& path, const std::string& text, Sources& 
   } catch (const po::error& e) {
     fail(path, std::string("syntax error: ") + e.what());
   }
+
+  if (parsed.options.empty()) no_key();
 
   // Each key's place in messages: the deck and its line (the second where it is given twice).
   const std::map<std::string, std::vector<int>> lines = key_lines(text);
@@ -201,7 +207,17 @@ void apply_overrides(const std::vector<std::string>& overrides, Sources& sources
       Config scratch;
       set_from(*key, scratch, given->second);
     }
-    sources[name] = {s.substr(eq + 1), kCommandLine};  // a later override wins over an earlier
+    // The effective deck is stored (run.dir/deck.ini, every checkpoint) and read back by each
+    // resume, eval, generate and export: a value must read back as given. In a deck a '#' starts a
+    // comment, a line break ends the value, and the edges' blanks are trimmed.
+    const std::string value = trim(s.substr(eq + 1));
+    if (value.find_first_of("#\r\n") != std::string::npos)
+      fail(kCommandLine, "--" + name + ": its value holds " +
+                             (value.find('#') != std::string::npos ? "a '#'" : "a line break") +
+                             ", which the deck each run stores (deck.ini, every checkpoint) cannot "
+                             "hold: resumes and trellis eval would read it cut short (rename the "
+                             "file or directory, or reach it through a symbolic link)");
+    sources[name] = {value, kCommandLine};  // a later override wins over an earlier
   }
 }
 
@@ -401,6 +417,16 @@ class Validator {
       fail(where({"eval.path", "data.path"}),
            what + ": the held-out loss would be measured on the training data");
     }
+    // Each run writes its effective deck to run.dir/deck.ini (and a start over moves the earlier
+    // one aside): the deck given must not be that file, or the user's own would be lost.
+    std::error_code ec;
+    if (!c_.deck_path.empty() &&
+        std::filesystem::equivalent(c_.deck_path, std::filesystem::path(c_.run.dir) / "deck.ini",
+                                    ec))
+      fail(where({"run.dir"}), "run.dir = '" + c_.run.dir + "' would overwrite the deck " +
+                                   c_.deck_path +
+                                   " with the effective deck each run writes there as deck.ini: "
+                                   "copy the deck elsewhere, or give another run.dir");
     // system.precision = bf16 runs on any backend (the CPU widens bf16 to fp32 in each kernel).
     // system.grad_reduce = bf16 is a communication choice (comm.hpp, "The bf16 wire"): any
     // backend, any precision.

@@ -1,6 +1,7 @@
-// The tokens source: pre-tokenized uint16 shards matching a glob, sorted by name. Each shard is
-// either llm.c format (a 256 × int32 header: magic 20240520, version 1, token count; then the
-// tokens) or nanoGPT's raw uint16 .bin (no header). Windows never cross a shard boundary.
+// The tokens source: pre-tokenized shards matching a glob, sorted by name. Each shard is either
+// llm.c format (a 256 × int32 header: magic, version, token count; then the tokens — magic
+// 20240520 version 1 for GPT-2's uint16 tokens, 20240801 version 7 for Llama 3's uint32 ones) or
+// nanoGPT's raw uint16 .bin (no header). Windows never cross a shard boundary.
 #include <glob.h>
 
 #include <algorithm>
@@ -15,15 +16,26 @@
 namespace trellis {
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520;
-constexpr int32_t kLlmcVersion = 1;
+// llm.c's shard formats (its dev/data/data_common.py): the header's first two int32 name one.
+struct LlmcFormat {
+  int32_t magic, version;
+  int token_bytes;
+  const char* what;
+};
+constexpr LlmcFormat kLlmcFormats[] = {{20240520, 1, 2, "GPT-2's uint16 tokens"},
+                                       {20240801, 7, 4, "Llama 3's uint32 tokens"}};
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 struct Shard {
   MappedFile file;
-  const uint16_t* tokens;  // (n,)
+  const uint8_t* tokens;  // (n,) of token_bytes each: uint16 or uint32
   int64_t n;
+  int token_bytes;
   bool llmc;
+  uint32_t at(int64_t i) const {
+    if (token_bytes == 2) return reinterpret_cast<const uint16_t*>(tokens)[i];
+    return reinterpret_cast<const uint32_t*>(tokens)[i];
+  }
 };
 
 int32_t read_i32(const uint8_t* p) {
@@ -36,53 +48,62 @@ Shard open_shard(const std::string& path, int vocab, const std::string& key) {
   MappedFile f(path, key);
   const uint8_t* d = f.data();
   const size_t bytes = f.size();
-  Shard s{std::move(f), nullptr, 0, false};
-  if (bytes >= sizeof(int32_t) && read_i32(d) == kLlmcMagic) {
+  Shard s{std::move(f), nullptr, 0, 2, false};
+  const LlmcFormat* format = nullptr;
+  if (bytes >= sizeof(int32_t))
+    for (const LlmcFormat& candidate : kLlmcFormats)
+      if (read_i32(d) == candidate.magic) format = &candidate;
+  if (format) {
     s.llmc = true;
+    s.token_bytes = format->token_bytes;
     if (bytes < kLlmcHeaderBytes)
       throw UserError(
           strfmt("%s: shard '%s' is truncated: %zu bytes, shorter than the "
                  "%zu-byte llm.c header",
                  key.c_str(), path.c_str(), bytes, kLlmcHeaderBytes));
     const int32_t version = read_i32(d + 4);
-    if (version != kLlmcVersion)
+    if (version != format->version)
       throw UserError(
-          strfmt("%s: shard '%s' has llm.c version %d; only version %d "
-                 "(uint16 tokens) is supported",
-                 key.c_str(), path.c_str(), version, kLlmcVersion));
+          strfmt("%s: shard '%s' has llm.c magic %d with version %d; only version %d "
+                 "(%s) is known",
+                 key.c_str(), path.c_str(), format->magic, version, format->version,
+                 format->what));
     const int32_t count = read_i32(d + 8);
-    if (count < 0 || bytes != kLlmcHeaderBytes + 2 * size_t(count))
+    const size_t width = size_t(s.token_bytes);
+    if (count < 0 || bytes != kLlmcHeaderBytes + width * size_t(count))
       throw UserError(
           strfmt("%s: shard '%s' is malformed or truncated: its header says "
                  "%d tokens (%zu bytes in all) but the file has %zu bytes",
                  key.c_str(), path.c_str(), count,
-                 kLlmcHeaderBytes + 2 * size_t(std::max(count, 0)), bytes));
-    s.tokens = reinterpret_cast<const uint16_t*>(d + kLlmcHeaderBytes);
+                 kLlmcHeaderBytes + width * size_t(std::max(count, 0)), bytes));
+    s.tokens = d + kLlmcHeaderBytes;
     s.n = count;
   } else {
     if (bytes % 2 != 0)
       throw UserError(
           strfmt("%s: shard '%s' has an odd size (%zu bytes): neither an "
-                 "llm.c shard (magic %d) nor raw uint16 tokens",
-                 key.c_str(), path.c_str(), bytes, kLlmcMagic));
-    s.tokens = reinterpret_cast<const uint16_t*>(d);
+                 "llm.c shard (magic %d or %d) nor raw uint16 tokens",
+                 key.c_str(), path.c_str(), bytes, kLlmcFormats[0].magic,
+                 kLlmcFormats[1].magic));
+    s.tokens = d;
     s.n = int64_t(bytes / 2);
   }
   // Every token is read once here (a shard of billions, from a parallel file system, takes a
   // while): progress for the hang watchdog chunk by chunk.
-  uint16_t mx = 0;
+  uint32_t mx = 0;
   constexpr int64_t kChunk = int64_t(1) << 24;
   for (int64_t begin = 0; begin < s.n; begin += kChunk) {
     watchdog_beat("reading the token shards");
     const int64_t end = std::min(s.n, begin + kChunk);
-    for (int64_t i = begin; i < end; ++i) mx = std::max(mx, s.tokens[i]);
+    for (int64_t i = begin; i < end; ++i) mx = std::max(mx, s.at(i));
   }
-  if (int(mx) >= vocab) {
-    const int64_t at = std::find(s.tokens, s.tokens + s.n, mx) - s.tokens;
+  if (s.n > 0 && int64_t(mx) >= vocab) {
+    int64_t at = 0;
+    while (s.at(at) != mx) ++at;
     throw UserError(
-        strfmt("%s: shard '%s' holds token %d (at position %lld), which is not "
+        strfmt("%s: shard '%s' holds token %u (at position %lld), which is not "
                "below model.vocab = %d",
-               key.c_str(), path.c_str(), int(mx), static_cast<long long>(at), vocab));
+               key.c_str(), path.c_str(), mx, static_cast<long long>(at), vocab));
   }
   return s;
 }
@@ -116,11 +137,12 @@ class TokensSource final : public TokenSource {
     return out;
   }
   std::string describe() const override {
-    int llmc = 0;
-    for (const auto& s : shards_) llmc += s.llmc;
-    return strfmt("token shards '%s': %zu file%s (%d llm.c, %zu raw uint16), %lld tokens, "
+    int llmc = 0, wide = 0;
+    for (const auto& s : shards_) llmc += s.llmc, wide += s.token_bytes == 4;
+    return strfmt("token shards '%s': %zu file%s (%d llm.c%s, %zu raw uint16), %lld tokens, "
                   "vocab %d",
                   pattern_.c_str(), shards_.size(), shards_.size() == 1 ? "" : "s", llmc,
+                  wide ? strfmt(" of which %d uint32", wide).c_str() : "",
                   shards_.size() - size_t(llmc), static_cast<long long>(total_), vocab_);
   }
   int vocab() const override { return vocab_; }
@@ -146,18 +168,24 @@ class TokensSource final : public TokenSource {
       shard = size_t(std::upper_bound(prefix_.begin(), prefix_.end(), k) - prefix_.begin()) - 1;
       offset = k - prefix_[shard];
     }
-    const uint16_t* p = shards_[shard].tokens + offset;
-    int32_t mx = 0;
-    for (int i = 0; i < len; ++i) mx = std::max(mx, out[i] = p[i]);
+    const Shard& s = shards_[shard];
+    uint32_t mx = 0;
+    for (int i = 0; i < len; ++i) {
+      const uint32_t token = s.at(offset + i);
+      mx = std::max(mx, token);
+      out[i] = int32_t(token);  // (below the vocabulary, so below INT32_MAX: checked next)
+    }
     // Every id was below the vocabulary when the shard was opened; one past it now means the
     // file changed under the run, and it would index past the embedding table.
-    if (mx >= vocab_) {
-      const int at = int(std::find(out, out + len, mx) - out);  // (what was read: not p again)
+    if (int64_t(mx) >= vocab_) {
+      int at = 0;  // (what was read, not the file again)
+      while (uint32_t(out[at]) != mx) ++at;
       throw RankInputError(strfmt(
-          "data file '%s' holds token %d at token %lld, not below model.vocab = %d, though "
+          "data file '%s' holds token %lld at token %lld, not below model.vocab = %d, though "
           "every token was when the run opened it: the file changed under the run (rewritten "
           "in place); leave the files of data.path and eval.path as they are during a run",
-          shards_[shard].file.path().c_str(), mx, static_cast<long long>(offset + at), vocab_));
+          s.file.path().c_str(), static_cast<long long>(mx), static_cast<long long>(offset + at),
+          vocab_));
     }
   }
 

@@ -276,17 +276,21 @@ std::string default_bench_deck() {
 int bench_main(const std::vector<std::string>& args, World& world) {
   std::string deck;
   std::vector<std::string> overrides;
-  for (const auto& a : args) {
-    if (a.rfind("--", 0) == 0 || a.find('=') != std::string::npos)
-      overrides.push_back(a);
-    else
-      deck = a;
-  }
-  if (deck.empty()) deck = default_bench_deck();
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   std::string error;
   error = setup_error([&] {
+    // As tune reads its arguments: --section.key=value overrides, at most one deck.
+    for (const auto& a : args) {
+      if (a.rfind("--", 0) == 0)
+        overrides.push_back(a);
+      else if (deck.empty())
+        deck = a;
+      else
+        throw UserError("more than one deck given ('" + deck + "', '" + a +
+                        "'); overrides are --section.key=value");
+    }
+    if (deck.empty()) deck = default_bench_deck();
     cfg = load_config(deck, overrides, world.size());
     cfg.eval.every = 0;  // training steps only: no held-out data to read
   });

@@ -159,6 +159,10 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   // first, so that all or none go on).
   error = agree_on_error(world.comm(), error);
   if (error.empty()) error = settings_differ_from_rank0(world.comm(), cfg.effective);
+  if (error.empty()) {  // (collective: every rank's error is the same here)
+    const int local_ranks = node_ranks(world.comm()).size;
+    error = setup_error([&] { check_node_memory(cfg, local_ranks); });
+  }
   if (error.empty())
     error = setup_error([&] {
       try {

@@ -17,6 +17,7 @@
 #include "core/memory.hpp"
 #include "core/watchdog.hpp"
 #include "plan/flops.hpp"
+#include "parallel/schedule.hpp"
 #include "plan/memory.hpp"
 #include "train/device_links.hpp"
 
@@ -358,25 +359,54 @@ double Trainer::run() {
 
 // ---------------------------------------------------------------------------------------------
 
-// A CPU layout that cannot fit its node, said before any allocation: Linux overcommits, so each
+// What a rank holds on the host besides what trellis plan counts: the synthetic source's tokens
+// (int32; the held-out source walks the training corpus again before its own, then drops it) and
+// a step's pipeline schedule (two passes a micro-batch and model chunk). Token files are mapped,
+// not read in: the page cache holds them.
+static double host_data_bytes(const Config& cfg) {
+  const bool synthetic = cfg.data.source == "synthetic";
+  const double corpus = synthetic ? double(cfg.data.synthetic_tokens) : 0;
+  const double held_out =
+      synthetic && cfg.eval.every > 0
+          ? corpus + double(cfg.eval.batches) * double(cfg.train.global_batch) * cfg.model.seq_len
+          : 0;
+  const double micro_batches = double(cfg.train.global_batch) /
+                               (double(cfg.parallel.dp) * double(cfg.train.micro_batch));
+  return sizeof(int32_t) * (corpus + held_out) +
+         2 * sizeof(PipelineOp) * micro_batches * cfg.parallel.virtual_stages;
+}
+
+// A layout that cannot fit its node, said before any allocation: Linux overcommits, so each
 // allocation of such a run may succeed and the kernel's out-of-memory killer end the job later
-// without a word. The bar is certain failure: trellis plan's smallest rank (its figures are
-// within 10 % of the measured peaks) times the ranks on this node, against memory and swap.
-static void check_node_memory(const Config& cfg, int local_ranks) {
-  if (cfg.system.backend != "cpu") return;  // (GPU memory: the device's allocator says)
+// without a word. The bar is certain failure: on the CPU trellis plan's smallest rank (its figures
+// are within 10 % of the measured peaks), on any backend the data's host memory, times the ranks
+// on this node, against memory and swap.
+void check_node_memory(const Config& cfg, int local_ranks) {
   const double node = host_meminfo_bytes("MemTotal") + host_meminfo_bytes("SwapTotal");
   if (node <= 0) return;
-  double smallest = INFINITY;
-  for (const RankMemory& r : layout_memory(cfg, run_memory_options(cfg)))
-    smallest = std::min(smallest, r.total());
-  if (smallest * local_ranks <= node) return;
+  double smallest = cfg.system.backend == "cpu" ? INFINITY : 0;  // (GPU memory: its allocator's)
+  if (cfg.system.backend == "cpu")
+    for (const RankMemory& r : layout_memory(cfg, run_memory_options(cfg)))
+      smallest = std::min(smallest, r.total());
+  const double data = host_data_bytes(cfg), rank = smallest + data;
+  if (rank * local_ranks <= node) return;
+  std::string parts = smallest > 0 ? "trellis plan's smallest rank: " + format_bytes(smallest) : "";
+  if (data >= 0.1 * rank)
+    parts += (parts.empty() ? "" : "; ") + std::string("data: ") + format_bytes(data) +
+             " (data.synthetic_tokens, eval.batches, and train.global_batch / "
+             "train.micro_batch micro-batches a step)";
+  const std::string advice =
+      data >= 0.5 * rank
+          ? "fewer ranks a node, a smaller data.synthetic_tokens or eval.batches, fewer "
+            "micro-batches a step, or token files (data.source = tokens: mapped, not held)"
+          : strfmt("more nodes, fewer ranks a node, a smaller train.micro_batch, parallel.zero or "
+                   "a smaller model (trellis plan %s --gpus N ranks the layouts that fit)",
+                   cfg.deck_path.c_str());
   throw UserError(strfmt(
-      "this layout needs at least %s a rank (trellis plan's smallest), %s for the %d rank(s) on "
-      "this node, more than its %s of memory and swap: more nodes, fewer ranks a node, a "
-      "smaller train.micro_batch, parallel.zero or a smaller model (trellis plan %s --gpus N "
-      "ranks the layouts that fit)",
-      format_bytes(smallest).c_str(), format_bytes(smallest * local_ranks).c_str(), local_ranks,
-      format_bytes(node).c_str(), cfg.deck_path.c_str()));
+      "this run needs at least %s a rank (%s), %s for the %d rank(s) on this node, more than its "
+      "%s of memory and swap: %s",
+      format_bytes(rank).c_str(), parts.c_str(), format_bytes(rank * local_ranks).c_str(),
+      local_ranks, format_bytes(node).c_str(), advice.c_str()));
 }
 
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world) {

@@ -150,6 +150,11 @@ class Trainer {
   bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
 };
 
+/// Before any allocation: a run whose ranks on this node (`local_ranks`) cannot fit its memory
+/// and swap → UserError naming what to change (the CPU's model by trellis plan's figures, the
+/// synthetic corpus, the held-out set, the step's micro-batches).
+void check_node_memory(const Config& cfg, int local_ranks);
+
 /// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit
 /// status. Bad input ends every rank with status 2 and one message.
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world);

@@ -99,7 +99,8 @@ expect "interleaved, chunks uneven"   2 2 "parallel.virtual_stages"      -- trai
 expect "world size not dp*tp*pp"      4 2 "parallel.dp"                  -- train "$ok" --parallel.dp=3
 expect "unknown precision"            1 2 "system.precision"             -- train "$ok" --system.precision=fp16
 expect "grad reduction dtype"         2 2 "system.grad_reduce"           -- train "$ok" --system.grad_reduce=fp16
-expect "corpus beyond host memory"    2 2 "out of host memory"           -- train "$ok" --parallel.dp=2 --data.synthetic_tokens=100000000000000
+expect "corpus beyond host memory"    2 2 "data.synthetic_tokens, eval.batches" -- train "$ok" --parallel.dp=2 --data.synthetic_tokens=100000000000000
+expect "held-out set beyond host memory" 2 2 "more than its"             -- train "$ok" --parallel.dp=2 --eval.every=1 --eval.batches=500000000 --model.seq_len=512
 expect "unknown subcommand"           1 2 "unknown command"              -- trainn "$ok"
 # Sizes whose products would wrap round an int64 (negative plans), or whose bookkeeping alone
 # would take the machine's memory; a model far beyond the node's memory and swap, said before
@@ -115,6 +116,18 @@ mkfifo "$work/pipe"
 expect "deck is a pipe"               1 2 "not a regular file"           -- train "$work/pipe"
 expect "data.path is a pipe"          1 2 "'$work/pipe' is not a regular file" -- train "$ok" --data.source=tokens --data.path="$work/pipe"
 expect "tune --out is a directory"    1 2 "a directory; name the deck file" -- tune "$ok" --out "$work"
+expect "tune --out is the deck"       1 2 "the deck given; name another file" -- tune "$ok" --out "$ok"
+expect "bench given two decks"        1 2 "more than one deck given"     -- bench "$ok" "$ok"
+printf '# comments\n[model]\n[train] # and headers, but no key\n' > "$work/keyless.deck"
+expect "deck without a key"           2 2 "the deck is empty"            -- train "$work/keyless.deck"
+# A value the stored deck (deck.ini, every checkpoint) cannot hold: a resume or trellis eval would
+# read it cut at the '#'.
+expect "a '#' in a path"              2 2 "its value holds a '#'"        -- train "$ok" --data.source=text --model.vocab=256 --data.path="$work/a#b.txt"
+# A Kokkos environment variable it cannot read (it threw past main: an abort and a stack trace).
+saved_flags=("${flags[@]}")
+flags+=(-x KOKKOS_NUM_THREADS=abc)
+expect "a bad KOKKOS_NUM_THREADS"     2 2 "KOKKOS_NUM_THREADS"           -- train "$ok" --parallel.dp=2
+flags=("${saved_flags[@]}")
 # The CUDA backend: absent from a build without nvcc, or no device, or fewer GPUs than ranks.
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
   expect "cuda on two ranks"          2 2 "system.backend"               -- train "$ok" --system.backend=cuda
@@ -176,6 +189,18 @@ if [ $rc -eq 2 ] && [ "$(grep -c -F "rank 1 was started with other settings than
   passed=$((passed + 1)); echo "ok   ranks with other settings"
 else
   failed=$((failed + 1)); echo "FAIL ranks with other settings: exit $rc"; sed 's/^/     | /' "$out" | head -20
+fi
+
+# Ranks started with other subcommands (mpirun's MPMD form): one message, status 2 — not ranks
+# waiting on collectives the others never join.
+timeout 60 mpirun "${flags[@]}" -np 1 "$trellis" train "$ok" --parallel.dp=2 --run.dir="$run" \
+  : -np 1 "$trellis" eval "$work/no-such-run" > "$out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c -F "rank 1 was started with other settings than rank 0: command = 'eval' there, 'train' on rank 0" "$out")" -eq 1 ] &&
+   [ ! -e "$run" ]; then
+  passed=$((passed + 1)); echo "ok   ranks with other subcommands"
+else
+  failed=$((failed + 1)); echo "FAIL ranks with other subcommands: exit $rc"; sed 's/^/     | /' "$out" | head -20
 fi
 
 # A token shard rewritten in place mid-run (same size, ids past model.vocab): the rank that reads

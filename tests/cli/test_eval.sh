@@ -4,7 +4,8 @@
 # trained it (fp32 or bf16); a text model reads the stored eval.path or another one given, and
 # needs no training corpus; bad input (no or two checkpoints, a missing or damaged checkpoint, a
 # missing eval.path, a text model trained without [eval] and no --eval.path, ranks that do not
-# divide the global batch) ends every rank with status 2 and one message.
+# divide the global batch, a held-out set beyond the node's memory) ends every rank with status 2
+# and one message.
 # Usage: test_eval.sh BUILD_DIR. Ends with "eval: N passed, M failed".
 set -u
 build=${1:-build}
@@ -88,6 +89,7 @@ bad "missing checkpoint"     2 "nothing.h5"          -- "$work/nothing.h5"
 bad "damaged checkpoint"     2 "damaged.h5"          -- "$work/damaged.h5"
 bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path="$work/no-such.txt"
 bad "layout for other ranks" 2 "parallel.dp"         -- "$work/run" --parallel.dp=3
+bad "held-out set past memory" 2 "more than its"     -- "$work/run" --eval.batches=268000000
 bad "3 ranks, global batch 8" 3 "change --train.micro_batch or the layout" -- "$work/run"
 bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 

@@ -102,8 +102,8 @@ TEST_F(ConfigTest, DerivedDefaults) {
   EXPECT_EQ(d.model.d_ff, 100);
 }
 
-TEST_F(ConfigTest, EmptyDeckGivesDefaults) {
-  const Config c = load_config(write("# nothing\n"), {}, 1);
+TEST_F(ConfigTest, DeckOfOneDefaultKeyGivesDefaults) {
+  const Config c = load_config(write("# one key, at its default\n[data]\nsource = synthetic\n"), {}, 1);
   const Config defaults;
   EXPECT_EQ(c.model.layers, defaults.model.layers);
   EXPECT_EQ(c.train.steps, defaults.train.steps);
@@ -112,6 +112,62 @@ TEST_F(ConfigTest, EmptyDeckGivesDefaults) {
     if (e.derived) continue;
     EXPECT_EQ(trellis::config::value_text(e, c), trellis::config::default_text(e)) << e.name();
   }
+}
+
+// A deck without a single key — blank, only comments, only section headers — is almost surely
+// the wrong file or a truncated one: refused, not trained as the default model.
+TEST_F(ConfigTest, DeckWithoutKeysIsRefused) {
+  for (const char* text : {"", " \n\t\n", "# nothing\n", "[model]\n", "# a\n[model]\n[train] # b\n"}) {
+    SCOPED_TRACE(text);
+    const std::string deck = write(text);
+    const std::string e = error_of(deck);
+    EXPECT_EQ(e.rfind(deck + ": the deck is empty", 0), 0u) << e;
+    // The command line cannot stand in for the deck.
+    EXPECT_FALSE(error_of(deck, {"--train.steps=3"}).empty());
+  }
+}
+
+// A byte-order mark (some editors start UTF-8 files with one) is not part of the first line.
+TEST_F(ConfigTest, ByteOrderMarkIsSkipped) {
+  const Config c = load_config(write("\xEF\xBB\xBF[model]\nlayers = 3\n"), {}, 1);
+  EXPECT_EQ(c.model.layers, 3);
+  const std::string e = error_of(write("\xEF\xBB\xBFlayers = 3\n"));  // still outside a section
+  EXPECT_NE(e.find("unknown key 'layers'"), std::string::npos) << e;
+}
+
+// Every value is stored in the effective deck (run.dir/deck.ini, each checkpoint) and read back by
+// resumes and trellis eval: a command-line value the deck cannot hold is refused up front, and the
+// edges' blanks are trimmed as the deck's are.
+TEST_F(ConfigTest, OverrideValuesMustSurviveTheStoredDeck) {
+  const std::string deck = write(kBase);
+  for (const char* bad : {"--data.path=/data/run#3/train.txt", "--run.dir=a\nb", "--eval.path=\rx\ry"}) {
+    SCOPED_TRACE(bad);
+    const std::string e = error_of(deck, {bad});
+    EXPECT_EQ(e.rfind("command line: --", 0), 0u) << e;
+    EXPECT_NE(e.find("cannot hold"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of(deck, {"--data.path=x#y"}).find("a '#'"), std::string::npos);
+  EXPECT_NE(error_of(deck, {"--run.dir=x\ny"}).find("a line break"), std::string::npos);
+  const Config c = load_config(deck, {"--run.dir= out/x \t"}, 1);
+  EXPECT_EQ(c.run.dir, "out/x");
+  EXPECT_EQ(load_config(write(trellis::effective_deck_ini(c), "e.ini"), {}, 1).run.dir, "out/x");
+}
+
+// The deck given must not be the run directory's deck.ini, which each run overwrites with the
+// effective deck (and a start over moves aside): the user's own file would be lost.
+TEST_F(ConfigTest, DeckMustNotBeTheRunDirectorysDeckIni) {
+  const std::string deck = write(kBase);  // dir_/deck.ini
+  for (const std::string& run_dir : {dir_.string(), dir_.string() + "/.", dir_.string() + "/../" +
+                                                                         dir_.filename().string()}) {
+    SCOPED_TRACE(run_dir);
+    const std::string e = error_of(deck, {"--run.dir=" + run_dir});
+    EXPECT_EQ(e.rfind("command line: run.dir = '" + run_dir + "' would overwrite the deck " + deck,
+                      0),
+              0u)
+        << e;
+  }
+  EXPECT_EQ(error_of(deck, {"--run.dir=" + dir_.string() + "/run"}), "");
+  EXPECT_EQ(error_of(write(kBase, "other.ini"), {"--run.dir=" + dir_.string()}), "");
 }
 
 TEST_F(ConfigTest, OverridesWin) {

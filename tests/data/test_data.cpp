@@ -191,6 +191,40 @@ TEST(Tokens, ReadsLlmcAndRawShardsAndWindowsStayInsideAShard) {
   EXPECT_EQ(w[0], 100);
 }
 
+// llm.c's Llama 3 shards (magic 20240801, version 7) hold uint32 tokens: ids past uint16's range
+// for vocabularies over 65536, read beside GPT-2's uint16 shards.
+TEST(Tokens, ReadsLlmcUint32Shards) {
+  trellis::testing::TempDir dir("trellis_data");
+  std::vector<uint32_t> wide;  // (40,) 128000..128039: Llama 3's vocabulary is 128256
+  for (int i = 0; i < 40; ++i) wide.push_back(uint32_t(128000 + i));
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240801, header[1] = 7, header[2] = int32_t(wide.size());
+  {
+    std::ofstream f(dir.file("l_000.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(wide.data()), std::streamsize(wide.size() * 4));
+  }
+  write_llmc(dir.file("l_001.bin"), std::vector<uint16_t>(20, 9));
+  auto s = tokens_source(dir.file("l_*.bin"), 128256);
+  EXPECT_EQ(s->size(), 60);
+  EXPECT_NE(s->describe().find("2 llm.c of which 1 uint32"), std::string::npos) << s->describe();
+  std::vector<int32_t> w(8);  // (8,)
+  s->window(5, 8, w.data());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(w[size_t(i)], 128005 + i);
+  s->window(33, 8, w.data());  // the second shard's first window
+  EXPECT_EQ(w[0], 9);
+  // A vocabulary too small for its ids, a wrong version, a count the file does not hold.
+  expect_user_error([&] { tokens_source(dir.file("l_000.bin"), 128030); },
+                    {"l_000.bin", "token 128039", "model.vocab = 128030"});
+  header[1] = 1;
+  write_bytes(dir.file("v.bin"), header.data(), 1024);
+  expect_user_error([&] { tokens_source(dir.file("v.bin"), 128256); },
+                    {"v.bin", "version 1", "Llama 3"});
+  header[1] = 7, header[2] = 41;
+  write_bytes(dir.file("c.bin"), header.data(), 1024);
+  expect_user_error([&] { tokens_source(dir.file("c.bin"), 128256); }, {"c.bin", "41 tokens"});
+}
+
 TEST(Tokens, Errors) {
   trellis::testing::TempDir dir("trellis_data");
   std::vector<uint16_t> toks(20, 7);
