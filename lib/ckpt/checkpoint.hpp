@@ -43,7 +43,8 @@ struct CkptMeta {
   std::map<std::string, double> reals;
 };
 
-/// What is wrong with a checkpoint's counters ("" where nothing is): a step below 0, AdamW's
+/// What is wrong with a checkpoint's counters ("" where nothing is): no step (or one not an
+/// integer), a step below 0, AdamW's
 /// update count outside 0..step, tokens_seen below 0. No run writes such values: the file is
 /// damaged or edited, and a resume that took them as they stand would train on from there (a
 /// negative step: negative learning rates).

@@ -193,7 +193,8 @@ std::string counter_problem(const CkptMeta& meta) {
   };
   const std::optional<int64_t> step = value("step"), adamw = value("adamw_steps"),
                                tokens = value("tokens_seen");
-  if (step && *step < 0) return strfmt("step = %lld, below 0", (long long)*step);
+  if (!step) return "no integer step attribute";
+  if (*step < 0) return strfmt("step = %lld, below 0", (long long)*step);
   if (adamw && (*adamw < 0 || (step && *adamw > *step)))
     return strfmt("adamw_steps = %lld, outside 0..step (%lld)", (long long)*adamw,
                   (long long)step.value_or(0));

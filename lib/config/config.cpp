@@ -417,6 +417,13 @@ class Validator {
       fail(where({"eval.path", "data.path"}),
            what + ": the held-out loss would be measured on the training data");
     }
+    // A timeout under a second ends every run in its set-up (a unit mistaken: milliseconds?).
+    const double hang = c_.system.hang_timeout_s;
+    if (hang > 0 && hang < 1)
+      fail(where({"system.hang_timeout_s"}),
+           strfmt("system.hang_timeout_s = %g: under a second, no run would get through its "
+                  "set-up; it is in seconds (0: never)",
+                  hang));
     // Each run writes its effective deck to run.dir/deck.ini (and a start over moves the earlier
     // one aside): the deck given must not be that file, or the user's own would be lost.
     std::error_code ec;

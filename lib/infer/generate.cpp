@@ -236,6 +236,9 @@ void load_model_parameters(MPI_Comm comm, const std::string& path, const ParamTa
   }
   CkptMeta meta;
   read_checkpoint(comm, path, slabs, meta);
+  // Counters no run writes: a damaged or edited file, refused as eval and export refuse it.
+  if (const std::string problem = counter_problem(meta); !problem.empty())
+    throw UserError(path + ": " + problem + " (damaged or edited)");
 }
 
 Generation generate(Decoder& decoder, Comm* tp, const std::vector<int32_t>& prompt, int count,

@@ -276,7 +276,14 @@ int plan_main(const std::vector<std::string>& args) {
     // The deck's own layout; dp = 0 takes the rest of --gpus.
     Config cfg = load_config(o.deck, o.overrides, 0, false);
     const bool dp_derived = std::find(cfg.derived.begin(), cfg.derived.end(), "parallel.dp") != cfg.derived.end();
-    if (dp_derived && o.gpus > 0) cfg = load_config(o.deck, o.overrides, o.gpus, false);
+    if (dp_derived && o.gpus > 0) {
+      try {
+        cfg = load_config(o.deck, o.overrides, o.gpus, false);
+      } catch (const UserError& e) {  // (the deck's keys are right alone: --gpus is the change)
+        throw UserError(strfmt("--gpus %d, the deck's dp taking the GPUs its tp and pp leave: %s",
+                               o.gpus, e.what()));
+      }
+    }
     const int deck_world = cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp;
 
     PlanRequest req;

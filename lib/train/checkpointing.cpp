@@ -187,10 +187,9 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       if (version == meta.integers.end() || version->second != kCheckpointFormat)
         throw IncompatibleCheckpoint(path + ": not a Trellis checkpoint of format version " +
                                      std::to_string(kCheckpointFormat));
-      if (!meta.integers.count("step") || !meta.text.count("deck"))
-        throw UserError(path + ": no step or deck attribute");
       if (const std::string problem = counter_problem(meta); !problem.empty())
         throw UserError(path + ": " + problem + " (damaged or edited)");
+      if (!meta.text.count("deck")) throw UserError(path + ": no deck attribute (damaged or edited)");
       const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
       check_same_deck(meta, path);
       std::string model;

@@ -4,6 +4,7 @@
 // (each of eval.batches global batches, rank d taking its contiguous slice), and every stage of
 // a pipeline takes part, so the loss is the same for every layout up to the order of the sums.
 // `trellis eval CKPT` (eval_main, below) measures it for a checkpoint.
+#include <cmath>
 #include <cstdio>
 
 #include "ckpt/checkpoint.hpp"
@@ -109,6 +110,12 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
   const double start = now_seconds();
   const double loss = trainer.evaluate();
   const double seconds = now_seconds() - start;
+  // (The same on every rank.) No run checkpoints weights that are not finite (a step that makes
+  // them so is skipped or ends the run): the file is damaged, edited or foreign.
+  if (!std::isfinite(loss))
+    throw UserError(strfmt("%s: the held-out loss is %g: the checkpoint's weights are not all "
+                           "finite (damaged or edited)",
+                           path.c_str(), loss));
   const int64_t sequences = trainer.held_out()->sequences();
   std::string floor;
   if (auto f = trainer.source().entropy_floor())

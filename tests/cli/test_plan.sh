@@ -145,6 +145,9 @@ rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
 check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)
 check "a layout the deck's rules refuse: status 2 naming the key" '[ $rc -eq 2 ] && grep -q "parallel.tp" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpus 3)
+check "--gpus the deck's batch does not divide: status 2 naming it and the key" \
+  '[ $rc -eq 2 ] && grep -q -- "--gpus 3, the deck.s dp taking .*train.global_batch" "$work/out.log"'
 rc=$(run_plan "$work/missing.deck")
 check "a missing deck: status 2 naming the file" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
 

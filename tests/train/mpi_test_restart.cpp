@@ -12,6 +12,8 @@
 #include "ckpt/stored_config.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "infer/generate.hpp"
+#include "model/params.hpp"
 #include "mpi_util.hpp"
 #include "train/trainer.hpp"
 
@@ -186,6 +188,35 @@ TEST(Restart, CountersNoRunWritesAreDamage) {
   set_attribute(newest, "adamw_steps", 11);  // (the resumed run rewrote it: step 10)
   EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
   EXPECT_THROW(train(MPI_COMM_SELF, own_dir("c3"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()}),
+               UserError);
+  // generate refuses it as a resume does (it read the weights as they stood).
+  const ParamTable table(stored_config(newest.string()).model);
+  std::vector<float> params(size_t(table.total()));  // (total,)
+  EXPECT_THROW(load_model_parameters(MPI_COMM_SELF, newest.string(), table, params.data()),
+               UserError);
+  set_attribute(newest, "adamw_steps", 10);
+  EXPECT_NO_THROW(load_model_parameters(MPI_COMM_SELF, newest.string(), table, params.data()));
+  // A step that is not an integer (an edit): inspect, a resume and generate refuse it alike, and
+  // say what is wrong rather than that it is missing.
+  {
+    const hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    EXPECT_GE(H5Adelete(f, "step"), 0);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t a = H5Acreate2(f, "step", H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
+    const double half = 2.5;
+    EXPECT_GE(H5Awrite(a, H5T_NATIVE_DOUBLE, &half), 0);
+    H5Aclose(a), H5Sclose(space), H5Fclose(f);
+  }
+  EXPECT_EQ(inspect_checkpoint(newest.string(), stderr), 1);
+  std::string msg;
+  try {
+    train(MPI_COMM_SELF, own_dir("c4"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no integer step attribute (damaged or edited)"), std::string::npos) << msg;
+  EXPECT_THROW(load_model_parameters(MPI_COMM_SELF, newest.string(), table, params.data()),
                UserError);
 }
 
@@ -379,4 +410,31 @@ TEST(Restart, ChainOfLayoutsOnEightRanks) {
       EXPECT_NEAR(resumed[s], whole[start + s], 1e-5 * std::fabs(whole[start + s])) << "step " << start + s;
     from = to;
   }
+}
+
+// A checkpoint whose weights are not all finite (no run writes one: a step that makes them so is
+// skipped or ends the run) is damage to trellis eval: status 2 naming the file, not "held-out
+// loss nan" and status 0.
+TEST(Restart, EvalRefusesWeightsThatAreNotFinite) {
+  const std::string dir = shared_dir("not-finite");
+  const std::string file = (fs::path(dir) / checkpoint_file_name(5)).string();
+  if (trellis::testing::world_rank() == 0) {
+    fs::remove_all(dir);
+    train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  World world(nullptr, nullptr);
+  EXPECT_EQ(eval_main({file}, world), kExitOk);
+  if (trellis::testing::world_rank() == 0) {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t d = H5Dopen2(f, "model/h.0.mlp.c_fc.bias", H5P_DEFAULT);
+    const hid_t space = H5Dget_space(d);
+    std::vector<float> nan(size_t(H5Sget_simple_extent_npoints(space)), NAN);  // (d_ff,)
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, nan.data()), 0);
+    H5Sclose(space), H5Dclose(d), H5Fclose(f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(eval_main({file}, world), kExitBadInput);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
 }
