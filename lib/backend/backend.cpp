@@ -15,6 +15,7 @@
 
 #include "backend/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 #ifdef TRELLIS_HAVE_CUDA
@@ -297,8 +298,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, i
   if (name == "cuda") {
 #ifdef TRELLIS_HAVE_CUDA
     const int devices = cuda_device_count();
-    const char* share = std::getenv("TRELLIS_SHARE_GPUS");
-    const bool may_share = share && std::string(share) == "1";
+    const bool may_share = env_switch_on("TRELLIS_SHARE_GPUS", false);
     if (devices > 0 && local_ranks > devices && !may_share)
       throw UserError(strfmt("system.backend = cuda: %d ranks on this node but %d GPU(s): one GPU "
                              "per rank (start at most %d ranks per node, or set "

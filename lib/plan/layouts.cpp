@@ -137,11 +137,13 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
 
 std::string LayoutPlan::overrides() const {
   const ParallelConfig& p = cfg.parallel;
+  // Every key the layout sets, its defaults too: the deck (or the command line) may say
+  // otherwise, and the run must be the one planned.
   std::string s = strfmt("--parallel.dp=%d --parallel.tp=%d --parallel.pp=%d --parallel.zero=%d "
-                         "--train.micro_batch=%d",
-                         p.dp, p.tp, p.pp, p.zero, cfg.train.micro_batch);
-  if (cfg.train.recompute != "none") s += " --train.recompute=" + cfg.train.recompute;
-  if (p.tp > 1) s += std::string(" --parallel.sequence_parallel=") + (p.sequence_parallel ? "true" : "false");
+                         "--train.micro_batch=%d --train.recompute=%s "
+                         "--parallel.sequence_parallel=%s",
+                         p.dp, p.tp, p.pp, p.zero, cfg.train.micro_batch,
+                         cfg.train.recompute.c_str(), p.sequence_parallel ? "true" : "false");
   if (p.pp > 1 || schedule_fallback) s += " --parallel.schedule=" + p.schedule;
   if (p.schedule == "interleaved") s += strfmt(" --parallel.virtual_stages=%d", p.virtual_stages);
   else if (schedule_fallback)

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -246,14 +247,12 @@ MemoryOptions run_memory_options(const Config& cfg) {
   MemoryOptions opt;
   opt.precision = parse_precision(cfg.system.precision);
   opt.device = cfg.system.backend == "cuda";
-  const char* tc = std::getenv("TRELLIS_TC_ATTENTION");  // unset: the checked default
-  opt.tc_attention = !tc || std::string(tc) != "0";
-  const char* cudnn = std::getenv("TRELLIS_CUDNN");  // only in the checked default
-  opt.cudnn_attention = !tc && !(cudnn && std::string(cudnn) == "0");
-  const char* deterministic = std::getenv("TRELLIS_CUDNN_DETERMINISTIC");
-  opt.cudnn_deterministic = deterministic && std::string(deterministic) != "0";
-  const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
-  opt.gelu_epilogue = !(gelu && std::string(gelu) == "0");
+  // The CUDA backend's switches, read as it reads them (core/env.hpp).
+  const int tc = env_switch("TRELLIS_TC_ATTENTION");  // unset: the checked default
+  opt.tc_attention = tc != 0;
+  opt.cudnn_attention = tc < 0 && env_switch_on("TRELLIS_CUDNN", true);  // (checked default only)
+  opt.cudnn_deterministic = env_switch_on("TRELLIS_CUDNN_DETERMINISTIC", false);
+  opt.gelu_epilogue = env_switch_on("TRELLIS_GELU_EPILOGUE", true);
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
   opt.threads = cfg.system.threads > 0 ? cfg.system.threads
                 : blas && std::atoi(blas) > 0

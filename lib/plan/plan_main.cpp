@@ -270,6 +270,18 @@ double parse_size(const std::string& text, const std::string& option) {
   throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB");
 }
 
+// `word` as the shell reads one word: as it is where it holds only characters the shell leaves
+// alone, else in single quotes.
+static std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklm"
+                                                             "nopqrstuvwxyz0123456789_./=,:+-@%") ==
+                                          std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 int plan_main(const std::vector<std::string>& args) {
   try {
     const Options o = parse_options(args);
@@ -356,9 +368,15 @@ int plan_main(const std::vector<std::string>& args) {
                                   : "ZeRO, then tensor parallelism inside a node, pipeline across nodes");
     if (fitting > 0) {
       const LayoutPlan& best = s.layouts.front();
-      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s %s\n", layout_name(best.cfg).c_str(),
-                  seconds(best.time.total()).c_str(), count(best.tokens_per_s).c_str(), o.deck.c_str(),
-                  best.overrides().c_str());
+      // The command trains what was planned: the deck, the command line's overrides (a shell
+      // word each), then the layout's keys, which win.
+      std::string run = shell_word(o.deck);
+      for (const std::string& w : o.overrides) run.append(" ").append(shell_word(w));
+      run.append(" ").append(best.overrides());
+      if (!cfg.parallel.stage_layers.empty() && best.cfg.parallel.stage_layers.empty())
+        run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
+      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s\n", layout_name(best.cfg).c_str(),
+                  seconds(best.time.total()).c_str(), count(best.tokens_per_s).c_str(), run.c_str());
       std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");

@@ -166,7 +166,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
       round.sgemm = std::max(round.sgemm, square.gflops(1, calls));
       round.step_ms = std::min(round.step_ms, fastest_step_ms(1));
     }
-    round.ratio = step_flops / (round.step_ms * 1e-3) / 1e9 / round.sgemm;
+    // A rank's share of the step's work against that rank's own sgemm: with several ranks on a
+    // node each one's sgemm is its share of the cores, as its step is.
+    round.ratio = step_flops / world.size() / (round.step_ms * 1e-3) / 1e9 / round.sgemm;
     results.push_back(round);
   }
   std::sort(results.begin(), results.end(), [](const Round& a, const Round& b) { return a.ratio < b.ratio; });
@@ -204,7 +206,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
        strfmt("%.1f", sgemm_square)},
       {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape)", N, m.d_ff, m.d_model),
        strfmt("%.1f", sgemm_model)},
-      {"step / sgemm 2048³ (median round)", strfmt("%.1f %%", 100 * mid.ratio)},
+      {world.size() > 1 ? "a rank's share of the step / its sgemm 2048³ (median round)"
+                        : "step / sgemm 2048³ (median round)",
+       strfmt("%.1f %%", 100 * mid.ratio)},
       {"ratio range over rounds",
        strfmt("%.1f – %.1f %%", 100 * results.front().ratio, 100 * results.back().ratio)},
   };

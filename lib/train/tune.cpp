@@ -75,7 +75,8 @@ struct Measured {
 // be for another number of ranks).
 Config base_config(const std::string& deck, std::vector<std::string> overrides) {
   for (const char* o : {"--parallel.dp=1", "--parallel.tp=1", "--parallel.pp=1", "--parallel.zero=0",
-                        "--parallel.stage_layers=", "--parallel.schedule=1f1b"})
+                        "--parallel.stage_layers=", "--parallel.schedule=1f1b",
+                        "--parallel.virtual_stages=1"})
     overrides.push_back(o);
   return load_config(deck, overrides, 1);
 }

@@ -148,6 +148,11 @@ check "a layout the deck's rules refuse: status 2 naming the key" '[ $rc -eq 2 ]
 rc=$(run_plan "$work/tiny.deck" --gpus 3)
 check "--gpus the deck's batch does not divide: status 2 naming it and the key" \
   '[ $rc -eq 2 ] && grep -q -- "--gpus 3, the deck.s dp taking .*train.global_batch" "$work/out.log"'
+# The suggested command trains what was planned: the command line's overrides kept, then every
+# key of the layout, defaults too (the deck's recompute = full would otherwise stand).
+rc=$(run_plan "$work/tiny.deck" --gpus 2 --model.layers=3 --train.recompute=full)
+check "plan's 'run it' keeps the overrides and sets every layout key" \
+  '[ $rc -eq 0 ] && grep -q "run it: trellis train $work/tiny.deck --model.layers=3 --train.recompute=full --parallel.dp=.* --train.recompute=[a-z]* --parallel.sequence_parallel=" "$work/out.log"'
 rc=$(run_plan "$work/missing.deck")
 check "a missing deck: status 2 naming the file" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
 

@@ -47,6 +47,21 @@ np1_out() {
 }
 in_background np1_out
 
+# A deck whose own layout is interleaved, with full recomputation: its keys are the deck's, not
+# the candidates' (tune refused such a deck; its runs recomputed whatever their label said).
+deck_keys() {
+  own_output
+  rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --steps 1 --candidates 1 \
+         --out "$work/keys.deck" --model.layers=4 --parallel.pp=2 --parallel.schedule=interleaved \
+         --parallel.virtual_stages=2 --train.micro_batch=1 --train.recompute=full)
+  local label recompute
+  label=$(grep -o "the winner, [^,]*" "$out" | sed "s/the winner, //")
+  recompute=$(sed -n "s/^recompute = //p" "$work/keys.deck")
+  check "an interleaved deck with recompute = full: status 0, the winner written as labelled" \
+    '[ $rc -eq 0 ] && [ -n "$label" ] && { [[ "$label" == *rc-$recompute ]] || { [ "$recompute" = none ] && [[ "$label" != *rc-* ]]; }; }'
+}
+in_background deck_keys
+
 bad_option() {
   own_output
   rc=$(run -np 2 "$build/trellis" tune "$work/tiny.deck" $1)

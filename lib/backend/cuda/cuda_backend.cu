@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -111,28 +112,29 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   count_memory(MemKind::Scratch, int64_t(workspace_bytes_));
   device_allocator().set_stream(stream_);
-  const char* tf32 = std::getenv("TRELLIS_TF32");
-  tf32_ = tf32 && std::strcmp(tf32, "0") != 0;
-  const char* profile = std::getenv("TRELLIS_CUDA_PROFILE");
-  profiling_ = profile && std::strcmp(profile, "0") != 0;
-  if (const char* tc = std::getenv("TRELLIS_TC_ATTENTION")) {
+  // (Each switch "0" or "1"; core/env.hpp warns of any other value and takes it as unset.)
+  tf32_ = env_switch_on("TRELLIS_TF32", false);
+  profiling_ = env_switch_on("TRELLIS_CUDA_PROFILE", false);
+  if (const int tc = env_switch("TRELLIS_TC_ATTENTION"); tc >= 0) {
     tc_attention_checked_ = false;
-    if (std::strcmp(tc, "0") == 0) tc_attention_ = TcAttention::off;
+    if (tc == 0) tc_attention_ = TcAttention::off;
   }
-  const char* cudnn = std::getenv("TRELLIS_CUDNN");
-  cudnn_wanted_ = !(cudnn && std::strcmp(cudnn, "0") == 0);
-  const char* cudnn_det = std::getenv("TRELLIS_CUDNN_DETERMINISTIC");
-  cudnn_deterministic_ = cudnn_det && std::strcmp(cudnn_det, "0") != 0;
-  const char* cudnn_tune = std::getenv("TRELLIS_CUDNN_TUNE");
-  cudnn_tune_ = cudnn_tune && std::strcmp(cudnn_tune, "0") != 0;
+  cudnn_wanted_ = env_switch_on("TRELLIS_CUDNN", true);
+  cudnn_deterministic_ = env_switch_on("TRELLIS_CUDNN_DETERMINISTIC", false);
+  cudnn_tune_ = env_switch_on("TRELLIS_CUDNN_TUNE", false);
   // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
   // against the 128-row ones).
-  const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS");
-  if (rows) attention_block_rows_ = std::atoi(rows);
-  const char* tune = std::getenv("TRELLIS_GEMM_TUNE");
-  tune_gemms_ = tune && std::strcmp(tune, "0") != 0;
-  const char* gelu = std::getenv("TRELLIS_GELU_EPILOGUE");
-  gelu_epilogue_ = !(gelu && std::strcmp(gelu, "0") == 0);
+  if (const char* rows = std::getenv("TRELLIS_ATTN_BLOCK_ROWS"); rows && *rows) {
+    if (std::strcmp(rows, "64") == 0 || std::strcmp(rows, "128") == 0)
+      attention_block_rows_ = std::atoi(rows);
+    else
+      std::fprintf(stderr,
+                   "trellis: warning: TRELLIS_ATTN_BLOCK_ROWS=%s is neither 64 nor 128: taken as "
+                   "unset (128)\n",
+                   rows);
+  }
+  tune_gemms_ = env_switch_on("TRELLIS_GEMM_TUNE", false);
+  gelu_epilogue_ = env_switch_on("TRELLIS_GELU_EPILOGUE", true);
   // Bias gradients out of the GEMMs' epilogues instead of column sums of their own:
   // TRELLIS_BGRAD_EPILOGUE=1 both kinds, =dweight only the dweight GEMMs' BGRADB (every linear
   // layer's), =dgelu only the MLP dinp GEMM's DGELU_BGRAD (the first MLP layer's, from the dpre
@@ -150,8 +152,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                  bgrad_kind.c_str());
   bgrad_epilogue_ = bgrad_kind == "1" || bgrad_kind == "dweight";
   dgelu_bgrad_epilogue_ = bgrad_kind == "1" || bgrad_kind == "dgelu";
-  const char* residual = std::getenv("TRELLIS_RESIDUAL_EPILOGUE");
-  residual_epilogue_ = !(residual && std::strcmp(residual, "0") == 0);
+  residual_epilogue_ = env_switch_on("TRELLIS_RESIDUAL_EPILOGUE", true);
   // Kernels with several ways to the same bits time them at each shape's first calls and keep
   // the fastest (kernel_ways.hpp); TRELLIS_KERNEL_WAYS=0 takes each kernel's first way that
   // applies, untimed. A way's own setting: 0 leaves out the ways with that feature, 1 keeps only
@@ -166,27 +167,20 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   //     memory while it loads dout and inp for the row's means (else loading it after them);
   //   TRELLIS_LAYERNORM_AHEAD: the fused layer norm backward's warps copying the next row's dout,
   //     inp and dinp into shared memory while they compute on this one.
-  const char* ways = std::getenv("TRELLIS_KERNEL_WAYS");
-  time_ways_ = !(ways && std::strcmp(ways, "0") == 0);
-  const auto way_setting = [](const char* name) {
-    const char* v = std::getenv(name);
-    return !v || !*v ? -1 : std::strcmp(v, "0") == 0 ? 0 : 1;
-  };
-  loss_row_cache_ = way_setting("TRELLIS_LOSS_ROW_CACHE");
-  loss_pipeline_ = way_setting("TRELLIS_LOSS_PIPELINE");
-  layernorm_held_ = way_setting("TRELLIS_LAYERNORM_HELD");
-  layernorm_prefetch_ = way_setting("TRELLIS_LAYERNORM_PREFETCH");
-  layernorm_ahead_ = way_setting("TRELLIS_LAYERNORM_AHEAD");
+  time_ways_ = env_switch_on("TRELLIS_KERNEL_WAYS", true);
+  loss_row_cache_ = env_switch("TRELLIS_LOSS_ROW_CACHE");
+  loss_pipeline_ = env_switch("TRELLIS_LOSS_PIPELINE");
+  layernorm_held_ = env_switch("TRELLIS_LAYERNORM_HELD");
+  layernorm_prefetch_ = env_switch("TRELLIS_LAYERNORM_PREFETCH");
+  layernorm_ahead_ = env_switch("TRELLIS_LAYERNORM_AHEAD");
   // TRELLIS_LOSS_EXP2=0: the cross-entropy's exponentials by expf(x − m) instead of
   // exp2f(x·log2e − m·log2e) (about 1e-6 apart where it matters: cuda_loss_optim.cu; to time the
   // two side by side).
-  const char* exp2 = std::getenv("TRELLIS_LOSS_EXP2");
-  loss_exp2_ = !(exp2 && std::strcmp(exp2, "0") == 0);
+  loss_exp2_ = env_switch_on("TRELLIS_LOSS_EXP2", true);
   // TRELLIS_EMBEDDING_SORTED=0: the embedding gradient by atomics, its last bits varying run to
   // run, instead of sorting the positions by token and adding each token's rows in order (to
   // time the two side by side).
-  const char* sorted = std::getenv("TRELLIS_EMBEDDING_SORTED");
-  embedding_sorted_ = !(sorted && std::strcmp(sorted, "0") == 0);
+  embedding_sorted_ = env_switch_on("TRELLIS_EMBEDDING_SORTED", true);
 }
 
 CudaBackend::~CudaBackend() {
