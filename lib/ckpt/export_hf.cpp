@@ -10,6 +10,7 @@
 #include "ckpt/safetensors.hpp"
 #include "ckpt/stored_config.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "model/params.hpp"
 
 namespace trellis {

@@ -5,24 +5,12 @@
 
 #include "ckpt/checkpoint.hpp"  // write_file_atomically
 #include "core/error.hpp"
+#include "core/json.hpp"
 
 namespace trellis {
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; this writer copies memory as it is");
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\', out += char(c);
-    else if (c < 0x20)
-      out += strfmt("\\u%04x", unsigned(c));
-    else
-      out += char(c);
-  }
-  return out + "\"";
-}
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {

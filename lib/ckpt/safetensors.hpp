@@ -21,7 +21,4 @@ struct SafeTensor {
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
-/// A JSON string literal for s (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s);
-
 }  // namespace trellis

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -195,22 +196,6 @@ void RunDir::check_written() const {
                     "written apart, and whole); make room before the next run");
 }
 
-static std::string json_escape(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += strfmt("\\u%04x", c);
-        else out += c;
-    }
-  }
-  return out + "\"";
-}
-
 JsonObject& JsonObject::num(const std::string& key, double v) {
   items_.emplace_back(key, std::isfinite(v) ? strfmt("%.10g", v) : "null");
   return *this;
@@ -220,7 +205,7 @@ JsonObject& JsonObject::integer(const std::string& key, long long v) {
   return *this;
 }
 JsonObject& JsonObject::str(const std::string& key, const std::string& v) {
-  items_.emplace_back(key, json_escape(v));
+  items_.emplace_back(key, json_string(v));
   return *this;
 }
 JsonObject& JsonObject::null(const std::string& key) {
@@ -236,7 +221,7 @@ std::string JsonObject::dump(int indent) const {
   std::string pad(2 * (indent + 1), ' '), close(2 * indent, ' ');
   std::string out = "{\n";
   for (size_t i = 0; i < items_.size(); ++i)
-    out += pad + json_escape(items_[i].first) + ": " + items_[i].second +
+    out += pad + json_string(items_[i].first) + ": " + items_[i].second +
            (i + 1 < items_.size() ? ",\n" : "\n");
   return out + close + "}";
 }
