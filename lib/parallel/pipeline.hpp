@@ -9,7 +9,8 @@
 //          the (k·p + r)-th slice of the layers) and runs Megatron's interleaved 1F1B over them;
 //          micro-batches go round the ring v times
 //
-// gpipe and 1f1b idle (p−1)/(m+p−1) of the time in theory (the bubble), interleaved 1/v of that.
+// gpipe and 1f1b idle (p−1)/(m+p−1) of the time in theory (the bubble), interleaved
+// (p−1)/(v·m+p−1).
 // Activations go forward with tag 2·(mb·v + chunk of the receiver), their gradients back with
 // tag +1, over the pp communicator (neighbours share dp and tp coordinates). Sends are non-blocking; a stage waits only for what it receives — that wait is
 // the measured bubble.

@@ -62,7 +62,9 @@ int pipeline_slots(const std::string& schedule, int stages, int stage, int micro
 }
 
 double bubble_theory(int stages, int micro_batches, int chunks) {
-  return double(stages - 1) / double(micro_batches + stages - 1) / chunks;
+  // The bubble is p−1 passes of a chunk (1/v of a stage's pass) each way; the step is v·m of
+  // those passes each way plus the bubble (Narayanan et al. 2021: (p−1)/v of the ideal m).
+  return double(stages - 1) / (double(chunks) * micro_batches + stages - 1);
 }
 
 }  // namespace trellis

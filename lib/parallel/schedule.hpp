@@ -18,7 +18,7 @@ std::vector<PipelineOp> pipeline_schedule(const std::string& schedule, int stage
 /// Micro-batches alive at once per model chunk on `stage` (the activation slots it needs).
 int pipeline_slots(const std::string& schedule, int stages, int stage, int micro_batches,
                    int chunks = 1);
-/// The bubble's share of a step in theory: (p−1)/(m+p−1), divided by v for interleaved.
+/// The bubble's share of a step in theory: (p−1)/(v·m+p−1), v = 1 but for interleaved.
 double bubble_theory(int stages, int micro_batches, int chunks = 1);
 
 }  // namespace trellis

@@ -273,9 +273,9 @@ double parse_size(const std::string& text, const std::string& option) {
 // `word` as the shell reads one word: as it is where it holds only characters the shell leaves
 // alone, else in single quotes.
 static std::string shell_word(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklm"
-                                                             "nopqrstuvwxyz0123456789_./=,:+-@%") ==
-                                          std::string::npos;
+  const char* const safe =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=,:+-@%";
+  const bool plain = !word.empty() && word.find_first_not_of(safe) == std::string::npos;
   if (plain) return word;
   std::string quoted = "'";
   for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -375,8 +375,9 @@ int plan_main(const std::vector<std::string>& args) {
       run.append(" ").append(best.overrides());
       if (!cfg.parallel.stage_layers.empty() && best.cfg.parallel.stage_layers.empty())
         run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
-      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s\n", layout_name(best.cfg).c_str(),
-                  seconds(best.time.total()).c_str(), count(best.tokens_per_s).c_str(), run.c_str());
+      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s\n",
+                  layout_name(best.cfg).c_str(), seconds(best.time.total()).c_str(),
+                  count(best.tokens_per_s).c_str(), run.c_str());
       std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");

@@ -309,6 +309,9 @@ double Trainer::run() {
     // overwriting it with an empty one.
     if (!quiet_) {
       const std::string summary = cfg_.run.dir + "/summary.json";
+      const std::string kept = std::filesystem::exists(summary)
+                                   ? "; " + summary + " is the finished run's"
+                                   : std::string();
       const std::string held_by = checkpointer_ && !checkpointer_->resumed_path().empty()
                                       ? checkpointer_->resumed_path()
                                       : cfg_.checkpoint.dir;
@@ -317,7 +320,7 @@ double Trainer::run() {
                  "over)%s",
                  held_by.c_str(), (long long)first_step,
                  (long long)cfg_.train.steps,
-                 std::filesystem::exists(summary) ? ("; " + summary + " is the finished run's").c_str() : ""));
+                 kept.c_str()));
     }
     return NAN;
   }

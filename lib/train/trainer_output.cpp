@@ -136,7 +136,7 @@ void Trainer::finish() {
     MinAvgMax act = min_avg_max(comm_, double(mem.peak[int(MemKind::Activations)]));
     log(strfmt(
         "pipeline (%s, %d stages, %d micro-batches): idle waiting for a neighbour %.1f%% "
-        "of the steps' time (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(m+p-1)/v = %.1f%%; "
+        "of the steps' time (min %.1f%%, max %.1f%% over ranks); theory (p-1)/(v*m+p-1) = %.1f%%; "
         "at most %d micro-batches alive on this rank; activation memory %s to %s per rank",
         cfg_.parallel.schedule.c_str(), grid_->pp_size(), cfg_.micro_batches_per_step(),
         100 * wait.avg, 100 * wait.min, 100 * wait.max,

@@ -77,5 +77,6 @@ TEST(PipelineSchedule, InterleavedRunsEveryChunkOnceInADependencyOrder) {
         for (int r = 0; r < p; ++r) EXPECT_EQ(next[r], ops[r].size()) << "rank " << r << " stuck";
         for (int r = 0; r < p; ++r) EXPECT_EQ(ops[r].size(), size_t(2 * m * v));
       }
-  EXPECT_DOUBLE_EQ(bubble_theory(4, 8, 2), 3.0 / 11.0 / 2.0);
+  // p−1 chunk passes of 1/v each way against v·m of them: 3 / (16 + 3), not (3 / 11) / 2.
+  EXPECT_DOUBLE_EQ(bubble_theory(4, 8, 2), 3.0 / 19.0);
 }
