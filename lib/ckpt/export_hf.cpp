@@ -173,8 +173,10 @@ int export_main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "trellis export: error: %s\n", e.what());
     return kExitBadInput;
   }
-  std::printf("exported %s → %s/config.json, %s/model.safetensors (HF GPT-2)\n", path.c_str(),
-              positional[1].c_str(), positional[1].c_str());
+  const std::filesystem::path out(positional[1]);  // ("hf-model/" names it as "hf-model" does)
+  std::printf("exported %s → %s, %s (HF GPT-2)\n", path.c_str(),
+              (out / "config.json").lexically_normal().c_str(),
+              (out / "model.safetensors").lexically_normal().c_str());
   return kExitOk;
 }
 

@@ -109,7 +109,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "parallel",
        .key = "sequence_parallel",
        .field = FIELD(parallel.sequence_parallel),
-       .help = "split layer norms and dropout along the sequence across tp ranks"},
+       .help = "split layer norms and the residual stream along the sequence across tp ranks"},
       {.section = "parallel",
        .key = "order",
        .field = FIELD(parallel.order),
@@ -203,7 +203,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "train",
        .key = "seed",
        .field = FIELD(train.seed),
-       .help = "seed of data order and dropout"},
+       .help = "seed of the data order (sampling of the global batches)"},
       // [data]
       {.section = "data",
        .key = "source",

@@ -131,7 +131,8 @@ RunDir::RunDir(const std::string& path) : path_(path) {
 }
 
 RunDir::~RunDir() {
-  for (auto& [name, f] : tables_) std::fclose(f);
+  for (auto& [name, f] : tables_)
+    if (f) std::fclose(f);  // (null: closed at a write error)
 }
 
 void RunDir::write_file(const std::string& name, const std::string& content) const {
@@ -167,6 +168,9 @@ void RunDir::open_table(const std::string& name, const std::vector<std::string>&
   }
   std::FILE* f = std::fopen(file.c_str(), continuing ? "a" : "w");
   if (!f) throw UserError("run.dir: cannot write " + file.string() + ": " + std::strerror(errno));
+  // Unbuffered: a row is one write(2), so that a row that fails leaves no remainder in a buffer
+  // to land later, spliced into a row the disk then has room for.
+  std::setvbuf(f, nullptr, _IONBF, 0);
   if (std::FILE* old = tables_[name]) std::fclose(old);
   tables_[name] = f;
   if (!continuing) append_row(name, columns);
@@ -178,14 +182,22 @@ void RunDir::append_row(const std::string& name, const std::vector<std::string>&
   std::string row;
   for (size_t i = 0; i < values.size(); ++i) row += (i ? "," : "") + values[i];
   row += '\n';
+  std::FILE* f = it->second;
+  const long before = std::ftell(f);
   errno = 0;
-  const bool written = std::fwrite(row.data(), 1, row.size(), it->second) == row.size() &&
-                       std::fflush(it->second) == 0;
-  if (written || !write_error_.empty()) return;
-  // A full disk or a quota: the run goes on (its checkpoints may well live elsewhere), says so
-  // now, once, and ends with status 2 (check_written) rather than 0 over a table cut short.
+  const bool written = std::fwrite(row.data(), 1, row.size(), f) == row.size();
+  if (written) return;
+  const int error = errno;
+  // A full disk or a quota: the table keeps whole rows only — what part of this one reached the
+  // file is cut off — and takes no more (a row written once the disk has room again would say
+  // the rows between were never there). The run goes on (its checkpoints may well live
+  // elsewhere), says so now, once, and ends with status 2 (check_written) rather than 0.
+  if (before >= 0) (void)!ftruncate(fileno(f), before);  // (failing: a resume drops the part)
+  std::fclose(f);
+  it->second = nullptr;
+  if (!write_error_.empty()) return;
   write_error_ = strfmt("cannot write %s (%s)", (fs::path(path_) / name).c_str(),
-                        errno ? std::strerror(errno) : "write failed");
+                        error ? std::strerror(error) : "write failed");
   log("warning: " + write_error_ + ": the run goes on; its rows from here are missing");
 }
 

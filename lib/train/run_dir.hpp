@@ -30,7 +30,8 @@ class RunDir {
   void open_table(const std::string& name, const std::vector<std::string>& columns,
                   int64_t resumed_at = 0);
   /// Appends a row. A failed write (a full disk, a quota) is warned of once and kept for
-  /// check_written: the run goes on.
+  /// check_written: the run goes on; the table keeps its whole rows only (the failed row's part
+  /// cut off) and takes no more.
   void append_row(const std::string& name, const std::vector<std::string>& values);
   /// Throws UserError naming the file where an append_row failed.
   void check_written() const;

@@ -228,7 +228,13 @@ void Trainer::finish() {
              stopped_early_ ? "stopped early" : "done",
              history_.empty() ? NAN : history_.back().loss, at, (long long)cfg_.train.steps,
              history_.size(), tps, gflops, cfg_.run.dir.c_str(),
-             stopped_early_ ? " — resubmit the same command to continue from its last checkpoint" : ""));
+             !stopped_early_            ? ""
+             : checkpoint_step_ >= 0 ? strfmt(" — resubmit the same command to continue from its "
+                                              "checkpoint of step %lld",
+                                              (long long)checkpoint_step_)
+                                            .c_str()
+                                     : " — stopped before its first checkpoint: a resubmit "
+                                       "starts over"));
 }
 
 }  // namespace trellis

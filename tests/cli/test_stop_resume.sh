@@ -46,6 +46,8 @@ check "stopped run exits with status 3" '[ $rc -eq 3 ]'
 check "and leaves the marker slurm/train.sbatch requeues on (TRELLIS_STOP_FILE)" '[ -f "$work/stopped" ]'
 check "stopped run left a checkpoint named by latest" '[ -f "$work/cut/ckpt/$(cat "$work/cut/ckpt/latest")" ]'
 check "stopped before the end" '! grep -q "^3000," "$work/cut/metrics.csv"'
+check "its last line names the checkpoint a resubmit continues from" \
+  'grep -q "resubmit the same command to continue from its checkpoint of step $(sed -n "s/step_0*\([0-9]*\)\.h5/\1/p" "$work/cut/ckpt/latest")\$" "$work/cut.log"'
 
 # Resubmitted: resumes and finishes where the uninterrupted run did, bitwise.
 timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/cut" > "$work/resume.log" 2>&1

@@ -2,6 +2,9 @@
 // the run leaves, and metrics rows cut short.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -111,6 +114,29 @@ TEST_F(RunDirTest, AFailedRowIsKeptForTheEnd) {
   EXPECT_NE(message.find("cannot write " + dir_ + "/metrics.csv (No space left on device)"),
             std::string::npos)
       << message;
+}
+
+// A row that fails half-way (the file size limit here, as a full disk would) leaves whole rows
+// only, and the table takes no more once the disk has room again: a row written then would say
+// the rows in between never happened (and stdio's buffer used to land spliced into it).
+TEST_F(RunDirTest, AFailedRowEndsTheTableWithWholeRows) {
+  RunDir run(dir_);
+  run.open_table("metrics.csv", {"step", "loss"});  // 10 bytes: "step,loss\n"
+  run.append_row("metrics.csv", {"1", "3.0"});       // 6 more
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);  // (a write past the limit: EFBIG)
+  struct rlimit small = old;
+  small.rlim_cur = 20;  // room for 4 bytes of the next row
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  run.append_row("metrics.csv", {"2", "2.875"});
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
+  run.append_row("metrics.csv", {"3", "2.75"});  // room again: not written
+  EXPECT_THROW(run.check_written(), UserError);
+  std::ifstream in(dir_ + "/metrics.csv");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "step,loss\n1,3.0\n");
 }
 
 }  // namespace
