@@ -16,8 +16,8 @@
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/watchdog.hpp"
-#include "plan/flops.hpp"
 #include "parallel/schedule.hpp"
+#include "plan/flops.hpp"
 #include "plan/memory.hpp"
 #include "train/device_links.hpp"
 
@@ -318,8 +318,7 @@ double Trainer::run() {
       log(strfmt("nothing to train: %s holds step %lld of train.steps = %lld (raise "
                  "--train.steps to go on; --checkpoint.resume=never or another run.dir starts "
                  "over)%s",
-                 held_by.c_str(), (long long)first_step,
-                 (long long)cfg_.train.steps,
+                 held_by.c_str(), (long long)first_step, (long long)cfg_.train.steps,
                  kept.c_str()));
     }
     return NAN;
