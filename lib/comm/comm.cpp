@@ -54,14 +54,13 @@ void Request::reset_from(Request& o) noexcept {
   finish_ = std::move(o.finish_);
   completion_ = std::move(o.completion_);
   expect_tag_ = o.expect_tag_;
-  stats_ = o.stats_;
-  started_ = o.started_;
+  comm_ = o.comm_;
   done_ = o.done_;
   o.reqs_.clear();
   o.counts_.clear();
   o.displs_.clear();
   o.finish_ = nullptr;
-  o.stats_ = nullptr;
+  o.comm_ = nullptr;
   o.done_ = true;
 }
 
@@ -91,7 +90,7 @@ Request::~Request() {
 
 void Request::complete(double when) {
   done_ = true;
-  if (stats_) stats_->seconds_in_flight += when - started_;
+  if (comm_) comm_->operation_finished(when);
   reqs_.clear();
   counts_.clear();
   displs_.clear();
@@ -135,7 +134,7 @@ void Request::wait() {
   test_mpi(true);
   if (completion_) completion_->wait();
   double t1 = now_seconds();
-  if (stats_) stats_->seconds_blocked += t1 - t0;
+  if (comm_) comm_->stats_.seconds_blocked += t1 - t0;
   complete(t1);
 }
 
@@ -154,18 +153,33 @@ void Comm::begin_op() {
   fault_point(name_);
 }
 
+void Comm::reset_stats() {
+  stats_ = CommStats{};
+  busy_since_ = now_seconds();
+}
+
+void Comm::operation_started(double when) {
+  if (operations_in_flight_++ == 0) busy_since_ = when;
+}
+
+void Comm::operation_finished(double when) {
+  if (--operations_in_flight_ == 0) stats_.seconds_in_flight += when - busy_since_;
+}
+
 void Comm::blocking_done(double started) {
-  double dt = now_seconds() - started;
-  stats_.seconds_blocked += dt;
-  stats_.seconds_in_flight += dt;
+  const double now = now_seconds();
+  stats_.seconds_blocked += now - started;
+  // Inside the interval of a non-blocking operation still in flight, it adds nothing to the union
+  // (this thread cannot see that one complete before this one ends).
+  if (operations_in_flight_ == 0) stats_.seconds_in_flight += now - started;
 }
 
 Request Comm::in_flight(Request r, double started) {
-  // A started non-blocking operation: the time spent starting it counts as blocked; its time
-  // in flight is measured from `started` until test() or wait() sees it complete.
-  r.stats_ = &stats_;
-  r.started_ = started;
+  // A started non-blocking operation: the time spent starting it counts as blocked; it is in
+  // flight from `started` until test() or wait() sees it complete.
+  r.comm_ = this;
   r.done_ = false;
+  operation_started(started);
   stats_.seconds_blocked += now_seconds() - started;
   return r;
 }

@@ -31,12 +31,19 @@
 //                        all_reduce_sum/max (scalar)   2    (an all_reduce of one value)
 //   payload_bytes      the same volume in bytes as the wire carries it: 4 per value, 2 per value of
 //                      a bf16 buffer or a bf16-wire reduction (below), so either shows as half.
-//   seconds_in_flight  from start to completion: for a blocking op its duration; for a
-//                      non-blocking op from the i... call to the first time test() or wait()
-//                      saw it complete (so it is at most as precise as the polling).
+//   seconds_in_flight  wall time during which at least one of the group's operations was under
+//                      way on this rank: the union of the operations' intervals, so requests in
+//                      flight together count once and the total never exceeds the run's time.
+//                      A blocking op's interval is its duration; a non-blocking op's runs from
+//                      the i... call to the first time test() or wait() saw it complete (so it
+//                      is at most as precise as the polling: the pipeline and ZeRO poll their
+//                      requests between kernels).
 //   seconds_blocked    time this rank sat waiting: for a blocking op its duration; for a
 //                      non-blocking op the time spent inside Request::wait() (and the start call).
-//   in flight − blocked is the communication hidden behind computation.
+//                      It lies inside the in-flight time.
+//   in flight − blocked is the communication hidden behind computation. A pipeline receive is
+//   waited for as soon as it is posted, so its time (blocked and in flight alike) includes the
+//   neighbour's computation it waits for — the pipeline's wait in the time table, not the wire's.
 //
 // The bf16 wire (Wire::bf16, system.grad_reduce = bf16; only the data-parallel gradient reduction
 // asks for it: all_reduce / iall_reduce / reduce_scatter / ireduce_scatter, sums only). The
@@ -79,6 +86,8 @@ struct CommStats {
   double seconds_in_flight = 0;
 };
 
+class Comm;
+
 /// A started non-blocking operation. Movable, not copyable. Keeps what MPI needs until completion
 /// (count and displacement arrays), or the Completion of a device link's operation. The Comm that
 /// started it must outlive it. Destroying a Request that has not completed waits for it (MPI or
@@ -111,8 +120,7 @@ class Request {
   std::function<void()> finish_;      // run once on completion (e.g. move an in-place result)
   std::unique_ptr<Completion> completion_;  // a device link's operation (with or without reqs_)
   int expect_tag_ = -1;               // receives in FIFO order (Comm::set_fifo_receives)
-  CommStats* stats_ = nullptr;
-  double started_ = 0;
+  Comm* comm_ = nullptr;              // the Comm that started it: its statistics
   bool done_ = true;
 };
 
@@ -169,9 +177,11 @@ class Comm {
   Request irecv(Ptr data, int64_t n, int peer, int tag = 0);
 
   const CommStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = CommStats{}; }
+  /// Zero the statistics. Operations still in flight count from now on.
+  void reset_stats();
 
  private:
+  friend class Request;  // a request's completion and waiting go into the statistics
   /// reduce_scatter and ireduce_scatter: the device link, the plain or the bf16-wire host path.
   Request start_reduce_scatter_any(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                                    bool blocking, Wire wire);
@@ -195,6 +205,10 @@ class Comm {
   void begin_op();
   void blocking_done(double started);
   Request in_flight(Request r, double started);
+  /// The in-flight union: an operation started at `when` (a non-blocking one, until
+  /// operation_finished), and one seen complete at `when`.
+  void operation_started(double when);
+  void operation_finished(double when);
   /// Blocking all-reduce of `data` with MPI's `op` (MPI_SUM or MPI_MAX; bf16 sums through the
   /// bf16 MPI_Op).
   void all_reduce_op(Ptr data, int64_t n, MPI_Op op);
@@ -216,6 +230,8 @@ class Comm {
   std::string name_;
   int rank_ = 0, size_ = 1;
   CommStats stats_;
+  int operations_in_flight_ = 0;  // non-blocking operations started and not yet seen complete
+  double busy_since_ = 0;         // when the first of them started
   std::unique_ptr<DeviceLink> link_;
   bool fifo_receives_ = false;
 };

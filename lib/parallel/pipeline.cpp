@@ -67,6 +67,11 @@ Pipeline::Pipeline(const ParallelConfig& parallel, const ModelConfig& model, int
   }
 }
 
+void Pipeline::poll_sends() {
+  for (auto& r : act_sends_) r.test();
+  for (auto& r : grad_sends_) r.test();
+}
+
 void Pipeline::wait_receive(Request& r, Timers& timers) {
   const double t0 = now_seconds();
   r.wait();
@@ -94,6 +99,7 @@ double Pipeline::run_step(const BatchFn& batch, int tokens_per_micro_batch, floa
     const bool has_embedding = first_ && k == 0, has_head = last_ && k == v - 1;
     const int from = r > 0 ? r - 1 : p - 1, from_chunk = r > 0 ? k : k - 1;  // forward input
     const int to = r < p - 1 ? r + 1 : 0, to_chunk = r < p - 1 ? k : k + 1;   // forward output
+    poll_sends();
     // ZeRO-3's gather of the op's first parameters runs while the stage waits for its input.
     gpt_.prefetch(op.forward, k);
     if (op.forward) {
@@ -155,6 +161,7 @@ double Pipeline::run_forward(const BatchFn& batch, int micro_batches, int tokens
       const bool has_embedding = first_ && k == 0, has_head = last_ && k == v - 1;
       const int from = r > 0 ? r - 1 : p - 1, to = r < p - 1 ? r + 1 : 0;
       const int to_chunk = r < p - 1 ? k : k + 1;
+      poll_sends();
       Request& send = act_sends_[k * gpt_.num_slots() + slot];
       send.wait();  // the chunk's output buffer is about to be rewritten
       gpt_.prefetch(/*forward=*/true, k);

@@ -55,6 +55,9 @@ class Pipeline {
 
  private:
   void wait_receive(Request& r, Timers& timers);
+  /// Tests the sends still in flight between two operations: MPI progresses a large message
+  /// only inside its calls, and the statistics see a send end near when it did (comm.hpp).
+  void poll_sends();
 
   std::string schedule_;
   int micro_batches_, chunks_;

@@ -11,11 +11,13 @@ std::string time_table(MPI_Comm comm, const Timers& timers, const std::vector<st
   int size = 1;
   MPI_Comm_size(comm, &size);
   const double total = timers.get("total");
+  // Each row's share of the ranks' average total (not of this rank's: the total row is 100 %).
+  const double avg_total = min_avg_max(comm, total).avg;
   std::vector<std::vector<std::string>> rows;
   auto row = [&](const std::string& name, double seconds) {
     MinAvgMax s = min_avg_max(comm, seconds);
     rows.push_back({name, strfmt("%.3f", s.min), strfmt("%.3f", s.avg), strfmt("%.3f", s.max),
-                    strfmt("%.1f", total > 0 ? 100 * s.avg / total : 0.0)});
+                    strfmt("%.1f", avg_total > 0 ? 100 * s.avg / avg_total : 0.0)});
   };
   double accounted = 0;
   for (const auto& section : sections) {

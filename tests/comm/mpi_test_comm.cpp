@@ -14,6 +14,7 @@
 #include "comm/comm.hpp"
 #include "comm/grid.hpp"
 #include "core/error.hpp"
+#include "core/timer.hpp"
 #include "mpi_util.hpp"
 
 namespace trellis {
@@ -420,6 +421,34 @@ TEST(Comm, StatsSeparateBlockedFromInFlight) {
   }
   EXPECT_GE(c.stats().seconds_in_flight, c.stats().seconds_blocked);
   EXPECT_GT(c.stats().seconds_blocked, 0.0);
+}
+
+TEST(Comm, RequestsInFlightTogetherCountOnce) {
+  // In flight is the union of the operations' intervals: three requests under way together
+  // (waited for one after the other, each seen complete only then) add up to at most the wall
+  // time around them, not to three times it; the blocked time lies inside it.
+  Comm c(MPI_COMM_WORLD, "world");
+  std::vector<float> a(300000, 1.f), b(300000, 1.f), d(300000, 1.f);
+  c.reset_stats();
+  const double t0 = now_seconds();
+  {
+    Request r1 = c.iall_reduce(a.data(), 300000);
+    Request r2 = c.iall_reduce(b.data(), 300000);
+    Request r3 = c.iall_reduce(d.data(), 300000);
+    c.all_reduce(a.data() + 10, 1);  // a blocking one inside their interval adds nothing
+    r1.wait();
+    r2.wait();
+    r3.wait();
+  }
+  const double wall = now_seconds() - t0;
+  const CommStats s = c.stats();
+  EXPECT_GT(s.seconds_in_flight, 0.0);
+  EXPECT_LE(s.seconds_in_flight, wall);
+  EXPECT_LE(s.seconds_blocked, s.seconds_in_flight + 1e-9);
+
+  // Alone again: a blocking operation counts its whole duration.
+  c.all_reduce(a.data(), 300000);
+  EXPECT_GT(c.stats().seconds_in_flight, s.seconds_in_flight);
 }
 
 TEST(Comm, WrongCountsOrOverlapAreLogicErrors) {

@@ -9,6 +9,7 @@
 
 #include "config/config.hpp"
 #include "core/memory.hpp"
+#include "core/timer.hpp"
 #include "mpi_util.hpp"
 #include "plan/memory.hpp"
 #include "train/trainer.hpp"
@@ -48,6 +49,9 @@ struct Result {
   std::vector<double> losses;
   int max_live = 0;
   int64_t params_peak = 0;  // this rank's parameter memory at its peak, bytes
+  double pp_in_flight = 0;  // the pp group's communication under way, seconds (comm.hpp)
+  double pp_blocked = 0;
+  double seconds = 0;       // the whole run's wall time on this rank
 };
 
 Result train(MPI_Comm comm, std::vector<std::string> overrides) {
@@ -58,7 +62,12 @@ Result train(MPI_Comm comm, std::vector<std::string> overrides) {
   Trainer t(cfg, comm);
   t.set_quiet(true);
   Result r;
+  const double start = now_seconds();
   t.run();
+  r.seconds = now_seconds() - start;
+  const CommStats pp = t.training_stats(2);  // comm_groups(): dp, tp, pp
+  r.pp_in_flight = pp.seconds_in_flight;
+  r.pp_blocked = pp.seconds_blocked;
   r.params_peak = memory_stats().peak[int(MemKind::Params)];
   for (const auto& s : t.history()) r.losses.push_back(s.loss);
   r.max_live = t.pipeline().max_live();
@@ -89,6 +98,10 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountTrainsLikeOneRank) {
                                         std::string("--parallel.schedule=") + schedule,
                                         "--train.micro_batch=" + std::to_string(8 / micro_batches)});
       expect_same(r.losses);
+      // The sends and receives in flight together count once: never more than the run's time.
+      EXPECT_GT(r.pp_in_flight, 0.0);
+      EXPECT_LE(r.pp_in_flight, r.seconds);
+      EXPECT_LE(r.pp_blocked, r.pp_in_flight + 1e-6);
       // 1F1B keeps at most pp − stage micro-batches alive on a stage; GPipe all of them.
       const int stage = trellis::testing::world_rank();
       if (std::string(schedule) == "1f1b") EXPECT_LE(r.max_live, std::min(n - stage, micro_batches));
