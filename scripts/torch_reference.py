@@ -13,7 +13,7 @@ reports in its row N + 1.
 Everything it needs comes from the file: the model's shape and the data from the `deck` attribute
 (the effective deck), the weights from `model/<name>` (global shapes, whatever layout wrote them).
 Needs torch, h5py and numpy (Debian: python3-torch python3-h5py python3-numpy). Data sources:
-`text` (the bytes of data.path) and `tokens` (llm.c / raw uint16 shards); `synthetic` is not
+`text` (the bytes of data.path) and `tokens` (llm.c uint16/uint32 or raw uint16 shards); `synthetic` is not
 reimplemented here.
 """
 import argparse
@@ -162,8 +162,11 @@ class TextSource:
 
 
 class TokensSource:
-    """lib/data/tokens.cpp: uint16 shards matching a glob, sorted by name (llm.c format with its
-    256 × int32 header, magic 20240520, or raw uint16); a window never crosses a shard."""
+    """lib/data/tokens.cpp: token shards matching a glob, sorted by name (llm.c format with its
+    256 × int32 header — magic 20240520 version 1 for uint16 tokens, 20240801 version 7 for
+    uint32 ones — or raw uint16); a window never crosses a shard."""
+
+    LLMC = {20240520: (1, np.uint16), 20240801: (7, np.uint32)}  # magic: (version, token type)
 
     def __init__(self, pattern):
         paths = sorted(glob.glob(pattern), key=os.fsencode)  # byte order, as std::sort
@@ -172,9 +175,16 @@ class TokensSource:
         self.shards = []
         for p in paths:
             raw = np.fromfile(p, dtype=np.uint8)
-            if len(raw) >= 4 and raw[:4].view(np.int32)[0] == 20240520:
-                count = int(raw[:1024].view(np.int32)[2])
-                self.shards.append(raw[1024 : 1024 + 2 * count].view(np.uint16))
+            magic = int(raw[:4].view(np.int32)[0]) if len(raw) >= 4 else None
+            if magic in self.LLMC:
+                version, dtype = self.LLMC[magic]
+                header = raw[:1024].view(np.int32)
+                if int(header[1]) != version:
+                    sys.exit(f"torch_reference: {p}: llm.c magic {magic} with version "
+                             f"{int(header[1])}; only version {version} is read")
+                width = np.dtype(dtype).itemsize
+                count = int(header[2])
+                self.shards.append(raw[1024 : 1024 + width * count].view(dtype))
             else:
                 self.shards.append(raw.view(np.uint16))
 

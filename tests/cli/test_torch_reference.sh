@@ -86,6 +86,24 @@ run_case tp1 1
 run_case tp2 2 --parallel.tp=2
 run_case tp4_kv_repeated 4 --parallel.tp=4  # kv_heads 2 < tp 4: each key/value head on 2 ranks
 
+# Token shards of the three formats in one glob: llm.c's uint16 (GPT-2) and uint32 (Llama 3) and
+# raw uint16, token ids above 255 (a uint32 shard read as uint16 would give other tokens).
+"$py" - "$work" <<'PY'
+import sys
+import numpy as np
+work = sys.argv[1]
+rng = np.random.default_rng(7)
+def llmc(magic, version, tokens, dtype):
+    header = np.zeros(256, np.int32)
+    header[:3] = [magic, version, len(tokens)]
+    return header.tobytes() + tokens.astype(dtype).tobytes()
+open(f"{work}/shard_a.bin", "wb").write(llmc(20240520, 1, rng.integers(0, 300, 700), np.uint16))
+open(f"{work}/shard_b.bin", "wb").write(llmc(20240801, 7, rng.integers(0, 300, 900), np.uint32))
+open(f"{work}/shard_c.bin", "wb").write(rng.integers(0, 300, 500).astype(np.uint16).tobytes())
+PY
+run_case tokens_three_formats 1 --data.source=tokens --data.path="$work/shard_*.bin" \
+  --model.vocab=300
+
 check "h5py example reads the checkpoint" \
   '"$py" "$repo/scripts/h5py_example.py" "$work/tp2/ckpt/step_00000002.h5" > "$work/h5py.out" 2>&1 && grep -q "h.1.mlp.c_fc.weight" "$work/h5py.out"'
 echo "torch: $passed passed, $failed failed"
