@@ -60,6 +60,7 @@ struct TrainConfig {
 struct DataConfig {
   std::string source = "synthetic";  // synthetic | text | tokens
   std::string path;                  // text: a file; tokens: a glob of shards
+  std::string sampling = "random";   // random | epochs (data/data.hpp: Sampling)
   int64_t synthetic_tokens = 1 << 20;
   int synthetic_order = 2;      // context length of the Markov source
   int synthetic_branching = 4;  // successors per context

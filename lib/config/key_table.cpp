@@ -216,6 +216,13 @@ const std::vector<KeyEntry>& key_table() {
        .field = FIELD(data.path),
        .help = "text: a file; tokens: a glob of shards (unused for synthetic)"},
       {.section = "data",
+       .key = "sampling",
+       .field = FIELD(data.sampling),
+       .check = Check::Choice,
+       .choices = "random|epochs",
+       .help = "random: windows at any offset, drawn with replacement; epochs: the windows at "
+               "offsets k*seq_len in a new order each epoch, every token a target once an epoch"},
+      {.section = "data",
        .key = "synthetic_tokens",
        .field = FIELD(data.synthetic_tokens),
        .bound = at_least(1024),

@@ -93,11 +93,32 @@ class HeldOutSet {
   int64_t sequences_;
 };
 
-/// Sequence j of the global batch of step s is the same window for every layout and restart:
-/// it depends only on (train.seed, s, j).
+/// How training sequences are drawn (data.sampling).
+///   random  sequence j of step s is window hash(train.seed, s, j) mod W of the W windows of
+///           seq_len + 1 tokens at every offset: drawn with replacement, as nanoGPT does (after a
+///           corpus' worth of sequences about 1/e of its tokens have not been a target yet).
+///   epochs  the windows at offsets k·seq_len (the held-out set's split: each token a target
+///           once), E of them, in a new order each epoch: sequence number g of the run's stream
+///           is window perm_e(g mod E)·seq_len, e = g / E, perm_e a keyed bijection of (seed, e).
+///           Every token is a target once an epoch.
+/// Either way a sequence depends on no layout, so every layout and restart trains on the same.
+enum class Sampling { random, epochs };
+Sampling sampling_from(const std::string& name);  // data.sampling's value
+
+/// Sequence j of the global batch of step s: the same window for every layout and restart.
 class Sampler {
  public:
-  Sampler(const TokenSource& source, int seq_len, uint64_t seed);
+  /// `global_batch`: sequences a step (epochs: a step's sequences follow on in the stream).
+  Sampler(const TokenSource& source, int seq_len, uint64_t seed,
+          Sampling how = Sampling::random, int64_t global_batch = 1);
+  /// Epochs: step `step` begins at sequence number `sequences_before` of the stream — a resumed
+  /// run's tokens seen / seq_len, so that a run resumed with another train.global_batch goes on
+  /// where the epoch stood. Without a call, step 0 begins at sequence 0.
+  void start_at(int64_t step, int64_t sequences_before);
+  /// Windows an epoch (epochs), or of the whole source at every offset (random).
+  int64_t windows() const { return how_ == Sampling::epochs ? epoch_windows_ : windows_; }
+  /// The epoch (from 0) that sequence j of step s falls in (epochs; 0 with random).
+  int64_t epoch(int64_t step, int64_t index = 0) const;
   /// Writes seq_len + 1 tokens: inputs are [0, seq_len), targets are [1, seq_len].
   void sequence(int64_t step, int64_t index, int32_t* out) const;
   /// A micro-batch: sequences first..first+count-1 of step s, as inputs (count, T) and
@@ -105,10 +126,17 @@ class Sampler {
   void batch(int64_t step, int64_t first, int count, int32_t* inputs, int32_t* targets) const;
 
  private:
+  /// Sequence j of step s as a number of the run's stream (epochs).
+  int64_t stream_position(int64_t step, int64_t index) const;
+
   const TokenSource& source_;
   int seq_len_;
   uint64_t seed_;
-  int64_t windows_;
+  Sampling how_;
+  int64_t global_batch_;
+  int64_t windows_;            // windows of seq_len + 1 tokens at every offset
+  int64_t epoch_windows_ = 0;  // those at offsets k·seq_len (epochs)
+  int64_t start_step_ = 0, start_sequence_ = 0;
 };
 
 }  // namespace trellis

@@ -67,6 +67,42 @@ inline uint64_t below(G& g, uint64_t n) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(g.next()) * n) >> 64);
 }
 
+/// A keyed bijection of [0, n): a balanced Feistel network on the smallest even number of bits
+/// whose range holds n (a permutation of [0, 4^h)), applied again while the value is ≥ n — the
+/// cycle walk of Black and Rogaway, which stays a bijection of [0, n) and takes under 4 rounds
+/// on average (4^h < 4n). Six rounds of splitmix64 as the round function: every output bit
+/// depends on every input bit. No table: an epoch of 10^9 windows costs no memory.
+class Permutation {
+ public:
+  Permutation(uint64_t n, uint64_t key) : n_(n), key_(mix64(key)) {
+    while (half_bits_ < 32 && (uint64_t(1) << (2 * half_bits_)) < n) ++half_bits_;
+    mask_ = (uint64_t(1) << half_bits_) - 1;
+  }
+  uint64_t size() const { return n_; }
+  uint64_t operator()(uint64_t i) const {
+    uint64_t x = i;
+    do x = feistel(x);
+    while (x >= n_);
+    return x;
+  }
+
+ private:
+  uint64_t feistel(uint64_t x) const {
+    uint64_t left = x >> half_bits_, right = x & mask_;
+    for (uint64_t round = 0; round < 6; ++round) {
+      const uint64_t f = hash_combine(key_ + round, right) & mask_;
+      const uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    return (left << half_bits_) | right;
+  }
+
+  uint64_t n_, key_;
+  int half_bits_ = 0;
+  uint64_t mask_ = 0;
+};
+
 /// Standard normal by the Marsaglia polar method (the second variate is discarded).
 template <class G>
 inline double normal(G& g) {

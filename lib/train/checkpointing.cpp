@@ -251,7 +251,8 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   resumed_tokens_ = tokens == meta.integers.end()
                         ? step * int64_t(cfg_.train.global_batch) * cfg_.model.seq_len
                         : tokens->second;
-  log(strfmt("resumed from %s at step %lld (written as %s), %s in %.2f s (%.1f MB/s)", path.c_str(),
+  log(strfmt("%s %s at step %lld (written as %s), %s in %.2f s (%.1f MB/s)",
+             training_ ? "resumed from" : "loaded", path.c_str(),
              (long long)step, meta.text["layout"].c_str(), format_bytes(io.bytes).c_str(),
              io.seconds, io.bytes / 1e6 / std::max(io.seconds, 1e-9)));
   return step;
@@ -301,6 +302,7 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
 }
 
 std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
+  training_ = training;
   if (!training) return resume_from(false);
   const std::optional<int64_t> step = resume_from(true);
   // (auto without a checkpoint is a first start, or a run cut off before its first checkpoint

@@ -41,6 +41,8 @@ class Checkpointer {
   std::optional<int64_t> resume(bool training = true, bool logs_too = false);
   /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
   double resumed_seconds() const { return resumed_seconds_; }
+  /// Tokens the run had trained on at the checkpoint the resume loaded (0 without one).
+  int64_t resumed_tokens() const { return resumed_tokens_; }
   /// The checkpoint the resume loaded (empty without one).
   const std::string& resumed_path() const { return resumed_path_; }
 
@@ -70,6 +72,7 @@ class Checkpointer {
   const ParamTable& staged_;
   ShardedParams& store_;
   MPI_Comm world_;
+  bool training_ = true;  // resume()'s: a training run goes on, an evaluation only loads
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   double resumed_seconds_ = 0;                     // and the time its read took
   std::string resumed_path_;                        // and its file

@@ -57,7 +57,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
       held_out_ = std::make_unique<HeldOutSet>(*held_out_source_, cfg_.model.seq_len, sequences);
     }
     source_ = make_token_source(cfg_.data, cfg_.model);
-    sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed);
+    sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed,
+                                         sampling_from(cfg_.data.sampling),
+                                         cfg_.train.global_batch);
   });
   // Each phase of the set-up is progress for the hang watchdog (train_main's): each may be long
   // for a large model on its own, but only one that never ends is a hang.
@@ -282,7 +284,11 @@ double Trainer::run() {
   int64_t first_step = 0;
   if (checkpointing_) {
     catch_stop_signal(cfg_);
-    if (auto resumed = resume()) first_step = checkpoint_step_ = *resumed;
+    if (auto resumed = resume()) {
+      first_step = checkpoint_step_ = *resumed;
+      // The epochs go on where the checkpoint's tokens left them, whatever the batch was.
+      sampler_->start_at(first_step, checkpointer_->resumed_tokens() / cfg_.model.seq_len);
+    }
   }
   if (!quiet_) {
     print_start();

@@ -105,6 +105,8 @@ class Trainer {
 
  private:
   void print_start() const;
+  /// The log's line on how training sequences are drawn (data.sampling).
+  std::string sampling_line() const;
   void log_step(const StepResult& r);
   /// After step `step`: evaluate, log it (a line and RUN/eval.csv) and set its traffic apart.
   /// Returns the seconds it took.

@@ -15,6 +15,20 @@
 
 namespace trellis {
 
+std::string Trainer::sampling_line() const {
+  const int T = cfg_.model.seq_len;
+  if (cfg_.data.sampling == "random")
+    return strfmt("data: sampling = random: windows of %d tokens at any of %lld offsets, drawn "
+                  "with replacement (data.sampling = epochs: each token a target once an epoch)",
+                  T + 1, (long long)sampler_->windows());
+  const int64_t first = std::max<int64_t>(checkpoint_step_, 0);  // this job's first step
+  const double steps = double(sampler_->windows()) / cfg_.train.global_batch;
+  return strfmt("data: sampling = epochs of %lld windows of %d tokens (at offsets k*%d: each token "
+                "a target once), %.1f steps an epoch; step %lld is in epoch %lld",
+                (long long)sampler_->windows(), T + 1, T, steps, (long long)first + 1,
+                (long long)sampler_->epoch(first) + 1);
+}
+
 void Trainer::print_start() const {
   log(config_table(cfg_));
   log(grid_->layout_table());
@@ -65,6 +79,7 @@ void Trainer::print_start() const {
     log("warning: data.path = '" + cfg_.data.path +
         "' is not read: data.source = synthetic generates its corpus (data.source = tokens or "
         "text trains on the files)");
+  log(sampling_line());
   if (auto floor = source_->entropy_floor())
     log(strfmt("data: lowest reachable loss (entropy rate of the source) = %.6f nats/token", *floor));
   if (held_out_) {
