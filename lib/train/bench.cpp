@@ -192,7 +192,10 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   std::vector<std::vector<std::string>> rows = {
       {"model", strfmt("L%d H%d C%d T%d B%d vocab %d", m.layers, m.heads, m.d_model, m.seq_len,
                        cfg.train.global_batch, m.vocab)},
-      {"threads", cfg.system.threads ? std::to_string(cfg.system.threads) : "all"},
+      // The threads the backend runs (system.threads, or as many as it chose: 0 = its own choice).
+      {"threads", backend.on_device() ? "-"
+                  : std::to_string(backend.threads()) +
+                        (cfg.system.threads ? " (system.threads)" : " (system.threads = 0: chosen)")},
       // bf16: the "sgemm" rows below are the backend's GEMM on bf16 tensors (fp32 accumulation)
       {"backend, precision", backend.name() + ", " + backend.precision()},
       {"backend details", backend.details().empty() ? "-" : backend.details()},

@@ -127,7 +127,7 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
 
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
-  std::string error, path;
+  std::string error, path, batch_note;
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   error = setup_error([&] {
@@ -151,6 +151,12 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     path = resolve_checkpoint(world.comm(), path);
     if (path == "never" || path == "auto") path = "./" + path;
     cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
+    // The held-out set is eval.batches global batches: another batch measures other sequences.
+    if (const int run_batch = stored_config(path).train.global_batch;
+        run_batch != cfg.train.global_batch)
+      batch_note = strfmt("eval: warning: train.global_batch = %d here, %d in the run: the "
+                          "held-out set is other sequences than the run's evaluations measured",
+                          cfg.train.global_batch, run_batch);
     if (cfg.data.source != "synthetic" && cfg.eval.path.empty())
       throw UserError(path + " holds a model trained on data.source = " +
                       cfg.data.source + " without [eval]: name the held-out data with " +
@@ -191,6 +197,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     watchdog_beat("loading a checkpoint");
     const std::optional<int64_t> steps = trainer->resume(/*to_train=*/false);
     if (!steps) throw UserError(path + ": nothing loaded");
+    if (!batch_note.empty()) log(batch_note);
     report_evaluation(*trainer, cfg, path, *steps, world);
     return int(kExitOk);
   });

@@ -35,6 +35,11 @@ check "the run trains, evaluates after step 6 and keeps a checkpoint" \
 rc=$(run -np 1 "$trellis" eval "$work/run")
 check "one rank: the run directory's newest checkpoint, the loss its run logged" \
   '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6 && grep -q "step_00000006.h5, after 6 steps" "$work/out.log"'
+check "an evaluation says it loaded the checkpoint, not that it resumed a run" \
+  'grep -q "^loaded .*step_00000006.h5 at step 6" "$work/out.log" && ! grep -q "resumed from" "$work/out.log"'
+rc=$(run -np 1 "$trellis" eval "$work/run" --train.global_batch=4 --train.micro_batch=2)
+check "--train.global_batch 4 (the run's 8): another held-out set, and a warning that says so" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && grep -q "over 64 tokens (8 sequences)" "$work/out.log" && grep -q "warning: train.global_batch = 4 here, 8 in the run" "$work/out.log"'
 for layout in "--parallel.tp=2" "--parallel.pp=2" "--parallel.dp=2 --parallel.zero=3"; do
   # shellcheck disable=SC2086
   rc=$(run -np 2 "$trellis" eval "$work/run/ckpt/step_00000006.h5" $layout)
