@@ -148,6 +148,40 @@ def window_index(seed, step, index, windows):
     return h % windows
 
 
+class Permutation:
+    """data_rng::Permutation: a keyed bijection of [0, n) (a six-round Feistel network on the
+    smallest 4^h >= n, walked until the value falls below n)."""
+
+    def __init__(self, n, key):
+        self.n, self.key, self.half = n, mix64(key & M64), 0
+        while self.half < 32 and (1 << (2 * self.half)) < n:
+            self.half += 1
+        self.mask = (1 << self.half) - 1
+
+    def _feistel(self, x):
+        left, right = x >> self.half, x & self.mask
+        for r in range(6):
+            f = hash_combine((self.key + r) & M64, right) & self.mask
+            left, right = right, left ^ f
+        return (left << self.half) | right
+
+    def __call__(self, i):
+        x = self._feistel(i)
+        while x >= self.n:
+            x = self._feistel(x)
+        return x
+
+
+def epoch_window_index(seed, position, windows, seq_len):
+    """Sampler::sequence with data.sampling = epochs: the window (at every offset's numbering) of
+    sequence number `position` of the run's stream — the windows at offsets k*seq_len, in a keyed
+    order each epoch."""
+    per_epoch = (windows - 1) // seq_len + 1
+    epoch, k = divmod(position, per_epoch)
+    order = Permutation(per_epoch, hash_combine(mix64((seed & M64) ^ 0x45504F4348), epoch))
+    return order(k) * seq_len
+
+
 class TextSource:
     """lib/data/text.cpp: the bytes of one file, one window = len consecutive bytes."""
 
@@ -204,12 +238,18 @@ class TokensSource:
         return self.shards[shard][offset : offset + length].astype(np.int64)
 
 
-def global_batch(source, seed, step, batch, seq_len):
-    """Sampler::batch over the whole global batch: inputs = window[0:T], targets = window[1:T+1]."""
+def global_batch(source, seed, step, batch, seq_len, first_position=None):
+    """Sampler::batch over the whole global batch: inputs = window[0:T], targets = window[1:T+1].
+    `first_position`: with data.sampling = epochs, the step's first sequence number in the run's
+    stream (None: random sampling)."""
     windows = source.num_windows(seq_len + 1)
     if windows <= 0:
         sys.exit(f"torch_reference: the data has fewer than seq_len + 1 = {seq_len + 1} tokens")
-    rows = [source.window(window_index(seed, step, j, windows), seq_len + 1) for j in range(batch)]
+    if first_position is None:
+        index = [window_index(seed, step, j, windows) for j in range(batch)]
+    else:
+        index = [epoch_window_index(seed, first_position + j, windows, seq_len) for j in range(batch)]
+    rows = [source.window(k, seq_len + 1) for k in index]
     w = torch.from_numpy(np.stack(rows))  # (batch, T + 1)
     return w[:, :-1], w[:, 1:]
 
@@ -239,6 +279,7 @@ def main():
         deck = configparser.ConfigParser(interpolation=None)
         deck.read_string(text_attr(f, "deck"))
         ckpt_step = int(f.attrs["step"])
+        tokens_seen = int(f.attrs["tokens_seen"]) if "tokens_seen" in f.attrs else None
         weights = {name: torch.from_numpy(f["model"][name][()]) for name in f["model"]}
 
     m, t, d = deck["model"], deck["train"], deck["data"]
@@ -264,7 +305,16 @@ def main():
     else:
         sys.exit(f"torch_reference: data.source = {source_kind} is not reimplemented here "
                  "(text and tokens are)")
-    inputs, targets = global_batch(source, seed, step, batch, seq_len)
+    first_position = None  # data.sampling = random
+    if d.get("sampling", "random") == "epochs":
+        # The stream stood at tokens_seen / seq_len at the checkpoint; steps on from there take
+        # the deck's global batch each (as Sampler::start_at).
+        seen = tokens_seen if tokens_seen is not None else ckpt_step * batch * seq_len
+        first_position = seen // seq_len + (step - ckpt_step) * batch
+        if first_position < 0:
+            sys.exit(f"torch_reference: step {step} is before this checkpoint's stream begins "
+                     "(data.sampling = epochs: give a step from the checkpoint's on)")
+    inputs, targets = global_batch(source, seed, step, batch, seq_len, first_position)
 
     print(f"checkpoint {args.checkpoint}: step {ckpt_step}; model L{layers} C{d_model} "
           f"H{heads} KV{kv_heads} F{d_ff} T{seq_len} V{vocab}; batch of step index {step}: "

@@ -122,8 +122,12 @@ void Checkpointer::save(int64_t step) {
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
                                p.virtual_stages, p.sequence_parallel ? "true" : "false");
   meta.text["sampler"] =
-      "stateless: sequence j of step s is window hash(train.seed, s, j); a resume goes on from "
-      "this checkpoint's step, under any layout";
+      cfg_.data.sampling == "epochs"
+          ? "epochs: sequence number g of the run's stream is window perm(train.seed, g / E)(g mod "
+            "E) * seq_len of the E at offsets k * seq_len; a resume goes on at g = tokens_seen / "
+            "seq_len, under any layout and global batch"
+          : "stateless: sequence j of step s is window hash(train.seed, s, j); a resume goes on "
+            "from this checkpoint's step, under any layout";
 
   const std::string dir = cfg_.checkpoint.dir;
   int rank = 0;

@@ -85,6 +85,7 @@ run_case() {
 run_case tp1 1
 run_case tp2 2 --parallel.tp=2
 run_case tp4_kv_repeated 4 --parallel.tp=4  # kv_heads 2 < tp 4: each key/value head on 2 ranks
+run_case epochs 1 --data.sampling=epochs  # the windows at offsets k*seq_len, shuffled per epoch
 
 # Token shards of the three formats in one glob: llm.c's uint16 (GPT-2) and uint32 (Llama 3) and
 # raw uint16, token ids above 255 (a uint32 shard read as uint16 would give other tokens).
