@@ -172,14 +172,22 @@ class Permutation:
         return x
 
 
-def epoch_window_index(seed, position, windows, seq_len):
-    """Sampler::sequence with data.sampling = epochs: the window (at every offset's numbering) of
-    sequence number `position` of the run's stream — the windows at offsets k*seq_len, in a keyed
-    order each epoch."""
-    per_epoch = (windows - 1) // seq_len + 1
-    epoch, k = divmod(position, per_epoch)
+def epoch_window_index(seed, position, piece_sizes, seq_len):
+    """Sampler::sequence with data.sampling = epochs: the window (in TokenSource::window's
+    numbering) of sequence number `position` of the run's stream — the windows at offsets
+    k*seq_len of each piece (shard), in a keyed order each epoch."""
+    strided_before, first_window, before = [0], [], 0
+    for n in piece_sizes:
+        windows = max(0, n - seq_len)  # of seq_len + 1 tokens
+        first_window.append(before)
+        before += windows
+        strided_before.append(strided_before[-1] + ((windows - 1) // seq_len + 1 if windows else 0))
+    per_epoch = strided_before[-1]
+    epoch, g = divmod(position, per_epoch)
     order = Permutation(per_epoch, hash_combine(mix64((seed & M64) ^ 0x45504F4348), epoch))
-    return order(k) * seq_len
+    k = order(g)
+    piece = bisect.bisect_right(strided_before, k) - 1  # std::upper_bound − 1
+    return first_window[piece] + (k - strided_before[piece]) * seq_len
 
 
 class TextSource:
@@ -190,6 +198,9 @@ class TextSource:
 
     def num_windows(self, length):
         return max(0, len(self.data) - length + 1)
+
+    def piece_sizes(self):
+        return [len(self.data)]
 
     def window(self, k, length):
         return self.data[k : k + length].astype(np.int64)
@@ -231,6 +242,9 @@ class TokensSource:
     def num_windows(self, length):
         return self._prefix(length)[-1]
 
+    def piece_sizes(self):
+        return [len(s) for s in self.shards]
+
     def window(self, k, length):
         prefix = self._prefix(length)
         shard = bisect.bisect_right(prefix, k) - 1  # std::upper_bound − 1: skips empty shards
@@ -248,7 +262,8 @@ def global_batch(source, seed, step, batch, seq_len, first_position=None):
     if first_position is None:
         index = [window_index(seed, step, j, windows) for j in range(batch)]
     else:
-        index = [epoch_window_index(seed, first_position + j, windows, seq_len) for j in range(batch)]
+        sizes = source.piece_sizes()
+        index = [epoch_window_index(seed, first_position + j, sizes, seq_len) for j in range(batch)]
     rows = [source.window(k, seq_len + 1) for k in index]
     w = torch.from_numpy(np.stack(rows))  # (batch, T + 1)
     return w[:, :-1], w[:, 1:]
@@ -311,9 +326,15 @@ def main():
         # the deck's global batch each (as Sampler::start_at).
         seen = tokens_seen if tokens_seen is not None else ckpt_step * batch * seq_len
         first_position = seen // seq_len + (step - ckpt_step) * batch
-        if first_position < 0:
-            sys.exit(f"torch_reference: step {step} is before this checkpoint's stream begins "
-                     "(data.sampling = epochs: give a step from the checkpoint's on)")
+    # Steps before the checkpoint took the deck's global batch only when its tokens say so: a run
+    # resumed with another train.global_batch drew its earlier batches at another size (and, with
+    # epochs, at other stream positions), which this file does not record.
+    if (step < ckpt_step and tokens_seen is not None
+            and tokens_seen != ckpt_step * batch * seq_len):
+        sys.exit(f"torch_reference: step {step} is before this checkpoint's step {ckpt_step}, and "
+                 f"the run changed train.global_batch on the way (tokens_seen {tokens_seen}, not "
+                 f"{ckpt_step} x {batch} x {seq_len}): give a step from {ckpt_step} on, or a "
+                 "checkpoint written before the change")
     inputs, targets = global_batch(source, seed, step, batch, seq_len, first_position)
 
     print(f"checkpoint {args.checkpoint}: step {ckpt_step}; model L{layers} C{d_model} "

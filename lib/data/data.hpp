@@ -25,8 +25,11 @@ class TokenSource {
   virtual int64_t size() const = 0;
   /// How many distinct windows of `len` tokens exist (each inside one piece).
   virtual int64_t num_windows(int len) const = 0;
-  /// Copies window k (0 ≤ k < num_windows(len)) of `len` tokens into out.
+  /// Copies window k (0 ≤ k < num_windows(len)) of `len` tokens into out. The windows are
+  /// numbered piece by piece: a piece of n tokens holds max(0, n − len + 1) of them.
   virtual void window(int64_t k, int len, int32_t* out) const = 0;
+  /// Tokens in each piece, in order (one piece: size()).
+  virtual std::vector<int64_t> piece_sizes() const { return {size()}; }
   /// The lowest reachable loss in nats/token, where known (the synthetic source's entropy rate).
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
   /// The files it reads, by path and identity (none for the synthetic source).
@@ -97,10 +100,10 @@ class HeldOutSet {
 ///   random  sequence j of step s is window hash(train.seed, s, j) mod W of the W windows of
 ///           seq_len + 1 tokens at every offset: drawn with replacement, as nanoGPT does (after a
 ///           corpus' worth of sequences about 1/e of its tokens have not been a target yet).
-///   epochs  the windows at offsets k·seq_len (the held-out set's split: each token a target
-///           once), E of them, in a new order each epoch: sequence number g of the run's stream
-///           is window perm_e(g mod E)·seq_len, e = g / E, perm_e a keyed bijection of (seed, e).
-///           Every token is a target once an epoch.
+///   epochs  the windows at offsets k·seq_len from each piece's (shard's) start, E of them, in a
+///           new order each epoch: sequence number g of the run's stream is strided window
+///           perm_e(g mod E), e = g / E, perm_e a keyed bijection of (seed, e). Every token is a
+///           target once an epoch, but a piece's first and its last (n − 1) mod seq_len.
 /// Either way a sequence depends on no layout, so every layout and restart trains on the same.
 enum class Sampling { random, epochs };
 Sampling sampling_from(const std::string& name);  // data.sampling's value
@@ -135,7 +138,10 @@ class Sampler {
   Sampling how_;
   int64_t global_batch_;
   int64_t windows_;            // windows of seq_len + 1 tokens at every offset
-  int64_t epoch_windows_ = 0;  // those at offsets k·seq_len (epochs)
+  int64_t epoch_windows_ = 0;  // those at offsets k·seq_len of each piece (epochs)
+  // (pieces + 1,) strided windows in pieces [0, p); (pieces,) the number of piece p's first
+  // window among all windows (TokenSource::window's numbering)
+  std::vector<int64_t> strided_before_, first_window_;
   int64_t start_step_ = 0, start_sequence_ = 0;
 };
 

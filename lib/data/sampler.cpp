@@ -38,7 +38,19 @@ Sampler::Sampler(const TokenSource& source, int seq_len, uint64_t seed, Sampling
     throw UserError(strfmt("data: the source has fewer than seq_len+1 = %d tokens (in any one "
                            "piece) for model.seq_len = %d: %s",
                            seq_len + 1, seq_len, source.describe().c_str()));
-  epoch_windows_ = strided_windows(windows_, seq_len);
+  if (how_ != Sampling::epochs) return;
+  // Each piece's windows at offsets 0, seq_len, 2·seq_len, … (a window never crosses pieces).
+  int64_t before = 0;
+  strided_before_.push_back(0);
+  for (int64_t n : source.piece_sizes()) {
+    const int64_t windows = std::max<int64_t>(0, n - seq_len);  // of seq_len + 1 tokens
+    first_window_.push_back(before);
+    before += windows;
+    strided_before_.push_back(strided_before_.back() + strided_windows(windows, seq_len));
+  }
+  TRELLIS_CHECK(before == windows_, "the pieces hold %lld windows, the source %lld",
+                (long long)before, (long long)windows_);
+  epoch_windows_ = strided_before_.back();
 }
 
 void Sampler::start_at(int64_t step, int64_t sequences_before) {
@@ -65,7 +77,11 @@ void Sampler::sequence(int64_t step, int64_t index, int32_t* out) const {
     const int64_t epoch = g / epoch_windows_;
     const Permutation order(uint64_t(epoch_windows_),
                             hash_combine(mix64(seed_ ^ 0x45504F4348ull), uint64_t(epoch)));
-    source_.window(int64_t(order(uint64_t(g % epoch_windows_))) * seq_len_, seq_len_ + 1, out);
+    const int64_t k = int64_t(order(uint64_t(g % epoch_windows_)));  // strided window k
+    const size_t piece = size_t(std::upper_bound(strided_before_.begin(), strided_before_.end(), k) -
+                                strided_before_.begin()) - 1;
+    const int64_t offset = (k - strided_before_[piece]) * seq_len_;
+    source_.window(first_window_[piece] + offset, seq_len_ + 1, out);
     return;
   }
   uint64_t h = hash_combine(mix64(seed_ ^ 0x53414D504C4552ull), uint64_t(step));

@@ -159,6 +159,11 @@ class TokensSource final : public TokenSource {
     for (const auto& s : shards_) w += std::max<int64_t>(0, s.n - len + 1);
     return w;
   }
+  std::vector<int64_t> piece_sizes() const override {
+    std::vector<int64_t> sizes;
+    for (const auto& s : shards_) sizes.push_back(s.n);
+    return sizes;
+  }
   void window(int64_t k, int len, int32_t* out) const override {
     size_t shard;
     int64_t offset;

@@ -124,8 +124,8 @@ void Checkpointer::save(int64_t step) {
   meta.text["sampler"] =
       cfg_.data.sampling == "epochs"
           ? "epochs: sequence number g of the run's stream is window perm(train.seed, g / E)(g mod "
-            "E) * seq_len of the E at offsets k * seq_len; a resume goes on at g = tokens_seen / "
-            "seq_len, under any layout and global batch"
+            "E) of the E at offsets k * seq_len of each shard; a resume goes on at g = "
+            "tokens_seen / seq_len, under any layout and global batch"
           : "stateless: sequence j of step s is window hash(train.seed, s, j); a resume goes on "
             "from this checkpoint's step, under any layout";
 

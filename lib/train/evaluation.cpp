@@ -151,12 +151,17 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     path = resolve_checkpoint(world.comm(), path);
     if (path == "never" || path == "auto") path = "./" + path;
     cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
-    // The held-out set is eval.batches global batches: another batch measures other sequences.
-    if (const int run_batch = stored_config(path).train.global_batch;
-        run_batch != cfg.train.global_batch)
-      batch_note = strfmt("eval: warning: train.global_batch = %d here, %d in the run: the "
-                          "held-out set is other sequences than the run's evaluations measured",
-                          cfg.train.global_batch, run_batch);
+    // The held-out set is the first eval.batches × train.global_batch sequences: another count
+    // measures fewer or more of them than the run's evaluations did.
+    const Config run = stored_config(path);
+    const int64_t here = int64_t(cfg.eval.batches) * cfg.train.global_batch,
+                  there = int64_t(run.eval.batches) * run.train.global_batch;
+    if (run.eval.every > 0 && here != there)
+      batch_note = strfmt("eval: warning: %lld held-out sequences here (eval.batches %d x "
+                          "train.global_batch %d), %lld in the run's evaluations: %s theirs, so "
+                          "the loss is not eval.csv's",
+                          (long long)here, cfg.eval.batches, cfg.train.global_batch,
+                          (long long)there, here < there ? "the first of" : "more than");
     if (cfg.data.source != "synthetic" && cfg.eval.path.empty())
       throw UserError(path + " holds a model trained on data.source = " +
                       cfg.data.source + " without [eval]: name the held-out data with " +

@@ -23,8 +23,8 @@ std::string Trainer::sampling_line() const {
                   T + 1, (long long)sampler_->windows());
   const int64_t first = std::max<int64_t>(checkpoint_step_, 0);  // this job's first step
   const double steps = double(sampler_->windows()) / cfg_.train.global_batch;
-  return strfmt("data: sampling = epochs of %lld windows of %d tokens (at offsets k*%d: each token "
-                "a target once), %.1f steps an epoch; step %lld is in epoch %lld",
+  return strfmt("data: sampling = epochs of %lld windows of %d tokens (at offsets k*%d of each "
+                "piece: each token a target once), %.1f steps an epoch; step %lld is in epoch %lld",
                 (long long)sampler_->windows(), T + 1, T, steps, (long long)first + 1,
                 (long long)sampler_->epoch(first) + 1);
 }

@@ -44,7 +44,7 @@ check_log=$work/whole.log
 run whole 1 --checkpoint.every=10
 check "a run of 20 steps in epochs finishes" '[ $? -eq 0 ] && [ -f "$work/whole/summary.json" ]'
 check "the log says the epoch's length and the first step's epoch" \
-  'grep -q "sampling = epochs of 124 windows of 9 tokens (at offsets k\*8: each token a target once), 7.8 steps an epoch; step 1 is in epoch 1" "$work/whole.log"'
+  'grep -q "sampling = epochs of 124 windows of 9 tokens (at offsets k\*8 of each piece: each token a target once), 7.8 steps an epoch; step 1 is in epoch 1" "$work/whole.log"'
 at10=$work/whole/ckpt/step_00000010.h5
 
 check_log=$work/dp2.log

@@ -38,8 +38,11 @@ check "one rank: the run directory's newest checkpoint, the loss its run logged"
 check "an evaluation says it loaded the checkpoint, not that it resumed a run" \
   'grep -q "^loaded .*step_00000006.h5 at step 6" "$work/out.log" && ! grep -q "resumed from" "$work/out.log"'
 rc=$(run -np 1 "$trellis" eval "$work/run" --train.global_batch=4 --train.micro_batch=2)
-check "--train.global_batch 4 (the run's 8): another held-out set, and a warning that says so" \
-  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && grep -q "over 64 tokens (8 sequences)" "$work/out.log" && grep -q "warning: train.global_batch = 4 here, 8 in the run" "$work/out.log"'
+check "--train.global_batch 4 (the run's 8): 8 held-out sequences, not 16, and a warning that says so" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && grep -q "over 64 tokens (8 sequences)" "$work/out.log" && grep -q "warning: 8 held-out sequences here (eval.batches 2 x train.global_batch 4), 16 in the run" "$work/out.log"'
+rc=$(run -np 1 "$trellis" eval "$work/run" --train.global_batch=4 --train.micro_batch=2 --eval.batches=4)
+check "--train.global_batch 4 with eval.batches 4: the run's 16 sequences, its loss, no warning" \
+  '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6 && ! grep -q "warning" "$work/out.log"'
 for layout in "--parallel.tp=2" "--parallel.pp=2" "--parallel.dp=2 --parallel.zero=3"; do
   # shellcheck disable=SC2086
   rc=$(run -np 2 "$trellis" eval "$work/run/ckpt/step_00000006.h5" $layout)
@@ -56,8 +59,8 @@ rc=$(run -np 1 "$trellis" eval "$work/bf16" --system.precision=fp32)
 check "bf16 run, --system.precision=fp32: evaluated in fp32, said so" \
   '[ $rc -eq 0 ] && [ -n "$(printed)" ] && [ "$(printed)" != "$logged_bf16" ] && grep -q "cpu backend, fp32" "$work/out.log"'
 rc=$(run -np 1 "$trellis" eval "$work/run" --eval.batches=1)
-check "eval.batches = 1: the first global batch of the set, a loss of its own" \
-  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "over 64 tokens (8 sequences)" "$work/out.log"'
+check "eval.batches = 1: the first global batch of the set, a loss of its own, said" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "over 64 tokens (8 sequences)" "$work/out.log" && grep -q "the first of theirs" "$work/out.log"'
 
 # A byte-level model: eval.path is stored with the deck; another file can be given.
 for i in $(seq 60); do printf 'abcdefghij%s ' "$i"; done > "$work/train.txt"

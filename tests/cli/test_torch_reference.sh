@@ -104,6 +104,8 @@ open(f"{work}/shard_c.bin", "wb").write(rng.integers(0, 300, 500).astype(np.uint
 PY
 run_case tokens_three_formats 1 --data.source=tokens --data.path="$work/shard_*.bin" \
   --model.vocab=300
+run_case tokens_epochs 1 --data.source=tokens --data.path="$work/shard_*.bin" \
+  --model.vocab=300 --data.sampling=epochs  # each shard's windows from its own start
 
 check "h5py example reads the checkpoint" \
   '"$py" "$repo/scripts/h5py_example.py" "$work/tp2/ckpt/step_00000002.h5" > "$work/h5py.out" 2>&1 && grep -q "h.1.mlp.c_fc.weight" "$work/h5py.out"'

@@ -515,6 +515,40 @@ TEST(Sampler, EpochsTakeEveryStridedWindowOnceInANewOrder) {
   EXPECT_GE(differ, 3);
 }
 
+TEST(Sampler, EpochsStartEachShardsWindowsAtItsOwnStart) {
+  // Shards of 40, 5, 3 (no window), 23 and 37 tokens, each token its global position: an epoch
+  // takes each shard's windows at offsets 0, T, 2T, … — every token a target once but each
+  // shard's first and its last (n − 1) mod T — and no window crosses a shard.
+  trellis::testing::TempDir dir("trellis_data");
+  const std::vector<int> sizes = {40, 5, 3, 23, 37};
+  const int T = 4;
+  int first = 0;
+  std::set<int32_t> expected;  // the targets an epoch must cover
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint16_t> toks(size_t(sizes[i]));
+    for (int t = 0; t < sizes[i]; ++t) toks[size_t(t)] = uint16_t(first + t);
+    write_raw(dir.file("s" + std::to_string(i) + ".bin"), toks);
+    const int covered = sizes[i] > T ? (sizes[i] - 1) / T * T : 0;
+    for (int t = 1; t <= covered; ++t) expected.insert(first + t);
+    first += sizes[i];
+  }
+  auto src = tokens_source(dir.file("s*.bin"));
+  Sampler s(*src, T, 5, Sampling::epochs, 3);
+  const int64_t E = s.windows();
+  ASSERT_EQ(E, 9 + 1 + 0 + 5 + 9);
+  std::vector<int32_t> seq(T + 1);
+  for (int e = 0; e < 2; ++e) {
+    std::multiset<int32_t> targets;
+    for (int64_t g = e * E; g < (e + 1) * E; ++g) {
+      s.sequence(g / 3, g % 3, seq.data());
+      for (int t = 1; t <= T; ++t) ASSERT_EQ(seq[size_t(t)], seq[0] + t);  // inside one shard
+      for (int t = 1; t <= T; ++t) targets.insert(seq[size_t(t)]);
+    }
+    EXPECT_EQ(std::set<int32_t>(targets.begin(), targets.end()), expected) << "epoch " << e;
+    EXPECT_EQ(targets.size(), expected.size()) << "a token a target twice in epoch " << e;
+  }
+}
+
 TEST(Sampler, EpochsGoOnFromTheResumedStreamPosition) {
   // A resumed run starts its sampler at the checkpoint's sequence count: the same sequences as
   // the run without a stop, and, with another global batch, the stream goes on where it stood.
