@@ -4,6 +4,7 @@
 // lib/train/evaluation.cpp, `generate` → lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
 #include <Kokkos_Core.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -162,6 +163,12 @@ int main(int argc, char** argv) {
     } else {
       status = trellis::bench_main(rest, world);
     }
+  }
+  // HDF5 after a failed file close would crash in MPI_Finalize (core/error.hpp): every rank
+  // ends here instead, with the same status (mpirun and srun report it as usual).
+  if (!trellis::library_cleanup_skipped().empty()) {
+    std::fflush(nullptr);
+    std::_Exit(status);
   }
   return status;
 }

@@ -265,7 +265,6 @@ void zero_padding(const CkptSlab& s) {
 
 // ---- datasets ------------------------------------------------------------------------------------
 
-constexpr int64_t kChunkElems = 256 * 1024;  // 1 MiB of float32
 
 H5Id dataset_create_plist(const std::vector<int64_t>& g) {
   H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -409,6 +408,10 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
   std::string e;
   if (!file.close()) e = with_disk_reason("closing " + tmp + ": " + h5_error(), tmp);
   e = agree_error(comm, e, tmp);
+  // A close that failed (its flush, on a full disk) leaves HDF5 1.10 with a half-destroyed file
+  // in its table of open objects, which its own clean-up at MPI_Finalize then crashes on
+  // (HDFFV-11052, fixed in HDF5 1.14.1): every rank (the failure is agreed) ends without it.
+  if (!e.empty()) skip_library_cleanup("HDF5 failed to close " + tmp);
   return err.empty() ? e : err;
 }
 
@@ -456,7 +459,10 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
                                "' used twice or empty");
   }
   // Refuse early, on every rank alike, a file that cannot fit.
-  const std::string no_room = agree_error(comm, rank == 0 ? check_room(slabs, final_path) : "");
+  double attribute_bytes = 0;
+  for (const auto& [name, text] : meta.text) attribute_bytes += double(name.size() + text.size());
+  const std::string no_room =
+      agree_error(comm, rank == 0 ? check_room(slabs, final_path, attribute_bytes) : "");
   if (!no_room.empty()) throw UserError("cannot write checkpoint " + final_path + ": " + no_room);
   std::string tmp;
   if (rank == 0) tmp = final_path + ".tmp-" + random_suffix(::getpid());

@@ -19,4 +19,14 @@ std::string strfmt(const char* fmt, ...) {
   return std::string(buf.data(), n > 0 ? n : 0);
 }
 
+namespace {
+std::string g_cleanup_skipped;  // why the libraries' clean-up at exit is skipped ("": it is not)
+}  // namespace
+
+void skip_library_cleanup(const std::string& why) {
+  if (g_cleanup_skipped.empty()) g_cleanup_skipped = why.empty() ? "unsafe" : why;
+}
+
+const std::string& library_cleanup_skipped() { return g_cleanup_skipped; }
+
 }  // namespace trellis

@@ -37,6 +37,16 @@ class RankInputError : public std::runtime_error {
   explicit RankInputError(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// A library left in a state its own clean-up at exit would crash on: HDF5 1.10 after a file
+/// close that failed (a full disk) keeps a half-destroyed file among its open objects and
+/// crashes on it in MPI_Finalize (HDFFV-11052, fixed in HDF5 1.14.1) — a segmentation fault
+/// for what is bad input. Once this is called (on every rank alike), main() ends the process with
+/// its status, output flushed, without MPI_Finalize or the libraries' atexit clean-up; `why`
+/// is kept for the record.
+void skip_library_cleanup(const std::string& why);
+/// Empty unless skip_library_cleanup was called: then its reason.
+const std::string& library_cleanup_skipped();
+
 /// printf-style formatting into a std::string.
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

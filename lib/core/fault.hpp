@@ -20,6 +20,8 @@
 // read by the trainer: TRELLIS_FAULT_NAN_AT_STEP=STEP (that step's gradient norm becomes NaN:
 // tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
 // timing: a run lasts long enough for tests/cli/test_slurm.sh's stop signal on any machine).
+// TRELLIS_FAULT_ROOM_FOR_DATA=1: the free-space check before a checkpoint counts its data alone,
+// not the whole file, so that tests/cli/test_full_disk.sh can fill the disk in mid-write.
 #pragma once
 #include <cstdint>
 #include <string_view>

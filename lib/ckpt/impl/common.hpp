@@ -76,9 +76,13 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
                          double file_bytes, H5Id& out);
 /// Bytes available to this user on the filesystem of dir (-1 if unknown: no check then).
 double free_bytes(const std::string& dir);
-/// "" when the filesystem of `path` has room for the slabs' data (a lower bound on the file: HDF5
-/// adds metadata and checksums), else why not.
-std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path);
+/// "" when the filesystem of `path` has room for a checkpoint file of these slabs (their data,
+/// HDF5's metadata and checksums, and `attribute_bytes` of attribute text, counted generously),
+/// else why not.
+std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
+                       double attribute_bytes);
+/// Elements of a dataset chunk at most (1 MiB of float32).
+constexpr int64_t kChunkElems = 256 * 1024;
 /// err (a failed write of `file`) with the system's reason appended, found by a small test write
 /// next to the file, e.g. "…: No space left on device (12 KiB free in DIR)". "" stays "".
 std::string with_disk_reason(const std::string& err, const std::string& file);
