@@ -101,8 +101,9 @@ std::vector<int64_t> set_aside_checkpoints(const std::string& dir, int64_t after
 /// superseded-UTC time (superseded-20261203-113701, then -2, -3, … within one second), then
 /// syncs dir. Returns the new directory's name. Errors → UserError naming the file.
 std::string move_aside(const std::string& dir, const std::vector<std::string>& names);
-/// Paths (dir/NAME) to try for a resume, newest first: the file `latest` names (if it exists),
-/// then the other step_*.h5 files by step, descending.
+/// Paths (dir/NAME) to try for a resume, newest first: the step_*.h5 files by step, descending
+/// (a `latest` one behind is a job that died before publishing its newest); a file `latest`
+/// names that is not a step file, first.
 std::vector<std::string> resume_candidates(const std::string& dir);
 /// The same, collective: rank 0 lists dir and every rank gets its list (or its UserError), so
 /// that all ranks try the same files even where the directory reads differently on each.

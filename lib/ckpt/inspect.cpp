@@ -71,7 +71,7 @@ const char* const kInspectUsage =
     "  A checkpoint's step, layout, deck and tensors (shape, type), each read in full so that\n"
     "  HDF5 verifies its checksums, checked against the model its stored deck describes (each\n"
     "  dataset present, at its shape). CKPT: a checkpoint file, a `latest` pointer, or a checkpoint\n"
-    "  or run directory (the checkpoint its `latest` names, else its highest step). Exit status\n"
+    "  or run directory (its highest step). Exit status\n"
     "  0: sound; 1: unreadable as HDF5 or damaged (each PROBLEM printed); 2: no such file (or not\n"
     "  a regular file), a directory without checkpoints, or a `latest` that names none.\n";
 

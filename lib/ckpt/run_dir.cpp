@@ -188,10 +188,17 @@ std::vector<std::string> resume_candidates(const std::string& dir) {
   if (::stat(dir.c_str(), &st) != 0) return {};  // no checkpoints yet
   const std::vector<std::string> names = list_dir(dir);
   const std::string latest = read_latest(dir);
+  // By step, newest first: `latest` lags behind the newest file only when a job died between
+  // renaming that file into place (complete, synced) and publishing it, and going back to it
+  // would redo those steps (and set the newer checkpoint aside as another course). A `latest`
+  // naming a file outside the step_*.h5 names comes first.
   std::vector<std::string> out;
-  if (!latest.empty() && check_regular(dir + "/" + latest).empty()) out.push_back(dir + "/" + latest);
-  for (const auto& [step, n] : step_files(names))
-    if (n != latest) out.push_back(dir + "/" + n);
+  const auto steps = step_files(names);
+  const bool latest_is_step =
+      std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.second == latest; });
+  if (!latest.empty() && !latest_is_step && check_regular(dir + "/" + latest).empty())
+    out.push_back(dir + "/" + latest);
+  for (const auto& [step, n] : steps) out.push_back(dir + "/" + n);
   return out;
 }
 
@@ -210,7 +217,7 @@ std::string resolve_checkpoint(const std::string& path) {
     if (name.empty())
       throw UserError("checkpoint " + path +
                       ": a `latest` pointer that names no step file (give the step file, or the "
-                      "directory: the checkpoint its `latest` names, else its highest step)");
+                      "directory: its highest step)");
     return dir.empty() ? name : dir + "/" + name;
   }
   for (const std::string& dir : {path, path + "/ckpt"}) {

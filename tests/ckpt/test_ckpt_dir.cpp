@@ -65,10 +65,12 @@ TEST_F(CkptDirTest, LatestRetentionAndResume) {
             (std::vector<std::string>{dir_ + "/step_00000300.h5", dir_ + "/step_00000200.h5",
                                       dir_ + "/step_00000100.h5", dir_ + "/step_00000050.h5"}));
 
+  // `latest` one behind (a job that died between renaming step 300 into place and publishing
+  // it): still the newest step first, not steps redone from 200.
   publish_latest(dir_, "step_00000200.h5");
   EXPECT_EQ(latest(), "step_00000200.h5\n");
   EXPECT_EQ(resume_candidates(dir_),
-            (std::vector<std::string>{dir_ + "/step_00000200.h5", dir_ + "/step_00000300.h5",
+            (std::vector<std::string>{dir_ + "/step_00000300.h5", dir_ + "/step_00000200.h5",
                                       dir_ + "/step_00000100.h5", dir_ + "/step_00000050.h5"}));
   publish_latest(dir_, "step_00000100.h5");  // replaces
   EXPECT_EQ(latest(), "step_00000100.h5\n");
@@ -151,10 +153,11 @@ TEST_F(CkptDirTest, ResolveCheckpointOnTheCommandLine) {
   EXPECT_EQ(resolve_checkpoint(dir_ + "/missing.h5"), dir_ + "/missing.h5");  // (opening says)
   EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step_00000300.h5");
   EXPECT_EQ(resolve_checkpoint(dir_ + "/run"), ckpt + "/step_00000300.h5");
-  // `latest` as a path: the file it names, even where a newer step file exists beside it.
+  // `latest` as a path: the file it names, even where a newer step file exists beside it; the
+  // directory: its newest step all the same.
   publish_latest(ckpt, "step_00000100.h5");
   EXPECT_EQ(resolve_checkpoint(ckpt + "/latest"), ckpt + "/step_00000100.h5");
-  EXPECT_EQ(resolve_checkpoint(dir_ + "/run"), ckpt + "/step_00000100.h5");
+  EXPECT_EQ(resolve_checkpoint(dir_ + "/run"), ckpt + "/step_00000300.h5");
   for (const char* bad : {"", "\n", "../run/ckpt/step_00000300.h5\n"}) {
     std::ofstream(ckpt + "/latest") << bad;
     try {

@@ -42,10 +42,15 @@ newest="$work/run/ckpt/step_00000004.h5"
 printf 'step_00000002.h5\n' > "$work/run/ckpt/latest"   # (latest names an older step now)
 older="$work/run/ckpt/step_00000002.h5"
 
-for where in "$work/run/ckpt/latest" "$work/run/ckpt" "$work/run"; do
+# The pointer named: the file it names. A directory: its newest step (a `latest` behind it is a
+# job that died before publishing its newest, or a hand's edit; the pointer is there to name).
+"$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
+check "inspect ckpt/latest: the file latest names" \
+  '[ $? -eq 0 ] && head -1 "$work/out.log" | grep -q "^checkpoint $older "'
+for where in "$work/run/ckpt" "$work/run"; do
   "$trellis" inspect "$where" > "$work/out.log" 2>&1
-  check "inspect $(basename "$where"): the file latest names" \
-    '[ $? -eq 0 ] && head -1 "$work/out.log" | grep -q "^checkpoint $older "'
+  check "inspect $(basename "$where"): its newest step, whatever latest says" \
+    '[ $? -eq 0 ] && head -1 "$work/out.log" | grep -q "^checkpoint $newest "'
 done
 timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" eval "$work/run/ckpt/latest" > "$work/out.log" 2>&1
 check "eval ckpt/latest: the file latest names" '[ $? -eq 0 ] && grep -q "eval: $older, after 2 steps" "$work/out.log"'
@@ -54,10 +59,10 @@ timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" generate "$work/run/ckpt/lates
 check "generate ckpt/latest" '[ $? -eq 0 ] && grep -q "$older" "$work/out.log"'
 "$trellis" export "$work/run/ckpt/latest" --format hf-gpt2 "$work/hf" > "$work/out.log" 2>&1
 check "export ckpt/latest" '[ $? -eq 0 ] && [ -f "$work/hf/model.safetensors" ] && grep -q "$older" "$work/out.log"'
-# A new run starting from another run's directory: its newest checkpoint (the one latest names).
+# A new run starting from another run's directory: its newest checkpoint.
 tiny_train 1 "$work/tuned" --checkpoint.resume="$work/run" --train.steps=6
-check "checkpoint.resume = RUN_DIR: starts from the checkpoint latest names" \
-  '[ $? -eq 0 ] && grep -q "resumed from $older at step 2" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
+check "checkpoint.resume = RUN_DIR: starts from its newest checkpoint" \
+  '[ $? -eq 0 ] && grep -q "resumed from $newest at step 4" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
 # The same command again (a requeued job) once the start point is gone: the run goes on from its
 # own checkpoints, which never needed it.
 mv "$work/run/ckpt" "$work/run/ckpt-moved"
