@@ -35,7 +35,8 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* data)
 
 /// Reads a dataset that passed check_dataset fully (HDF5 verifies each chunk's checksum); "" or
 /// what is wrong.
-std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t& nonfinite) {
+std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t& nonfinite,
+                           int64_t& negative) {
   H5Id space(H5Dget_space(dset), H5Sclose);
   if (!space.ok()) return h5_error();
   const int nd = static_cast<int>(dims.size());  // 1 or 2 (check_dataset)
@@ -59,7 +60,7 @@ std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t
         H5Dread(dset, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, buf.data()) < 0)
       return strfmt("rows %llu..%llu: ", (unsigned long long)r0, (unsigned long long)(r0 + nr)) +
              h5_error();
-    for (float v : buf) nonfinite += !std::isfinite(v);
+    for (float v : buf) nonfinite += !std::isfinite(v), negative += v < 0;
   }
   return {};
 }
@@ -166,13 +167,21 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
                                          nullptr, 0, nullptr, &config) >= 0;
     }
     H5Eclear2(H5E_DEFAULT);
-    int64_t nonfinite = 0;
+    int64_t nonfinite = 0, negative = 0;
     if (status.empty()) {  // the shape is plausible: its product fits
-      status = verify_dataset(dset.get(), dims, nonfinite);
+      status = verify_dataset(dset.get(), dims, nonfinite, negative);
       int64_t n = 1;
       for (int64_t d : shape) n *= d;
       nelems += n;
     }
+    // A Trellis checkpoint holds no value that is not finite (a run skips or stops at a step
+    // that would write one) and no negative second moment: they are damage its checksums missed.
+    if (status.empty() && check_model && nonfinite)
+      status = strfmt("%lld non-finite values (no run writes them: damaged or edited)",
+                      (long long)nonfinite);
+    if (status.empty() && check_model && negative && name.rfind("optim/v/", 0) == 0)
+      status = strfmt("%lld negative second moments (no run writes them: damaged or edited)",
+                      (long long)negative);
     if (status.empty()) {
       status = checksummed ? "ok (checksum verified)" : "ok (no checksum)";
       if (nonfinite) status += strfmt(", %lld non-finite values", (long long)nonfinite);

@@ -1,6 +1,7 @@
 #include "train/checkpointing.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -224,6 +225,20 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
   return changes;
 }
 
+/// "" when the loaded state is one a run could have written, else what is not.
+static std::string damaged_values(const std::vector<float>& params, const std::vector<float>& m,
+                                  const std::vector<float>& v) {
+  const auto not_finite = [](const std::vector<float>& x) {
+    return std::count_if(x.begin(), x.end(), [](float a) { return !std::isfinite(a); });
+  };
+  const int64_t p = not_finite(params), mm = not_finite(m), vv = not_finite(v);
+  const int64_t negative = std::count_if(v.begin(), v.end(), [](float a) { return a < 0; });
+  if (p + mm + vv == 0 && negative == 0) return {};
+  return strfmt("%lld weights, %lld first and %lld second moments that are not finite, %lld "
+                "negative second moments",
+                (long long)p, (long long)mm, (long long)vv, (long long)negative);
+}
+
 int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   const std::string changes = check_compatible(path, say_changes);
   const int64_t n = staged_.total();
@@ -233,6 +248,12 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   for (auto& s : slabs("optim/v/", v.data(), false)) all.push_back(std::move(s));
   CkptMeta meta;
   CkptIO io = read_checkpoint(world_, path, all, meta);
+  // No run writes weights or AdamW moments that are not finite, nor a negative second moment (a
+  // step that would make them so is skipped or ends the run): such values are damage the
+  // checksums missed — a chunk overwritten whole with its checksum, 0xFF bytes being NaNs — and
+  // a resume falls back from them as from any damaged file.
+  const std::string bad = agree_on_error(world_, damaged_values(params, m, v));
+  if (!bad.empty()) throw UserError(path + ": " + bad + " (damaged or edited)");
   const int64_t step = meta.integers.at("step");  // check_compatible saw it
   // Said once the file has loaded: a damaged one, fallen back from, changes nothing.
   if (say_changes && !changes.empty())

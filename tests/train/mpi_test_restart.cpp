@@ -220,6 +220,44 @@ TEST(Restart, CountersNoRunWritesAreDamage) {
                UserError);
 }
 
+// Overwrites a dataset of a checkpoint through HDF5 with `value` everywhere (its checksum
+// rewritten too, as when a chunk and its checksum are overwritten whole).
+void fill_dataset(const fs::path& file, const char* name, float value) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << file;
+  const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ASSERT_GE(d, 0) << name;
+  const hid_t space = H5Dget_space(d);
+  std::vector<float> values(size_t(H5Sget_simple_extent_npoints(space)), value);
+  EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Sclose(space), H5Dclose(d), H5Fclose(f);
+}
+
+TEST(Restart, ValuesNoRunWritesAreDamage) {
+  // Weights or moments that are not finite, or a negative second moment, pass HDF5's checksums
+  // when written with them; no run writes them: inspect reports the file, a resume falls back.
+  const std::string dir = own_dir("values");
+  fs::remove_all(dir);
+  const std::vector<double> whole = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+  const fs::path newest = fs::path(dir) / checkpoint_file_name(10);
+  for (const auto& [name, value] : std::vector<std::pair<const char*, float>>{
+           {"model/wte", NAN}, {"optim/m/h.0.ln_1.weight", INFINITY}, {"optim/v/wpe", -1.f}}) {
+    SCOPED_TRACE(name);
+    fill_dataset(newest, name, value);
+    EXPECT_EQ(inspect_checkpoint(newest.string(), stderr, stored_model_datasets), 1);
+    std::string msg;
+    try {
+      train(MPI_COMM_SELF, own_dir("v2"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
+    } catch (const UserError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("(damaged or edited)"), std::string::npos) << msg;
+    const std::vector<double> resumed = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
+    ASSERT_EQ(resumed.size(), 5u);  // from step 5: the newest fallen back from
+    EXPECT_EQ(resumed[0], whole[5]);
+  }
+}
+
 TEST(Restart, InspectHoldsTheFileToItsStoredModel) {
   // A training run's checkpoint is sound; without one of its model's datasets (which a resume
   // would refuse) it is not, though every dataset left is whole.
