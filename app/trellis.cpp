@@ -73,7 +73,9 @@ int main(int argc, char** argv) {
   // kernels than OpenBLAS picked (lib/backend/cpu/blas_kernels.hpp).
   const bool parallel = command == "train" || command == "bench" || command == "tune" ||
                         command == "generate" || command == "eval";
+  if (command == "train") trellis::block_stop_signals();  // pending across the re-execution
   if (parallel) trellis::use_best_blas_kernels(argv);
+  if (command == "train") trellis::hold_stop_signals();
   if (command == "bench" && wants_help(rest)) {
     std::fputs(trellis::kBenchUsage, stdout);
     return trellis::kExitOk;

@@ -241,10 +241,49 @@ StepResult Trainer::train_step(int64_t step) {
 
 static volatile std::sig_atomic_t g_stop_requests = 0;
 static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
+// SIGUSR1 and SIGTERM received before the deck said which one stops the run (hold_stop_signals).
+static volatile std::sig_atomic_t g_held_usr1 = 0, g_held_term = 0;
+static void on_held_signal(int sig) {
+  if (sig == SIGTERM) g_held_term = 1;
+  else g_held_usr1 = 1;
+}
+
+// The two signals as a set, for sigprocmask.
+static sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+void block_stop_signals() {
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
+void hold_stop_signals() {
+  std::signal(SIGUSR1, on_held_signal);
+  std::signal(SIGTERM, on_held_signal);
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);  // one pending since block_stop_signals: held now
+}
+
 /// From as early as the deck is known: a signal that comes during the set-up or a long resume
 /// then stops the run at its first step boundary instead of killing the rank (and the requeue).
+/// One held since the start (hold_stop_signals) counts as a request; the other signal, held,
+/// takes its default action now, as it would have then.
 static void catch_stop_signal(const Config& cfg) {
-  std::signal(cfg.system.stop_signal == "TERM" ? SIGTERM : SIGUSR1, on_stop_signal);
+  const bool term = cfg.system.stop_signal == "TERM";
+  const int stop = term ? SIGTERM : SIGUSR1, other = term ? SIGUSR1 : SIGTERM;
+  volatile std::sig_atomic_t& held_stop = term ? g_held_term : g_held_usr1;
+  volatile std::sig_atomic_t& held_other = term ? g_held_usr1 : g_held_term;
+  std::signal(stop, on_stop_signal);
+  if (held_stop) {
+    held_stop = 0;
+    g_stop_requests = g_stop_requests + 1;
+  }
+  if (std::signal(other, SIG_DFL) == on_held_signal && held_other) std::raise(other);
 }
 
 std::optional<int64_t> Trainer::resume(bool to_train) {

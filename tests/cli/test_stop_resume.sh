@@ -71,5 +71,27 @@ rc=$?
 elapsed=$(( $(date +%s) - start ))
 check "TRELLIS_DEADLINE stops with status 3 before it (${elapsed}s) with a checkpoint" \
   '[ $rc -eq 3 ] && [ $elapsed -le 10 ] && [ -f "$work/deadline/ckpt/$(cat "$work/deadline/ckpt/latest")" ]'
+# A signal that comes before the program could catch it (the rank still starting): pending, as a
+# blocked signal is kept across exec, it stops the run at its first step boundary all the same —
+# USR1, the stop signal, with a checkpoint and status 3; TERM, not the stop signal here, ends the
+# rank as it would have (143).
+cat > "$work/pending.py" <<'PY'
+import os, signal, sys
+sig = getattr(signal, "SIG" + sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+os.kill(os.getpid(), sig)  # pending, and kept so across execve
+os.execvp(sys.argv[2], sys.argv[2:])
+PY
+timeout 120 mpirun "${flags[@]}" -np 1 python3 "$work/pending.py" USR1 "$build/trellis" train "$work/stop.deck" \
+  --parallel.dp=1 --run.dir="$work/early" > "$work/early.log" 2>&1
+rc=$?
+check_log="$work/early.log"
+check "SIGUSR1 before the program started: stops after step 1 with a checkpoint, status 3" \
+  '[ $rc -eq 3 ] && grep -q "stopped early: final loss .* at step 1 of 3000" "$work/early.log" && [ "$(cat "$work/early/ckpt/latest")" = step_00000001.h5 ]'
+timeout 120 mpirun "${flags[@]}" -np 1 python3 "$work/pending.py" TERM "$build/trellis" train "$work/stop.deck" \
+  --parallel.dp=1 --run.dir="$work/early-term" > "$work/early-term.log" 2>&1
+rc=$?
+check "SIGTERM before the program started (stop_signal USR1): ends the rank (exit $rc)" \
+  '[ $rc -ne 0 ] && [ $rc -ne 3 ] && [ ! -f "$work/early-term/metrics.csv" ]'
 echo "stop: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
