@@ -41,9 +41,12 @@
 //   seconds_blocked    time this rank sat waiting: for a blocking op its duration; for a
 //                      non-blocking op the time spent inside Request::wait() (and the start call).
 //                      It lies inside the in-flight time.
-//   in flight − blocked is the communication hidden behind computation. A pipeline receive is
-//   waited for as soon as it is posted, so its time (blocked and in flight alike) includes the
-//   neighbour's computation it waits for — the pipeline's wait in the time table, not the wire's.
+//   in flight − blocked is the communication hidden behind computation. An interval enters the
+//   in-flight time when its last request completes: read the statistics with no request open
+//   (the trainer reads them between steps, when every request has been waited for). A pipeline
+//   receive is waited for as soon as it is posted, so its time (blocked and in flight alike)
+//   includes the neighbour's computation it waits for — the pipeline's wait in the time table,
+//   not the wire's.
 //
 // The bf16 wire (Wire::bf16, system.grad_reduce = bf16; only the data-parallel gradient reduction
 // asks for it: all_reduce / iall_reduce / reduce_scatter / ireduce_scatter, sums only). The

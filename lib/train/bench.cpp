@@ -195,7 +195,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
       // The threads the backend runs (system.threads, or as many as it chose: 0 = its own choice).
       {"threads", backend.on_device() ? "-"
                   : std::to_string(backend.threads()) +
-                        (cfg.system.threads ? " (system.threads)" : " (system.threads = 0: chosen)")},
+                        (cfg.system.threads ? " (system.threads)"
+                                            : " (system.threads = 0: the environment's or the "
+                                              "cores')")},
       // bf16: the "sgemm" rows below are the backend's GEMM on bf16 tensors (fp32 accumulation)
       {"backend, precision", backend.name() + ", " + backend.precision()},
       {"backend details", backend.details().empty() ? "-" : backend.details()},
