@@ -78,8 +78,8 @@ void Sampler::sequence(int64_t step, int64_t index, int32_t* out) const {
     const Permutation order(uint64_t(epoch_windows_),
                             hash_combine(mix64(seed_ ^ 0x45504F4348ull), uint64_t(epoch)));
     const int64_t k = int64_t(order(uint64_t(g % epoch_windows_)));  // strided window k
-    const size_t piece = size_t(std::upper_bound(strided_before_.begin(), strided_before_.end(), k) -
-                                strided_before_.begin()) - 1;
+    const auto after = std::upper_bound(strided_before_.begin(), strided_before_.end(), k);
+    const size_t piece = size_t(after - strided_before_.begin()) - 1;
     const int64_t offset = (k - strided_before_[piece]) * seq_len_;
     source_.window(first_window_[piece] + offset, seq_len_ + 1, out);
     return;

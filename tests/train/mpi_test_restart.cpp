@@ -247,7 +247,8 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
     EXPECT_EQ(inspect_checkpoint(newest.string(), stderr, stored_model_datasets), 1);
     std::string msg;
     try {
-      train(MPI_COMM_SELF, own_dir("v2"), {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
+      train(MPI_COMM_SELF, own_dir("v2"),
+            {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
     } catch (const UserError& e) {
       msg = e.what();
     }
