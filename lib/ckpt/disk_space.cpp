@@ -24,22 +24,38 @@ double free_bytes(const std::string& dir) {
   return double(st.f_bavail) * double(st.f_frsize);
 }
 
-std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
-                       double attribute_bytes) {
+double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribute_bytes,
+                             double* data_bytes_out) {
   // The whole file, not only its data: a disk that fills in HDF5's last metadata flush leaves
   // parallel HDF5 1.10 with ranks in different collectives (a hang) or a half-closed file (a
-  // crash at exit, core/error.hpp), so what can be foreseen is refused here. Measured besides
-  // the data: 2.7 to 3.2 KiB a dataset (object header, chunk index, checksums, its link in the
-  // group), a few bytes a chunk; counted: 3.5 KiB a dataset, 64 B a chunk, 16 KiB, the attributes.
-  double data_bytes = 0, datasets = 0, chunks = 0;
+  // crash at exit, core/error.hpp), so what can be foreseen is refused here. HDF5 stores every
+  // chunk whole, a dataset's last ones too (a vocabulary of 50304 rows in chunks of 512 stores
+  // 50688), each with its 4-byte checksum. Measured besides the chunks: 2.7 to 3.2 KiB a dataset
+  // (object header, chunk index, its link in the group, its content digest), a few bytes a
+  // chunk; counted: 3.5 KiB a dataset, 64 B a chunk, 16 KiB, the attributes.
+  double data_bytes = 0, chunk_bytes = 0, datasets = 0, chunks = 0;
   for (const CkptSlab& s : slabs) {
-    double n = 1;
-    for (int64_t d : s.global_shape) n *= double(d);
+    double n = 1, per_chunk = 1, count = 1;
+    const std::vector<int64_t> c = chunk_dims(s.global_shape);
+    for (size_t i = 0; i < s.global_shape.size(); ++i) {
+      n *= double(s.global_shape[i]);
+      if (!c.empty()) {
+        per_chunk *= double(c[i]);
+        count *= std::ceil(double(s.global_shape[i]) / double(c[i]));
+      }
+    }
     data_bytes += 4 * n;
+    if (!c.empty()) chunk_bytes += count * (4 * per_chunk + 4), chunks += count;
     datasets += 1;
-    chunks += std::ceil(n / double(kChunkElems / 2)) + 1;  // chunks hold kChunkElems/2 or more
   }
-  const double file_bytes = data_bytes + 3584 * datasets + 64 * chunks + 16384 + attribute_bytes;
+  if (data_bytes_out) *data_bytes_out = data_bytes;
+  return chunk_bytes + 3584 * datasets + 64 * chunks + 16384 + attribute_bytes;
+}
+
+std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
+                       double attribute_bytes) {
+  double data_bytes = 0;
+  const double file_bytes = checkpoint_file_bytes(slabs, attribute_bytes, &data_bytes);
   // The tests of a disk that fills in the middle of the write (tests/cli/test_full_disk.sh)
   // count the data alone, as if another job took the rest meanwhile.
   const char* data_only = std::getenv("TRELLIS_FAULT_ROOM_FOR_DATA");

@@ -28,15 +28,24 @@ Models with grouped key/value heads (model.kv_heads < model.heads) have no GPT-2
 are refused (exit 2).
 )";
 
-/// The whole dataset model/<name> of an open file, checked against shape (checksums verified).
+/// The whole dataset model/<name> of an open file, checked against shape (checksums and content
+/// digest verified).
 std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamInfo& p) {
   const std::string name = "model/" + p.name;
   H5Id dset;
   std::string err = open_checked(file, name, p.shape, file_size(path), dset);
   std::vector<float> data(size_t(p.global_numel()));
+  bool has_digest = false;
+  uint64_t stored = 0;
+  if (err.empty()) err = read_digest(dset.get(), has_digest, stored);
   if (err.empty() && !data.empty() &&
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
     err = "read failed: " + h5_error();
+  if (err.empty() && has_digest) {
+    const int64_t rows = p.shape[0], cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    const uint64_t computed = digest_rows(data.data(), rows, cols, 0, 0);
+    if (computed != stored) err = digest_mismatch(stored, computed);
+  }
   if (!err.empty()) throw UserError("checkpoint " + path + ": dataset " + name + ": " + err);
   return data;
 }

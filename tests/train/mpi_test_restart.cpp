@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/export_hf.hpp"
 #include "ckpt/stored_config.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -233,9 +234,19 @@ void fill_dataset(const fs::path& file, const char* name, float value) {
   H5Sclose(space), H5Dclose(d), H5Fclose(f);
 }
 
+void remove_digest(const fs::path& file, const char* name) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << file;
+  const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  EXPECT_GE(H5Adelete(d, "content_digest"), 0) << name;
+  H5Dclose(d), H5Fclose(f);
+}
+
 TEST(Restart, ValuesNoRunWritesAreDamage) {
   // Weights or moments that are not finite, or a negative second moment, pass HDF5's checksums
-  // when written with them; no run writes them: inspect reports the file, a resume falls back.
+  // when written with them. The dataset's content digest no longer matches; in a file without
+  // digests (written before them), no run writes such values: inspect reports the file either
+  // way, and a resume falls back.
   const std::string dir = own_dir("values");
   fs::remove_all(dir);
   const std::vector<double> whole = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
@@ -244,19 +255,45 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
            {"model/wte", NAN}, {"optim/m/h.0.ln_1.weight", INFINITY}, {"optim/v/wpe", -1.f}}) {
     SCOPED_TRACE(name);
     fill_dataset(newest, name, value);
-    EXPECT_EQ(inspect_checkpoint(newest.string(), stderr, stored_model_datasets), 1);
-    std::string msg;
-    try {
-      train(MPI_COMM_SELF, own_dir("v2"),
-            {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
-    } catch (const UserError& e) {
-      msg = e.what();
+    for (const bool digest : {true, false}) {
+      if (!digest) remove_digest(newest, name);
+      EXPECT_EQ(inspect_checkpoint(newest.string(), stderr, stored_model_datasets), 1);
+      std::string msg;
+      try {
+        train(MPI_COMM_SELF, own_dir("v2"),
+              {"--parallel.dp=1", "--checkpoint.resume=" + newest.string()});
+      } catch (const UserError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find(digest ? "do not match the content digest" : "(damaged or edited)"),
+                std::string::npos)
+          << msg;
     }
-    EXPECT_NE(msg.find("(damaged or edited)"), std::string::npos) << msg;
     const std::vector<double> resumed = train(MPI_COMM_SELF, dir, {"--parallel.dp=1"});
     ASSERT_EQ(resumed.size(), 5u);  // from step 5: the newest fallen back from
     EXPECT_EQ(resumed[0], whole[5]);
   }
+}
+
+TEST(Restart, ExportRefusesValuesThatDoNotMatchTheirDigest) {
+  const std::string dir = own_dir("export");
+  fs::remove_all(dir);
+  train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5", "--model.kv_heads=4"});
+  const fs::path file = fs::path(dir) / checkpoint_file_name(5);
+  export_hf_gpt2(file.string(), dir + "/hf");  // sound: exports
+  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
+  fill_dataset(file, "model/h.1.attn.c_proj.weight", 0.f);
+  std::string msg;
+  try {
+    export_hf_gpt2(file.string(), dir + "/hf2");
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("dataset model/h.1.attn.c_proj.weight: its values do not match the content "
+                     "digest"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(dir + "/hf2/model.safetensors"));
 }
 
 TEST(Restart, InspectHoldsTheFileToItsStoredModel) {

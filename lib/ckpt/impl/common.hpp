@@ -76,6 +76,11 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
                          double file_bytes, H5Id& out);
 /// Bytes available to this user on the filesystem of dir (-1 if unknown: no check then).
 double free_bytes(const std::string& dir);
+/// The size of a checkpoint file of these slabs at most, counted generously: its chunks (stored
+/// whole, each with its checksum), HDF5's metadata and `attribute_bytes` of attribute text.
+/// `data_bytes` (if given): the values' own bytes.
+double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribute_bytes,
+                             double* data_bytes = nullptr);
 /// "" when the filesystem of `path` has room for a checkpoint file of these slabs (their data,
 /// HDF5's metadata and checksums, and `attribute_bytes` of attribute text, counted generously),
 /// else why not.
@@ -83,6 +88,9 @@ std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& pa
                        double attribute_bytes);
 /// Elements of a dataset chunk at most (1 MiB of float32).
 constexpr int64_t kChunkElems = 256 * 1024;
+/// The chunk shape of a dataset of global shape g (whole rows of up to kChunkElems elements;
+/// a row longer than that, in pieces); empty for a dataset with no elements (not chunked).
+std::vector<int64_t> chunk_dims(const std::vector<int64_t>& g);
 /// err (a failed write of `file`) with the system's reason appended, found by a small test write
 /// next to the file, e.g. "…: No space left on device (12 KiB free in DIR)". "" stays "".
 std::string with_disk_reason(const std::string& err, const std::string& file);
@@ -91,6 +99,24 @@ std::string with_disk_reason(const std::string& err, const std::string& file);
 /// filters only), its stored size within file_bytes and (uncompressed) complete. Fills `shape`.
 /// Returns "" or what is wrong.
 std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_bytes);
+/// This block's part of a dataset's content digest (digest.cpp): `rows` × `cols` values, row-major,
+/// at rows first_row.. and columns first_col.. of the dataset (1-D: one column). Parts of
+/// disjoint blocks add up (mod 2^64) to the digest of their union.
+uint64_t digest_rows(const float* v, int64_t rows, int64_t cols, int64_t first_row,
+                     int64_t first_col);
+/// Stores a dataset's digest as its attribute (collective in parallel HDF5: the same value on
+/// every rank). "" or what failed.
+std::string write_digest(hid_t dset, uint64_t digest);
+/// The dataset's stored digest: `present` false (and "") for a file written before digests; ""
+/// or what is wrong with the attribute.
+std::string read_digest(hid_t dset, bool& present, uint64_t& digest);
+/// What a dataset whose content gives `computed` against its `stored` digest is told.
+std::string digest_mismatch(uint64_t stored, uint64_t computed);
+/// Collective over comm: each dataset that carries a digest is read once over the ranks (rank r
+/// of P its r-th share of the rows) and its digest compared. "" or what is wrong with the first
+/// dataset found wrong on this rank (the caller agrees on it).
+std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
+                           const std::vector<hid_t>& dsets);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.

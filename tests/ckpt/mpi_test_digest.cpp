@@ -1,0 +1,284 @@
+// Content digests of checkpoint datasets (lib/ckpt/digest.cpp), run at np 1, 2 and 4: damage that
+// HDF5's per-chunk Fletcher-32 cannot see (a chunk replaced together with its checksum: zeros,
+// or another chunk of the file) is an error on every rank and for `trellis inspect`; files
+// written before digests still load; writers that do not hold one copy of every value are refused.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/impl/common.hpp"
+#include "core/error.hpp"
+#include "mpi_util.hpp"
+
+namespace trellis {
+namespace {
+
+using trellis::testing::world_rank;
+using trellis::testing::world_size;
+namespace fs = std::filesystem;
+
+constexpr int64_t kRows = 600, kCols = 1000;  // 262 rows a chunk: chunks of 262, 262, 76 rows
+
+float value(int64_t row, int64_t col) { return float((row * 131 + col * 17) % 1021) * 0.25f - 9.f; }
+
+int64_t part(int64_t n, int p, int i) { return n * i / p; }
+
+/// Rows [b, e) × columns [c0, c1) of the test tensor, with their storage.
+struct Block {
+  std::vector<float> data;
+  CkptSlab slab;
+  Block(int64_t b, int64_t e, int64_t c0, int64_t c1, bool fill = true) {
+    data.assign(size_t((e - b) * (c1 - c0)), 0.f);
+    if (fill)
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t c = c0; c < c1; ++c) data[size_t((r - b) * (c1 - c0) + c - c0)] = value(r, c);
+    slab.name = "model/w";
+    slab.global_shape = {kRows, kCols};
+    slab.rows = {{b, e}};
+    slab.col_begin = c0;
+    slab.col_end = c1;
+    slab.data = data.data();
+  }
+  int64_t mismatches() const {
+    int64_t bad = 0;
+    const RowRange& rr = slab.rows[0];
+    const int64_t nc = slab.col_end - slab.col_begin;
+    for (int64_t r = rr.begin; r < rr.end; ++r)
+      for (int64_t c = slab.col_begin; c < slab.col_end; ++c)
+        bad += data[size_t((r - rr.begin) * nc + c - slab.col_begin)] != value(r, c);
+    return bad;
+  }
+};
+
+std::string shared_dir() {
+  std::string dir;
+  if (world_rank() == 0) {
+    char tmpl[] = "/tmp/trellis_digest_XXXXXX";
+    dir = mkdtemp(tmpl) ? tmpl : "";
+  }
+  int64_t n = int64_t(dir.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  dir.resize(size_t(n));
+  MPI_Bcast(dir.data(), int(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return dir;
+}
+
+/// Writes the test tensor split by rows over the ranks; returns the file's path.
+std::string write_rows(const std::string& dir, const std::string& name) {
+  const int r = world_rank(), np = world_size();
+  Block mine(part(kRows, np, r), part(kRows, np, r + 1), 0, kCols);
+  const std::string path = dir + "/" + name;
+  CkptMeta meta;  // what inspect asks of a checkpoint
+  meta.integers["format_version"] = kCheckpointFormat;
+  meta.integers["step"] = 1;
+  write_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
+  return path;
+}
+
+/// Reads the test tensor split by columns (another layout than the writer's); the UserError's
+/// message or "", and the values that differ from the formula (summed over ranks).
+std::string read_columns(const std::string& path, int64_t& wrong) {
+  const int r = world_rank(), np = world_size();
+  Block mine(0, kRows, part(kCols, np, r), part(kCols, np, r + 1), false);
+  CkptMeta meta;
+  std::string msg;
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  int64_t mine_wrong = mine.mismatches();
+  MPI_Allreduce(&mine_wrong, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return msg;
+}
+
+/// Where chunk `index` of model/w lies in the file: its offset and size in bytes.
+bool chunk_place(const std::string& path, hsize_t index, haddr_t& addr, hsize_t& size) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
+  hid_t sp = H5Dget_space(d);
+  hsize_t offset[2];
+  unsigned mask = 0;
+  const bool ok = f >= 0 && d >= 0 && sp >= 0 &&
+                  H5Dget_chunk_info(d, sp, index, offset, &mask, &addr, &size) >= 0;
+  H5Sclose(sp);
+  H5Dclose(d);
+  H5Fclose(f);
+  return ok;
+}
+
+std::vector<char> bytes_at(const std::string& path, haddr_t at, hsize_t n) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> b(n);
+  f.seekg(std::streamoff(at));
+  f.read(b.data(), std::streamsize(n));
+  return f ? b : std::vector<char>{};
+}
+
+bool put_bytes(const std::string& path, haddr_t at, const std::vector<char>& b) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(at));
+  f.write(b.data(), std::streamsize(b.size()));
+  return f.good() && !b.empty();
+}
+
+int inspect_quietly(const std::string& path, std::string* said = nullptr) {
+  char name[] = "/tmp/trellis_inspect_XXXXXX";
+  const int fd = mkstemp(name);
+  std::FILE* out = fdopen(fd, "w+");
+  const int status = inspect_checkpoint(path, out);
+  std::fflush(out);
+  std::rewind(out);
+  std::string text;
+  for (int c; (c = std::fgetc(out)) != EOF;) text += char(c);
+  std::fclose(out);
+  ::unlink(name);
+  if (said) *said = text;
+  return status;
+}
+
+TEST(CkptDigest, PartsOfAnyPartitionAddUpToTheWhole) {
+  std::vector<float> v(size_t(7 * 9));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 5) - 2.f;  // repeated values, zeros
+  const uint64_t whole = ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11);
+  uint64_t by_rows = 0;
+  for (int64_t r = 0; r < 7; ++r) by_rows += ckpt_impl::digest_rows(&v[size_t(r * 9)], 1, 9, 3 + r, 11);
+  EXPECT_EQ(by_rows, whole);
+  uint64_t by_cols = 0;
+  for (int64_t r = 0; r < 7; ++r)
+    for (int64_t c = 0; c < 9; ++c)
+      by_cols += ckpt_impl::digest_rows(&v[size_t(r * 9 + c)], 1, 1, 3 + r, 11 + c);
+  EXPECT_EQ(by_cols, whole);
+  // The same values one row or one column further, or two of them swapped, give another digest.
+  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 4, 11), whole);
+  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 12), whole);
+  std::swap(v[0], v[1]);
+  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11), whole);
+  std::swap(v[0], v[1]);
+  // Zeros in place of a row: another digest too.
+  std::fill(v.begin() + 9, v.begin() + 18, 0.f);
+  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11), whole);
+}
+
+TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
+  const std::string dir = shared_dir();
+  const std::string path = write_rows(dir, "sound.h5");
+  const std::string zeroed = dir + "/zeroed.h5", swapped = dir + "/swapped.h5";
+  int made = 0;
+  if (world_rank() == 0) {
+    haddr_t a0 = 0, a1 = 0;
+    hsize_t n0 = 0, n1 = 0;
+    if (chunk_place(path, 0, a0, n0) && chunk_place(path, 1, a1, n1) && n0 == n1 && n0 > 0) {
+      fs::copy_file(path, zeroed);
+      fs::copy_file(path, swapped);
+      const std::vector<char> c0 = bytes_at(path, a0, n0), c1 = bytes_at(path, a1, n1);
+      made = put_bytes(zeroed, a0, std::vector<char>(n0, 0)) && put_bytes(swapped, a0, c1) &&
+             put_bytes(swapped, a1, c0);
+    }
+  }
+  MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(made);
+
+  int64_t wrong = -1;
+  EXPECT_EQ(read_columns(path, wrong), "");
+  EXPECT_EQ(wrong, 0);
+  for (const std::string& damaged : {zeroed, swapped}) {
+    const std::string msg = read_columns(damaged, wrong);
+    EXPECT_NE(msg.find(damaged), std::string::npos) << msg;
+    EXPECT_NE(msg.find("dataset model/w: its values do not match the content digest"),
+              std::string::npos)
+        << msg;
+  }
+  if (world_rank() == 0) {
+    std::string said;
+    EXPECT_EQ(inspect_quietly(path, &said), 0);
+    EXPECT_NE(said.find("ok (checksums and content digest verified)"), std::string::npos) << said;
+    for (const std::string& damaged : {zeroed, swapped}) {
+      EXPECT_EQ(inspect_quietly(damaged, &said), 1) << damaged;
+      EXPECT_NE(said.find("PROBLEM: its values do not match the content digest"),
+                std::string::npos)
+          << said;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
+  const std::string dir = shared_dir();
+  const std::string path = write_rows(dir, "old.h5");
+  int removed = 0;
+  if (world_rank() == 0) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
+    removed = f >= 0 && d >= 0 && H5Adelete(d, "content_digest") >= 0;
+    H5Dclose(d);
+    removed &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(removed);
+  int64_t wrong = -1;
+  EXPECT_EQ(read_columns(path, wrong), "");
+  EXPECT_EQ(wrong, 0);
+  if (world_rank() == 0) {
+    std::string said;
+    EXPECT_EQ(inspect_quietly(path, &said), 0);
+    EXPECT_NE(said.find("ok (checksums verified; no content digest"), std::string::npos) << said;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+// A bug in how a layout picks its writers would lose values (none writes them) or write some
+// twice: the write fails, on every rank, and leaves nothing behind.
+TEST(CkptDigest, WritersMustHoldOneCopyOfEachValue) {
+  const int r = world_rank(), np = world_size();
+  const std::string dir = shared_dir();
+  // Rows 0..9 held by none; 1 rank: by none either.
+  Block gap(np > 1 ? part(kRows, np, r) + (r == 0 ? 10 : 0) : 10, part(kRows, np, r + 1), 0, kCols);
+  std::string msg;
+  try {
+    write_checkpoint(MPI_COMM_WORLD, dir + "/gap.h5", {gap.slab}, CkptMeta{});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(strfmt("dataset model/w: the ranks hold %lld of its %lld values",
+                            (long long)(kRows - 10) * kCols, (long long)kRows * kCols)),
+            std::string::npos)
+      << msg;
+  // Every rank a writer of the whole tensor (np > 1: twice or more).
+  Block all(0, kRows, 0, kCols);
+  msg.clear();
+  try {
+    write_checkpoint(MPI_COMM_WORLD, dir + "/twice.h5", {all.slab}, CkptMeta{});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  if (np > 1)
+    EXPECT_NE(msg.find(strfmt("the ranks hold %lld of its", (long long)np * kRows * kCols)),
+              std::string::npos)
+        << msg;
+  else
+    EXPECT_EQ(msg, "");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) {
+    EXPECT_FALSE(fs::exists(dir + "/gap.h5"));
+    EXPECT_EQ(fs::exists(dir + "/twice.h5"), np == 1);
+    size_t entries = 0;
+    for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename() != "twice.h5";
+    EXPECT_EQ(entries, 0u);  // no temporary left
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace trellis
