@@ -5,6 +5,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -24,8 +26,7 @@ double free_bytes(const std::string& dir) {
   return double(st.f_bavail) * double(st.f_frsize);
 }
 
-double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribute_bytes,
-                             double* data_bytes_out) {
+FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_bytes) {
   // The whole file, not only its data: a disk that fills in HDF5's last metadata flush leaves
   // parallel HDF5 1.10 with ranks in different collectives (a hang) or a half-closed file (a
   // crash at exit, core/error.hpp), so what can be foreseen is refused here. HDF5 stores every
@@ -33,7 +34,8 @@ double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribut
   // 50688), each with its 4-byte checksum. Measured besides the chunks: 2.7 to 3.2 KiB a dataset
   // (object header, chunk index, its link in the group, its content digest), a few bytes a
   // chunk; counted: 3.5 KiB a dataset, 64 B a chunk, 16 KiB, the attributes.
-  double data_bytes = 0, chunk_bytes = 0, datasets = 0, chunks = 0;
+  FileEstimate e;
+  double datasets = 0, chunks = 0;
   for (const CkptSlab& s : slabs) {
     double n = 1, per_chunk = 1, count = 1;
     const std::vector<int64_t> c = chunk_dims(s.global_shape);
@@ -44,28 +46,74 @@ double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribut
         count *= std::ceil(double(s.global_shape[i]) / double(c[i]));
       }
     }
-    data_bytes += 4 * n;
-    if (!c.empty()) chunk_bytes += count * (4 * per_chunk + 4), chunks += count;
+    e.data_bytes += 4 * n;
+    if (!c.empty()) e.chunk_bytes += count * (4 * per_chunk + 4), chunks += count;
     datasets += 1;
   }
-  if (data_bytes_out) *data_bytes_out = data_bytes;
-  return chunk_bytes + 3584 * datasets + 64 * chunks + 16384 + attribute_bytes;
+  e.metadata_bytes = 3584 * datasets + 64 * chunks + 16384 + attribute_bytes;
+  return e;
+}
+
+bool counting_data_alone() {
+  // The tests of a disk that fills in the middle of the write (tests/cli/test_full_disk.sh)
+  // count the data alone, as if another job took the rest meanwhile.
+  const char* data_only = std::getenv("TRELLIS_FAULT_ROOM_FOR_DATA");
+  return data_only && std::string(data_only) == "1";
 }
 
 std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
                        double attribute_bytes) {
-  double data_bytes = 0;
-  const double file_bytes = checkpoint_file_bytes(slabs, attribute_bytes, &data_bytes);
-  // The tests of a disk that fills in the middle of the write (tests/cli/test_full_disk.sh)
-  // count the data alone, as if another job took the rest meanwhile.
-  const char* data_only = std::getenv("TRELLIS_FAULT_ROOM_FOR_DATA");
-  const double need = data_only && std::string(data_only) == "1" ? data_bytes : file_bytes;
+  // The metadata twice: HDF5 writes most of it while the data goes out, beside the room set
+  // aside for what it writes at the close (MetadataRoom).
+  const FileEstimate e = estimate_file(slabs, attribute_bytes);
+  const double need = counting_data_alone() ? e.data_bytes : e.file_bytes() + e.metadata_bytes;
   const std::string dir = dir_of(path);
   const double avail = free_bytes(dir);
   if (avail < 0 || avail >= need) return {};
   return strfmt("it needs %s (%s of data), only %s free in %s: %s", format_bytes(need).c_str(),
-                format_bytes(data_bytes).c_str(), format_bytes(avail).c_str(), dir.c_str(),
+                format_bytes(e.data_bytes).c_str(), format_bytes(avail).c_str(), dir.c_str(),
                 errno_text(ENOSPC).c_str());
+}
+
+// ---- room for the metadata written at the close ----------------------------------------------
+
+std::string MetadataRoom::take(const std::string& path, double bytes) {
+  if (counting_data_alone()) return {};  // (the tests of a close that fails: nothing set aside)
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return "cannot create " + path + ": " + errno_text(errno);
+  path_ = path;
+  // posix_fallocate allocates the blocks (writing zeros where the filesystem cannot allocate
+  // otherwise): room no other writer can take until release() frees it.
+  const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(std::ceil(bytes)));
+  ::close(fd);
+  if (e != 0)
+    return strfmt("cannot set aside %s for HDF5's metadata (%s): %s (%s free)",
+                  format_bytes(bytes).c_str(), path.c_str(), errno_text(e).c_str(),
+                  format_bytes(std::max(0.0, free_bytes(dir_of(path)))).c_str());
+  return {};
+}
+
+void MetadataRoom::release() {
+  if (path_.empty()) return;
+  // The tests of a disk that another job fills while the data is written
+  // (tests/cli/test_full_disk.sh): full but for 8 KiB when the room is given back.
+  if (const char* fill = std::getenv("TRELLIS_FAULT_FILL_DISK_AT_CLOSE"); fill && *fill == '1')
+    fill_disk_leaving(dir_of(path_), 8192);
+  ::unlink(path_.c_str());
+  path_.clear();
+}
+
+void fill_disk_leaving(const std::string& dir, double keep) {
+  const std::string path = dir + "/.trellis-fault-filler";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  if (fd < 0) return;
+  const std::vector<char> block(64 * 1024, 0);
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  for (const size_t piece : {block.size(), size_t(4096)})  // then the last pages one by one
+    for (ssize_t n; (n = ::write(fd, block.data(), piece)) > 0;) size += n;
+  const int truncated = ::ftruncate(fd, std::max<off_t>(0, size - static_cast<off_t>(keep)));
+  (void)truncated;  // (a test aid: a disk left fuller than asked fails the test that uses it)
+  ::close(fd);
 }
 
 std::string with_disk_reason(const std::string& err, const std::string& file) {

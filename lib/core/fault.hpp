@@ -21,7 +21,11 @@
 // tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
 // timing: a run lasts long enough for tests/cli/test_slurm.sh's stop signal on any machine).
 // TRELLIS_FAULT_ROOM_FOR_DATA=1: the free-space check before a checkpoint counts its data alone,
-// not the whole file, so that tests/cli/test_full_disk.sh can fill the disk in mid-write.
+// not the whole file, and sets no room aside for HDF5's metadata, so that
+// tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
+// TRELLIS_FAULT_FILL_DISK_AT_CLOSE=1: rank 0 fills the checkpoint's filesystem but for 8 KiB (a
+// file .trellis-fault-filler beside it) just before it gives back the room set aside for HDF5's
+// metadata, as another job taking the disk meanwhile would (lib/ckpt/disk_space.cpp).
 #pragma once
 #include <cstdint>
 #include <string_view>

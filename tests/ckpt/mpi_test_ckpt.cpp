@@ -259,12 +259,12 @@ TEST_F(CkptTest, RoundTripInAnotherSplit) {
 TEST_F(CkptTest, FileSizeEstimateCoversTheFile) {
   const CkptIO io = write_standard("size.h5");
   auto w = layout(world_rank(), world_size(), false);
-  double attributes = 0, data = 0;
+  double attributes = 0;
   for (const auto& [name, text] : test_meta().text) attributes += double(name.size() + text.size());
-  const double estimate = ckpt_impl::checkpoint_file_bytes(slabs_of(w), attributes, &data);
-  EXPECT_GE(estimate, io.bytes);
-  EXPECT_LE(estimate, io.bytes + 64 * 1024) << "data " << data;
-  EXPECT_GT(io.bytes - data, 0.6e6);  // (the partial chunks, stored whole)
+  const ckpt_impl::FileEstimate e = ckpt_impl::estimate_file(slabs_of(w), attributes);
+  EXPECT_GE(e.file_bytes(), io.bytes);
+  EXPECT_LE(e.file_bytes(), io.bytes + 64 * 1024) << "data " << e.data_bytes;
+  EXPECT_GT(io.bytes - e.data_bytes, 0.6e6);  // (the partial chunks, stored whole)
 }
 
 TEST_F(CkptTest, ReadableByH5dump) {

@@ -19,6 +19,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+[ -n "${KEEP_WORK:-}" ] && trap - EXIT
 source "$(dirname "$0")/lib/common.sh"
 limit=60
 cat > "$work/full.deck" <<'DECK'
@@ -56,14 +57,30 @@ one=$(stat -c %s "$work/probe/ckpt/step_00000003.h5" 2>/dev/null || echo 0)
 data=$(( $("$build/trellis" inspect "$work/probe/ckpt/step_00000003.h5" | sed -nE 's/.* datasets, ([0-9]+) elements.*/\1/p') * 4 ))
 check_log="$work/probe.log"
 check "a checkpoint of this deck is written (${one} bytes, ${data} bytes of data)" '[ "$one" -gt 0 ] && [ "$data" -gt 0 ]'
+# What the room check asks for one (more than the file: its metadata also set aside until the
+# close), from its refusal on a tmpfs of 64 KiB.
+mount -t tmpfs -o size=64k tmpfs "$small"
+timeout 120 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" --train.steps=3 \
+  --run.dir="$work/probe2" --checkpoint.dir="$small/ckpt" > "$work/probe2.log" 2>&1
+umount "$small"
+need=$(sed -nE 's/.*it needs ([0-9.]+) KiB.*/\1/p' "$work/probe2.log" | head -1)
+need=$(awk -v k="${need:-0}" 'BEGIN { printf "%d", k * 1024 + 1023 }')
+check_log="$work/probe2.log"
+check "the room check asks for ${need} bytes: more than the file" '[ "$need" -gt "$one" ]'
 
-# full_case NAME ROOM_BYTES [RANKS]: checkpoint.dir on a tmpfs with room for the first file and
-# ROOM_BYTES more; the step-6 checkpoint does not fit. RANKS: 2 (dp 2), or 1.
+# full_case NAME ROOM_BYTES [RANKS]: a first job writes the step-3 checkpoint on a tmpfs with room
+# for it; the tmpfs is then shrunk to ROOM_BYTES more than that file, and the job resubmitted: the
+# step-6 checkpoint does not fit. RANKS: 2 (dp 2), or 1.
 full_case() {
   local name=$1 room=$2 np=${3:-2}
   local kib=$(( (one + room) / 1024 ))
-  mount -t tmpfs -o size=${kib}k tmpfs "$small"
-  echo "     $name: checkpoint.dir on a tmpfs of ${kib} KiB"
+  mount -t tmpfs -o size=$(( (need + one) / 1024 ))k tmpfs "$small"
+  timeout 300 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/full.deck" --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" --parallel.dp="$np" --train.steps=3 > "$work/$name.first.log" 2>&1
+  check_log="$work/$name.first.log"
+  check "$name: a first job writes the step-3 checkpoint" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
+  mount -o remount,size=${kib}k "$small"
+  echo "     $name: checkpoint.dir on a tmpfs shrunk to ${kib} KiB"
   check_log="$work/$name.log"
   local start rc elapsed
   start=$(date +%s)
@@ -96,12 +113,52 @@ full_case no-room $(( data / 2 ))
 # Room for the data but not for the whole file: refused before writing too (the file's metadata
 # counted).
 full_case no-room-for-metadata $(( data + 64 * 1024 ))
+# The disk fills while a checkpoint's data is written (another job takes the room), at 2 ranks:
+# the room set aside for HDF5's metadata (TRELLIS_FAULT_FILL_DISK_AT_CLOSE fills the disk but for
+# 8 KiB just before it is given back) lets the file close whole. Without it HDF5 1.10's last
+# metadata flush fails on a full disk and leaves the ranks in different collectives (a hang until
+# system.hang_timeout_s). The next checkpoint is refused for want of room.
+fill_case() {
+  local name=fills-before-close
+  local kib=$(( (2 * one + 256 * 1024) / 1024 )) start rc elapsed
+  mount -t tmpfs -o size=${kib}k tmpfs "$small"
+  echo "     $name: checkpoint.dir on a tmpfs of ${kib} KiB, filled as the step-3 file closes"
+  check_log="$work/$name.log"
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK_AT_CLOSE=1 -np 2 "$build/trellis" \
+    train "$work/full.deck" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
+    > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -iE "error|checkpoint:" "$check_log" | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  check "$name: the step-3 file closed whole on the full disk: latest names it, inspect verifies it" \
+    '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ] &&
+     "$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
+  check "$name: step 6 refused: one message naming step_00000006.h5 and 'No space left on device'" \
+    '[ "$(grep -c "error:.*step_00000006.h5.*No space left on device" "$check_log")" -eq 1 ]'
+  check "$name: no temporary file and no set-aside room left" \
+    '[ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
+  rm -f "$small/ckpt/.trellis-fault-filler"
+  mount -o remount,size=$(( kib * 4 ))k "$small"
+  check_log="$work/$name.resume.log"
+  timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" \
+    --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  check "$name: with room again the job resumes at step 3 and finishes (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "at step 3 " "$check_log" && [ "$(cat "$small/ckpt/latest")" = step_00000010.h5 ]'
+  umount "$small"
+}
+fill_case
+
 # The disk fills in the middle of the HDF5 write, as when another job takes the room meanwhile:
 # the check counts the data alone (TRELLIS_FAULT_ROOM_FOR_DATA).
 flags+=(-x TRELLIS_FAULT_ROOM_FOR_DATA=1)
 full_case fills-up $(( data + 64 * 1024 ))
-# Room for all but the last metadata HDF5 writes as it closes the file, on one rank: its failed
-# close would crash HDF5 1.10 in MPI_Finalize (a segmentation fault, 139); status 2 instead.
+# Room for all but the last metadata HDF5 writes as it closes the file, on one rank (nothing set
+# aside under TRELLIS_FAULT_ROOM_FOR_DATA): its failed close would crash HDF5 1.10 in
+# MPI_Finalize (a segmentation fault, 139); status 2 instead.
 full_case fills-at-close $(( one - 4096 )) 1
 
 echo "fulldisk: $passed passed, $failed failed"

@@ -76,16 +76,40 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
                          double file_bytes, H5Id& out);
 /// Bytes available to this user on the filesystem of dir (-1 if unknown: no check then).
 double free_bytes(const std::string& dir);
-/// The size of a checkpoint file of these slabs at most, counted generously: its chunks (stored
-/// whole, each with its checksum), HDF5's metadata and `attribute_bytes` of attribute text.
-/// `data_bytes` (if given): the values' own bytes.
-double checkpoint_file_bytes(const std::vector<CkptSlab>& slabs, double attribute_bytes,
-                             double* data_bytes = nullptr);
+/// The size of a checkpoint file of these slabs, counted generously: its chunks (stored whole,
+/// each with its checksum), and HDF5's metadata with `attribute_bytes` of attribute text.
+struct FileEstimate {
+  double data_bytes = 0;      // the values' own bytes
+  double chunk_bytes = 0;     // the chunks HDF5 stores for them
+  double metadata_bytes = 0;  // at most, with the attributes
+  double file_bytes() const { return chunk_bytes + metadata_bytes; }
+};
+FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_bytes);
 /// "" when the filesystem of `path` has room for a checkpoint file of these slabs (their data,
 /// HDF5's metadata and checksums, and `attribute_bytes` of attribute text, counted generously),
 /// else why not.
 std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
                        double attribute_bytes);
+/// Room for the metadata HDF5 writes as it closes a checkpoint file, set aside (rank 0) before
+/// the data is written and given back just before the close. A disk that another job fills
+/// meanwhile then fails a data write, where every rank agrees on the failure, and not HDF5
+/// 1.10's last metadata flush, where several ranks would wait in different collectives.
+class MetadataRoom {
+ public:
+  MetadataRoom() = default;
+  MetadataRoom(const MetadataRoom&) = delete;
+  MetadataRoom& operator=(const MetadataRoom&) = delete;
+  ~MetadataRoom() { release(); }
+  /// Allocates `bytes` in a new file `path`; "" or why it cannot (the system's reason).
+  std::string take(const std::string& path, double bytes);
+  /// Removes the file (if taken), freeing its room.
+  void release();
+
+ private:
+  std::string path_;
+};
+/// Test only: fills dir's filesystem but for `keep` bytes (a file .trellis-fault-filler).
+void fill_disk_leaving(const std::string& dir, double keep);
 /// Elements of a dataset chunk at most (1 MiB of float32).
 constexpr int64_t kChunkElems = 256 * 1024;
 /// The chunk shape of a dataset of global shape g (whole rows of up to kChunkElems elements;
