@@ -391,16 +391,20 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
         buf = ubuf.data();
       }
     }
-    // This rank's part of the content digest, and of the count of values, over what it writes.
-    uint64_t part[2] = {0, 0}, whole[2] = {0, 0};
+    // This rank's part of the content digest, of the count of values and of the positions'
+    // coverage sum, over what it writes; summed over the ranks.
+    enum { kDigest, kCount, kCoverage, kSums };
+    uint64_t mine[kSums] = {0, 0, 0}, all[kSums] = {0, 0, 0};
+    const uint64_t key = digest_key(s.name);
     for (int64_t k = 0; k < calls[i]; ++k) {
       const RowRange& r = u.iv[static_cast<size_t>(k)];
       const int64_t nr = r.end - r.begin, ncl = slab_cols(s);
-      part[0] += digest_rows(buf + u.prefix[static_cast<size_t>(k)] * ncl, nr, ncl, r.begin,
-                             s.col_begin);
-      part[1] += uint64_t(nr * ncl);
+      mine[kDigest] += digest_rows(key, buf + u.prefix[static_cast<size_t>(k)] * ncl, nr, ncl,
+                                   r.begin, s.col_begin);
+      mine[kCount] += uint64_t(nr * ncl);
+      mine[kCoverage] += coverage_rows(r.begin, nr, s.col_begin, ncl);
     }
-    MPI_Allreduce(part, whole, 2, MPI_UINT64_T, MPI_SUM, comm);
+    MPI_Allreduce(mine, all, kSums, MPI_UINT64_T, MPI_SUM, comm);
     for (int64_t k = 0; k < max_calls[i]; ++k) {  // every call, even after a failure
       Selection sel;
       const std::string se =
@@ -415,15 +419,17 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
         e = "write: " + h5_error();
     }
     // The writers hold one copy of every value between them (checkpointing.cpp picks them):
-    // anything else is a bug that would lose values or count some twice in the digest.
-    uint64_t values = 1;
-    for (int64_t d : s.global_shape) values *= uint64_t(d);
-    if (whole[1] != values) {
+    // anything else is a bug that would lose values, and make the digest count some twice.
+    const int64_t rows = s.global_shape[0];
+    const int64_t cols = s.global_shape.size() == 2 ? s.global_shape[1] : 1;
+    const uint64_t values = uint64_t(rows) * uint64_t(cols);
+    if (all[kCount] != values || all[kCoverage] != coverage_rows(0, rows, 0, cols)) {
       if (e.empty())
-        e = strfmt("the ranks hold %llu of its %llu values to write (a bug in the layout's "
-                   "writers)", (unsigned long long)whole[1], (unsigned long long)values);
-    } else if (const std::string de = write_digest(dset.get(), whole[0]); !de.empty() && e.empty()) {
-      e = de;  // (collective: every rank writes the same value)
+        e = strfmt("the ranks hold %llu of its %llu values to write%s (a bug in the layout's "
+                   "writers)", (unsigned long long)all[kCount], (unsigned long long)values,
+                   all[kCount] == values ? ", not each of them once" : "");
+    } else if (const std::string de = write_digest(dset.get(), all[kDigest]); !de.empty()) {
+      if (e.empty()) e = de;  // (collective: every rank writes the same value)
     }
     if (!dset.close() && e.empty()) e = "close: " + h5_error();
     e = e.empty() ? e : "dataset " + s.name + ": " + with_disk_reason(e, tmp);
@@ -476,7 +482,12 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
   silence_hdf5();
   const int rank = comm_rank(comm);
   check_slabs(comm, slabs, "write_checkpoint", final_path);
-  const CkptMeta meta = bcast_meta(comm, meta_in);
+  CkptMeta meta = bcast_meta(comm, meta_in);
+  // This writer's own statement (whatever the caller held under its name is replaced): every
+  // dataset carries a digest.
+  meta.text.erase(kDigestsAttribute);
+  meta.reals.erase(kDigestsAttribute);
+  meta.integers[kDigestsAttribute] = 1;
   {
     std::map<std::string, int> seen;
     for (const auto& kv : meta.text) ++seen[kv.first];
@@ -579,6 +590,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
     if (!e.empty()) err = "dataset " + s.name + ": " + e;
   }
   err = agree_error(comm, err);
+  if (err.empty()) err = agree_error(comm, read_attributes(file.get(), meta));
   // Chunks replaced together with their checksums pass HDF5's checks: the content digests see them.
   if (err.empty()) {
     std::vector<std::string> names;
@@ -587,9 +599,8 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
       names.push_back(slabs[i].name);
       ids.push_back(dsets[i].get());
     }
-    err = agree_error(comm, verify_digests(comm, names, ids));
+    err = agree_error(comm, verify_digests(comm, names, ids, digests_required(meta)));
   }
-  if (err.empty()) err = agree_error(comm, read_attributes(file.get(), meta));
   dsets.clear();
   std::string e;
   if (!file.close()) e = "close: " + h5_error();

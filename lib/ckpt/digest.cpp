@@ -7,8 +7,10 @@
 // The digest is a sum over the elements of a hash of (row, column, value bits), modulo 2^64. A sum
 // adds up in any order, so ranks that each hold a part of a dataset — in the layout that wrote it,
 // and in any other that reads it — add their parts with one MPI_SUM. Changing any single element
-// always changes it (the hash is a bijection of the bits at a given position); anything else
-// leaves it unchanged with a chance of about 2^-64.
+// always changes it (the hash is a bijection of the bits at a given position); for anything else
+// the hash's differences are as good as random 64-bit numbers, which sum to zero by chance about
+// once in 2^64. The root attribute `content_digests` = 1 says that every dataset has one, so
+// that a dataset written again without it (or its attribute removed) is damage too.
 #include <hdf5.h>
 #include <mpi.h>
 
@@ -20,6 +22,7 @@
 
 #include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
+#include "core/watchdog.hpp"
 
 namespace trellis::ckpt_impl {
 
@@ -38,26 +41,54 @@ uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
-uint64_t digest_rows(const float* v, int64_t rows, int64_t cols, int64_t first_row,
+uint64_t digest_key(const std::string& name) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a, then mixed
+  for (const unsigned char ch : name) h = (h ^ ch) * 0x100000001B3ull;
+  return mix64(h);
+}
+
+uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
                      int64_t first_col) {
-  // Element (r, c) adds m((w_r + c·K) ^ bits) with w_r = mix64(r) and m(x) = (x ^ x>>29)·M, M
-  // odd: a bijection of the bits for each position, at one multiply an element (a full mix64 an
-  // element would cost three times as much on a checkpoint of billions of values).
-  constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M = 0xD6E8FEB86659FD93ull;
+  // Element (r, c) adds h((w_r + c·K) ^ bits) with w_r = mix64(r ^ key) (the key: the dataset's
+  // name, so that a dataset renamed, or swapped with another of its shape, is damage too) and
+  // h(x) = (y ^ y>>32)·M2 for
+  // y = x·M1 (M1, M2 odd): a bijection of the bits at each position whose high half depends on
+  // every bit, at two multiplies an element (a full mix64 an element would cost half as much
+  // again on a checkpoint of billions of values). A hash linear in the bits would let two
+  // changes cancel: the same bit flipped up in one value and down in another.
+  constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M1 = 0xD6E8FEB86659FD93ull,
+                     M2 = 0xA0761D6478BD642Full;
   uint64_t sum = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = v + r * cols;
-    uint64_t a = mix64(uint64_t(first_row + r) ^ 0x243F6A8885A308D3ull) + uint64_t(first_col) * K;
+    uint64_t a = mix64(uint64_t(first_row + r) ^ key) + uint64_t(first_col) * K;
     uint64_t part = 0;
     for (int64_t c = 0; c < cols; ++c, a += K) {
       uint32_t bits;
       std::memcpy(&bits, row + c, sizeof bits);
-      const uint64_t x = a ^ bits;
-      part += (x ^ (x >> 29)) * M;
+      const uint64_t y = (a ^ bits) * M1;
+      part += (y ^ (y >> 32)) * M2;
     }
     sum += part;
   }
   return sum;
+}
+
+uint64_t coverage_rows(int64_t first_row, int64_t rows, int64_t first_col, int64_t cols) {
+  // Σ over the block's positions of A(r) + B(c) = cols·ΣA(r) + rows·ΣB(c), with A and B random
+  // (mix64 of the index): blocks that hold every position once add up to the whole tensor's sum;
+  // a position held twice and another by none do not (but by a chance of about 2^-64).
+  uint64_t sa = 0, sb = 0;
+  for (int64_t r = first_row; r < first_row + rows; ++r)
+    sa += mix64(uint64_t(r) ^ 0x13198A2E03707344ull);
+  for (int64_t c = first_col; c < first_col + cols; ++c)
+    sb += mix64(uint64_t(c) ^ 0xA4093822299F31D0ull);
+  return uint64_t(cols) * sa + uint64_t(rows) * sb;
+}
+
+bool digests_required(const CkptMeta& meta) {
+  const auto it = meta.integers.find(kDigestsAttribute);
+  return it != meta.integers.end() && it->second != 0;
 }
 
 std::string write_digest(hid_t dset, uint64_t digest) {
@@ -75,14 +106,16 @@ std::string read_digest(hid_t dset, bool& present, uint64_t& digest) {
   present = false;
   const htri_t exists = H5Aexists(dset, kDigestName);
   if (exists < 0) return "its attributes cannot be read: " + h5_error();
-  if (exists == 0) return {};  // a file written before digests (2026-12-06)
+  if (exists == 0) return {};  // a file written before digests (2026-12-06), or damage
   H5Id attr(H5Aopen(dset, kDigestName, H5P_DEFAULT), H5Aclose);
   if (!attr.ok()) return "its content digest cannot be opened: " + h5_error();
   H5Id type(H5Aget_type(attr.get()), H5Tclose);
   H5Id space(H5Aget_space(attr.get()), H5Sclose);
+  // (Unsigned only: HDF5 would clip a negative signed value to 0 on the way to uint64.)
   if (!type.ok() || !space.ok() || H5Tget_class(type.get()) != H5T_INTEGER ||
-      H5Tget_size(type.get()) != 8 || H5Sget_simple_extent_npoints(space.get()) != 1)
-    return "its content digest is not one 64-bit integer (damaged or edited)";
+      H5Tget_size(type.get()) != 8 || H5Tget_sign(type.get()) != H5T_SGN_NONE ||
+      H5Sget_simple_extent_npoints(space.get()) != 1)
+    return "its content digest is not one unsigned 64-bit integer (damaged or edited)";
   if (H5Aread(attr.get(), H5T_NATIVE_UINT64, &digest) < 0)
     return "its content digest cannot be read: " + h5_error();
   present = true;
@@ -95,44 +128,72 @@ std::string digest_mismatch(uint64_t stored, uint64_t computed) {
                 (unsigned long long)stored, (unsigned long long)computed);
 }
 
+std::string missing_digest() {
+  return "no content digest, though the file says each of its datasets has one (damaged or "
+         "edited)";
+}
+
+namespace {
+
+/// Rows a chunk of the dataset spans (1 where it is not chunked).
+hsize_t chunk_rows(hid_t dset) {
+  H5Id dcpl(H5Dget_create_plist(dset), H5Pclose);
+  hsize_t dims[2] = {1, 1};
+  if (!dcpl.ok() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED ||
+      H5Pget_chunk(dcpl.get(), 2, dims) < 1)
+    return 1;
+  return std::max<hsize_t>(dims[0], 1);
+}
+
+/// This rank's part of the digest of one dataset: its share of the chunks' rows, read in blocks
+/// of whole chunks. "" or what failed.
+std::string digest_share(hid_t dset, uint64_t key, int rank, int size, uint64_t& digest) {
+  H5Id space(H5Dget_space(dset), H5Sclose);
+  hsize_t dims[2] = {0, 1};
+  const int nd = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(space.get(), dims, nullptr) != nd)
+    return "dataspace: " + h5_error();
+  const hsize_t row = nd == 2 ? dims[1] : 1;
+  if (row == 0 || dims[0] == 0) return {};
+  // Whole chunks to each rank, so that every chunk is read (and its checksum verified) once over
+  // the ranks: a chunk split between two would be read by both.
+  const hsize_t cr = chunk_rows(dset), chunks = (dims[0] + cr - 1) / cr;
+  const hsize_t r_begin = std::min(dims[0], chunks * hsize_t(rank) / hsize_t(size) * cr),
+                r_end = std::min(dims[0], chunks * hsize_t(rank + 1) / hsize_t(size) * cr);
+  const hsize_t block = std::max<hsize_t>(1, (hsize_t(4) << 20) / row / cr) * cr;  // ≤ 16 MiB
+  std::vector<float> buf;
+  for (hsize_t r0 = r_begin; r0 < r_end; r0 += block) {
+    watchdog_beat("verifying a checkpoint");  // (a long read is progress, not a hang)
+    hsize_t start[2] = {r0, 0}, count[2] = {std::min(block, r_end - r0), row};
+    // (A memory space of the selection's own shape: against a 1-D one HDF5 maps each chunk
+    // element by element, five times slower.)
+    H5Id mem(H5Screate_simple(nd, count, nullptr), H5Sclose);
+    buf.resize(static_cast<size_t>(count[0] * row));
+    if (!mem.ok() ||
+        H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0 ||
+        H5Dread(dset, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, buf.data()) < 0)
+      return "read failed: " + h5_error();
+    digest += digest_rows(key, buf.data(), int64_t(count[0]), int64_t(row), int64_t(r0), 0);
+  }
+  return {};
+}
+
+}  // namespace
+
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
-                           const std::vector<hid_t>& dsets) {
+                           const std::vector<hid_t>& dsets, bool required) {
   const int rank = comm_rank(comm), size = comm_size(comm);
   const size_t n = dsets.size();
   std::vector<uint64_t> stored(n, 0), computed(n, 0);
   std::vector<int> present(n, 0);
   std::string err;
-  std::vector<float> buf;
   for (size_t i = 0; i < n && err.empty(); ++i) {
     bool has = false;
     err = read_digest(dsets[i], has, stored[i]);
+    if (err.empty() && !has && required) err = missing_digest();
     present[i] = has;
-    if (!err.empty() || !has) continue;
-    H5Id space(H5Dget_space(dsets[i]), H5Sclose);
-    hsize_t dims[2] = {0, 1};
-    const int nd = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
-    if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(space.get(), dims, nullptr) != nd) {
-      err = "dataspace: " + h5_error();
-      continue;
-    }
-    // Rank r of P reads its share of the rows: the whole file is read once more over the ranks,
-    // whatever the layout (a rank may hold no part of a tensor, or all of it, as others do).
-    const hsize_t row = nd == 2 ? dims[1] : 1, r_end = dims[0] * hsize_t(rank + 1) / size;
-    const hsize_t block = std::max<hsize_t>(1, (hsize_t(4) << 20) / std::max<hsize_t>(row, 1));
-    for (hsize_t r0 = dims[0] * hsize_t(rank) / size; r0 < r_end && row > 0 && err.empty();
-         r0 += block) {
-      hsize_t start[2] = {r0, 0}, count[2] = {std::min(block, r_end - r0), row};
-      // (A memory space of the selection's own shape: against a 1-D one HDF5 maps each chunk
-      // element by element, five times slower.)
-      H5Id mem(H5Screate_simple(nd, count, nullptr), H5Sclose);
-      buf.resize(static_cast<size_t>(count[0] * row));
-      if (!mem.ok() ||
-          H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0 ||
-          H5Dread(dsets[i], H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, buf.data()) < 0)
-        err = "read failed: " + h5_error();
-      else
-        computed[i] += digest_rows(buf.data(), int64_t(count[0]), int64_t(row), int64_t(r0), 0);
-    }
+    if (err.empty() && has)
+      err = digest_share(dsets[i], digest_key(names[i]), rank, size, computed[i]);
     if (!err.empty()) err = "dataset " + names[i] + ": " + err;
   }
   // Every rank takes part in the sums, failed or not; the caller agrees on the errors.

@@ -32,8 +32,9 @@ FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_
   // crash at exit, core/error.hpp), so what can be foreseen is refused here. HDF5 stores every
   // chunk whole, a dataset's last ones too (a vocabulary of 50304 rows in chunks of 512 stores
   // 50688), each with its 4-byte checksum. Measured besides the chunks: 2.7 to 3.2 KiB a dataset
-  // (object header, chunk index, its link in the group, its content digest), a few bytes a
-  // chunk; counted: 3.5 KiB a dataset, 64 B a chunk, 16 KiB, the attributes.
+  // (object header, chunk index, its link in the group, its content digest), 45 to 47 B a chunk
+  // (HDF5 1.10's chunk index: a B-tree node of 2.6 KiB for each 64, two more at the 65th);
+  // counted: 3.5 KiB a dataset, 128 B a chunk, 16 KiB, the attributes.
   FileEstimate e;
   double datasets = 0, chunks = 0;
   for (const CkptSlab& s : slabs) {
@@ -50,7 +51,7 @@ FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_
     if (!c.empty()) e.chunk_bytes += count * (4 * per_chunk + 4), chunks += count;
     datasets += 1;
   }
-  e.metadata_bytes = 3584 * datasets + 64 * chunks + 16384 + attribute_bytes;
+  e.metadata_bytes = 3584 * datasets + 128 * chunks + 16384 + attribute_bytes;
   return e;
 }
 

@@ -30,7 +30,8 @@ are refused (exit 2).
 
 /// The whole dataset model/<name> of an open file, checked against shape (checksums and content
 /// digest verified).
-std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamInfo& p) {
+std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamInfo& p,
+                               bool digest_required) {
   const std::string name = "model/" + p.name;
   H5Id dset;
   std::string err = open_checked(file, name, p.shape, file_size(path), dset);
@@ -38,12 +39,13 @@ std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamI
   bool has_digest = false;
   uint64_t stored = 0;
   if (err.empty()) err = read_digest(dset.get(), has_digest, stored);
+  if (err.empty() && !has_digest && digest_required) err = missing_digest();
   if (err.empty() && !data.empty() &&
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
     err = "read failed: " + h5_error();
   if (err.empty() && has_digest) {
     const int64_t rows = p.shape[0], cols = p.shape.size() == 2 ? p.shape[1] : 1;
-    const uint64_t computed = digest_rows(data.data(), rows, cols, 0, 0);
+    const uint64_t computed = digest_rows(digest_key(name), data.data(), rows, cols, 0, 0);
     if (computed != stored) err = digest_mismatch(stored, computed);
   }
   if (!err.empty()) throw UserError("checkpoint " + path + ": dataset " + name + ": " + err);
@@ -117,7 +119,7 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
   for (const ParamInfo& p : table.params()) {
     SafeTensor t;
     t.name = "transformer." + p.name + (p.name == "wte" || p.name == "wpe" ? ".weight" : "");
-    t.data = read_tensor(file.get(), path, p);
+    t.data = read_tensor(file.get(), path, p, digests_required(meta));
     t.shape = p.shape;
     // Conv1D: a block's 2-D weight (out, in) → (in, out).
     if (p.layer >= 0 && p.shape.size() == 2) {

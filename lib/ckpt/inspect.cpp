@@ -35,8 +35,8 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* data)
 
 /// Reads a dataset that passed check_dataset fully (HDF5 verifies each chunk's checksum) and
 /// computes its content digest; "" or what is wrong.
-std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t& nonfinite,
-                           int64_t& negative, uint64_t& digest) {
+std::string verify_dataset(hid_t dset, uint64_t key, const std::vector<hsize_t>& dims,
+                           int64_t& nonfinite, int64_t& negative, uint64_t& digest) {
   H5Id space(H5Dget_space(dset), H5Sclose);
   if (!space.ok()) return h5_error();
   const int nd = static_cast<int>(dims.size());  // 1 or 2 (check_dataset)
@@ -62,7 +62,7 @@ std::string verify_dataset(hid_t dset, const std::vector<hsize_t>& dims, int64_t
       return strfmt("rows %llu..%llu: ", (unsigned long long)r0, (unsigned long long)(r0 + nr)) +
              h5_error();
     for (float v : buf) nonfinite += !std::isfinite(v), negative += v < 0;
-    digest += digest_rows(buf.data(), int64_t(nr), int64_t(row), int64_t(r0), 0);
+    digest += digest_rows(key, buf.data(), int64_t(nr), int64_t(row), int64_t(r0), 0);
   }
   return {};
 }
@@ -172,9 +172,10 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
     int64_t nonfinite = 0, negative = 0;
     uint64_t digest = 0, stored_digest = 0;
     bool has_digest = false;
-    if (status.empty()) status = read_digest(dset.get(), has_digest, stored_digest);
     if (status.empty()) {  // the shape is plausible: its product fits
-      status = verify_dataset(dset.get(), dims, nonfinite, negative, digest);
+      status = verify_dataset(dset.get(), digest_key(name), dims, nonfinite, negative, digest);
+      if (status.empty()) status = read_digest(dset.get(), has_digest, stored_digest);
+      if (status.empty() && !has_digest && digests_required(meta)) status = missing_digest();
       if (status.empty() && has_digest && digest != stored_digest)
         status = digest_mismatch(stored_digest, digest);
       int64_t n = 1;

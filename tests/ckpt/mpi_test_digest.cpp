@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -146,27 +147,58 @@ int inspect_quietly(const std::string& path, std::string* said = nullptr) {
   return status;
 }
 
+const uint64_t kKey = ckpt_impl::digest_key("model/x");
+
 TEST(CkptDigest, PartsOfAnyPartitionAddUpToTheWhole) {
   std::vector<float> v(size_t(7 * 9));
   for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 5) - 2.f;  // repeated values, zeros
-  const uint64_t whole = ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11);
+  const uint64_t whole = ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 3, 11);
   uint64_t by_rows = 0;
-  for (int64_t r = 0; r < 7; ++r) by_rows += ckpt_impl::digest_rows(&v[size_t(r * 9)], 1, 9, 3 + r, 11);
+  for (int64_t r = 0; r < 7; ++r)
+    by_rows += ckpt_impl::digest_rows(kKey, &v[size_t(r * 9)], 1, 9, 3 + r, 11);
   EXPECT_EQ(by_rows, whole);
   uint64_t by_cols = 0;
   for (int64_t r = 0; r < 7; ++r)
     for (int64_t c = 0; c < 9; ++c)
-      by_cols += ckpt_impl::digest_rows(&v[size_t(r * 9 + c)], 1, 1, 3 + r, 11 + c);
+      by_cols += ckpt_impl::digest_rows(kKey, &v[size_t(r * 9 + c)], 1, 1, 3 + r, 11 + c);
   EXPECT_EQ(by_cols, whole);
   // The same values one row or one column further, or two of them swapped, give another digest.
-  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 4, 11), whole);
-  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 12), whole);
+  EXPECT_NE(ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 4, 11), whole);
+  EXPECT_NE(ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 3, 12), whole);
   std::swap(v[0], v[1]);
-  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11), whole);
+  EXPECT_NE(ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 3, 11), whole);
   std::swap(v[0], v[1]);
   // Zeros in place of a row: another digest too.
   std::fill(v.begin() + 9, v.begin() + 18, 0.f);
-  EXPECT_NE(ckpt_impl::digest_rows(v.data(), 7, 9, 3, 11), whole);
+  EXPECT_NE(ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 3, 11), whole);
+  EXPECT_EQ(ckpt_impl::digest_rows(kKey, v.data(), 0, 9, 3, 11), 0u);  // (no values)
+  // The same values under another dataset's name (renamed, or swapped with one of its shape).
+  std::fill(v.begin() + 9, v.begin() + 18, 1.f);
+  const uint64_t here = ckpt_impl::digest_rows(kKey, v.data(), 7, 9, 3, 11);
+  EXPECT_NE(ckpt_impl::digest_rows(ckpt_impl::digest_key("model/y"), v.data(), 7, 9, 3, 11), here);
+}
+
+// Two changes must not cancel: the same bit flipped in two values (up in one, down in the other,
+// which a hash linear in the bits sums to zero half the time), in every pair of a block.
+TEST(CkptDigest, TwoFlipsNeverCancel) {
+  std::vector<float> v(size_t(8 * 8));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.37f - 5.f;
+  const uint64_t whole = ckpt_impl::digest_rows(kKey, v.data(), 8, 8, 0, 0);
+  int64_t cancelled = 0, pairs = 0;
+  for (const uint32_t bit : {0u, 10u, 22u, 31u})
+    for (size_t i = 0; i < v.size(); ++i)
+      for (size_t j = i + 1; j < v.size(); ++j) {
+        std::vector<float> w = v;
+        for (const size_t k : {i, j}) {
+          uint32_t b;
+          std::memcpy(&b, &w[k], 4);
+          b ^= 1u << bit;
+          std::memcpy(&w[k], &b, 4);
+        }
+        cancelled += ckpt_impl::digest_rows(kKey, w.data(), 8, 8, 0, 0) == whole;
+        ++pairs;
+      }
+  EXPECT_EQ(cancelled, 0) << "of " << pairs << " pairs";
 }
 
 TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
@@ -213,6 +245,39 @@ TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
   if (world_rank() == 0) fs::remove_all(dir);
 }
 
+// A dataset renamed (or two of one shape swapped by name) passes every checksum; its digest,
+// keyed by its name, does not.
+TEST(CkptDigest, RenamedDatasetIsDamage) {
+  const std::string dir = shared_dir();
+  const std::string path = write_rows(dir, "renamed.h5");
+  int renamed = 0;
+  if (world_rank() == 0) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    renamed = f >= 0 && H5Lmove(f, "model/w", f, "model/v", H5P_DEFAULT, H5P_DEFAULT) >= 0;
+    renamed &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&renamed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(renamed);
+  Block mine(0, kRows, part(kCols, world_size(), world_rank()),
+             part(kCols, world_size(), world_rank() + 1), false);
+  mine.slab.name = "model/v";
+  CkptMeta meta;
+  std::string msg;
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("dataset model/v: its values do not match the content digest"),
+            std::string::npos)
+      << msg;
+  if (world_rank() == 0) {
+    EXPECT_EQ(inspect_quietly(path), 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
 TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
   const std::string dir = shared_dir();
   const std::string path = write_rows(dir, "old.h5");
@@ -226,8 +291,25 @@ TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
   }
   MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ASSERT_TRUE(removed);
+  // The file still says its datasets carry digests: one without is damage.
   int64_t wrong = -1;
-  EXPECT_EQ(read_columns(path, wrong), "");
+  std::string msg = read_columns(path, wrong);
+  EXPECT_NE(msg.find("dataset model/w: no content digest, though the file says"),
+            std::string::npos)
+      << msg;
+  if (world_rank() == 0) {
+    std::string said;
+    EXPECT_EQ(inspect_quietly(path, &said), 1);
+    EXPECT_NE(said.find("PROBLEM: no content digest, though"), std::string::npos) << said;
+    // Without that statement too, as files written before digests are: they load as before.
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    removed = f >= 0 && H5Adelete(f, "content_digests") >= 0;
+    removed &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(removed);
+  msg = read_columns(path, wrong);
+  EXPECT_EQ(msg, "");
   EXPECT_EQ(wrong, 0);
   if (world_rank() == 0) {
     std::string said;
@@ -269,12 +351,31 @@ TEST(CkptDigest, WritersMustHoldOneCopyOfEachValue) {
         << msg;
   else
     EXPECT_EQ(msg, "");
+  // As many values as the tensor has, but the last rank's rows are the first rank's (np > 1):
+  // rows held twice, and rows held by none.
+  const int who = r == np - 1 && np > 1 ? 0 : r;
+  Block shifted(part(kRows, np, who), part(kRows, np, who + 1), 0, kCols);
+  msg.clear();
+  try {
+    write_checkpoint(MPI_COMM_WORLD, dir + "/shifted.h5", {shifted.slab}, CkptMeta{});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  if (np > 1)
+    EXPECT_NE(msg.find(strfmt("the ranks hold %lld of its %lld values to write, not each of "
+                              "them once", (long long)kRows * kCols, (long long)kRows * kCols)),
+              std::string::npos)
+        << msg;
+  else
+    EXPECT_EQ(msg, "");
   MPI_Barrier(MPI_COMM_WORLD);
   if (r == 0) {
     EXPECT_FALSE(fs::exists(dir + "/gap.h5"));
     EXPECT_EQ(fs::exists(dir + "/twice.h5"), np == 1);
+    EXPECT_EQ(fs::exists(dir + "/shifted.h5"), np == 1);
     size_t entries = 0;
-    for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename() != "twice.h5";
+    for (const auto& e : fs::directory_iterator(dir))
+      entries += e.path().filename() != "twice.h5" && e.path().filename() != "shifted.h5";
     EXPECT_EQ(entries, 0u);  // no temporary left
     fs::remove_all(dir);
   }

@@ -123,24 +123,36 @@ std::string with_disk_reason(const std::string& err, const std::string& file);
 /// filters only), its stored size within file_bytes and (uncompressed) complete. Fills `shape`.
 /// Returns "" or what is wrong.
 std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_bytes);
+/// The key of the digest of the dataset `name` (its path in the file, e.g. "model/wte").
+uint64_t digest_key(const std::string& name);
 /// This block's part of a dataset's content digest (digest.cpp): `rows` × `cols` values, row-major,
-/// at rows first_row.. and columns first_col.. of the dataset (1-D: one column). Parts of
-/// disjoint blocks add up (mod 2^64) to the digest of their union.
-uint64_t digest_rows(const float* v, int64_t rows, int64_t cols, int64_t first_row,
+/// at rows first_row.. and columns first_col.. of the dataset (1-D: one column), under the
+/// dataset's key. Parts of disjoint blocks add up (mod 2^64) to the digest of their union.
+uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
                      int64_t first_col);
+/// A block's part of a sum over positions alone: blocks that hold each position of a tensor once
+/// add up to coverage_rows(0, rows, 0, cols) of the whole; duplicates and gaps do not.
+uint64_t coverage_rows(int64_t first_row, int64_t rows, int64_t first_col, int64_t cols);
+/// The root attribute (an integer, 1) of a file whose datasets each carry a content digest.
+constexpr const char* kDigestsAttribute = "content_digests";
+/// True where meta says every dataset carries a digest (a missing one is then damage).
+bool digests_required(const CkptMeta& meta);
 /// Stores a dataset's digest as its attribute (collective in parallel HDF5: the same value on
 /// every rank). "" or what failed.
 std::string write_digest(hid_t dset, uint64_t digest);
-/// The dataset's stored digest: `present` false (and "") for a file written before digests; ""
-/// or what is wrong with the attribute.
+/// The dataset's stored digest: `present` false (and "") where it has none; "" or what is wrong
+/// with the attribute.
 std::string read_digest(hid_t dset, bool& present, uint64_t& digest);
 /// What a dataset whose content gives `computed` against its `stored` digest is told.
 std::string digest_mismatch(uint64_t stored, uint64_t computed);
+/// What a dataset without a digest is told where digests_required.
+std::string missing_digest();
 /// Collective over comm: each dataset that carries a digest is read once over the ranks (rank r
-/// of P its r-th share of the rows) and its digest compared. "" or what is wrong with the first
-/// dataset found wrong on this rank (the caller agrees on it).
+/// of P its r-th share of the chunks) and its digest compared; with `required`, one without is
+/// damage. "" or what is wrong with the first dataset found wrong on this rank (the caller
+/// agrees on it).
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
-                           const std::vector<hid_t>& dsets);
+                           const std::vector<hid_t>& dsets, bool required);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.
