@@ -13,11 +13,14 @@
 // that a dataset written again without it (or its attribute removed) is damage too.
 #include <hdf5.h>
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "ckpt/impl/common.hpp"
@@ -47,15 +50,16 @@ uint64_t digest_key(const std::string& name) {
   return mix64(h);
 }
 
-uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
-                     int64_t first_col) {
+namespace {
+
+uint64_t digest_rows_serial(uint64_t key, const float* v, int64_t rows, int64_t cols,
+                            int64_t first_row, int64_t first_col) {
   // Element (r, c) adds h((w_r + c·K) ^ bits) with w_r = mix64(r ^ key) (the key: the dataset's
   // name, so that a dataset renamed, or swapped with another of its shape, is damage too) and
-  // h(x) = (y ^ y>>32)·M2 for
-  // y = x·M1 (M1, M2 odd): a bijection of the bits at each position whose high half depends on
-  // every bit, at two multiplies an element (a full mix64 an element would cost half as much
-  // again on a checkpoint of billions of values). A hash linear in the bits would let two
-  // changes cancel: the same bit flipped up in one value and down in another.
+  // h(x) = (y ^ y>>32)·M2 for y = x·M1 (M1, M2 odd): a bijection of the bits at each position
+  // whose high half depends on every bit, at two multiplies an element (a full mix64 an element
+  // would cost half as much again on a checkpoint of billions of values). A hash linear in the
+  // bits would let two changes cancel: the same bit flipped up in one value and down in another.
   constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M1 = 0xD6E8FEB86659FD93ull,
                      M2 = 0xA0761D6478BD642Full;
   uint64_t sum = 0;
@@ -71,6 +75,44 @@ uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, i
     }
     sum += part;
   }
+  return sum;
+}
+
+/// Threads for a digest of `values` values: the cores this process may run on (a rank bound to
+/// one core: 1), at most 8, and one for blocks too small to be worth a thread's start (~50 µs).
+int digest_threads(int64_t values) {
+  static const int cores = [] {
+    cpu_set_t mask;
+    return sched_getaffinity(0, sizeof(mask), &mask) == 0 ? std::max(1, CPU_COUNT(&mask)) : 1;
+  }();
+  return values < (int64_t(1) << 20) ? 1 : std::min(cores, 8);
+}
+
+}  // namespace
+
+uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
+                     int64_t first_col) {
+  // A checkpoint's writer digests all it writes (with dp, one rank the whole model) while the
+  // cores are otherwise idle: over threads, its cost stays well under the write's.
+  const int threads = static_cast<int>(std::min<int64_t>(digest_threads(rows * cols), rows));
+  if (threads <= 1) return digest_rows_serial(key, v, rows, cols, first_row, first_col);
+  std::vector<uint64_t> parts(static_cast<size_t>(threads), 0);
+  const auto share = [&parts, threads, key, v, rows, cols, first_row, first_col](int t) {
+    const int64_t r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
+    parts[size_t(t)] =
+        digest_rows_serial(key, v + r0 * cols, r1 - r0, cols, first_row + r0, first_col);
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int t = 1; t < threads; ++t) pool.emplace_back(share, t);
+  } catch (const std::system_error&) {
+    // (no thread to be had: the shares not started are done here)
+  }
+  for (int t = int(pool.size()) + 1; t < threads; ++t) share(t);
+  share(0);
+  uint64_t sum = 0;
+  for (std::thread& th : pool) th.join();
+  for (const uint64_t p : parts) sum += p;
   return sum;
 }
 

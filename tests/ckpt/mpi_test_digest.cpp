@@ -178,6 +178,18 @@ TEST(CkptDigest, PartsOfAnyPartitionAddUpToTheWhole) {
   EXPECT_NE(ckpt_impl::digest_rows(ckpt_impl::digest_key("model/y"), v.data(), 7, 9, 3, 11), here);
 }
 
+// A block of a million values or more is digested over threads (where the process may run on
+// several cores): the same sum as its rows' parts, each too small for a thread.
+TEST(CkptDigest, ThreadedDigestIsTheSumOfItsParts) {
+  const int64_t rows = 1100, cols = 1000;
+  std::vector<float> v(size_t(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 977) * 0.01f - 3.f;
+  uint64_t parts = 0;
+  for (int64_t r = 0; r < rows; r += 100)
+    parts += ckpt_impl::digest_rows(kKey, &v[size_t(r * cols)], 100, cols, 5 + r, 7);
+  EXPECT_EQ(ckpt_impl::digest_rows(kKey, v.data(), rows, cols, 5, 7), parts);
+}
+
 // Two changes must not cancel: the same bit flipped in two values (up in one, down in the other,
 // which a hash linear in the bits sums to zero half the time), in every pair of a block.
 TEST(CkptDigest, TwoFlipsNeverCancel) {
