@@ -107,7 +107,20 @@ run_case tokens_three_formats 1 --data.source=tokens --data.path="$work/shard_*.
 run_case tokens_epochs 1 --data.source=tokens --data.path="$work/shard_*.bin" \
   --model.vocab=300 --data.sampling=epochs  # each shard's windows from its own start
 
-check "h5py example reads the checkpoint" \
-  '"$py" "$repo/scripts/h5py_example.py" "$work/tp2/ckpt/step_00000002.h5" > "$work/h5py.out" 2>&1 && grep -q "h.1.mlp.c_fc.weight" "$work/h5py.out"'
+check "h5py example reads the checkpoint, its content digests computed as Trellis's" \
+  '"$py" "$repo/scripts/h5py_example.py" "$work/tp2/ckpt/step_00000002.h5" > "$work/h5py.out" 2>&1 &&
+   grep -q "h.1.mlp.c_fc.weight" "$work/h5py.out" &&
+   grep -qE "content digests: ([0-9]+) of \1 match$" "$work/h5py.out"'
+# One weight changed through h5py (which writes the chunk's checksum anew): both see it.
+cp "$work/tp2/ckpt/step_00000002.h5" "$work/edited.h5"
+"$py" -c 'import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    w = f["model/h.1.mlp.c_fc.weight"]; w[3, 5] = w[3, 5] + 1.0' "$work/edited.h5"
+"$py" "$repo/scripts/h5py_example.py" "$work/edited.h5" > "$work/h5py.out" 2>&1
+status=$?
+"$build/trellis" inspect "$work/edited.h5" > "$work/edited.inspect" 2>&1
+check "one weight edited through h5py: the example's digest and trellis inspect find it" \
+  '[ $status -eq 1 ] && grep -q "model/h.1.mlp.c_fc.weight do not" "$work/h5py.out" &&
+   grep -q "h.1.mlp.c_fc.weight.*PROBLEM: its values do not match" "$work/edited.inspect"'
 echo "torch: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
