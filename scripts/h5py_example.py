@@ -26,8 +26,8 @@ def mix64(x):
 
 
 def content_digest(name, w):
-    """Sum mod 2^64 over (r, c) of h((mix64(r ^ key) + c*K) ^ bits), h(x) = (y ^ y>>32)*M2 with
-    y = x*M1, and key = mix64(FNV-1a of the dataset's name)."""
+    """Sum mod 2^64 over (r, c) of mix64((mix64(r ^ key) + c*K) ^ bits*S), with key = mix64(FNV-1a
+    of the dataset's name)."""
     key = 0xCBF29CE484222325
     for ch in name.encode():
         key = ((key ^ ch) * 0x100000001B3) & MASK
@@ -39,8 +39,8 @@ def content_digest(name, w):
         for r0 in range(0, w.shape[0], 4096):  # (R, C) blocks of rows: bounded memory
             bits = w[r0:r0 + 4096].view(np.uint32).astype(U64)
             rows = mix64(np.arange(r0, r0 + bits.shape[0], dtype=U64) ^ key)
-            y = ((rows[:, None] + cols[None, :]) ^ bits) * U64(0xD6E8FEB86659FD93)
-            total += ((y ^ (y >> U64(32))) * U64(0xA0761D6478BD642F)).sum(dtype=U64)
+            x = (rows[:, None] + cols[None, :]) ^ (bits * U64(0xD6E8FEB86659FD93))
+            total += mix64(x).sum(dtype=U64)
     return int(total)
 
 with h5py.File(sys.argv[1], "r") as f:

@@ -47,7 +47,8 @@ constexpr double kAgreeOnWriteSeconds = 10;
 /// on errors, so a rank whose collective HDF5 call failed (a full disk seen by the rank that
 /// allocates a dataset) may leave the others inside that call, waiting for it forever; they never
 /// reach this agreement. A failing rank therefore waits for them at most kAgreeOnWriteSeconds;
-/// then it prints the error itself, removes the temporary file and aborts the job with status 2
+/// then it prints the error itself, removes the temporary file (and the room set aside beside it)
+/// and aborts the job with status 2
 /// (mpirun ends every rank). Ranks without an error wait as long as it takes.
 std::string agree_error(MPI_Comm comm, const std::string& err, const std::string& writing) {
   const int size = comm_size(comm);
@@ -65,6 +66,7 @@ std::string agree_error(MPI_Comm comm, const std::string& err, const std::string
                          "are still inside HDF5, waiting for this one: aborting the job)",
                          final_path.c_str(), err.c_str(), comm_rank(comm)));
         ::unlink(writing.c_str());
+        ::unlink((writing + ".room").c_str());  // (rank 0's MetadataRoom: any rank may remove it)
         MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
       }
       ::usleep(1000);

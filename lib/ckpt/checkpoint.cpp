@@ -511,6 +511,16 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
 
   std::string err = write_file(comm, tmp, slabs, meta, metadata_bytes);
   if (err.empty()) err = agree_error(comm, fsync_file(tmp, false), tmp);
+  // Read back before publishing: Open MPI's own MPI-IO (OMPIO) can drop a collective write's
+  // error — a disk filled during the write at 3 ranks or more: neither HDF5 nor this code saw
+  // one — and the file would be published with chunks never written (zeros, their checksums
+  // too). Each rank reads its share of the chunks; every digest must match.
+  if (err.empty()) {
+    std::vector<std::string> names;
+    for (const CkptSlab& s : slabs) names.push_back(s.name);
+    const std::string e = verify_written(comm, tmp, names);
+    if (!e.empty()) err = with_disk_reason("read back after the write: " + e, tmp);
+  }
   if (err.empty()) {
     std::string e;
     if (rank == 0) {

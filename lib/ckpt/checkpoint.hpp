@@ -87,6 +87,9 @@ void publish_latest(const std::string& dir, const std::string& file_name);
 /// rename into place, fsync the directory. A reader sees the old file or the whole new one.
 /// Any failure removes the temporary and throws UserError("cannot write PATH: ...").
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
+/// Removes the *.tmp-* files of dir (checkpoint writes and their set-aside room, cut short by a
+/// kill); returns their names. Only for a job that holds dir's lock. Errors → UserError.
+std::vector<std::string> remove_temporaries(const std::string& dir);
 /// Keeps the newest `keep` step_*.h5 files of dir (by step; keep ≤ 0 keeps all) and the one
 /// `latest` names; removes the others and any stale *.tmp-* files.
 void apply_retention(const std::string& dir, int keep);

@@ -54,14 +54,14 @@ namespace {
 
 uint64_t digest_rows_serial(uint64_t key, const float* v, int64_t rows, int64_t cols,
                             int64_t first_row, int64_t first_col) {
-  // Element (r, c) adds h((w_r + c·K) ^ bits) with w_r = mix64(r ^ key) (the key: the dataset's
-  // name, so that a dataset renamed, or swapped with another of its shape, is damage too) and
-  // h(x) = (y ^ y>>32)·M2 for y = x·M1 (M1, M2 odd): a bijection of the bits at each position
-  // whose high half depends on every bit, at two multiplies an element (a full mix64 an element
-  // would cost half as much again on a checkpoint of billions of values). A hash linear in the
-  // bits would let two changes cancel: the same bit flipped up in one value and down in another.
-  constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M1 = 0xD6E8FEB86659FD93ull,
-                     M2 = 0xA0761D6478BD642Full;
+  // Element (r, c) adds mix64((w_r + c·K) ^ bits·S) with w_r = mix64(r ^ key) (the key: the
+  // dataset's name, so that a dataset renamed, or swapped with another of its shape, is damage
+  // too); S (odd) spreads the value's 32 bits over all 64. A bijection of the bits at each
+  // position. The sum is additive, so each term must be a full hash of its input: ending in a
+  // multiply (linear under the sum) or mixing the bits in only partly let two changes cancel —
+  // the same bit flipped in two values, up in one and down in the other, once in 2^22 to 2^27
+  // pairs (CkptDigest.TwoFlipsNeverCancel searches a million values for such pairs).
+  constexpr uint64_t K = 0x9E3779B97F4A7C15ull, S = 0xD6E8FEB86659FD93ull;
   uint64_t sum = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = v + r * cols;
@@ -70,8 +70,7 @@ uint64_t digest_rows_serial(uint64_t key, const float* v, int64_t rows, int64_t 
     for (int64_t c = 0; c < cols; ++c, a += K) {
       uint32_t bits;
       std::memcpy(&bits, row + c, sizeof bits);
-      const uint64_t y = (a ^ bits) * M1;
-      part += (y ^ (y >> 32)) * M2;
+      part += mix64(a ^ (uint64_t(bits) * S));
     }
     sum += part;
   }
@@ -171,8 +170,7 @@ std::string digest_mismatch(uint64_t stored, uint64_t computed) {
 }
 
 std::string missing_digest() {
-  return "no content digest, though the file says each of its datasets has one (damaged or "
-         "edited)";
+  return "no content digest, though the file's datasets carry them (damaged or edited)";
 }
 
 namespace {
@@ -223,18 +221,24 @@ std::string digest_share(hid_t dset, uint64_t key, int rank, int size, uint64_t&
 }  // namespace
 
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
-                           const std::vector<hid_t>& dsets, bool required) {
+                           const std::vector<hid_t>& dsets, bool required, bool just_written) {
   const int rank = comm_rank(comm), size = comm_size(comm);
   const size_t n = dsets.size();
   std::vector<uint64_t> stored(n, 0), computed(n, 0);
   std::vector<int> present(n, 0);
   std::string err;
+  // A file whose datasets carry digests carries one on each (its root attribute removed or
+  // edited changes nothing): one without is damage.
   for (size_t i = 0; i < n && err.empty(); ++i) {
     bool has = false;
     err = read_digest(dsets[i], has, stored[i]);
-    if (err.empty() && !has && required) err = missing_digest();
     present[i] = has;
-    if (err.empty() && has)
+    required |= has;
+    if (!err.empty()) err = "dataset " + names[i] + ": " + err;
+  }
+  for (size_t i = 0; i < n && err.empty(); ++i) {
+    if (!present[i] && required) err = missing_digest();
+    if (err.empty() && present[i])
       err = digest_share(dsets[i], digest_key(names[i]), rank, size, computed[i]);
     if (!err.empty()) err = "dataset " + names[i] + ": " + err;
   }
@@ -244,7 +248,37 @@ std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
     MPI_Allreduce(computed.data(), total.data(), static_cast<int>(n), MPI_UINT64_T, MPI_SUM, comm);
   for (size_t i = 0; i < n && err.empty(); ++i)
     if (present[i] && total[i] != stored[i])
-      err = "dataset " + names[i] + ": " + digest_mismatch(stored[i], total[i]);
+      err = "dataset " + names[i] + ": " +
+            (just_written ? strfmt("its values read back are not those written (digest %016llx, "
+                                   "read %016llx): a write failed without an error",
+                                   (unsigned long long)stored[i], (unsigned long long)total[i])
+                          : digest_mismatch(stored[i], total[i]));
+  return err;
+}
+
+std::string verify_written(MPI_Comm comm, const std::string& path,
+                           const std::vector<std::string>& names) {
+  H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  std::string err;
+  if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
+    err = "file access properties: " + h5_error();
+  err = agree_error(comm, err);
+  if (!err.empty()) return err;
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.ok()) err = "cannot open it again: " + h5_error();
+  err = agree_error(comm, err);
+  if (!err.empty()) return err;
+  std::vector<H5Id> dsets;
+  std::vector<hid_t> ids;
+  for (const std::string& name : names) {
+    dsets.emplace_back(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dsets.back().ok() && err.empty()) err = "dataset " + name + ": " + h5_error();
+    ids.push_back(dsets.back().get());
+  }
+  err = agree_error(comm, err);
+  if (err.empty()) err = agree_error(comm, verify_digests(comm, names, ids, true, true));
+  dsets.clear();
+  file.close();
   return err;
 }
 

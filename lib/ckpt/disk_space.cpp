@@ -78,6 +78,16 @@ std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& pa
 
 // ---- room for the metadata written at the close ----------------------------------------------
 
+namespace {
+/// The tests of a disk that another job fills while a checkpoint is written
+/// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = data (once the room is set aside,
+/// before the data) or close (when the room is given back); full but for 8 KiB.
+std::string fault_fill_disk() {
+  const char* v = std::getenv("TRELLIS_FAULT_FILL_DISK");
+  return v ? v : "";
+}
+}  // namespace
+
 std::string MetadataRoom::take(const std::string& path, double bytes) {
   if (counting_data_alone()) return {};  // (the tests of a close that fails: nothing set aside)
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -91,15 +101,13 @@ std::string MetadataRoom::take(const std::string& path, double bytes) {
     return strfmt("cannot set aside %s for HDF5's metadata (%s): %s (%s free)",
                   format_bytes(bytes).c_str(), path.c_str(), errno_text(e).c_str(),
                   format_bytes(std::max(0.0, free_bytes(dir_of(path)))).c_str());
+  if (fault_fill_disk() == "data") fill_disk_leaving(dir_of(path_), 8192);
   return {};
 }
 
 void MetadataRoom::release() {
   if (path_.empty()) return;
-  // The tests of a disk that another job fills while the data is written
-  // (tests/cli/test_full_disk.sh): full but for 8 KiB when the room is given back.
-  if (const char* fill = std::getenv("TRELLIS_FAULT_FILL_DISK_AT_CLOSE"); fill && *fill == '1')
-    fill_disk_leaving(dir_of(path_), 8192);
+  if (fault_fill_disk() == "close") fill_disk_leaving(dir_of(path_), 8192);
   ::unlink(path_.c_str());
   path_.clear();
 }
@@ -126,6 +134,7 @@ std::string with_disk_reason(const std::string& err, const std::string& file) {
   int reason = fd < 0 ? errno : 0;
   if (fd >= 0) {
     const std::vector<char> zeros(64 * 1024, 0);
+    errno = 0;  // (a short write leaves it as it was: another call's)
     if (::write(fd, zeros.data(), zeros.size()) != ssize_t(zeros.size()) || ::fsync(fd) != 0)
       reason = errno ? errno : ENOSPC;  // a short write without errno: the disk is full
     ::close(fd);

@@ -116,10 +116,19 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
     throw UserError("checkpoint " + path + ": not a readable HDF5 file: " + h5_error());
   std::vector<SafeTensor> tensors;
   const ParamTable table(m);  // the whole model, global shapes
+  // A file whose datasets carry digests carries one on each, whatever its root attribute says.
+  bool digests = digests_required(meta);
+  for (const ParamInfo& p : table.params()) {
+    const std::string name = "model/" + p.name;
+    digests |= H5Lexists(file.get(), "model", H5P_DEFAULT) > 0 &&
+               H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) > 0 &&
+               H5Aexists_by_name(file.get(), name.c_str(), "content_digest", H5P_DEFAULT) > 0;
+    H5Eclear2(H5E_DEFAULT);
+  }
   for (const ParamInfo& p : table.params()) {
     SafeTensor t;
     t.name = "transformer." + p.name + (p.name == "wte" || p.name == "wpe" ? ".weight" : "");
-    t.data = read_tensor(file.get(), path, p, digests_required(meta));
+    t.data = read_tensor(file.get(), path, p, digests);
     t.shape = p.shape;
     // Conv1D: a block's 2-D weight (out, in) → (in, out).
     if (p.layer >= 0 && p.shape.size() == 2) {

@@ -116,7 +116,23 @@ void publish_latest(const std::string& dir, const std::string& file_name) {
   });
 }
 
+std::vector<std::string> remove_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::string err;
+  for (const std::string& n : list_dir(dir)) {
+    if (n.find(".tmp-") == std::string::npos) continue;
+    const std::string p = dir + "/" + n;
+    if (::unlink(p.c_str()) == 0)
+      removed.push_back(n);
+    else if (errno != ENOENT && err.empty())
+      err = "cannot remove " + p + ": " + errno_text(errno);
+  }
+  if (!err.empty()) throw UserError(err);
+  return removed;
+}
+
 void apply_retention(const std::string& dir, int keep) {
+  remove_temporaries(dir);
   const std::vector<std::string> names = list_dir(dir);
   const std::string latest = read_latest(dir);
   std::string err;
@@ -125,8 +141,6 @@ void apply_retention(const std::string& dir, int keep) {
     if (::unlink(p.c_str()) != 0 && errno != ENOENT && err.empty())
       err = "cannot remove " + p + ": " + errno_text(errno);
   };
-  for (const std::string& n : names)
-    if (n.find(".tmp-") != std::string::npos) remove(n);
   if (keep > 0) {
     const auto steps = step_files(names);
     for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i)

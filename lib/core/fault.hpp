@@ -23,9 +23,10 @@
 // TRELLIS_FAULT_ROOM_FOR_DATA=1: the free-space check before a checkpoint counts its data alone,
 // not the whole file, and sets no room aside for HDF5's metadata, so that
 // tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
-// TRELLIS_FAULT_FILL_DISK_AT_CLOSE=1: rank 0 fills the checkpoint's filesystem but for 8 KiB (a
-// file .trellis-fault-filler beside it) just before it gives back the room set aside for HDF5's
-// metadata, as another job taking the disk meanwhile would (lib/ckpt/disk_space.cpp).
+// TRELLIS_FAULT_FILL_DISK=data|close: rank 0 fills the checkpoint's filesystem but for 8 KiB (a
+// file .trellis-fault-filler beside it) as another job taking the disk meanwhile would: once it
+// has set aside the room for HDF5's metadata, before the data (data), or just before it gives
+// that room back for the close (close) (lib/ckpt/disk_space.cpp).
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -292,12 +292,22 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
 // run's.
 void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
   const bool start_over = step < 0;
-  std::string err, said;
+  std::string err, said, removed;
   int rank = 0;
   MPI_Comm_rank(world_, &rank);
   if (rank == 0) {
     try {
       std::string into, logs_into;
+      // A write cut short by a kill leaves its temporary file and the room set aside for it,
+      // which the room check of this job's first checkpoint would count against it.
+      if (fs::is_directory(cfg_.checkpoint.dir)) {
+        const std::vector<std::string> stale = remove_temporaries(cfg_.checkpoint.dir);
+        if (!stale.empty())
+          removed = strfmt("%s: removed %zu temporary file%s of a checkpoint write cut short "
+                           "(%s%s)", cfg_.checkpoint.dir.c_str(), stale.size(),
+                           stale.size() > 1 ? "s" : "", stale.front().c_str(),
+                           stale.size() > 1 ? ", …" : "");
+      }
       const std::vector<int64_t> steps = set_aside_checkpoints(cfg_.checkpoint.dir, step, into);
       std::vector<std::string> logs;
       if (start_over && logs_too) logs = set_aside_run_files(cfg_.run.dir, logs_into);
@@ -320,6 +330,7 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
   }
   err = agree_on_error(world_, err);
   if (!err.empty()) throw UserError(err);
+  if (!removed.empty()) log(removed);
   if (!said.empty())
     log(std::string(start_over ? "checkpoint.resume = never: starting over; "
                                : strfmt("resumed at step %lld: ", (long long)step)) +

@@ -7,6 +7,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -190,27 +192,37 @@ TEST(CkptDigest, ThreadedDigestIsTheSumOfItsParts) {
   EXPECT_EQ(ckpt_impl::digest_rows(kKey, v.data(), rows, cols, 5, 7), parts);
 }
 
-// Two changes must not cancel: the same bit flipped in two values (up in one, down in the other,
-// which a hash linear in the bits sums to zero half the time), in every pair of a block.
+// Two changes must not cancel: the same bit flipped in two values, up in one and down in the
+// other. Each flip changes the sum by its term's difference d; two cancel where d_j = -d_i. Among
+// the 2^35 pairs of a 512 × 512 block, per bit, a full 64-bit hash leaves none (about 2^-29
+// expected); the linear hashes of the first versions left one in 2^22 to 2^27 pairs.
 TEST(CkptDigest, TwoFlipsNeverCancel) {
-  std::vector<float> v(size_t(8 * 8));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.37f - 5.f;
-  const uint64_t whole = ckpt_impl::digest_rows(kKey, v.data(), 8, 8, 0, 0);
-  int64_t cancelled = 0, pairs = 0;
-  for (const uint32_t bit : {0u, 10u, 22u, 31u})
-    for (size_t i = 0; i < v.size(); ++i)
-      for (size_t j = i + 1; j < v.size(); ++j) {
-        std::vector<float> w = v;
-        for (const size_t k : {i, j}) {
-          uint32_t b;
-          std::memcpy(&b, &w[k], 4);
-          b ^= 1u << bit;
-          std::memcpy(&w[k], &b, 4);
-        }
-        cancelled += ckpt_impl::digest_rows(kKey, w.data(), 8, 8, 0, 0) == whole;
-        ++pairs;
+  const int64_t rows = 512, cols = 512;
+  std::vector<float> v(size_t(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(float(i)) * 0.05f;  // weights' range
+  int64_t cancelling = 0;
+  for (const uint32_t bit : {0u, 10u, 22u, 30u, 31u}) {
+    std::vector<uint64_t> d(v.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float x = v[size_t(r * cols + c)];
+        uint32_t b;
+        std::memcpy(&b, &x, 4);
+        b ^= 1u << bit;
+        float y;
+        std::memcpy(&y, &b, 4);
+        d[size_t(r * cols + c)] = ckpt_impl::digest_rows(kKey, &y, 1, 1, r, c) -
+                                  ckpt_impl::digest_rows(kKey, &x, 1, 1, r, c);
       }
-  EXPECT_EQ(cancelled, 0) << "of " << pairs << " pairs";
+    std::vector<uint64_t> sorted = d;
+    std::sort(sorted.begin(), sorted.end());
+    for (const uint64_t di : d) {
+      const uint64_t want = uint64_t(0) - di;
+      const auto [lo, hi] = std::equal_range(sorted.begin(), sorted.end(), want);
+      cancelling += (hi - lo) - (want == di);  // (not the value with itself)
+    }
+  }
+  EXPECT_EQ(cancelling, 0);
 }
 
 TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
@@ -330,6 +342,47 @@ TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);
+}
+
+// A file whose datasets carry digests carries one on each: one removed is damage, even with the
+// root attribute that says so removed too.
+TEST(CkptDigest, OneDigestMissingAmongOthersIsDamage) {
+  const int r = world_rank(), np = world_size();
+  const std::string dir = shared_dir();
+  Block w(part(kRows, np, r), part(kRows, np, r + 1), 0, kCols), w2 = w;
+  w2.slab.name = "model/w2";
+  w2.slab.data = w2.data.data();
+  const std::string path = dir + "/mixed.h5";
+  CkptMeta meta;
+  meta.integers["format_version"] = kCheckpointFormat;
+  meta.integers["step"] = 1;
+  write_checkpoint(MPI_COMM_WORLD, path, {w.slab, w2.slab}, meta);
+  int removed = 0;
+  if (r == 0) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    removed = f >= 0 && H5Adelete(f, "content_digests") >= 0 &&
+              H5Adelete_by_name(f, "model/w2", "content_digest", H5P_DEFAULT) >= 0;
+    removed &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(removed);
+  Block a(0, kRows, part(kCols, np, r), part(kCols, np, r + 1), false), b = a;
+  b.slab.name = "model/w2";
+  b.slab.data = b.data.data();
+  std::string msg;
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, {a.slab, b.slab}, meta);
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("dataset model/w2: no content digest, though"), std::string::npos) << msg;
+  if (r == 0) {
+    std::string said;
+    EXPECT_EQ(inspect_quietly(path, &said), 1);
+    EXPECT_NE(said.find("PROBLEM: no content digest, though"), std::string::npos) << said;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) fs::remove_all(dir);
 }
 
 // A bug in how a layout picks its writers would lose values (none writes them) or write some

@@ -64,9 +64,13 @@ kill_case() {
     '[ "$(ls "$run/ckpt" | grep -E "^step_[0-9]+\.h5$" | sort | tail -1)" = "$expected" ]'
   check "$name: $expected verifies (trellis inspect)" '"$build/trellis" inspect "$run/ckpt/$expected" > "$work/$name.inspect" 2>&1'
   check_log="$work/$name.resume.log"
+  local stale
+  stale=$(ls "$run/ckpt" | grep -c "\.tmp-")  # a write cut short: its file and set-aside room
   timeout 300 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/kill.deck" --run.dir="$run" "$@" \
     > "$check_log" 2>&1
   rc=$?
+  [ "$stale" -gt 0 ] && check "$name: the resubmitted job removes the $stale temporary files the kill left, first" \
+    'grep -q "removed $stale temporary files\? of a checkpoint write cut short" "$check_log"'
   local step=$((10#$(echo "$expected" | sed -E "s/step_([0-9]+)\.h5/\1/")))
   check "$name: the resubmitted job resumes at step $step and finishes" \
     "[ $rc -eq 0 ] && grep -q 'at step $step ' '$check_log' && grep -q 'done: final loss' '$check_log'"

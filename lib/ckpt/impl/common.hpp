@@ -150,9 +150,15 @@ std::string missing_digest();
 /// Collective over comm: each dataset that carries a digest is read once over the ranks (rank r
 /// of P its r-th share of the chunks) and its digest compared; with `required`, one without is
 /// damage. "" or what is wrong with the first dataset found wrong on this rank (the caller
-/// agrees on it).
+/// agrees on it). `just_written`: the file this job has just written (a mismatch is a write that
+/// failed, not damage).
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
-                           const std::vector<hid_t>& dsets, bool required);
+                           const std::vector<hid_t>& dsets, bool required,
+                           bool just_written = false);
+/// Collective: opens the checkpoint just written at `path` again and checks the digests of its
+/// datasets `names`. "" or what is wrong (agreed).
+std::string verify_written(MPI_Comm comm, const std::string& path,
+                           const std::vector<std::string>& names);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.
