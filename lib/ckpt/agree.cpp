@@ -48,8 +48,8 @@ constexpr double kAgreeOnWriteSeconds = 10;
 /// allocates a dataset) may leave the others inside that call, waiting for it forever; they never
 /// reach this agreement. A failing rank therefore waits for them at most kAgreeOnWriteSeconds;
 /// then it prints the error itself, removes the temporary file (and the room set aside beside it)
-/// and aborts the job with status 2
-/// (mpirun ends every rank). Ranks without an error wait as long as it takes.
+/// and aborts the job with status 2 (mpirun ends every rank). Ranks without an error wait as long
+/// as it takes.
 std::string agree_error(MPI_Comm comm, const std::string& err, const std::string& writing) {
   const int size = comm_size(comm);
   int mine = err.empty() ? size : comm_rank(comm), first = size;

@@ -487,7 +487,7 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
   // dataset carries a digest.
   meta.text.erase(kDigestsAttribute);
   meta.reals.erase(kDigestsAttribute);
-  meta.integers[kDigestsAttribute] = 1;
+  meta.integers[kDigestsAttribute] = kDigestVersion;
   {
     std::map<std::string, int> seen;
     for (const auto& kv : meta.text) ++seen[kv.first];
@@ -518,7 +518,7 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
   if (err.empty()) {
     std::vector<std::string> names;
     for (const CkptSlab& s : slabs) names.push_back(s.name);
-    const std::string e = verify_written(comm, tmp, names);
+    const std::string e = verify_written(comm, tmp, names, meta);
     if (!e.empty()) err = with_disk_reason("read back after the write: " + e, tmp);
   }
   if (err.empty()) {
@@ -609,7 +609,9 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
       names.push_back(slabs[i].name);
       ids.push_back(dsets[i].get());
     }
-    err = agree_error(comm, verify_digests(comm, names, ids, digests_required(meta)));
+    const Digests stated = digests_stated(meta);
+    if (stated != Digests::kOther)
+      err = agree_error(comm, verify_digests(comm, names, ids, stated == Digests::kThese));
   }
   dsets.clear();
   std::string e;

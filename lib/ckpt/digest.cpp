@@ -4,19 +4,22 @@
 // file system's hole after a crash), a chunk of another place or another file, bytes written
 // over a chunk and its checksum alike. The digest sees those.
 //
-// The digest is a sum over the elements of a hash of (row, column, value bits), modulo 2^64. A sum
-// adds up in any order, so ranks that each hold a part of a dataset — in the layout that wrote it,
-// and in any other that reads it — add their parts with one MPI_SUM. Changing any single element
-// always changes it (the hash is a bijection of the bits at a given position); for anything else
-// the hash's differences are as good as random 64-bit numbers, which sum to zero by chance about
-// once in 2^64. The root attribute `content_digests` = 1 says that every dataset has one, so
-// that a dataset written again without it (or its attribute removed) is damage too.
+// The digest is a sum over the elements of a full 64-bit hash of (the dataset's name, row, column,
+// value bits), modulo 2^64. A sum adds up in any order, so ranks that each hold a part of a
+// dataset — in the layout that wrote it, and in any other that reads it — add their parts with
+// one MPI_SUM. Changing any single element always changes it (the hash is a bijection of the bits
+// at a given position); for anything else the hash's differences are as good as random 64-bit
+// numbers, which sum to zero by chance about once in 2^64. The root attribute `content_digests`
+// gives the formula's version (kDigestVersion) and says that every dataset has one; without it,
+// one dataset with a digest says the same of the others. So a dataset written again without one
+// (or its attribute removed) is damage too. Another version's digests are not checked.
 #include <hdf5.h>
 #include <mpi.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -60,7 +63,7 @@ uint64_t digest_rows_serial(uint64_t key, const float* v, int64_t rows, int64_t 
   // position. The sum is additive, so each term must be a full hash of its input: ending in a
   // multiply (linear under the sum) or mixing the bits in only partly let two changes cancel —
   // the same bit flipped in two values, up in one and down in the other, once in 2^22 to 2^27
-  // pairs (CkptDigest.TwoFlipsNeverCancel searches a million values for such pairs).
+  // pairs (CkptDigest.TwoFlipsNeverCancel searches the pairs of 262144 values for them).
   constexpr uint64_t K = 0x9E3779B97F4A7C15ull, S = 0xD6E8FEB86659FD93ull;
   uint64_t sum = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -82,7 +85,18 @@ uint64_t digest_rows_serial(uint64_t key, const float* v, int64_t rows, int64_t 
 int digest_threads(int64_t values) {
   static const int cores = [] {
     cpu_set_t mask;
-    return sched_getaffinity(0, sizeof(mask), &mask) == 0 ? std::max(1, CPU_COUNT(&mask)) : 1;
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return 1;
+    const int mine = std::max(1, CPU_COUNT(&mask));
+    // Unbound (mpirun --bind-to none): this rank's share of the node's cores among the ranks
+    // there, which load and verify at the same time.
+    int local = 1;
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+      if (const char* v = std::getenv(var); v && std::atoi(v) > 0) {
+        local = std::atoi(v);
+        break;
+      }
+    const int node = int(std::thread::hardware_concurrency());
+    return mine >= node && local > 1 ? std::max(1, mine / local) : mine;
   }();
   return values < (int64_t(1) << 20) ? 1 : std::min(cores, 8);
 }
@@ -91,8 +105,8 @@ int digest_threads(int64_t values) {
 
 uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
                      int64_t first_col) {
-  // A checkpoint's writer digests all it writes (with dp, one rank the whole model) while the
-  // cores are otherwise idle: over threads, its cost stays well under the write's.
+  // A checkpoint's writer digests all it writes (with dp, one rank the whole model): over
+  // threads, its cost stays well under the write's.
   const int threads = static_cast<int>(std::min<int64_t>(digest_threads(rows * cols), rows));
   if (threads <= 1) return digest_rows_serial(key, v, rows, cols, first_row, first_col);
   std::vector<uint64_t> parts(static_cast<size_t>(threads), 0);
@@ -102,6 +116,7 @@ uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, i
         digest_rows_serial(key, v + r0 * cols, r1 - r0, cols, first_row + r0, first_col);
   };
   std::vector<std::thread> pool;
+  pool.reserve(size_t(threads - 1));  // (a throw once threads run would end the process)
   try {
     for (int t = 1; t < threads; ++t) pool.emplace_back(share, t);
   } catch (const std::system_error&) {
@@ -127,9 +142,12 @@ uint64_t coverage_rows(int64_t first_row, int64_t rows, int64_t first_col, int64
   return uint64_t(cols) * sa + uint64_t(rows) * sb;
 }
 
-bool digests_required(const CkptMeta& meta) {
+Digests digests_stated(const CkptMeta& meta) {
   const auto it = meta.integers.find(kDigestsAttribute);
-  return it != meta.integers.end() && it->second != 0;
+  if (it != meta.integers.end()) return it->second == kDigestVersion ? Digests::kThese : Digests::kOther;
+  return meta.text.count(kDigestsAttribute) || meta.reals.count(kDigestsAttribute)
+             ? Digests::kOther
+             : Digests::kUnstated;
 }
 
 std::string write_digest(hid_t dset, uint64_t digest) {
@@ -257,7 +275,7 @@ std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
 }
 
 std::string verify_written(MPI_Comm comm, const std::string& path,
-                           const std::vector<std::string>& names) {
+                           const std::vector<std::string>& names, const CkptMeta& written) {
   H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   std::string err;
   if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
@@ -277,6 +295,16 @@ std::string verify_written(MPI_Comm comm, const std::string& path,
   }
   err = agree_error(comm, err);
   if (err.empty()) err = agree_error(comm, verify_digests(comm, names, ids, true, true));
+  // The root attributes too (step, deck, …): a file whose metadata were lost the same way would
+  // be refused by the next load, perhaps after retention pruned the older checkpoints.
+  if (err.empty()) {
+    CkptMeta back;
+    std::string e = read_attributes(file.get(), back);
+    if (e.empty() && (back.text != written.text || back.integers != written.integers ||
+                      back.reals != written.reals))
+      e = "its attributes read back are not those written (a write failed without an error)";
+    err = agree_error(comm, e);
+  }
   dsets.clear();
   file.close();
   return err;

@@ -29,17 +29,17 @@ are refused (exit 2).
 )";
 
 /// The whole dataset model/<name> of an open file, checked against shape (checksums and content
-/// digest verified).
+/// digest verified; `digests`: kThese, each dataset must have one; kOther, none checked).
 std::vector<float> read_tensor(hid_t file, const std::string& path, const ParamInfo& p,
-                               bool digest_required) {
+                               Digests digests) {
   const std::string name = "model/" + p.name;
   H5Id dset;
   std::string err = open_checked(file, name, p.shape, file_size(path), dset);
   std::vector<float> data(size_t(p.global_numel()));
   bool has_digest = false;
   uint64_t stored = 0;
-  if (err.empty()) err = read_digest(dset.get(), has_digest, stored);
-  if (err.empty() && !has_digest && digest_required) err = missing_digest();
+  if (err.empty() && digests != Digests::kOther) err = read_digest(dset.get(), has_digest, stored);
+  if (err.empty() && !has_digest && digests == Digests::kThese) err = missing_digest();
   if (err.empty() && !data.empty() &&
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
     err = "read failed: " + h5_error();
@@ -116,9 +116,11 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
     throw UserError("checkpoint " + path + ": not a readable HDF5 file: " + h5_error());
   std::vector<SafeTensor> tensors;
   const ParamTable table(m);  // the whole model, global shapes
-  // A file whose datasets carry digests carries one on each, whatever its root attribute says.
-  bool digests = digests_required(meta);
+  // A file whose datasets carry digests carries one on each; another version's are not checked.
+  const Digests stated = digests_stated(meta);
+  bool digests = stated == Digests::kThese;
   for (const ParamInfo& p : table.params()) {
+    if (stated == Digests::kOther) break;
     const std::string name = "model/" + p.name;
     digests |= H5Lexists(file.get(), "model", H5P_DEFAULT) > 0 &&
                H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) > 0 &&
@@ -128,7 +130,10 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
   for (const ParamInfo& p : table.params()) {
     SafeTensor t;
     t.name = "transformer." + p.name + (p.name == "wte" || p.name == "wpe" ? ".weight" : "");
-    t.data = read_tensor(file.get(), path, p, digests);
+    t.data = read_tensor(file.get(), path, p,
+                         stated == Digests::kOther ? stated
+                         : digests                 ? Digests::kThese
+                                                   : Digests::kUnstated);
     t.shape = p.shape;
     // Conv1D: a block's 2-D weight (out, in) → (in, out).
     if (p.layer >= 0 && p.shape.size() == 2) {

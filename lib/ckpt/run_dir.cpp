@@ -122,6 +122,8 @@ std::vector<std::string> remove_temporaries(const std::string& dir) {
   for (const std::string& n : list_dir(dir)) {
     if (n.find(".tmp-") == std::string::npos) continue;
     const std::string p = dir + "/" + n;
+    struct stat st;
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // (ours are files)
     if (::unlink(p.c_str()) == 0)
       removed.push_back(n);
     else if (errno != ENOENT && err.empty())
@@ -132,10 +134,14 @@ std::vector<std::string> remove_temporaries(const std::string& dir) {
 }
 
 void apply_retention(const std::string& dir, int keep) {
-  remove_temporaries(dir);
+  std::string err;
+  try {
+    remove_temporaries(dir);
+  } catch (const UserError& e) {
+    err = e.what();  // (said after the pruning, which goes on)
+  }
   const std::vector<std::string> names = list_dir(dir);
   const std::string latest = read_latest(dir);
-  std::string err;
   auto remove = [&](const std::string& n) {
     const std::string p = dir + "/" + n;
     if (::unlink(p.c_str()) != 0 && errno != ENOENT && err.empty())

@@ -318,7 +318,7 @@ TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
   // The file still says its datasets carry digests: one without is damage.
   int64_t wrong = -1;
   std::string msg = read_columns(path, wrong);
-  EXPECT_NE(msg.find("dataset model/w: no content digest, though the file says"),
+  EXPECT_NE(msg.find("dataset model/w: no content digest, though the file's datasets"),
             std::string::npos)
       << msg;
   if (world_rank() == 0) {
@@ -383,6 +383,40 @@ TEST(CkptDigest, OneDigestMissingAmongOthersIsDamage) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (r == 0) fs::remove_all(dir);
+}
+
+// The root attribute gives the digest formula's version: another version's digests (the
+// development builds' 1) are not checked, not taken for damage.
+TEST(CkptDigest, AnotherVersionsDigestsAreNotChecked) {
+  const std::string dir = shared_dir();
+  const std::string path = write_rows(dir, "v1.h5");
+  int edited = 0;
+  if (world_rank() == 0) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t a = H5Aopen(f, "content_digests", H5P_DEFAULT);
+    const int64_t one = 1;
+    edited = f >= 0 && a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &one) >= 0;
+    H5Aclose(a);
+    hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
+    hid_t at = H5Aopen(d, "content_digest", H5P_DEFAULT);
+    const uint64_t other = 12345;  // (a digest of another formula)
+    edited &= d >= 0 && at >= 0 && H5Awrite(at, H5T_NATIVE_UINT64, &other) >= 0;
+    H5Aclose(at), H5Dclose(d);
+    edited &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(edited);
+  int64_t wrong = -1;
+  EXPECT_EQ(read_columns(path, wrong), "");
+  EXPECT_EQ(wrong, 0);
+  if (world_rank() == 0) {
+    std::string said;
+    EXPECT_EQ(inspect_quietly(path, &said), 0);
+    EXPECT_NE(said.find("a content digest of another version, not checked"), std::string::npos)
+        << said;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
 }
 
 // A bug in how a layout picks its writers would lose values (none writes them) or write some

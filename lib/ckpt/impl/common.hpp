@@ -133,10 +133,15 @@ uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, i
 /// A block's part of a sum over positions alone: blocks that hold each position of a tensor once
 /// add up to coverage_rows(0, rows, 0, cols) of the whole; duplicates and gaps do not.
 uint64_t coverage_rows(int64_t first_row, int64_t rows, int64_t first_col, int64_t cols);
-/// The root attribute (an integer, 1) of a file whose datasets each carry a content digest.
+/// The root attribute of a file whose datasets each carry a content digest: the formula's version.
 constexpr const char* kDigestsAttribute = "content_digests";
-/// True where meta says every dataset carries a digest (a missing one is then damage).
-bool digests_required(const CkptMeta& meta);
+/// This build's formula (1: development builds of 2026-12-06, whose files are not checked).
+constexpr int64_t kDigestVersion = 2;
+/// What a file's root attributes say of its digests: nothing (written before digests, or the
+/// attribute lost: one dataset with a digest then requires them of all), this build's version
+/// (every dataset has one), another version (not checked).
+enum class Digests { kUnstated, kThese, kOther };
+Digests digests_stated(const CkptMeta& meta);
 /// Stores a dataset's digest as its attribute (collective in parallel HDF5: the same value on
 /// every rank). "" or what failed.
 std::string write_digest(hid_t dset, uint64_t digest);
@@ -145,20 +150,20 @@ std::string write_digest(hid_t dset, uint64_t digest);
 std::string read_digest(hid_t dset, bool& present, uint64_t& digest);
 /// What a dataset whose content gives `computed` against its `stored` digest is told.
 std::string digest_mismatch(uint64_t stored, uint64_t computed);
-/// What a dataset without a digest is told where digests_required.
+/// What a dataset without a digest is told where the file's others (or its root) have them.
 std::string missing_digest();
 /// Collective over comm: each dataset that carries a digest is read once over the ranks (rank r
-/// of P its r-th share of the chunks) and its digest compared; with `required`, one without is
-/// damage. "" or what is wrong with the first dataset found wrong on this rank (the caller
+/// of P its r-th share of the chunks) and its digest compared; with `required`, or where another
+/// dataset has a digest, one without is damage. "" or what is wrong with the first dataset found wrong on this rank (the caller
 /// agrees on it). `just_written`: the file this job has just written (a mismatch is a write that
 /// failed, not damage).
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
                            const std::vector<hid_t>& dsets, bool required,
                            bool just_written = false);
 /// Collective: opens the checkpoint just written at `path` again and checks the digests of its
-/// datasets `names`. "" or what is wrong (agreed).
+/// datasets `names` and its root attributes against `written`. "" or what is wrong (agreed).
 std::string verify_written(MPI_Comm comm, const std::string& path,
-                           const std::vector<std::string>& names);
+                           const std::vector<std::string>& names, const CkptMeta& written);
 /// Writes meta as attributes of loc; "" on success.
 std::string write_attributes(hid_t loc, const CkptMeta& m);
 /// Reads the root group's attributes into meta; "" on success.
