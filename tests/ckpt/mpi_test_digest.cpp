@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -87,18 +88,35 @@ std::string write_rows(const std::string& dir, const std::string& name) {
   return path;
 }
 
+/// read_checkpoint's UserError message, or "".
+std::string read_error(const std::string& path, const std::vector<CkptSlab>& slabs) {
+  CkptMeta meta;
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, slabs, meta);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+/// Rank 0 edits the file (opened read-write) with `edit`; true on every rank where it succeeded.
+bool edit_file(const std::string& path, const std::function<bool(hid_t)>& edit) {
+  int ok = 0;
+  if (world_rank() == 0) {
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ok = f >= 0 && edit(f);
+    ok &= H5Fclose(f) >= 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok;
+}
+
 /// Reads the test tensor split by columns (another layout than the writer's); the UserError's
 /// message or "", and the values that differ from the formula (summed over ranks).
 std::string read_columns(const std::string& path, int64_t& wrong) {
   const int r = world_rank(), np = world_size();
   Block mine(0, kRows, part(kCols, np, r), part(kCols, np, r + 1), false);
-  CkptMeta meta;
-  std::string msg;
-  try {
-    read_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
-  } catch (const UserError& e) {
-    msg = e.what();
-  }
+  const std::string msg = read_error(path, {mine.slab});
   int64_t mine_wrong = mine.mismatches();
   MPI_Allreduce(&mine_wrong, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   return msg;
@@ -274,24 +292,14 @@ TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
 TEST(CkptDigest, RenamedDatasetIsDamage) {
   const std::string dir = shared_dir();
   const std::string path = write_rows(dir, "renamed.h5");
-  int renamed = 0;
-  if (world_rank() == 0) {
-    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    renamed = f >= 0 && H5Lmove(f, "model/w", f, "model/v", H5P_DEFAULT, H5P_DEFAULT) >= 0;
-    renamed &= H5Fclose(f) >= 0;
-  }
-  MPI_Bcast(&renamed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const bool renamed = edit_file(path, [](hid_t f) {
+    return H5Lmove(f, "model/w", f, "model/v", H5P_DEFAULT, H5P_DEFAULT) >= 0;
+  });
   ASSERT_TRUE(renamed);
   Block mine(0, kRows, part(kCols, world_size(), world_rank()),
              part(kCols, world_size(), world_rank() + 1), false);
   mine.slab.name = "model/v";
-  CkptMeta meta;
-  std::string msg;
-  try {
-    read_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
-  } catch (const UserError& e) {
-    msg = e.what();
-  }
+  const std::string msg = read_error(path, {mine.slab});
   EXPECT_NE(msg.find("dataset model/v: its values do not match the content digest"),
             std::string::npos)
       << msg;
@@ -305,15 +313,12 @@ TEST(CkptDigest, RenamedDatasetIsDamage) {
 TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
   const std::string dir = shared_dir();
   const std::string path = write_rows(dir, "old.h5");
-  int removed = 0;
-  if (world_rank() == 0) {
-    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
-    removed = f >= 0 && d >= 0 && H5Adelete(d, "content_digest") >= 0;
+  bool removed = edit_file(path, [](hid_t f) {
+    const hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
+    const bool ok = d >= 0 && H5Adelete(d, "content_digest") >= 0;
     H5Dclose(d);
-    removed &= H5Fclose(f) >= 0;
-  }
-  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return ok;
+  });
   ASSERT_TRUE(removed);
   // The file still says its datasets carry digests: one without is damage.
   int64_t wrong = -1;
@@ -325,12 +330,9 @@ TEST(CkptDigest, FilesWrittenBeforeDigestsStillLoad) {
     std::string said;
     EXPECT_EQ(inspect_quietly(path, &said), 1);
     EXPECT_NE(said.find("PROBLEM: no content digest, though"), std::string::npos) << said;
-    // Without that statement too, as files written before digests are: they load as before.
-    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    removed = f >= 0 && H5Adelete(f, "content_digests") >= 0;
-    removed &= H5Fclose(f) >= 0;
   }
-  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  // Without that statement too, as files written before digests are: they load as before.
+  removed = edit_file(path, [](hid_t f) { return H5Adelete(f, "content_digests") >= 0; });
   ASSERT_TRUE(removed);
   msg = read_columns(path, wrong);
   EXPECT_EQ(msg, "");
@@ -357,24 +359,15 @@ TEST(CkptDigest, OneDigestMissingAmongOthersIsDamage) {
   meta.integers["format_version"] = kCheckpointFormat;
   meta.integers["step"] = 1;
   write_checkpoint(MPI_COMM_WORLD, path, {w.slab, w2.slab}, meta);
-  int removed = 0;
-  if (r == 0) {
-    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    removed = f >= 0 && H5Adelete(f, "content_digests") >= 0 &&
-              H5Adelete_by_name(f, "model/w2", "content_digest", H5P_DEFAULT) >= 0;
-    removed &= H5Fclose(f) >= 0;
-  }
-  MPI_Bcast(&removed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const bool removed = edit_file(path, [](hid_t f) {
+    return H5Adelete(f, "content_digests") >= 0 &&
+           H5Adelete_by_name(f, "model/w2", "content_digest", H5P_DEFAULT) >= 0;
+  });
   ASSERT_TRUE(removed);
   Block a(0, kRows, part(kCols, np, r), part(kCols, np, r + 1), false), b = a;
   b.slab.name = "model/w2";
   b.slab.data = b.data.data();
-  std::string msg;
-  try {
-    read_checkpoint(MPI_COMM_WORLD, path, {a.slab, b.slab}, meta);
-  } catch (const UserError& e) {
-    msg = e.what();
-  }
+  const std::string msg = read_error(path, {a.slab, b.slab});
   EXPECT_NE(msg.find("dataset model/w2: no content digest, though"), std::string::npos) << msg;
   if (r == 0) {
     std::string said;
@@ -390,21 +383,19 @@ TEST(CkptDigest, OneDigestMissingAmongOthersIsDamage) {
 TEST(CkptDigest, AnotherVersionsDigestsAreNotChecked) {
   const std::string dir = shared_dir();
   const std::string path = write_rows(dir, "v1.h5");
-  int edited = 0;
-  if (world_rank() == 0) {
-    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    hid_t a = H5Aopen(f, "content_digests", H5P_DEFAULT);
+  const bool edited = edit_file(path, [](hid_t f) {
+    const hid_t a = H5Aopen(f, "content_digests", H5P_DEFAULT);
     const int64_t one = 1;
-    edited = f >= 0 && a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &one) >= 0;
+    bool ok = a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &one) >= 0;
     H5Aclose(a);
-    hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
-    hid_t at = H5Aopen(d, "content_digest", H5P_DEFAULT);
+    const hid_t d = H5Dopen2(f, "model/w", H5P_DEFAULT);
+    const hid_t at = H5Aopen(d, "content_digest", H5P_DEFAULT);
     const uint64_t other = 12345;  // (a digest of another formula)
-    edited &= d >= 0 && at >= 0 && H5Awrite(at, H5T_NATIVE_UINT64, &other) >= 0;
-    H5Aclose(at), H5Dclose(d);
-    edited &= H5Fclose(f) >= 0;
-  }
-  MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    ok = ok && d >= 0 && at >= 0 && H5Awrite(at, H5T_NATIVE_UINT64, &other) >= 0;
+    H5Aclose(at);
+    H5Dclose(d);
+    return ok;
+  });
   ASSERT_TRUE(edited);
   int64_t wrong = -1;
   EXPECT_EQ(read_columns(path, wrong), "");
