@@ -312,10 +312,10 @@ std::string open_checked(hid_t file, const std::string& name, const std::vector<
   return {};
 }
 
-/// Writes (collectively) the checkpoint into `tmp`, with `metadata_bytes` set aside for HDF5's
-/// metadata until the close (MetadataRoom); returns the agreed error or "".
+/// Writes (collectively) the checkpoint into `tmp`, with the room of its estimated size taken
+/// before its data (CheckpointRoom); returns the agreed error or "".
 std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<CkptSlab>& slabs,
-                       const CkptMeta& meta, double metadata_bytes) {
+                       const CkptMeta& meta, const FileEstimate& size) {
   H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   std::string err;
   // The 1.8 file format or later: attributes over 64 KiB (a long deck) go to dense storage.
@@ -324,12 +324,15 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
     err = "file access properties: " + h5_error();
   err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
-  MetadataRoom room;
-  if (comm_rank(comm) == 0) err = room.take(tmp + ".room", metadata_bytes);
-  err = agree_error(comm, err);
-  if (!err.empty()) return err;
   H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.ok()) err = with_disk_reason("cannot create " + tmp + ": " + h5_error(), tmp);
+  err = agree_error(comm, err, tmp);
+  if (!err.empty()) return err;
+  // The file's room, before anything of it is written (the metadata counted twice, as the
+  // check before did: some of it HDF5 writes more than once).
+  CheckpointRoom room;
+  if (comm_rank(comm) == 0) err = room.take(tmp, size.file_bytes() + size.metadata_bytes,
+                                            size.metadata_bytes);
   err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
 
@@ -437,11 +440,12 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
   }
   dxpl.close();
   lcpl.close();
-  // Rank 0 gives the room back before it enters the close; the others cannot flush before it
-  // joins them there.
-  room.release();
+  // Rank 0 gives a room beside the file back before it enters the close; the others cannot
+  // flush before it joins them there.
+  room.before_close();
   std::string e;
   if (!file.close()) e = with_disk_reason("closing " + tmp + ": " + h5_error(), tmp);
+  room.after_close();
   e = agree_error(comm, e, tmp);
   // A close that failed (its flush, on a full disk) leaves HDF5 1.10 with a half-destroyed file
   // in its table of open objects, which its own clean-up at MPI_Finalize then crashes on
@@ -503,13 +507,13 @@ CkptIO write_checkpoint(MPI_Comm comm, const std::string& final_path,
   for (const auto& [name, text] : meta.text) attribute_bytes += double(name.size() + text.size());
   const std::string no_room =
       agree_error(comm, rank == 0 ? check_room(slabs, final_path, attribute_bytes) : "");
-  const double metadata_bytes = estimate_file(slabs, attribute_bytes).metadata_bytes;
+  const FileEstimate size = estimate_file(slabs, attribute_bytes);
   if (!no_room.empty()) throw UserError("cannot write checkpoint " + final_path + ": " + no_room);
   std::string tmp;
   if (rank == 0) tmp = final_path + ".tmp-" + random_suffix(::getpid());
   bcast_string(comm, tmp, 0);
 
-  std::string err = write_file(comm, tmp, slabs, meta, metadata_bytes);
+  std::string err = write_file(comm, tmp, slabs, meta, size);
   if (err.empty()) err = agree_error(comm, fsync_file(tmp, false), tmp);
   // Read back before publishing: Open MPI's own MPI-IO (OMPIO) can drop a collective write's
   // error — a disk filled during the write at 3 ranks or more: neither HDF5 nor this code saw

@@ -2,6 +2,7 @@
 // write as "file write failed" without the system's reason; these helpers find it, so that the
 // user reads "No space left on device" (or "Disk quota exceeded", "Read-only file system", …).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -76,40 +77,89 @@ std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& pa
                 errno_text(ENOSPC).c_str());
 }
 
-// ---- room for the metadata written at the close ----------------------------------------------
+// ---- room for the file, taken before its data is written ---------------------------------------
 
 namespace {
 /// The tests of a disk that another job fills while a checkpoint is written
-/// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = data (once the room is set aside,
-/// before the data) or close (when the room is given back); full but for 8 KiB.
+/// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = data (once the room is taken, before
+/// the data) or close (just before the close); full but for 8 KiB.
 std::string fault_fill_disk() {
   const char* v = std::getenv("TRELLIS_FAULT_FILL_DISK");
   return v ? v : "";
 }
+
+/// The tests of a filesystem that cannot allocate past a file's end: TRELLIS_FAULT_NO_FALLOCATE=1.
+bool fault_no_fallocate() {
+  const char* v = std::getenv("TRELLIS_FAULT_NO_FALLOCATE");
+  return v && std::string(v) == "1";
+}
+
+std::string cannot_take(double bytes, const std::string& what, const std::string& path, int err) {
+  return strfmt("cannot set aside %s for %s (%s): %s (%s free)", format_bytes(bytes).c_str(),
+                what.c_str(), path.c_str(), errno_text(err).c_str(),
+                format_bytes(std::max(0.0, free_bytes(dir_of(path)))).c_str());
+}
 }  // namespace
 
-std::string MetadataRoom::take(const std::string& path, double bytes) {
-  if (counting_data_alone()) return {};  // (the tests of a close that fails: nothing set aside)
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return "cannot create " + path + ": " + errno_text(errno);
-  path_ = path;
-  // posix_fallocate allocates the blocks (writing zeros where the filesystem cannot allocate
-  // otherwise): room no other writer can take until release() frees it.
-  const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(std::ceil(bytes)));
+std::string CheckpointRoom::take(const std::string& path, double file_bytes,
+                                 double metadata_bytes) {
+  dir_ = dir_of(path);
+  std::string err;
+  if (!counting_data_alone()) err = allocate(path, file_bytes, metadata_bytes);
+  if (err.empty() && fault_fill_disk() == "data") fill_disk_leaving(dir_, 8192);
+  return err;
+}
+
+std::string CheckpointRoom::allocate(const std::string& path, double file_bytes,
+                                     double metadata_bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  if (fd < 0) return "cannot open " + path + ": " + errno_text(errno);
+  // Blocks past the end, the file's size unchanged: HDF5 sees the file it wrote and nothing
+  // more, and its writes land on blocks already the file's.
+  const off_t len = static_cast<off_t>(std::ceil(file_bytes));
+  int e = EOPNOTSUPP;
+  if (!fault_no_fallocate()) e = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, len) == 0 ? 0 : errno;
   ::close(fd);
-  if (e != 0)
-    return strfmt("cannot set aside %s for HDF5's metadata (%s): %s (%s free)",
-                  format_bytes(bytes).c_str(), path.c_str(), errno_text(e).c_str(),
-                  format_bytes(std::max(0.0, free_bytes(dir_of(path)))).c_str());
-  if (fault_fill_disk() == "data") fill_disk_leaving(dir_of(path_), 8192);
+  if (e == 0) {
+    file_ = path;
+    allocated_ = double(len);
+    return {};
+  }
+  if (e != EOPNOTSUPP && e != ENOSYS) return cannot_take(file_bytes, "the file", path, e);
+  // Not here (some network and parallel filesystems): the metadata's room beside the file;
+  // posix_fallocate writes zeros where the filesystem cannot allocate otherwise.
+  const std::string room = path + ".room";
+  const int rfd = ::open(room.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (rfd < 0) return "cannot create " + room + ": " + errno_text(errno);
+  room_ = room;
+  const int re = ::posix_fallocate(rfd, 0, static_cast<off_t>(std::ceil(metadata_bytes)));
+  ::close(rfd);
+  if (re != 0) return cannot_take(metadata_bytes, "HDF5's metadata", room, re);
   return {};
 }
 
-void MetadataRoom::release() {
-  if (path_.empty()) return;
-  if (fault_fill_disk() == "close") fill_disk_leaving(dir_of(path_), 8192);
-  ::unlink(path_.c_str());
-  path_.clear();
+void CheckpointRoom::before_close() {
+  if (!dir_.empty() && fault_fill_disk() == "close") fill_disk_leaving(dir_, 8192);
+  dir_.clear();
+  if (room_.empty()) return;
+  ::unlink(room_.c_str());
+  room_.clear();
+}
+
+void CheckpointRoom::after_close() {
+  if (file_.empty()) return;
+  const int fd = ::open(file_.c_str(), O_WRONLY);
+  struct stat st;
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && double(st.st_size) < allocated_) {
+    // A truncation to its own size frees blocks past the end on ext4 and tmpfs; a hole punched
+    // there does on XFS (ext4 ignores it). Either failing leaves blocks allocated, no damage.
+    const int truncated = ::ftruncate(fd, st.st_size);
+    const int punched = ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, st.st_size,
+                                    static_cast<off_t>(allocated_) - st.st_size);
+    (void)truncated, (void)punched;
+  }
+  if (fd >= 0) ::close(fd);
+  file_.clear();
 }
 
 void fill_disk_leaving(const std::string& dir, double keep) {

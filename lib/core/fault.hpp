@@ -21,12 +21,14 @@
 // tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
 // timing: a run lasts long enough for tests/cli/test_slurm.sh's stop signal on any machine).
 // TRELLIS_FAULT_ROOM_FOR_DATA=1: the free-space check before a checkpoint counts its data alone,
-// not the whole file, and sets no room aside for HDF5's metadata, so that
+// not the whole file, and takes no room for the file (CheckpointRoom), so that
 // tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
+// TRELLIS_FAULT_NO_FALLOCATE=1: the room is taken as on a filesystem that cannot allocate past a
+// file's end (a file PATH.room beside it, for HDF5's metadata).
 // TRELLIS_FAULT_FILL_DISK=data|close: rank 0 fills the checkpoint's filesystem but for 8 KiB (a
 // file .trellis-fault-filler beside it) as another job taking the disk meanwhile would: once it
-// has set aside the room for HDF5's metadata, before the data (data), or just before it gives
-// that room back for the close (close) (lib/ckpt/disk_space.cpp).
+// has taken the file's room, before the data (data), or just before the close (close)
+// (lib/ckpt/disk_space.cpp).
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -57,8 +57,8 @@ one=$(stat -c %s "$work/probe/ckpt/step_00000003.h5" 2>/dev/null || echo 0)
 data=$(( $("$build/trellis" inspect "$work/probe/ckpt/step_00000003.h5" | sed -nE 's/.* datasets, ([0-9]+) elements.*/\1/p') * 4 ))
 check_log="$work/probe.log"
 check "a checkpoint of this deck is written (${one} bytes, ${data} bytes of data)" '[ "$one" -gt 0 ] && [ "$data" -gt 0 ]'
-# What the room check asks for one (more than the file: its metadata also set aside until the
-# close), from its refusal on a tmpfs of 64 KiB.
+# What the room check asks for one (more than the file: its metadata counted twice), from its
+# refusal on a tmpfs of 64 KiB.
 mount -t tmpfs -o size=64k tmpfs "$small"
 timeout 120 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/full.deck" --train.steps=3 \
   --run.dir="$work/probe2" --checkpoint.dir="$small/ckpt" > "$work/probe2.log" 2>&1
@@ -113,21 +113,26 @@ full_case no-room $(( data / 2 ))
 # Room for the data but not for the whole file: refused before writing too (the file's metadata
 # counted).
 full_case no-room-for-metadata $(( data + 64 * 1024 ))
-# The disk fills while a checkpoint's data is written (another job takes the room), at 2 ranks:
-# the room set aside for HDF5's metadata (TRELLIS_FAULT_FILL_DISK=close fills the disk but for
-# 8 KiB just before it is given back) lets the file close whole. Without it HDF5 1.10's last
-# metadata flush fails on a full disk and leaves the ranks in different collectives (a hang until
-# system.hang_timeout_s). The next checkpoint is refused for want of room.
+# The disk fills as a checkpoint closes (another job takes the room meanwhile), at 2 ranks:
+# TRELLIS_FAULT_FILL_DISK=close fills it but for 8 KiB just before HDF5's close. Without room
+# taken before the data, HDF5 1.10's last metadata flush fails on a full disk and leaves the ranks
+# in different collectives (a hang until system.hang_timeout_s). With it the file closes whole
+# — the room in the file itself (blocks allocated past its end), or where the filesystem cannot
+# allocate there (TRELLIS_FAULT_NO_FALLOCATE) the room for the metadata in a file beside it,
+# removed just before the close. The next checkpoint is refused for want of room.
+# fill_case NAME [ENV=VALUE ...]
 fill_case() {
-  local name=fills-before-close
+  local name=$1 env=() e
+  shift
+  for e in "$@"; do env+=(-x "$e"); done
   local kib=$(( (2 * one + 256 * 1024) / 1024 )) start rc elapsed
   mount -t tmpfs -o size=${kib}k tmpfs "$small"
   echo "     $name: checkpoint.dir on a tmpfs of ${kib} KiB, filled as the step-3 file closes"
   check_log="$work/$name.log"
   start=$(date +%s)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=close -np 2 "$build/trellis" \
-    train "$work/full.deck" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
-    > "$check_log" 2>&1
+  timeout 300 mpirun "${flags[@]}" "${env[@]}" -x TRELLIS_FAULT_FILL_DISK=close -np 2 \
+    "$build/trellis" train "$work/full.deck" --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
   rc=$?
   elapsed=$(( $(date +%s) - start ))
   echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
@@ -138,7 +143,7 @@ fill_case() {
      "$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
   check "$name: step 6 refused: one message naming step_00000006.h5 and 'No space left on device'" \
     '[ "$(grep -c "error:.*step_00000006.h5.*No space left on device" "$check_log")" -eq 1 ]'
-  check "$name: no temporary file and no set-aside room left" \
+  check "$name: no temporary file and no room left" \
     '[ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
   rm -f "$small/ckpt/.trellis-fault-filler"
   mount -o remount,size=$(( kib * 4 ))k "$small"
@@ -150,14 +155,65 @@ fill_case() {
     '[ $rc -eq 0 ] && grep -q "at step 3 " "$check_log" && [ "$(cat "$small/ckpt/latest")" = step_00000010.h5 ]'
   umount "$small"
 }
-fill_case
+fill_case fills-before-close
+fill_case fills-before-close-room-beside TRELLIS_FAULT_NO_FALLOCATE=1
 
-# The disk fills just before the data of a checkpoint is written, at 4 ranks: Open MPI's MPI-IO
-# (OMPIO) drops the collective writes' errors, HDF5 sees none, and the file would be published
-# with chunks never written. The file is read back before it is published (its content digests):
-# status 2, nothing published. A model of 168 MiB files (rows of 300000 values), as small ones
-# can end in HDF5 1.10's hang at the close instead (README, "When things go wrong": "Not yet
-# covered"). Under ROMIO the write's own error ends the job (status 2, another message).
+# The disk fills once the room of a small checkpoint is taken, before its data, at 4 ranks (what
+# once ended in HDF5 1.10's hang at the close, by the watchdog with status 4): the file's blocks
+# are its own before the first write, so the step-6 file is written whole and published; what
+# it did not use of its room is freed (the tmpfs holds the files' bytes, no more). Step 9 is
+# refused for want of room.
+fill_room_case() {
+  local name=fills-after-room start rc elapsed
+  local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
+  mount -t tmpfs -o size=${kib}k tmpfs "$small"
+  timeout 300 mpirun "${flags[@]}" -np 4 "$build/trellis" train "$work/full.deck" --parallel.dp=4 \
+    --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" --train.steps=3 \
+    > "$work/$name.first.log" 2>&1
+  check_log="$work/$name.first.log"
+  check "$name: a first job writes the step-3 checkpoint" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
+  check_log="$work/$name.log"
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=data -np 4 "$build/trellis" train \
+    "$work/full.deck" --parallel.dp=4 --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -E "trellis: error|checkpoint:" "$check_log" | cut -c1-300 | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  check "$name: the step-6 file written on the filled disk: latest names it, inspect verifies it" \
+    '[ "$(cat "$small/ckpt/latest")" = step_00000006.h5 ] &&
+     "$build/trellis" inspect "$small/ckpt/step_00000006.h5" > "$work/$name.inspect"'
+  local files used
+  files=$(cat "$small/ckpt"/step_*.h5 "$small/ckpt/.trellis-fault-filler" | wc -c)
+  used=$(( $(df -B1 --output=used "$small" | tail -1) ))
+  check "$name: the room it did not use was freed: ${used} bytes used on the tmpfs, ${files} in its files" \
+    '[ "$used" -le $(( files + 64 * 1024 )) ]'
+  check "$name: step 9 refused: one message naming step_00000009.h5 and 'No space left on device'" \
+    '[ "$(grep -c "error:.*step_00000009.h5.*No space left on device" "$check_log")" -eq 1 ]'
+  check "$name: no temporary file left" \
+    '[ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 step_00000006.h5 " ]'
+  rm -f "$small/ckpt/.trellis-fault-filler"
+  mount -o remount,size=$(( kib * 4 ))k "$small"
+  check_log="$work/$name.resume.log"
+  timeout 300 mpirun "${flags[@]}" -np 4 "$build/trellis" train "$work/full.deck" --parallel.dp=4 \
+    --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  check "$name: with room again the job resumes at step 6 and finishes (exit $rc)" \
+    '[ $rc -eq 0 ] && grep -q "at step 6 " "$check_log" && [ "$(cat "$small/ckpt/latest")" = step_00000010.h5 ]'
+  umount "$small"
+}
+fill_room_case
+
+# The disk fills just before the data of a checkpoint is written, on a filesystem that cannot
+# allocate the file's room in it (TRELLIS_FAULT_NO_FALLOCATE: the metadata's room alone, beside
+# it), at 4 ranks: Open MPI's MPI-IO (OMPIO) drops the collective writes' errors, HDF5 sees none,
+# the close succeeds on the metadata's room, and the file would be published with chunks never
+# written. The file is read back before it is published (its content
+# digests): status 2, nothing published. A model of 168 MiB files (rows of 300000 values), as
+# small ones can end in HDF5 1.10's hang at the close instead (README, "When things go wrong").
+# Under ROMIO the write's own error ends the job (status 2, another message).
 fill_data_case() {
   local name=fills-before-data big=(--model.d_model=8 --model.heads=8 --model.d_ff=300000)
   local start rc elapsed
@@ -169,8 +225,8 @@ fill_data_case() {
   check "$name: a first job writes the step-3 checkpoint" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
   check_log="$work/$name.log"
   start=$(date +%s)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=data -np 4 "$build/trellis" train \
-    "$work/full.deck" --parallel.dp=4 "${big[@]}" --run.dir="$work/run-$name" \
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=data -x TRELLIS_FAULT_NO_FALLOCATE=1 \
+    -np 4 "$build/trellis" train "$work/full.deck" --parallel.dp=4 "${big[@]}" --run.dir="$work/run-$name" \
     --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
   rc=$?
   elapsed=$(( $(date +%s) - start ))
@@ -197,8 +253,8 @@ fill_data_case
 # the check counts the data alone (TRELLIS_FAULT_ROOM_FOR_DATA).
 flags+=(-x TRELLIS_FAULT_ROOM_FOR_DATA=1)
 full_case fills-up $(( data + 64 * 1024 ))
-# Room for all but the last metadata HDF5 writes as it closes the file, on one rank (nothing set
-# aside under TRELLIS_FAULT_ROOM_FOR_DATA): its failed close would crash HDF5 1.10 in
+# Room for all but the last metadata HDF5 writes as it closes the file, on one rank (no room
+# taken under TRELLIS_FAULT_ROOM_FOR_DATA): its failed close would crash HDF5 1.10 in
 # MPI_Finalize (a segmentation fault, 139); status 2 instead.
 full_case fills-at-close $(( one - 4096 )) 1
 

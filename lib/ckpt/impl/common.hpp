@@ -90,23 +90,38 @@ FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_
 /// else why not.
 std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
                        double attribute_bytes);
-/// Room for the metadata HDF5 writes as it closes a checkpoint file, set aside (rank 0) before
-/// the data is written and given back just before the close. A disk that another job fills
-/// meanwhile then fails a data write, where every rank agrees on the failure, and not HDF5
-/// 1.10's last metadata flush, where several ranks would wait in different collectives.
-class MetadataRoom {
+/// Room on disk for a checkpoint file being written, taken by rank 0 once the file exists and
+/// before any of its data is written, so that a disk another job fills meanwhile fails neither a
+/// data write (Open MPI's OMPIO can drop that error) nor HDF5 1.10's metadata flush at the close
+/// (where ranks are left waiting in different collectives: a hang). Where the filesystem
+/// allocates blocks past a file's end (fallocate with FALLOC_FL_KEEP_SIZE: ext4, XFS, Btrfs,
+/// tmpfs), the file's whole estimated size is allocated in the file itself and what it did not
+/// use is freed after the close; elsewhere the room for the metadata alone is allocated in a file
+/// beside it (PATH.room) and removed just before the close, as the data's own writes fail (and
+/// are agreed on) before it.
+class CheckpointRoom {
  public:
-  MetadataRoom() = default;
-  MetadataRoom(const MetadataRoom&) = delete;
-  MetadataRoom& operator=(const MetadataRoom&) = delete;
-  ~MetadataRoom() { release(); }
-  /// Allocates `bytes` in a new file `path`; "" or why it cannot (the system's reason).
-  std::string take(const std::string& path, double bytes);
-  /// Removes the file (if taken), freeing its room.
-  void release();
+  CheckpointRoom() = default;
+  CheckpointRoom(const CheckpointRoom&) = delete;
+  CheckpointRoom& operator=(const CheckpointRoom&) = delete;
+  ~CheckpointRoom() {
+    before_close();
+    after_close();
+  }
+  /// Allocates room for the file `path` (created, empty or nearly): `file_bytes` in the file,
+  /// or else `metadata_bytes` in PATH.room. "" or why it cannot (the system's reason).
+  std::string take(const std::string& path, double file_bytes, double metadata_bytes);
+  /// Removes PATH.room (if taken), freeing its room for the close.
+  void before_close();
+  /// Frees the blocks allocated past the end of the closed file (if any).
+  void after_close();
 
  private:
-  std::string path_;
+  std::string allocate(const std::string& path, double file_bytes, double metadata_bytes);
+  std::string dir_;   // the file's directory, from take() to before_close()
+  std::string file_;  // the checkpoint file, with blocks allocated past its end
+  double allocated_ = 0;
+  std::string room_;  // PATH.room, where the file's own could not be allocated
 };
 /// Test only: fills dir's filesystem but for `keep` bytes (a file .trellis-fault-filler).
 void fill_disk_leaving(const std::string& dir, double keep);
