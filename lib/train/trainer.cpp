@@ -114,9 +114,10 @@ Trainer::~Trainer() {
   tp_grads_.reset();
 }
 
-// RUN/metrics.csv, one row per step. The *_ms breakdown is the average over ranks of where each
-// rank's step went (it sums to the average step time); mem_peak_* are the min and max over ranks
-// of the bytes allocated at the high-water mark so far.
+// RUN/metrics.csv, one row per step. step_ms (and with it tokens_per_s and mfu) is the slowest
+// rank's step; the *_ms breakdown is the average over ranks of where each rank's step went (it
+// sums to the average step time); mem_peak_* are the min and max over ranks of the bytes
+// allocated at the high-water mark so far.
 static const std::vector<std::string> kMetricsColumns = {
     "step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu",
     "compute_ms", "comm_dp_ms", "comm_tp_ms", "comm_pp_ms", "bubble_ms",

@@ -98,31 +98,33 @@ void Trainer::print_start() const {
 }
 
 void Trainer::log_step(const StepResult& r) {
-  const double tok_s = tokens_per_step() / r.seconds;
-  const double gflops = train_flops_per_token(cfg_.model) * tok_s / 1e9;
-  const double peak = cfg_.system.peak_gflops * size_;
-  const std::string mfu = peak > 0 ? strfmt("%.6f", gflops / peak) : "";
-  // The step's breakdown averaged over the ranks, and the memory high-water mark's spread: one
-  // small reduction per step (every rank calls log_step).
+  // The step's breakdown averaged over the ranks, the memory high-water mark's spread and the
+  // slowest rank's step time (the job's: the next step waits for it): one small reduction each
+  // per step (every rank calls log_step).
   double parts[5] = {r.compute, r.comm_dp, r.comm_tp, r.comm_pp, r.bubble};
   MPI_Allreduce(MPI_IN_PLACE, parts, 5, MPI_DOUBLE, MPI_SUM, comm_);
   const double mem = double(memory_stats().total_peak);
-  double mem_minmax[2] = {-mem, mem};
-  MPI_Allreduce(MPI_IN_PLACE, mem_minmax, 2, MPI_DOUBLE, MPI_MAX, comm_);
+  double most[3] = {-mem, mem, r.seconds};  // (-min, max, max)
+  MPI_Allreduce(MPI_IN_PLACE, most, 3, MPI_DOUBLE, MPI_MAX, comm_);
+  const double seconds = most[2];
+  const double tok_s = tokens_per_step() / seconds;
+  const double gflops = train_flops_per_token(cfg_.model) * tok_s / 1e9;
+  const double peak = cfg_.system.peak_gflops * size_;
+  const std::string mfu = peak > 0 ? strfmt("%.6f", gflops / peak) : "";
   if (run_dir_) {
     std::vector<std::string> row = {std::to_string(r.step + 1), strfmt("%.9g", r.loss),
                                     strfmt("%.6e", r.lr), strfmt("%.6e", r.grad_norm),
-                                    strfmt("%.3f", r.seconds * 1e3), strfmt("%.1f", tok_s), mfu};
+                                    strfmt("%.3f", seconds * 1e3), strfmt("%.1f", tok_s), mfu};
     for (double part : parts) row.push_back(strfmt("%.3f", part / size_ * 1e3));
-    row.push_back(strfmt("%.0f", -mem_minmax[0]));
-    row.push_back(strfmt("%.0f", mem_minmax[1]));
+    row.push_back(strfmt("%.0f", -most[0]));
+    row.push_back(strfmt("%.0f", most[1]));
     run_dir_->append_row("metrics.csv", row);
   }
   const bool due = (r.step + 1) % cfg_.log.every == 0 || r.step + 1 == cfg_.train.steps;
   if (quiet_ || !due) return;
   log(strfmt("step %6lld/%lld | loss %.7f | lr %.3e | norm %.4f | %8.1f ms | %s MFU | %.0f tok/s",
              (long long)r.step + 1, (long long)cfg_.train.steps, r.loss, r.lr, r.grad_norm,
-             r.seconds * 1e3, peak > 0 ? strfmt("%5.1f%%", 100 * gflops / peak).c_str() : "  -  ",
+             seconds * 1e3, peak > 0 ? strfmt("%5.1f%%", 100 * gflops / peak).c_str() : "  -  ",
              tok_s));
 }
 
