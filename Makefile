@@ -270,7 +270,8 @@ ASAN_BUILD ?= build-asan
 ASAN_OPT_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 ASAN_SRC := $(sort $(CKPT_IO_SRC) $(wildcard lib/config/*.cpp lib/core/*.cpp)) tests/main.cpp \
             tests/mpi_util.cpp tests/ckpt/test_ckpt_dir.cpp tests/ckpt/mpi_test_ckpt.cpp \
-            tests/ckpt/mpi_test_digest.cpp tests/ckpt/test_ckpt_room.cpp \
+            tests/ckpt/mpi_test_digest.cpp tests/ckpt/mpi_test_read_share.cpp \
+            tests/ckpt/test_ckpt_room.cpp \
             tests/config/test_config.cpp
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
 

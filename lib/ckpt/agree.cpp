@@ -66,7 +66,7 @@ std::string agree_error(MPI_Comm comm, const std::string& err, const std::string
                          "are still inside HDF5, waiting for this one: aborting the job)",
                          final_path.c_str(), err.c_str(), comm_rank(comm)));
         ::unlink(writing.c_str());
-        // (rank 0's CheckpointRoom, where the file's own could not be taken: any rank may)
+        // (rank 0's CheckpointRoom for the metadata, until the close: any rank may remove it)
         ::unlink((writing + ".room").c_str());
         MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
       }

@@ -324,19 +324,27 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
     err = "file access properties: " + h5_error();
   err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
+  // Room for the file (CheckpointRoom): for its metadata before it exists, given back before
+  // any close of it (room.before_close() below, or on a way out the guard, which goes before the
+  // file's own destructor closes it).
+  CheckpointRoom room;
+  if (comm_rank(comm) == 0) err = room.take_beside(tmp, size.metadata_bytes);
+  err = agree_error(comm, err);
+  if (!err.empty()) return err;
   H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  struct GiveBack {
+    CheckpointRoom& room;
+    ~GiveBack() { room.before_close(); }
+  } give_back{room};
   if (!file.ok()) err = with_disk_reason("cannot create " + tmp + ": " + h5_error(), tmp);
   err = agree_error(comm, err, tmp);
   if (!err.empty()) return err;
-  // The file's room, before anything of it is written (the metadata counted twice, as the
-  // check before did: some of it HDF5 writes more than once).
-  CheckpointRoom room;
-  if (comm_rank(comm) == 0) err = room.take(tmp, size.file_bytes() + size.metadata_bytes,
-                                            size.metadata_bytes);
+  // The whole file's room before anything of it is written. On failure nothing more is written;
+  // the file is closed below.
+  if (comm_rank(comm) == 0) err = room.take_in_file(tmp, size.file_bytes());
   err = agree_error(comm, err, tmp);
-  if (!err.empty()) return err;
-
-  err = agree_error(comm, with_disk_reason(write_attributes(file.get(), meta), tmp), tmp);
+  if (err.empty())
+    err = agree_error(comm, with_disk_reason(write_attributes(file.get(), meta), tmp), tmp);
 
   H5Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -440,7 +448,7 @@ std::string write_file(MPI_Comm comm, const std::string& tmp, const std::vector<
   }
   dxpl.close();
   lcpl.close();
-  // Rank 0 gives a room beside the file back before it enters the close; the others cannot
+  // Rank 0 gives the room beside the file back before it enters the close; the others cannot
   // flush before it joins them there.
   room.before_close();
   std::string e;
@@ -578,12 +586,33 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   }
   err = agree_error(comm, err);
 
+  if (err.empty()) err = agree_error(comm, read_attributes(file.get(), meta));
+  const Digests stated = digests_stated(meta);
+
+  // Each value read is digested by one of the ranks that read it, those sharing it evenly
+  // (read_shares): the digests need not read the file again where the ranks' reads cover it.
+  std::vector<RowUnion> unions;
+  std::vector<ReadRegion> regions;
+  for (const CkptSlab& s : slabs) {
+    unions.push_back(row_union(s));
+    regions.push_back({slab_cols(s) > 0 ? unions.back().iv : std::vector<RowRange>{},
+                       s.col_begin, s.col_end});
+  }
+  std::vector<std::vector<Block>> firsts;
+  // (A file without the root attribute is older than digests, or damaged: its datasets with a
+  // digest, if any, are read again.)
+  const bool digest_reads = err.empty() && stated == Digests::kThese &&
+                            read_shares(comm, regions, firsts);
+  ReadDigests read{std::vector<uint64_t>(slabs.size(), 0),
+                   std::vector<uint64_t>(slabs.size(), 0),
+                   std::vector<uint64_t>(slabs.size(), 0)};
+
   // Independent reads: a checksum failure on one rank cannot leave the others in a collective.
   std::vector<float> ubuf;
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
     watchdog_beat("reading a checkpoint");
     const CkptSlab& s = slabs[i];
-    const RowUnion u = row_union(s);
+    const RowUnion& u = unions[i];
     const bool direct = u.rows == 0 || union_is_local(s, u);
     if (!direct) ubuf.resize(static_cast<size_t>(u.rows * slab_cols(s)));
     float* buf = direct ? s.data : ubuf.data();
@@ -595,6 +624,24 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
                                H5P_DEFAULT, buf + sel.offset) < 0)
         e = "read failed: " + h5_error();
     }
+    if (e.empty() && digest_reads) {
+      // (buf: the union's rows in order, each of the slab's columns; a block lies in one interval)
+      const uint64_t key = digest_key(s.name);
+      const int64_t ncl = slab_cols(s);
+      for (const Block& b : firsts[i]) {
+        const int64_t rows = b.row_end - b.row_begin, cols = b.col_end - b.col_begin;
+        const float* at = buf + u.position(b.row_begin) * ncl + (b.col_begin - s.col_begin);
+        if (cols == ncl) {
+          read.digest[i] += digest_rows(key, at, rows, cols, b.row_begin, b.col_begin);
+        } else {
+          for (int64_t r = 0; r < rows; ++r)
+            read.digest[i] += digest_rows(key, at + r * ncl, 1, cols, b.row_begin + r,
+                                          b.col_begin);
+        }
+        read.count[i] += uint64_t(rows * cols);
+        read.coverage[i] += coverage_rows(b.row_begin, rows, b.col_begin, cols);
+      }
+    }
     if (e.empty()) {
       if (direct)
         zero_padding(s);
@@ -604,18 +651,17 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
     if (!e.empty()) err = "dataset " + s.name + ": " + e;
   }
   err = agree_error(comm, err);
-  if (err.empty()) err = agree_error(comm, read_attributes(file.get(), meta));
   // Chunks replaced together with their checksums pass HDF5's checks: the content digests see them.
-  if (err.empty()) {
+  int64_t read_again = 0;
+  if (err.empty() && stated != Digests::kOther) {
     std::vector<std::string> names;
     std::vector<hid_t> ids;
     for (size_t i = 0; i < slabs.size(); ++i) {
       names.push_back(slabs[i].name);
       ids.push_back(dsets[i].get());
     }
-    const Digests stated = digests_stated(meta);
-    if (stated != Digests::kOther)
-      err = agree_error(comm, verify_digests(comm, names, ids, stated == Digests::kThese));
+    err = agree_error(comm, verify_digests(comm, names, ids, stated == Digests::kThese, false,
+                                           digest_reads ? &read : nullptr, &read_again));
   }
   dsets.clear();
   std::string e;
@@ -625,7 +671,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
   double dt = now_seconds() - t0, slowest = dt;
   MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return {bytes, slowest};
+  return {bytes, slowest, read_again};
 }
 
 CkptMeta read_checkpoint_meta(const std::string& path) {

@@ -53,6 +53,9 @@ std::string counter_problem(const CkptMeta& meta);
 struct CkptIO {
   double bytes;    // size of the checkpoint file
   double seconds;  // wall time, the slowest rank's
+  // (read_checkpoint) datasets whose digest needed the file read again: the ranks' reads did
+  // not hold all their values.
+  int64_t digests_read_again = 0;
 };
 
 /// Collective over comm. Writes final_path atomically: to final_path + ".tmp-<id>", closed on every

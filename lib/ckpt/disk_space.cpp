@@ -81,8 +81,9 @@ std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& pa
 
 namespace {
 /// The tests of a disk that another job fills while a checkpoint is written
-/// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = data (once the room is taken, before
-/// the data) or close (just before the close); full but for 8 KiB.
+/// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = room (just before the file's room is
+/// taken in it: full to the last byte), data (once it is taken, before the data) or close (just
+/// before the close), full but for 8 KiB.
 std::string fault_fill_disk() {
   const char* v = std::getenv("TRELLIS_FAULT_FILL_DISK");
   return v ? v : "";
@@ -101,40 +102,68 @@ std::string cannot_take(double bytes, const std::string& what, const std::string
 }
 }  // namespace
 
-std::string CheckpointRoom::take(const std::string& path, double file_bytes,
-                                 double metadata_bytes) {
+std::string CheckpointRoom::take_beside(const std::string& path, double metadata_bytes) {
+  if (counting_data_alone()) return {};  // (the tests of writes that fail: nothing set aside)
+  const std::string room = path + ".room";
+  const int fd = ::open(room.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return "cannot create " + room + ": " + errno_text(errno);
+  room_ = room;
+  // posix_fallocate writes zeros where the filesystem cannot allocate otherwise; a filesystem
+  // that compresses them away (or fakes the allocation: OpenZFS) gets bytes it cannot.
+  const off_t len = static_cast<off_t>(std::ceil(metadata_bytes));
+  int e = ::posix_fallocate(fd, 0, len);
+  struct stat st;
+  if (e == 0 && ::fstat(fd, &st) == 0 && double(st.st_blocks) * 512.0 < 0.5 * double(len)) {
+    std::vector<unsigned char> noise(64 * 1024);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (unsigned char& c : noise) x = x * 6364136223846793005ull + 1442695040888963407ull,
+                                   c = static_cast<unsigned char>(x >> 56);
+    for (off_t at = 0; at < len && e == 0; at += off_t(noise.size())) {
+      const size_t n = size_t(std::min<off_t>(len - at, off_t(noise.size())));
+      if (::pwrite(fd, noise.data(), n, at) != ssize_t(n)) e = errno ? errno : ENOSPC;
+    }
+    if (e == 0 && ::fsync(fd) != 0) e = errno;
+  }
+  ::close(fd);
+  if (e != 0) return cannot_take(metadata_bytes, "HDF5's metadata", room, e);
+  return {};
+}
+
+std::string CheckpointRoom::take_in_file(const std::string& path, double file_bytes) {
   dir_ = dir_of(path);
   std::string err;
-  if (!counting_data_alone()) err = allocate(path, file_bytes, metadata_bytes);
+  if (!counting_data_alone()) {
+    if (fault_fill_disk() == "room") fill_disk_leaving(dir_, 0);
+    err = allocate_in_file(path, file_bytes);
+  }
   if (err.empty() && fault_fill_disk() == "data") fill_disk_leaving(dir_, 8192);
   return err;
 }
 
-std::string CheckpointRoom::allocate(const std::string& path, double file_bytes,
-                                     double metadata_bytes) {
+std::string CheckpointRoom::allocate_in_file(const std::string& path, double file_bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY);
   if (fd < 0) return "cannot open " + path + ": " + errno_text(errno);
   // Blocks past the end, the file's size unchanged: HDF5 sees the file it wrote and nothing
   // more, and its writes land on blocks already the file's.
+  struct stat before, after;
   const off_t len = static_cast<off_t>(std::ceil(file_bytes));
   int e = EOPNOTSUPP;
-  if (!fault_no_fallocate()) e = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, len) == 0 ? 0 : errno;
-  ::close(fd);
-  if (e == 0) {
+  if (!fault_no_fallocate() && ::fstat(fd, &before) == 0)
+    e = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, len) == 0 ? 0 : errno;
+  if (e == 0) {  // (what it allocated is freed after the close, whatever it is)
     file_ = path;
     allocated_ = double(len);
-    return {};
   }
-  if (e != EOPNOTSUPP && e != ENOSYS) return cannot_take(file_bytes, "the file", path, e);
-  // Not here (some network and parallel filesystems): the metadata's room beside the file;
-  // posix_fallocate writes zeros where the filesystem cannot allocate otherwise.
-  const std::string room = path + ".room";
-  const int rfd = ::open(room.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (rfd < 0) return "cannot create " + room + ": " + errno_text(errno);
-  room_ = room;
-  const int re = ::posix_fallocate(rfd, 0, static_cast<off_t>(std::ceil(metadata_bytes)));
-  ::close(rfd);
-  if (re != 0) return cannot_take(metadata_bytes, "HDF5's metadata", room, re);
+  // Some filesystems say yes and allocate nothing (OpenZFS: the file made sparse): the blocks
+  // must be there to count as room; else the room beside the file is all there is.
+  if (e == 0 && ::fstat(fd, &after) == 0 &&
+      double(after.st_blocks - before.st_blocks) * 512.0 < 0.5 * double(len))
+    e = EOPNOTSUPP;
+  ::close(fd);
+  // No room on the disk is an error; a filesystem that cannot allocate this way (EOPNOTSUPP,
+  // ENOSYS, EINVAL from some FUSE and network ones, …) leaves the room beside the file alone.
+  if (e == ENOSPC || e == EDQUOT || e == EIO || e == EFBIG)
+    return cannot_take(file_bytes, "the file", path, e);
   return {};
 }
 

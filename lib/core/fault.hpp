@@ -24,10 +24,11 @@
 // not the whole file, and takes no room for the file (CheckpointRoom), so that
 // tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
 // TRELLIS_FAULT_NO_FALLOCATE=1: the room is taken as on a filesystem that cannot allocate past a
-// file's end (a file PATH.room beside it, for HDF5's metadata).
-// TRELLIS_FAULT_FILL_DISK=data|close: rank 0 fills the checkpoint's filesystem but for 8 KiB (a
-// file .trellis-fault-filler beside it) as another job taking the disk meanwhile would: once it
-// has taken the file's room, before the data (data), or just before the close (close)
+// file's end (only the metadata's, in a file PATH.room beside it).
+// TRELLIS_FAULT_FILL_DISK=room|data|close: rank 0 fills the checkpoint's filesystem (a file
+// .trellis-fault-filler beside it) as another job taking the disk meanwhile would: to the last
+// byte just before it takes the file's room in the file (room), or but for 8 KiB once it has
+// taken it, before the data (data), or just before the close (close)
 // (lib/ckpt/disk_space.cpp).
 #pragma once
 #include <cstdint>

@@ -287,6 +287,75 @@ TEST(CkptDigest, ChunkReplacedWithItsChecksumIsDamage) {
   if (world_rank() == 0) fs::remove_all(dir);
 }
 
+// A load sums the digests from the values its ranks read, each counted once (the ranks that read
+// it share it), whatever the overlaps: columns read by two ranks, rows twice by one, padding rows, a
+// replica of the whole on each rank, a rank that reads nothing. A load that reads a part of the
+// dataset reads it again for its digest. Each finds a chunk zeroed with its checksum.
+TEST(CkptDigest, LoadsDigestWhatTheRanksRead) {
+  const std::string dir = shared_dir();
+  const std::string path = write_rows(dir, "sound.h5"), zeroed = dir + "/zeroed.h5";
+  int made = 0;
+  if (world_rank() == 0) {
+    haddr_t at = 0;
+    hsize_t n = 0;
+    fs::copy_file(path, zeroed);
+    made = chunk_place(path, 1, at, n) && n > 0 && put_bytes(zeroed, at, std::vector<char>(n, 0));
+  }
+  MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(made);
+  const int r = world_rank(), np = world_size();
+  const int64_t c0 = std::max<int64_t>(0, part(kCols, np, r) - 37),
+                c1 = std::min<int64_t>(kCols, part(kCols, np, r + 1) + 37);
+  struct Case {
+    const char* what;
+    std::vector<RowRange> rows;
+    int64_t col_begin, col_end, read_again;
+  };
+  const std::vector<Case> cases = {
+      {"overlapping columns, rows twice", {{0, 400}, {300, kRows}}, c0, c1, 0},
+      {"a replica on each rank", {{0, kRows}}, 0, kCols, 0},
+      {"padding rows", {{0, kRows + 5}}, 0, kCols, 0},
+      {"nothing on rank 0", r == 0 ? std::vector<RowRange>{} : std::vector<RowRange>{{0, kRows}},
+       0, kCols, np == 1 ? 1 : 0},
+      {"a part of the rows", {{0, 100}}, 0, kCols, 1},
+  };
+  for (const Case& c : cases) {
+    CkptSlab slab;
+    slab.name = "model/w";
+    slab.global_shape = {kRows, kCols};
+    slab.rows = c.rows;
+    slab.col_begin = c.col_begin;
+    slab.col_end = c.col_end;
+    int64_t rows = 0;
+    for (const RowRange& rr : c.rows) rows += rr.end - rr.begin;
+    const int64_t nc = c.col_end - c.col_begin;
+    std::vector<float> data(size_t(rows * nc), -1.f);  // (Σ rows × columns, in `rows` order)
+    slab.data = data.data();
+    CkptMeta meta;
+    CkptIO io{0, 0, -1};
+    std::string msg;
+    try {
+      io = read_checkpoint(MPI_COMM_WORLD, path, {slab}, meta);
+    } catch (const UserError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg, "") << c.what;
+    EXPECT_EQ(io.digests_read_again, c.read_again) << c.what;
+    int64_t wrong = 0, local = 0;
+    for (const RowRange& rr : c.rows)
+      for (int64_t g = rr.begin; g < rr.end; ++g, ++local)
+        for (int64_t k = 0; k < nc; ++k)
+          wrong += data[size_t(local * nc + k)] != (g < kRows ? value(g, c.col_begin + k) : 0.f);
+    EXPECT_EQ(wrong, 0) << c.what;
+    msg = read_error(zeroed, {slab});
+    EXPECT_NE(msg.find("dataset model/w: its values do not match the content digest"),
+              std::string::npos)
+        << c.what << ": " << msg;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
 // A dataset renamed (or two of one shape swapped by name) passes every checksum; its digest,
 // keyed by its name, does not.
 TEST(CkptDigest, RenamedDatasetIsDamage) {

@@ -1,6 +1,7 @@
 // The room a checkpoint file takes on disk before its data is written (CheckpointRoom,
-// lib/ckpt/disk_space.cpp): blocks past the file's end where the filesystem allocates them, freed
-// after the close down to what the file used; else the metadata's room in a file beside it.
+// lib/ckpt/disk_space.cpp): the metadata's room in a file beside it first, given back before the
+// close; then blocks past the file's end where the filesystem allocates them, freed after the
+// close down to what the file used.
 // tests/cli/test_full_disk.sh fills a disk around it; these check the room itself.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -39,22 +40,38 @@ void write_at(const std::string& path, double offset, size_t bytes, char v) {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+/// Whether dir's filesystem allocates blocks past a file's end (asked of a scratch file).
+bool allocates_past_the_end(const std::string& dir) {
+  const std::string scratch = dir + "/scratch";
+  const int fd = ::open(scratch.c_str(), O_WRONLY | O_CREAT, 0600);
+  struct stat st;
+  const bool yes = fd >= 0 && ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 1 << 20) == 0 &&
+                   ::fstat(fd, &st) == 0 && st.st_size == 0 && st.st_blocks * 512 >= (1 << 20);
+  if (fd >= 0) ::close(fd);
+  ::unlink(scratch.c_str());
+  return yes;
+}
+
 TEST(CheckpointRoom, TakesTheFilesBlocksAndFreesWhatItDidNotUse) {
   testing::TempDir dir("trellis_room");
-  const std::string path = dir.file("step.h5.tmp-1");
-  write_at(path, 0, 96, 'a');  // (what HDF5 has written at the create: a superblock)
-  ckpt_impl::CheckpointRoom room;
-  ASSERT_EQ(room.take(path, 8 * kMiB, 64 * 1024), "");
-  if (::access((path + ".room").c_str(), F_OK) == 0)
+  if (!allocates_past_the_end(dir.path()))
     GTEST_SKIP() << "the filesystem of " << dir.path() << " allocates no blocks past a file's end";
+  const std::string path = dir.file("step.h5.tmp-1");
+  ckpt_impl::CheckpointRoom room;
+  ASSERT_EQ(room.take_beside(path, 64 * 1024), "");
+  EXPECT_GE(stat_of(path + ".room").allocated, 64 * 1024);
+  write_at(path, 0, 96, 'a');  // (what HDF5 has written at the create: a superblock)
+  ASSERT_EQ(room.take_in_file(path, 8 * kMiB), "");
   Stat s = stat_of(path);
   EXPECT_EQ(s.size, 96) << "the room changed the file's size";
   EXPECT_GE(s.allocated, 8 * kMiB);
+  EXPECT_GE(stat_of(path + ".room").allocated, 64 * 1024) << "the metadata's room stays";
   // The writes land inside the room; the file grows as written.
   write_at(path, 96, size_t(3 * kMiB), 'b');
   EXPECT_GE(stat_of(path).allocated, 8 * kMiB);
   room.before_close();
-  EXPECT_GE(stat_of(path).allocated, 8 * kMiB) << "before the close the room stays";
+  EXPECT_NE(::access((path + ".room").c_str(), F_OK), 0) << "PATH.room left for the close";
+  EXPECT_GE(stat_of(path).allocated, 8 * kMiB) << "before the close the file's room stays";
   room.after_close();
   s = stat_of(path);
   EXPECT_EQ(s.size, 96 + 3 * kMiB);
@@ -81,7 +98,8 @@ TEST(CheckpointRoom, BesideTheFileWhereTheFilesystemCannot) {
   ::setenv("TRELLIS_FAULT_NO_FALLOCATE", "1", 1);
   {
     ckpt_impl::CheckpointRoom room;
-    const std::string err = room.take(path, 8 * kMiB, 256 * 1024);
+    EXPECT_EQ(room.take_beside(path, 256 * 1024), "");
+    const std::string err = room.take_in_file(path, 8 * kMiB);
     ::unsetenv("TRELLIS_FAULT_NO_FALLOCATE");
     ASSERT_EQ(err, "");
     const Stat beside = stat_of(path + ".room");
@@ -105,17 +123,23 @@ TEST(CheckpointRoom, GivenUpWithoutAClose) {
     if (beside) ::setenv("TRELLIS_FAULT_NO_FALLOCATE", "1", 1);
     {
       ckpt_impl::CheckpointRoom room;
-      EXPECT_EQ(room.take(path, 4 * kMiB, 64 * 1024), "");
+      EXPECT_EQ(room.take_beside(path, 64 * 1024), "");
+      EXPECT_EQ(room.take_in_file(path, 4 * kMiB), "");
       ::unsetenv("TRELLIS_FAULT_NO_FALLOCATE");
     }
     EXPECT_NE(::access((path + ".room").c_str(), F_OK), 0) << "beside " << beside;
     EXPECT_LE(stat_of(path).allocated, 64 * 1024) << "beside " << beside;
   }
-  // A file that is not there: the error names it.
+  // A file that is not there: the error names it, and the room beside it stays for the close.
+  const std::string missing = dir.file("missing.h5");
   ckpt_impl::CheckpointRoom room;
-  const std::string err = room.take(dir.file("missing.h5"), kMiB, 1024);
+  EXPECT_EQ(room.take_beside(missing, 64 * 1024), "");
+  const std::string err = room.take_in_file(missing, kMiB);
   EXPECT_NE(err.find("missing.h5"), std::string::npos) << err;
   EXPECT_NE(err.find("No such file"), std::string::npos) << err;
+  EXPECT_EQ(::access((missing + ".room").c_str(), F_OK), 0);
+  room.before_close();
+  EXPECT_NE(::access((missing + ".room").c_str(), F_OK), 0);
 }
 
 }  // namespace

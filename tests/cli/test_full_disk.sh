@@ -206,6 +206,37 @@ fill_room_case() {
 }
 fill_room_case
 
+# The disk filled to its last byte just before the file's room is taken in it
+# (TRELLIS_FAULT_FILL_DISK=room), at 2 and 4 ranks: the take fails, nothing more is written, and
+# the file (its superblock and root group) closes on the metadata's room taken beside it before
+# it was created — without that room HDF5 1.10's close ended in a crash at 2 ranks (status 139)
+# and a hang at 4. Status 2 naming the file's room; the step-3 checkpoint stays latest.
+room_taken_case() {
+  local np=$1 name=full-at-room-np$1 start rc elapsed
+  local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
+  mount -t tmpfs -o size=${kib}k tmpfs "$small"
+  timeout 300 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/full.deck" \
+    --parallel.dp="$np" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
+    --train.steps=3 > "$work/$name.first.log" 2>&1
+  check_log="$work/$name.log"
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=room -np "$np" "$build/trellis" \
+    train "$work/full.deck" --parallel.dp="$np" --run.dir="$work/run-$name" \
+    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -E "trellis: error" "$check_log" | cut -c1-300 | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  check "$name: one message naming step_00000006.h5, its room and 'No space left on device'" \
+    '[ "$(grep -c "error:.*step_00000006.h5: cannot set aside .* for the file .*No space left on device" "$check_log")" -eq 1 ]'
+  check "$name: latest still names step_00000003.h5, nothing else left" \
+    '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ] && [ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
+  umount "$small"
+}
+room_taken_case 2
+room_taken_case 4
+
 # The disk fills just before the data of a checkpoint is written, on a filesystem that cannot
 # allocate the file's room in it (TRELLIS_FAULT_NO_FALLOCATE: the metadata's room alone, beside
 # it), at 4 ranks: Open MPI's MPI-IO (OMPIO) drops the collective writes' errors, HDF5 sees none,

@@ -90,15 +90,15 @@ FileEstimate estimate_file(const std::vector<CkptSlab>& slabs, double attribute_
 /// else why not.
 std::string check_room(const std::vector<CkptSlab>& slabs, const std::string& path,
                        double attribute_bytes);
-/// Room on disk for a checkpoint file being written, taken by rank 0 once the file exists and
-/// before any of its data is written, so that a disk another job fills meanwhile fails neither a
-/// data write (Open MPI's OMPIO can drop that error) nor HDF5 1.10's metadata flush at the close
-/// (where ranks are left waiting in different collectives: a hang). Where the filesystem
-/// allocates blocks past a file's end (fallocate with FALLOC_FL_KEEP_SIZE: ext4, XFS, Btrfs,
-/// tmpfs), the file's whole estimated size is allocated in the file itself and what it did not
-/// use is freed after the close; elsewhere the room for the metadata alone is allocated in a file
-/// beside it (PATH.room) and removed just before the close, as the data's own writes fail (and
-/// are agreed on) before it.
+/// Room on disk for a checkpoint file being written, taken by rank 0 before any of its data is
+/// written, so that a disk another job fills meanwhile fails neither a data write (Open MPI's
+/// OMPIO can drop that error) nor HDF5 1.10's metadata flush at the close (where ranks are left
+/// waiting in different collectives: a hang). First, before the file is created, room for
+/// HDF5's metadata in a file beside it (PATH.room), given back just before the close: whatever
+/// fails in between, the file can close. Then, where the filesystem allocates blocks past a
+/// file's end (fallocate with FALLOC_FL_KEEP_SIZE: ext4, XFS, tmpfs), the file's whole estimated
+/// size in the file itself, what it did not use freed after the close. Elsewhere a data write
+/// fails instead (the ranks agree on it). Together: what the room check before asked.
 class CheckpointRoom {
  public:
   CheckpointRoom() = default;
@@ -108,20 +108,22 @@ class CheckpointRoom {
     before_close();
     after_close();
   }
-  /// Allocates room for the file `path` (created, empty or nearly): `file_bytes` in the file,
-  /// or else `metadata_bytes` in PATH.room. "" or why it cannot (the system's reason).
-  std::string take(const std::string& path, double file_bytes, double metadata_bytes);
+  /// Before the file `path` exists: `metadata_bytes` in PATH.room. "" or why it cannot.
+  std::string take_beside(const std::string& path, double metadata_bytes);
+  /// Once the file exists (empty or nearly): `file_bytes` in it. "" also where the filesystem
+  /// cannot; else why not (no room: the system's reason).
+  std::string take_in_file(const std::string& path, double file_bytes);
   /// Removes PATH.room (if taken), freeing its room for the close.
   void before_close();
   /// Frees the blocks allocated past the end of the closed file (if any).
   void after_close();
 
  private:
-  std::string allocate(const std::string& path, double file_bytes, double metadata_bytes);
-  std::string dir_;   // the file's directory, from take() to before_close()
+  std::string allocate_in_file(const std::string& path, double file_bytes);
+  std::string dir_;   // the file's directory, from take_in_file() to before_close()
   std::string file_;  // the checkpoint file, with blocks allocated past its end
   double allocated_ = 0;
-  std::string room_;  // PATH.room, where the file's own could not be allocated
+  std::string room_;  // PATH.room
 };
 /// Test only: fills dir's filesystem but for `keep` bytes (a file .trellis-fault-filler).
 void fill_disk_leaving(const std::string& dir, double keep);
@@ -146,7 +148,7 @@ uint64_t digest_key(const std::string& name);
 uint64_t digest_rows(uint64_t key, const float* v, int64_t rows, int64_t cols, int64_t first_row,
                      int64_t first_col);
 /// A block's part of a sum over positions alone: blocks that hold each position of a tensor once
-/// add up to coverage_rows(0, rows, 0, cols) of the whole; duplicates and gaps do not.
+/// add up to coverage_rows(0, rows, 0, cols) of the whole; duplicates and gaps mostly do not.
 uint64_t coverage_rows(int64_t first_row, int64_t rows, int64_t first_col, int64_t cols);
 /// The root attribute of a file whose datasets each carry a content digest: the formula's version.
 constexpr const char* kDigestsAttribute = "content_digests";
@@ -167,14 +169,37 @@ std::string read_digest(hid_t dset, bool& present, uint64_t& digest);
 std::string digest_mismatch(uint64_t stored, uint64_t computed);
 /// What a dataset without a digest is told where the file's others (or its root) have them.
 std::string missing_digest();
-/// Collective over comm: each dataset that carries a digest is read once over the ranks (rank r
-/// of P its r-th share of the chunks) and its digest compared; with `required`, or where another
-/// dataset has a digest, one without is damage. "" or what is wrong with the first dataset found wrong on this rank (the caller
-/// agrees on it). `just_written`: the file this job has just written (a mismatch is a write that
-/// failed, not damage).
+/// A block of a dataset: rows [row_begin, row_end) × columns [col_begin, col_end).
+struct Block {
+  int64_t row_begin = 0, row_end = 0, col_begin = 0, col_end = 0;
+};
+/// What a rank reads of a dataset in a load: global rows (sorted, disjoint intervals) × columns.
+struct ReadRegion {
+  std::vector<RowRange> rows;
+  int64_t col_begin = 0, col_end = 0;
+};
+/// Collective: for each dataset, this rank's share of its region, so that over the ranks the
+/// blocks hold every value read exactly once, the ranks that read the same values sharing them
+/// evenly (read_share.cpp). false (and no blocks) where every rank's regions would take over
+/// 64 MiB a rank to gather.
+bool read_shares(MPI_Comm comm, const std::vector<ReadRegion>& mine,
+                 std::vector<std::vector<Block>>& blocks);
+/// A load's digests summed from the values the ranks read (read_shares' blocks) rather than from
+/// the file read again: this rank's parts, per dataset, of the digest, of the count of values
+/// and of the coverage sum (coverage_rows).
+struct ReadDigests {
+  std::vector<uint64_t> digest, count, coverage;
+};
+/// Collective over comm: the digest of each dataset that carries one is compared with the sum of
+/// `read`'s parts where those cover it whole, else with the dataset read again, once over the
+/// ranks (rank r of P its r-th share of the chunks); with `required`, or where another dataset
+/// has a digest, one without is damage. "" or what is wrong with the first dataset found wrong
+/// on this rank (the caller agrees on it). `just_written`: the file this job has just written (a
+/// mismatch is a write that failed, not damage). Adds to `read_again` the datasets read again.
 std::string verify_digests(MPI_Comm comm, const std::vector<std::string>& names,
                            const std::vector<hid_t>& dsets, bool required,
-                           bool just_written = false);
+                           bool just_written = false, const ReadDigests* read = nullptr,
+                           int64_t* read_again = nullptr);
 /// Collective: opens the checkpoint just written at `path` again and checks the digests of its
 /// datasets `names` and its root attributes against `written`. "" or what is wrong (agreed).
 std::string verify_written(MPI_Comm comm, const std::string& path,
