@@ -47,8 +47,8 @@ constexpr double kAgreeOnWriteSeconds = 10;
 /// on errors, so a rank whose collective HDF5 call failed (a full disk seen by the rank that
 /// allocates a dataset) may leave the others inside that call, waiting for it forever; they never
 /// reach this agreement. A failing rank therefore waits for them at most kAgreeOnWriteSeconds;
-/// then it prints the error itself, removes the temporary file (and the room set aside beside it)
-/// and aborts the job with status 2 (mpirun ends every rank). Ranks without an error wait as long
+/// then it prints the error itself, removes the temporary file (and the room set aside beside it,
+/// and a `latest` staged there) and aborts the job with status 2 (mpirun ends every rank). Ranks without an error wait as long
 /// as it takes.
 std::string agree_error(MPI_Comm comm, const std::string& err, const std::string& writing) {
   const int size = comm_size(comm);
@@ -66,8 +66,10 @@ std::string agree_error(MPI_Comm comm, const std::string& err, const std::string
                          "are still inside HDF5, waiting for this one: aborting the job)",
                          final_path.c_str(), err.c_str(), comm_rank(comm)));
         ::unlink(writing.c_str());
-        // (rank 0's CheckpointRoom for the metadata, until the close: any rank may remove it)
+        // (rank 0's CheckpointRoom for the metadata, until the close, and the `latest` it
+        // staged before the write: any rank may remove them)
         ::unlink((writing + ".room").c_str());
+        remove_staged_latest(dir_of(writing));
         MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
       }
       ::usleep(1000);

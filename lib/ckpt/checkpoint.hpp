@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/params.hpp"  // RowRange
@@ -83,12 +84,33 @@ CkptMeta read_checkpoint_meta(const std::string& path);
 std::string checkpoint_file_name(int64_t step);
 /// The step of a file name checkpoint_file_name made (a bare name), or -1.
 int64_t checkpoint_step(const std::string& file_name);
+/// The next content of `path`, written now to a temporary of its own beside it (a name no other
+/// process writing the same path picks) and synced; commit() renames it into place and syncs the
+/// directory — which needs no room on the disk, so a file staged before a big write can still
+/// be put in place on the disk that write filled. A reader sees the old file or the whole new
+/// one. `fill` writes the content and returns false on an I/O error. Any failure removes the
+/// temporary and throws UserError("cannot write PATH: ..."); destruction uncommitted removes it.
+class StagedFile {
+ public:
+  StagedFile(const std::string& path, const std::function<bool(std::FILE*)>& fill);
+  StagedFile(StagedFile&& o) noexcept : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)) {
+    o.tmp_.clear();
+  }
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  StagedFile& operator=(StagedFile&&) = delete;
+  ~StagedFile();
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const std::string& what, int e);
+  std::string path_, tmp_;
+};
+/// dir/latest's next content, file_name + "\n", staged (commit() publishes it).
+StagedFile stage_latest(const std::string& dir, const std::string& file_name);
 /// Replaces dir/latest atomically (temp file, fsync, rename, fsync dir) with file_name + "\n".
 void publish_latest(const std::string& dir, const std::string& file_name);
-/// Writes `path` atomically: `fill` writes the content to a temporary of its own beside it (a name
-/// no other process writing the same path picks) and returns false on an I/O error; then fsync,
-/// rename into place, fsync the directory. A reader sees the old file or the whole new one.
-/// Any failure removes the temporary and throws UserError("cannot write PATH: ...").
+/// Writes `path` atomically: a StagedFile committed at once.
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
 /// Removes the *.tmp-* files of dir (checkpoint writes and their set-aside room, cut short by a
 /// kill); returns their names. Only for a job that holds dir's lock. Errors → UserError.

@@ -83,7 +83,8 @@ namespace {
 /// The tests of a disk that another job fills while a checkpoint is written
 /// (tests/cli/test_full_disk.sh): TRELLIS_FAULT_FILL_DISK = room (just before the file's room is
 /// taken in it: full to the last byte), data (once it is taken, before the data) or close (just
-/// before the close), full but for 8 KiB.
+/// before the close), full but for 8 KiB; closed (once the file is closed and its unused room
+/// freed: full to the last byte).
 std::string fault_fill_disk() {
   const char* v = std::getenv("TRELLIS_FAULT_FILL_DISK");
   return v ? v : "";
@@ -169,6 +170,7 @@ std::string CheckpointRoom::allocate_in_file(const std::string& path, double fil
 
 void CheckpointRoom::before_close() {
   if (!dir_.empty() && fault_fill_disk() == "close") fill_disk_leaving(dir_, 8192);
+  if (!dir_.empty()) closed_dir_ = dir_;
   dir_.clear();
   if (room_.empty()) return;
   ::unlink(room_.c_str());
@@ -176,6 +178,12 @@ void CheckpointRoom::before_close() {
 }
 
 void CheckpointRoom::after_close() {
+  free_unused();
+  if (!closed_dir_.empty() && fault_fill_disk() == "closed") fill_disk_leaving(closed_dir_, 0);
+  closed_dir_.clear();
+}
+
+void CheckpointRoom::free_unused() {
   if (file_.empty()) return;
   const int fd = ::open(file_.c_str(), O_WRONLY);
   struct stat st;

@@ -88,32 +88,62 @@ std::string read_latest(const std::string& dir) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill) {
-  const std::string tmp = path + ".tmp-" + random_suffix(::getpid());
-  auto fail = [&](const std::string& what, int e) {
-    ::unlink(tmp.c_str());
-    throw UserError("cannot write " + path + ": " + what + (e ? ": " + errno_text(e) : ""));
-  };
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("create " + tmp, errno);
+StagedFile::StagedFile(const std::string& path, const std::function<bool(std::FILE*)>& fill)
+    : path_(path), tmp_(path + ".tmp-" + random_suffix(::getpid())) {
+  std::FILE* f = std::fopen(tmp_.c_str(), "wb");
+  if (!f) fail("create " + tmp_, errno);
   errno = 0;
   bool ok = fill(f) && std::fflush(f) == 0;
   int e = errno;
   if (ok && ::fsync(::fileno(f)) != 0) ok = false, e = errno;
   if (std::fclose(f) != 0 && ok) ok = false, e = errno;
   if (!ok) fail("write", e);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
-  const std::string err = fsync_file(dir_of(path), true);
-  if (!err.empty()) throw UserError("cannot write " + path + ": " + err);
 }
 
-void publish_latest(const std::string& dir, const std::string& file_name) {
+StagedFile::~StagedFile() {
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void StagedFile::fail(const std::string& what, int e) {
+  ::unlink(tmp_.c_str());
+  tmp_.clear();
+  throw UserError("cannot write " + path_ + ": " + what + (e ? ": " + errno_text(e) : ""));
+}
+
+void StagedFile::commit() {
+  if (tmp_.empty()) throw std::logic_error("StagedFile::commit: " + path_ + " committed twice");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename", errno);
+  tmp_.clear();
+  const std::string err = fsync_file(dir_of(path_), true);
+  if (!err.empty()) throw UserError("cannot write " + path_ + ": " + err);
+}
+
+void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill) {
+  StagedFile(path, fill).commit();
+}
+
+StagedFile stage_latest(const std::string& dir, const std::string& file_name) {
   if (file_name.empty() || file_name.find('/') != std::string::npos)
     throw std::logic_error("publish_latest: '" + file_name + "' is not a bare file name");
   const std::string content = file_name + "\n";
-  write_file_atomically(dir + "/latest", [&](std::FILE* f) {
+  return StagedFile(dir + "/latest", [&](std::FILE* f) {
     return std::fwrite(content.data(), 1, content.size(), f) == content.size();
   });
+}
+
+namespace ckpt_impl {
+void remove_staged_latest(const std::string& dir) noexcept {
+  try {
+    for (const std::string& n : list_dir(dir))
+      if (n.rfind("latest.tmp-", 0) == 0) ::unlink((dir + "/" + n).c_str());
+  } catch (const UserError&) {
+    // (a directory that cannot be read: the next job's start removes them)
+  }
+}
+}  // namespace ckpt_impl
+
+void publish_latest(const std::string& dir, const std::string& file_name) {
+  stage_latest(dir, file_name).commit();
 }
 
 std::vector<std::string> remove_temporaries(const std::string& dir) {

@@ -25,11 +25,11 @@
 // tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
 // TRELLIS_FAULT_NO_FALLOCATE=1: the room is taken as on a filesystem that cannot allocate past a
 // file's end (only the metadata's, in a file PATH.room beside it).
-// TRELLIS_FAULT_FILL_DISK=room|data|close: rank 0 fills the checkpoint's filesystem (a file
+// TRELLIS_FAULT_FILL_DISK=room|data|close|closed: rank 0 fills the checkpoint's filesystem (a file
 // .trellis-fault-filler beside it) as another job taking the disk meanwhile would: to the last
 // byte just before it takes the file's room in the file (room), or but for 8 KiB once it has
-// taken it, before the data (data), or just before the close (close)
-// (lib/ckpt/disk_space.cpp).
+// taken it, before the data (data), or just before the close (close), or to the last byte once
+// the file is closed and its unused room freed (closed) (lib/ckpt/disk_space.cpp).
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "ckpt/stored_config.hpp"
@@ -148,11 +149,22 @@ void Checkpointer::save(int64_t step) {
     err = agree_on_error(world_, err);
     if (!err.empty()) throw UserError(err);
   };
-  on_rank0([&] { fs::create_directories(dir); });
   const std::string name = checkpoint_file_name(step);
+  // `latest`'s next content is written before the checkpoint: putting it in place after is a
+  // rename, which needs no room, so a disk filled meanwhile cannot leave it behind the file.
+  std::optional<StagedFile> latest;
+  on_rank0([&] {
+    fs::create_directories(dir);
+    try {
+      latest.emplace(stage_latest(dir, name));
+    } catch (const UserError& e) {  // (a full disk: said of the checkpoint it refuses)
+      throw UserError("cannot write checkpoint " + (fs::path(dir) / name).string() + ": " +
+                      e.what());
+    }
+  });
   CkptIO io = write_checkpoint(world_, (fs::path(dir) / name).string(), all, meta);
   on_rank0([&] {
-    publish_latest(dir, name);
+    latest->commit();
     apply_retention(dir, cfg_.checkpoint.keep);
   });
   log(strfmt("checkpoint: %s/%s, %s in %.2f s (%.1f MB/s)", dir.c_str(), name.c_str(),

@@ -144,6 +144,26 @@ TEST_F(CkptDirTest, WriteFileAtomicallyWithTwoWriters) {
                UserError);
 }
 
+// `latest` staged before a checkpoint is written: beside it until committed (the old `latest`
+// still in place), then in place by a rename; a staged file never committed leaves nothing.
+TEST_F(CkptDirTest, StagedLatestIsPublishedByItsCommit) {
+  publish_latest(dir_, "step_00000003.h5");
+  {
+    StagedFile staged = stage_latest(dir_, "step_00000006.h5");
+    EXPECT_EQ(latest(), "step_00000003.h5\n");
+    EXPECT_EQ(entries().size(), 2u);  // latest and latest.tmp-…
+    StagedFile moved = std::move(staged);
+    moved.commit();
+    EXPECT_THROW(moved.commit(), std::logic_error);
+  }
+  EXPECT_EQ(latest(), "step_00000006.h5\n");
+  EXPECT_EQ(entries(), std::set<std::string>{"latest"});
+  { StagedFile dropped = stage_latest(dir_, "step_00000009.h5"); }
+  EXPECT_EQ(latest(), "step_00000006.h5\n");
+  EXPECT_EQ(entries(), std::set<std::string>{"latest"});
+  EXPECT_THROW(stage_latest(dir_ + "/missing", "step_00000001.h5"), UserError);
+}
+
 // What `trellis eval/generate/export/inspect CKPT` and checkpoint.resume = CKPT load.
 TEST_F(CkptDirTest, ResolveCheckpointOnTheCommandLine) {
   fs::create_directories(dir_ + "/run/ckpt");

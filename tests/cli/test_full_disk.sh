@@ -206,6 +206,35 @@ fill_room_case() {
 }
 fill_room_case
 
+# The disk filled to its last byte once the step-3 file is closed and the room it did not use
+# freed (another job taking that room at once; TRELLIS_FAULT_FILL_DISK=closed), at 2 ranks: its
+# `latest` was written beside it before the checkpoint (a rename needs no room), so step 3 is
+# still published whole; step 6 is refused for want of room.
+closed_case() {
+  local name=fills-when-closed start rc elapsed
+  local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
+  mount -t tmpfs -o size=${kib}k tmpfs "$small"
+  check_log="$work/$name.log"
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=closed -np 2 "$build/trellis" \
+    train "$work/full.deck" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
+    > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -E "trellis: error|checkpoint:" "$check_log" | cut -c1-300 | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  check "$name: step 3 published on the full disk: latest names it, inspect verifies it" \
+    '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ] &&
+     "$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
+  check "$name: step 6 refused: one message naming step_00000006.h5 and 'No space left on device'" \
+    '[ "$(grep -c "error:.*step_00000006.h5.*No space left on device" "$check_log")" -eq 1 ]'
+  check "$name: no temporary file left" \
+    '[ "$(ls "$small/ckpt" | tr "\n" " ")" = "latest step_00000003.h5 " ]'
+  umount "$small"
+}
+closed_case
+
 # The disk filled to its last byte just before the file's room is taken in it
 # (TRELLIS_FAULT_FILL_DISK=room), at 2 and 4 ranks: the take fails, nothing more is written, and
 # the file (its superblock and root group) closes on the metadata's room taken beside it before

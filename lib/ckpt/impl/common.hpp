@@ -120,11 +120,16 @@ class CheckpointRoom {
 
  private:
   std::string allocate_in_file(const std::string& path, double file_bytes);
+  void free_unused();
   std::string dir_;   // the file's directory, from take_in_file() to before_close()
+  std::string closed_dir_;  // (the same, from before_close() to after_close(): a fault's)
   std::string file_;  // the checkpoint file, with blocks allocated past its end
   double allocated_ = 0;
   std::string room_;  // PATH.room
 };
+/// Removes the `latest` files staged in dir (StagedFile: latest.tmp-*), for a job that aborts
+/// while it holds dir's lock.
+void remove_staged_latest(const std::string& dir) noexcept;
 /// Test only: fills dir's filesystem but for `keep` bytes (a file .trellis-fault-filler).
 void fill_disk_leaving(const std::string& dir, double keep);
 /// Elements of a dataset chunk at most (1 MiB of float32).
