@@ -21,10 +21,12 @@
 #include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
 #include "mpi_util.hpp"
+#include "read_error.hpp"
 
 namespace trellis {
 namespace {
 
+using trellis::testing::read_error;
 using trellis::testing::world_rank;
 using trellis::testing::world_size;
 namespace fs = std::filesystem;
@@ -330,17 +332,6 @@ TEST_F(CkptTest, FailedWriteLeavesPreviousFile) {
   read_checkpoint(MPI_COMM_WORLD, dir_ + "/step_00000005.h5", slabs_of(rd), meta);
   for (const TestSlab& t : rd) EXPECT_EQ(mismatches(t), 0) << t.slab.name;
   EXPECT_EQ(meta.integers.at("step"), 1000);
-}
-
-/// Runs read_checkpoint and returns the UserError's message ("" if none).
-std::string read_error(const std::string& path, std::vector<CkptSlab> slabs) {
-  CkptMeta meta;
-  try {
-    read_checkpoint(MPI_COMM_WORLD, path, slabs, meta);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return {};
 }
 
 TEST_F(CkptTest, FlippedByteIsAChecksumError) {

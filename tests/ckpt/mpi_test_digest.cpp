@@ -22,10 +22,12 @@
 #include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
 #include "mpi_util.hpp"
+#include "read_error.hpp"
 
 namespace trellis {
 namespace {
 
+using trellis::testing::read_error;
 using trellis::testing::world_rank;
 using trellis::testing::world_size;
 namespace fs = std::filesystem;
@@ -86,17 +88,6 @@ std::string write_rows(const std::string& dir, const std::string& name) {
   meta.integers["step"] = 1;
   write_checkpoint(MPI_COMM_WORLD, path, {mine.slab}, meta);
   return path;
-}
-
-/// read_checkpoint's UserError message, or "".
-std::string read_error(const std::string& path, const std::vector<CkptSlab>& slabs) {
-  CkptMeta meta;
-  try {
-    read_checkpoint(MPI_COMM_WORLD, path, slabs, meta);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return {};
 }
 
 /// Rank 0 edits the file (opened read-write) with `edit`; true on every rank where it succeeded.
