@@ -158,13 +158,32 @@ fill_case() {
 fill_case fills-before-close
 fill_case fills-before-close-room-beside TRELLIS_FAULT_NO_FALLOCATE=1
 
+# faulted_job NAME NP [MPIRUN ARGS] -- [TRELLIS ARGS]: the deck's job at NP ranks, checkpoint.dir
+# on the small tmpfs, its output in $work/NAME.log (check_log); says how it ended and checks that
+# it ended with status 2 within $limit seconds.
+faulted_job() {
+  local name=$1 np=$2 mpi=() start rc elapsed
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do mpi+=("$1"); shift; done
+  shift
+  check_log="$work/$name.log"
+  start=$(date +%s)
+  timeout 300 mpirun "${flags[@]}" "${mpi[@]}" -np "$np" "$build/trellis" train "$work/full.deck" \
+    --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" "$@" > "$check_log" 2>&1
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
+  grep -E "trellis: error|checkpoint:" "$check_log" | cut -c1-300 | sed 's/^/     | /'
+  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+}
+
 # The disk fills once the room of a small checkpoint is taken, before its data, at 4 ranks (what
 # once ended in HDF5 1.10's hang at the close, by the watchdog with status 4): the file's blocks
 # are its own before the first write, so the step-6 file is written whole and published; what
 # it did not use of its room is freed (the tmpfs holds the files' bytes, no more). Step 9 is
 # refused for want of room.
 fill_room_case() {
-  local name=fills-after-room start rc elapsed
+  local name=fills-after-room rc
   local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
   mount -t tmpfs -o size=${kib}k tmpfs "$small"
   timeout 300 mpirun "${flags[@]}" -np 4 "$build/trellis" train "$work/full.deck" --parallel.dp=4 \
@@ -172,16 +191,7 @@ fill_room_case() {
     > "$work/$name.first.log" 2>&1
   check_log="$work/$name.first.log"
   check "$name: a first job writes the step-3 checkpoint" '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ]'
-  check_log="$work/$name.log"
-  start=$(date +%s)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=data -np 4 "$build/trellis" train \
-    "$work/full.deck" --parallel.dp=4 --run.dir="$work/run-$name" \
-    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
-  rc=$?
-  elapsed=$(( $(date +%s) - start ))
-  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
-  grep -E "trellis: error|checkpoint:" "$check_log" | cut -c1-300 | sed 's/^/     | /'
-  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  faulted_job "$name" 4 -x TRELLIS_FAULT_FILL_DISK=data -- --parallel.dp=4
   check "$name: the step-6 file written on the filled disk: latest names it, inspect verifies it" \
     '[ "$(cat "$small/ckpt/latest")" = step_00000006.h5 ] &&
      "$build/trellis" inspect "$small/ckpt/step_00000006.h5" > "$work/$name.inspect"'
@@ -211,19 +221,10 @@ fill_room_case
 # `latest` was written beside it before the checkpoint (a rename needs no room), so step 3 is
 # still published whole; step 6 is refused for want of room.
 closed_case() {
-  local name=fills-when-closed start rc elapsed
+  local name=fills-when-closed
   local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
   mount -t tmpfs -o size=${kib}k tmpfs "$small"
-  check_log="$work/$name.log"
-  start=$(date +%s)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=closed -np 2 "$build/trellis" \
-    train "$work/full.deck" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
-    > "$check_log" 2>&1
-  rc=$?
-  elapsed=$(( $(date +%s) - start ))
-  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
-  grep -E "trellis: error|checkpoint:" "$check_log" | cut -c1-300 | sed 's/^/     | /'
-  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  faulted_job "$name" 2 -x TRELLIS_FAULT_FILL_DISK=closed --
   check "$name: step 3 published on the full disk: latest names it, inspect verifies it" \
     '[ "$(cat "$small/ckpt/latest")" = step_00000003.h5 ] &&
      "$build/trellis" inspect "$small/ckpt/step_00000003.h5" > "$work/$name.inspect"'
@@ -241,22 +242,13 @@ closed_case
 # it was created — without that room HDF5 1.10's close ended in a crash at 2 ranks (status 139)
 # and a hang at 4. Status 2 naming the file's room; the step-3 checkpoint stays latest.
 room_taken_case() {
-  local np=$1 name=full-at-room-np$1 start rc elapsed
+  local np=$1 name=full-at-room-np$1
   local kib=$(( (2 * one + need + 256 * 1024) / 1024 ))
   mount -t tmpfs -o size=${kib}k tmpfs "$small"
   timeout 300 mpirun "${flags[@]}" -np "$np" "$build/trellis" train "$work/full.deck" \
     --parallel.dp="$np" --run.dir="$work/run-$name" --checkpoint.dir="$small/ckpt" \
     --train.steps=3 > "$work/$name.first.log" 2>&1
-  check_log="$work/$name.log"
-  start=$(date +%s)
-  timeout 300 mpirun "${flags[@]}" -x TRELLIS_FAULT_FILL_DISK=room -np "$np" "$build/trellis" \
-    train "$work/full.deck" --parallel.dp="$np" --run.dir="$work/run-$name" \
-    --checkpoint.dir="$small/ckpt" > "$check_log" 2>&1
-  rc=$?
-  elapsed=$(( $(date +%s) - start ))
-  echo "     $name: the job ended with exit $rc after ${elapsed}s; it said:"
-  grep -E "trellis: error" "$check_log" | cut -c1-300 | sed 's/^/     | /'
-  check "$name: the job ends with status 2 within ${limit}s (exit $rc, ${elapsed}s)" '[ $rc -eq 2 ] && [ $elapsed -lt $limit ]'
+  faulted_job "$name" "$np" -x TRELLIS_FAULT_FILL_DISK=room -- --parallel.dp="$np"
   check "$name: one message naming step_00000006.h5, its room and 'No space left on device'" \
     '[ "$(grep -c "error:.*step_00000006.h5: cannot set aside .* for the file .*No space left on device" "$check_log")" -eq 1 ]'
   check "$name: latest still names step_00000003.h5, nothing else left" \
