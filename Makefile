@@ -272,7 +272,7 @@ ASAN_SRC := $(sort $(CKPT_IO_SRC) $(wildcard lib/config/*.cpp lib/core/*.cpp)) t
             tests/mpi_util.cpp tests/ckpt/test_ckpt_dir.cpp tests/ckpt/mpi_test_ckpt.cpp \
             tests/ckpt/mpi_test_digest.cpp tests/ckpt/mpi_test_read_share.cpp \
             tests/ckpt/test_ckpt_room.cpp \
-            tests/config/test_config.cpp
+            tests/config/test_config.cpp tests/config/test_bad_decks.cpp
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
 
 $(BUILD)/asan_tests: $(ASAN_SRC:%.cpp=$(BUILD)/obj/%.o)

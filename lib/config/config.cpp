@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -38,6 +39,26 @@ std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+/// The layer counts of parallel.stage_layers ("4,3,3"), each between 1 and `layers`; empty where
+/// the list is malformed (an empty item, as a trailing comma leaves, or anything not a count).
+std::vector<int> stage_layer_counts(const std::string& list, int layers) {
+  std::vector<int> counts;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = list.find(',', begin);
+    const std::string item = trim(list.substr(begin, comma == std::string::npos ? std::string::npos
+                                                                                : comma - begin));
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != 0 || item.find_first_not_of("0123456789") != std::string::npos ||
+        v < 1 || v > layers)
+      return {};
+    counts.push_back(int(v));
+    if (comma == std::string::npos) return counts;
+    begin = comma + 1;
+  }
 }
 
 // What Boost sees of a line: comments cut at '#', whitespace trimmed.
@@ -306,20 +327,12 @@ class Validator {
            "model.d_ff = " + n(m.d_ff) + " is not divisible by parallel.tp = " + n(p.tp) +
                ": the MLP's columns split evenly over tp ranks");
     if (!p.stage_layers.empty()) {
-      std::vector<int> counts;
-      std::string item;
-      std::stringstream list(p.stage_layers);
-      int sum = 0;
-      while (std::getline(list, item, ',')) {
-        char* end = nullptr;
-        long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != 0 || v < 1 || v > m.layers)
-          fail(where({"parallel.stage_layers"}),
-               "parallel.stage_layers = '" + p.stage_layers +
-                   "': expected a comma-separated list of layer counts, each at least 1");
-        counts.push_back(int(v));
-        sum += int(v);
-      }
+      const std::vector<int> counts = stage_layer_counts(p.stage_layers, m.layers);
+      if (counts.empty())
+        fail(where({"parallel.stage_layers"}),
+             "parallel.stage_layers = '" + p.stage_layers +
+                 "': expected a comma-separated list of layer counts, each at least 1");
+      const int sum = std::accumulate(counts.begin(), counts.end(), 0);
       if (int(counts.size()) != p.pp || sum != m.layers)
         fail(where({"parallel.stage_layers", "parallel.pp", "model.layers"}),
              "parallel.stage_layers = '" + p.stage_layers + "' must list parallel.pp = " + n(p.pp) +
@@ -469,9 +482,7 @@ void check_supported_backend(const Config& cfg) {
 StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage) {
   std::vector<int> counts;
   if (!p.stage_layers.empty()) {
-    std::stringstream list(p.stage_layers);
-    std::string item;
-    while (std::getline(list, item, ',')) counts.push_back(std::stoi(item));
+    counts = stage_layer_counts(p.stage_layers, m.layers);  // validated: pp counts
   } else {
     for (int s = 0; s < p.pp; ++s) counts.push_back(m.layers / p.pp + (s < m.layers % p.pp ? 1 : 0));
   }
