@@ -67,7 +67,8 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "model",
        .key = "seed",
        .field = FIELD(model.seed),
-       .help = "seed of the weight initialization"},
+       .help = "seed of the weight initialization (nothing else: the synthetic data has "
+               "data.synthetic_seed)"},
       // [parallel]
       {.section = "parallel",
        .key = "dp",
@@ -242,6 +243,11 @@ const std::vector<KeyEntry>& key_table() {
        .field = FIELD(data.synthetic_alpha),
        .bound = above(0),
        .help = "Dirichlet concentration of the successor probabilities"},
+      {.section = "data",
+       .key = "synthetic_seed",
+       .field = FIELD(data.synthetic_seed),
+       .help = "seed of the synthetic Markov source (its law and its walk); model.seed draws only "
+               "the initial weights"},
       // [eval]
       {.section = "eval",
        .key = "every",

@@ -46,7 +46,8 @@ std::string held_out_overlap(const TokenSource& training, const TokenSource& hel
 
 /// The individual sources (make_token_source chooses among them by data.source). `key` names
 /// data.path in messages (eval.path for the held-out data).
-/// Synthetic: data.synthetic_tokens tokens of a random order-k Markov source seeded by model.seed;
+/// Synthetic: data.synthetic_tokens tokens of a random order-k Markov source seeded by
+/// data.synthetic_seed;
 /// with `skip` > 0 the walk's tokens [skip, skip + data.synthetic_tokens) instead of its first
 /// ones (the held-out data: the training corpus' walk continued, in the same stationary regime).
 std::unique_ptr<TokenSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model,

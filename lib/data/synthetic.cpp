@@ -105,7 +105,7 @@ class SyntheticSource final : public TokenSource {
     if (data.synthetic_tokens < 1)
       throw UserError(strfmt("data.synthetic_tokens must be ≥ 1 (got %lld)",
                              static_cast<long long>(data.synthetic_tokens)));
-    law_ = Law{model.seed, model.vocab, data.synthetic_order, data.synthetic_branching,
+    law_ = Law{data.synthetic_seed, model.vocab, data.synthetic_order, data.synthetic_branching,
                 data.synthetic_alpha};
     // V^k, saturating.
     uint64_t states = 1;
@@ -136,12 +136,12 @@ class SyntheticSource final : public TokenSource {
                                      converged_ ? "" : " (power iteration not fully converged)");
     return strfmt(
                "synthetic Markov source%s: %lld tokens, vocab %d, order %d, %d successors per "
-               "context (Dirichlet alpha %g), ",
+               "context (Dirichlet alpha %g, seed %llu), ",
                skip_
                    ? strfmt(" (held out: the walk's tokens from %lld on)", (long long)skip_).c_str()
                    : "",
                static_cast<long long>(tokens_.size()), law_.vocab, law_.order, law_.branching,
-               law_.alpha) +
+               law_.alpha, static_cast<unsigned long long>(law_.seed)) +
            floor;
   }
   int vocab() const override { return law_.vocab; }

@@ -26,9 +26,9 @@ inline std::unique_ptr<TokenSource> synthetic(uint64_t seed, int vocab, int orde
   d.synthetic_order = order;
   d.synthetic_branching = branching;
   d.synthetic_alpha = alpha;
+  d.synthetic_seed = seed;
   ModelConfig m;
   m.vocab = vocab;
-  m.seed = seed;
   return make_token_source(d, m);
 }
 
