@@ -557,6 +557,13 @@ std::string effective_deck_ini(const Config& cfg) {
       out += "\n[" + section + "]\n";
     }
     const std::string value = config::value_text(e, cfg);
+    if (e.name() == "checkpoint.dir" &&
+        std::find(cfg.derived.begin(), cfg.derived.end(), e.name()) != cfg.derived.end()) {
+      // Left to be derived again: the deck run under another run.dir (deck.ini is reused so)
+      // keeps its checkpoints there, not in this run's, which its retention would delete.
+      out += std::string(e.key) + " =  # empty: run.dir/ckpt (" + value + " in this run)\n";
+      continue;
+    }
     out += std::string(e.key) + (value.empty() ? " =" : " = " + value) + "\n";
   }
   return out;

@@ -187,6 +187,15 @@ TEST_F(ConfigTest, EffectiveDeckRoundTrips) {
   // Identical apart from the header line naming the source deck.
   const auto body = [](const std::string& s) { return s.substr(s.find('\n')); };
   EXPECT_EQ(body(trellis::effective_deck_ini(b)), body(ini));
+  // Run under another run.dir (deck.ini reused), its checkpoints go there, not into the run's
+  // whose deck it was; a checkpoint.dir the deck set stays.
+  EXPECT_EQ(load_config(write(ini, "effective.ini"), {"--run.dir=runs/new"}, 1).checkpoint.dir,
+            "runs/new/ckpt");
+  const Config c = load_config(deck, {"--checkpoint.dir=shared/ckpt"}, 1);
+  EXPECT_EQ(load_config(write(trellis::effective_deck_ini(c), "effective.ini"),
+                        {"--run.dir=runs/new"}, 1)
+                .checkpoint.dir,
+            "shared/ckpt");
 }
 
 TEST_F(ConfigTest, ConfigTableMarksChangesAndDerived) {
