@@ -28,18 +28,41 @@ World::~World() {
   if (owns_mpi_ && !finalised) MPI_Finalize();
 }
 
+/// Rank `root`'s `mine` on every rank.
+static std::string text_of_rank(MPI_Comm comm, int root, const std::string& mine) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int len = rank == root ? static_cast<int>(mine.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, root, comm);
+  std::vector<char> text(mine.begin(), mine.end());
+  text.resize(len);
+  MPI_Bcast(text.data(), len, MPI_CHAR, root, comm);
+  return std::string(text.begin(), text.end());
+}
+
 std::string agree_on_error(MPI_Comm comm, const std::string& error) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   int mine = error.empty() ? INT_MAX : rank, first = INT_MAX;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
   if (first == INT_MAX) return {};
-  int len = rank == first ? static_cast<int>(error.size()) : 0;
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
-  std::vector<char> text(error.begin(), error.end());
-  text.resize(len);
-  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
-  return std::string(text.begin(), text.end());
+  return text_of_rank(comm, first, error);
+}
+
+RankDifference first_rank_differing(MPI_Comm comm, uint64_t fingerprint,
+                                    const std::string& description) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  uint64_t rank0 = fingerprint;
+  MPI_Bcast(&rank0, 1, MPI_UINT64_T, 0, comm);
+  int mine = fingerprint == rank0 ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return {};
+  RankDifference d;
+  d.rank = first;
+  d.theirs = text_of_rank(comm, first, description);
+  d.rank0 = text_of_rank(comm, 0, description);
+  return d;
 }
 
 std::string settings_differ_from_rank0(

@@ -44,6 +44,15 @@ bool failed_together(MPI_Comm comm, const std::string& error, const std::string&
 std::string settings_differ_from_rank0(MPI_Comm comm,
                                        const std::vector<std::pair<std::string, std::string>>& settings);
 
+/// Collective: the lowest rank whose `fingerprint` differs from rank 0's (rank -1: none) and
+/// both ranks' `description` of what they hold, the same on every rank.
+struct RankDifference {
+  int rank = -1;
+  std::string theirs, rank0;
+};
+RankDifference first_rank_differing(MPI_Comm comm, uint64_t fingerprint,
+                                    const std::string& description);
+
 /// This rank's part of a setup phase: runs `work` and returns "" or what bad input (a UserError)
 /// went wrong. Other exceptions pass through.
 std::string setup_error(const std::function<void()>& work);

@@ -40,6 +40,12 @@ class TokenSource {
   virtual std::vector<File> files() const { return {}; }
 };
 
+/// A hash of what the source holds: its vocabulary, its pieces' sizes and 1024 of its tokens
+/// spread evenly over them, the first and the last among them (1024 page reads at most, at
+/// start-up). Ranks that each read the files themselves compare it: a copy on one node's local
+/// disk, stale or cut short, differs.
+uint64_t content_fingerprint(const TokenSource& source);
+
 /// "" when no file of `held_out` is one of `training`'s (under any name), else what is shared,
 /// naming eval.path and data.path.
 std::string held_out_overlap(const TokenSource& training, const TokenSource& held_out);

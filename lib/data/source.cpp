@@ -1,8 +1,10 @@
 // Chooses the token source by data.source, for training and for the held-out evaluation.
+#include <algorithm>
 #include <map>
 
 #include "core/error.hpp"
 #include "data/data.hpp"
+#include "data/rng.hpp"
 
 namespace trellis {
 
@@ -24,6 +26,22 @@ std::string held_out_overlap(const TokenSource& training, const TokenSource& hel
              (it->second == f.path ? std::string() : " (as " + it->second + " in data.path)") +
              ": the held-out loss would be measured on the training data";
   return {};
+}
+
+uint64_t content_fingerprint(const TokenSource& source) {
+  using data_rng::hash_combine;
+  uint64_t h = hash_combine(0x7E11150, uint64_t(source.vocab()));
+  for (int64_t n : source.piece_sizes()) h = hash_combine(h, uint64_t(n));
+  const int64_t n = source.num_windows(1);  // every token, numbered piece by piece
+  const int64_t samples = std::min<int64_t>(n, 1024);
+  for (int64_t i = 0; i < samples; ++i) {
+    // i·(n − 1)/(samples − 1): from the first token to the last, evenly (n < 2^51: exact).
+    const int64_t k = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
+    int32_t token = 0;
+    source.window(k, 1, &token);
+    h = hash_combine(h, uint64_t(uint32_t(token)));
+  }
+  return h;
 }
 
 std::unique_ptr<TokenSource> make_held_out_source(const DataConfig& data, const EvalConfig& eval,

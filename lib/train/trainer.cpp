@@ -23,6 +23,20 @@
 
 namespace trellis {
 
+void Trainer::same_data_on_every_rank(const TokenSource& source, const char* key,
+                                      const std::string& value) const {
+  if (source.files().empty()) return;  // drawn alike on every rank (the settings agree)
+  const std::string holds = strfmt("%lld tokens in %zu file(s)", (long long)source.size(),
+                                   source.files().size());
+  const RankDifference d = first_rank_differing(comm_, content_fingerprint(source), holds);
+  if (d.rank < 0) return;
+  throw UserError(std::string(key) + " = '" + value + "': rank " + std::to_string(d.rank) +
+                  " reads other tokens there than rank 0 (" + d.theirs + " on rank " +
+                  std::to_string(d.rank) + ", " + d.rank0 +
+                  " on rank 0): every rank must read the same data (a copy on each node's "
+                  "own disk, stale or cut short on one?)");
+}
+
 Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> backend)
     : cfg_(cfg), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
@@ -61,6 +75,10 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
                                          sampling_from(cfg_.data.sampling),
                                          cfg_.train.global_batch);
   });
+  // Each rank reads the data files itself: a copy on each node's local disk, stale or cut short
+  // on one, would otherwise train the ranks on different data without a word.
+  same_data_on_every_rank(*source_, "data.path", cfg_.data.path);
+  if (held_out_source_) same_data_on_every_rank(*held_out_source_, "eval.path", cfg_.eval.path);
   // Each phase of the set-up is progress for the hang watchdog (train_main's): each may be long
   // for a large model on its own, but only one that never ends is a hang.
   watchdog_beat("connecting the ranks (grid, communicators)");

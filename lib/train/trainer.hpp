@@ -104,6 +104,10 @@ class Trainer {
   bool stopped_early() const { return stopped_early_; }
 
  private:
+  /// Collective: a UserError on every rank where a rank's `source` (of the deck's `key` =
+  /// `value`) holds other tokens than rank 0's (content_fingerprint).
+  void same_data_on_every_rank(const TokenSource& source, const char* key,
+                               const std::string& value) const;
   void print_start() const;
   /// The log's line on how training sequences are drawn (data.sampling).
   std::string sampling_line() const;

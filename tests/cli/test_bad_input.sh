@@ -177,6 +177,28 @@ if [ $rc -eq 2 ] && [ "$(grep -c -F "not-on-this-node.txt" "$out")" -eq 1 ] && [
 else
   failed=$((failed + 1)); echo "FAIL data file missing on one rank only: exit $rc"; sed 's/^/     | /' "$out" | head -20
 fi
+# A data file each rank reads from its own node's copy, one of them stale: cut short, or as long
+# with other text. Every rank stops with one message naming the key and the rank, status 2 —
+# not ranks trained on different data without a word.
+head -c 3000 "$work/corpus.txt" > "$work/node1/short.txt"
+cp "$work/corpus.txt" "$work/node0/short.txt"
+base64 /dev/urandom | head -c 6000 > "$work/node1/other.txt"
+cp "$work/corpus.txt" "$work/node0/other.txt"
+for stale in short other; do
+  rm -rf "$run"
+  timeout 60 mpirun "${flags[@]}" -np 1 -wdir "$work/node0" "$bin" "${common[@]}" \
+    --data.path=$stale.txt : -np 1 -wdir "$work/node1" "$bin" "${common[@]}" \
+    --data.path=$stale.txt > "$out" 2>&1
+  rc=$?
+  holds="rank 1 reads other tokens there than rank 0 ($([ $stale = short ] && echo 3000 || echo 6000) tokens in 1 file(s) on rank 1, 6000 tokens in 1 file(s) on rank 0)"
+  if [ $rc -eq 2 ] && [ "$(grep -c -F "data.path = '$stale.txt': $holds" "$out")" -eq 1 ] &&
+     [ ! -e "$run/ckpt" ]; then
+    passed=$((passed + 1)); echo "ok   a data file of other content on one rank ($stale)"
+  else
+    failed=$((failed + 1)); echo "FAIL a data file of other content on one rank ($stale): exit $rc"
+    sed 's/^/     | /' "$out" | head -20
+  fi
+done
 # Ranks started with other settings (a copy of the deck on each node, one of them stale): one
 # message naming the rank and the key, status 2, before any collective of the run — not two
 # models of other shapes meeting in the same all-reduce (heap corruption, a segfault).
