@@ -162,6 +162,10 @@ void parse_deck_text(const std::string& path, const std::string& raw, Sources& s
                "lists them)");
   };
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) no_key();
+  // A NUL byte ends every C string the message passes through: say where it is instead.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    fail(path + ":" + std::to_string(1 + std::count(text.begin(), text.begin() + nul, '\n')),
+         "the deck holds a NUL byte (a binary file, or one an editor saved as UTF-16?)");
 
   check_sections(path, text);
 

@@ -95,6 +95,8 @@ GenerateOptions parse_options(const std::vector<std::string>& args) {
   if (o.has_prompt == o.has_prompt_ids)
     throw UserError("give exactly one of --prompt and --prompt-ids");
   if (o.tokens < 0) throw UserError("--tokens " + std::to_string(o.tokens) + ": expected ≥ 0");
+  if (vm.count("logits-out") && o.logits_out.empty())
+    throw UserError("--logits-out: an empty path; give the file to write");
   if (!std::isfinite(o.sampling.temperature) || o.sampling.temperature < 0)
     throw UserError(strfmt("--temperature %g: expected a number ≥ 0 (0 = greedy)", o.sampling.temperature));
   if (vm.count("blas-threads") && o.threads < 0)

@@ -105,7 +105,10 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "--reserve") o.reserve = parse_size(take(), name);
     else if (name == "--threads") o.threads = parse_int(take(), name, 1, 1 << 16);
     else if (name == "--top") o.top = parse_int(take(), name, 0, 1 << 30);
-    else if (name == "--json") o.json = take();
+    else if (name == "--json") {
+      o.json = take();
+      if (o.json.empty()) throw UserError("--json: an empty path; give the file to write");
+    }
     else throw UserError("unknown option '" + name + "' (trellis plan --help lists them)");
   }
   if (o.deck.empty()) throw UserError("which deck? usage: trellis plan DECK [options]");

@@ -47,6 +47,9 @@ TuneOptions parse_tune_options(const std::vector<std::string>& args) {
     po::variables_map vm;
     po::store(parsed, vm);
     po::notify(vm);
+    if (vm.count("out") && o.out.empty())
+      throw UserError("trellis tune: --out: an empty path; give the file to write (or leave "
+                      "--out out: RUN_DIR/tuned.deck)");
     rest = po::collect_unrecognized(parsed.options, po::include_positional);
   } catch (const po::error& e) {
     throw UserError(strfmt("trellis tune: %s", e.what()));

@@ -117,6 +117,7 @@ expect "deck is a pipe"               1 2 "not a regular file"           -- trai
 expect "data.path is a pipe"          1 2 "'$work/pipe' is not a regular file" -- train "$ok" --data.source=tokens --data.path="$work/pipe"
 expect "tune --out is a directory"    1 2 "a directory; name the deck file" -- tune "$ok" --out "$work"
 expect "tune --out is the deck"       1 2 "the deck given; name another file" -- tune "$ok" --out "$ok"
+expect "tune --out of an empty path"  1 2 "--out: an empty path" -- tune "$ok" --out ""
 expect "bench given two decks"        1 2 "more than one deck given"     -- bench "$ok" "$ok"
 printf '# comments\n[model]\n[train] # and headers, but no key\n' > "$work/keyless.deck"
 expect "deck without a key"           2 2 "the deck is empty"            -- train "$work/keyless.deck"

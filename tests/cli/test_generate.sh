@@ -106,6 +106,8 @@ bad "an id outside the vocabulary" 1 "'50' is not a token id" "$work/tokens" --p
 bad "an unknown option" 2 "--bogus" "$work/text" --prompt a --bogus
 bad "a negative temperature" 1 "--temperature" "$work/text" --prompt a --temperature -1
 bad "ids ending in a comma" 1 "'1,2,' ends in a comma" "$work/tokens" --prompt-ids 1,2,
+bad "an empty --logits-out" 1 "--logits-out: an empty path" "$work/tokens" --prompt-ids 1,2 \
+  --logits-out ""
 bad "a negative seed" 2 "--seed -1: expected an integer" "$work/text" --prompt a --seed -1
 bad "a seed past 2^64" 1 "--seed 18446744073709551616: expected" "$work/text" --prompt a \
   --seed 18446744073709551616

@@ -141,6 +141,8 @@ rc=$(run_plan "$work/tiny.deck" --precision fp16)
 check "bad --precision: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--precision" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpus)
 check "--gpus without a value: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpus" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --json "")
+check "--json of an empty path: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--json: an empty path" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
 check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)

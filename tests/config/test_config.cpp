@@ -92,6 +92,16 @@ TEST_F(ConfigTest, ByteOrderMarkIsSkipped) {
   EXPECT_NE(e.find("unknown key 'layers'"), std::string::npos) << e;
 }
 
+// A NUL byte would cut every message short where it is: the deck's line is named instead.
+TEST_F(ConfigTest, NulByteIsNamedWithItsLine) {
+  const std::string deck = write(std::string("[model]\nlayers = 3\n[data]\nx\0y = 1\n", 34));
+  const std::string e = error_of(deck);
+  EXPECT_EQ(e, deck + ":4: the deck holds a NUL byte (a binary file, or one an editor saved as "
+                      "UTF-16?)");
+  EXPECT_EQ(error_of(write(std::string("\xFF\xFE[\0m\0", 6))).rfind(deck + ":1: the deck holds", 0),
+            0u);
+}
+
 // Every value is stored in the effective deck (run.dir/deck.ini, each checkpoint) and read back by
 // resumes and trellis eval: a command-line value the deck cannot hold is refused up front, and the
 // edges' blanks are trimmed as the deck's are.
