@@ -1,6 +1,5 @@
 #include "ckpt/stored_config.hpp"
 
-#include <sstream>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -23,27 +22,6 @@ Config stored_config(const std::string& path, const std::vector<std::string>& ov
                             precision);
 }
 
-/// Whether the deck text sets `key` in its `[section]` (a stored deck lists every key of the build
-/// that wrote it, so a key it lacks is younger than the file).
-static bool deck_sets(const std::string& deck, const std::string& section,
-                      const std::string& key) {
-  const auto trim = [](const std::string& t) {
-    const auto b = t.find_first_not_of(" \t\r");
-    return b == std::string::npos ? std::string() : t.substr(b, t.find_last_not_of(" \t\r") - b + 1);
-  };
-  std::istringstream lines(deck);
-  std::string line, current;
-  while (std::getline(lines, line)) {
-    line = trim(line.substr(0, line.find('#')));
-    if (!line.empty() && line.front() == '[' && line.back() == ']')
-      current = trim(line.substr(1, line.size() - 2));
-    else if (current == section && line.find('=') != std::string::npos &&
-             trim(line.substr(0, line.find('='))) == key)
-      return true;
-  }
-  return false;
-}
-
 Config stored_deck_config(const std::string& deck, const std::string& where,
                           const std::vector<std::string>& overrides, int world_size,
                           StoredPrecision precision) {
@@ -63,11 +41,14 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
                                      "system.backend=cpu",
                                      "system.grad_reduce=fp32"};
   if (precision == StoredPrecision::fp32) layout.push_back("system.precision=fp32");
-  if (!deck_sets(deck, "data", "synthetic_seed")) {
+  if (!deck_sets_key(deck, "data.synthetic_seed")) {
     // Stored before data.synthetic_seed existed, when model.seed drew the synthetic source too:
-    // the run's data was that seed's (before any override, which may still change it).
-    const Config before = load_config_text(deck, where, layout, world_size);
-    layout.push_back("data.synthetic_seed=" + std::to_string(before.model.seed));
+    // the run's corpus was that seed's (the user's overrides, after, may still change it). Read
+    // as one rank's, which any deck a run stored passes, before the overrides that may be what
+    // makes it fit this job's ranks (eval's --train.micro_batch).
+    const Config before = load_config_text(deck, where, layout, 1);
+    if (before.data.source == "synthetic")
+      layout.push_back("data.synthetic_seed=" + std::to_string(before.model.seed));
   }
   layout.insert(layout.end(), overrides.begin(), overrides.end());
   return load_config_text(deck, where, layout, world_size);

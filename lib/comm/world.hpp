@@ -44,12 +44,13 @@ bool failed_together(MPI_Comm comm, const std::string& error, const std::string&
 std::string settings_differ_from_rank0(MPI_Comm comm,
                                        const std::vector<std::pair<std::string, std::string>>& settings);
 
-/// Collective: the lowest rank whose `fingerprint` differs from rank 0's (rank -1: none) and
-/// both ranks' `description` of what they hold, the same on every rank.
+/// A rank that holds something other than rank 0 does, and what each of the two says it holds.
 struct RankDifference {
-  int rank = -1;
+  int rank = -1;  // none
   std::string theirs, rank0;
 };
+/// Collective: the lowest rank whose `fingerprint` differs from rank 0's, with both ranks'
+/// `description`, the same on every rank.
 RankDifference first_rank_differing(MPI_Comm comm, uint64_t fingerprint,
                                     const std::string& description);
 

@@ -483,6 +483,10 @@ void check_supported_backend(const Config& cfg) {
 #endif
 }
 
+bool deck_sets_key(const std::string& deck_text, const std::string& name) {
+  return key_lines(deck_text).count(name) > 0;
+}
+
 StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stage) {
   std::vector<int> counts;
   if (!p.stage_layers.empty()) {
@@ -490,6 +494,9 @@ StageLayers stage_layers(const ModelConfig& m, const ParallelConfig& p, int stag
   } else {
     for (int s = 0; s < p.pp; ++s) counts.push_back(m.layers / p.pp + (s < m.layers % p.pp ? 1 : 0));
   }
+  TRELLIS_CHECK(int(counts.size()) == p.pp && stage >= 0 && stage < p.pp,
+                "parallel.stage_layers = '%s' for pp %d, stage %d: not a validated deck",
+                p.stage_layers.c_str(), p.pp, stage);
   StageLayers r{0, 0};
   for (int s = 0; s <= stage; ++s) {
     r.first = r.end;
@@ -545,10 +552,16 @@ Config config_from_sources(const std::string& deck_path, Sources& sources,
   check_supported_layout(cfg);
   if (require_built_backend) check_supported_backend(cfg);
 
-  for (const auto& e : key_table()) cfg.effective.emplace_back(e.name(), config::value_text(e, cfg));
+  cfg.effective = effective_values(cfg);
   return cfg;
 }
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> effective_values(const Config& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : key_table()) out.emplace_back(e.name(), config::value_text(e, cfg));
+  return out;
+}
 
 std::string effective_deck_ini(const Config& cfg) {
   std::string out = "# Effective deck written by trellis (from " +

@@ -146,12 +146,21 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
 Config load_config_text(const std::string& deck_text, const std::string& deck_name,
                         const std::vector<std::string>& overrides, int world_size);
 
+/// Whether the deck's text gives the key `name` ("section.key") a line, read as the parser does
+/// (comments dropped; a dotted name outside any section counts). A stored deck lists every key of
+/// the build that wrote it: one it lacks is younger than the file.
+bool deck_sets_key(const std::string& deck_text, const std::string& name);
+
 /// Rejects layouts this build cannot run yet (anything but one rank, ZeRO off). The one place
 /// to loosen as multi-rank support lands. Throws UserError naming the keys.
 void check_supported_layout(const Config& cfg);
 
 /// Rejects backends this build lacks (CUDA for now). Throws UserError naming system.backend.
 void check_supported_backend(const Config& cfg);
+
+/// Every key with its value in `cfg` as text, in key-table order (what Config::effective holds
+/// as loaded).
+std::vector<std::pair<std::string, std::string>> effective_values(const Config& cfg);
 
 /// The effective deck as INI text: a valid deck that reproduces this Config.
 std::string effective_deck_ini(const Config& cfg);

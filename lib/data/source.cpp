@@ -35,7 +35,8 @@ uint64_t content_fingerprint(const TokenSource& source) {
   const int64_t n = source.num_windows(1);  // every token, numbered piece by piece
   const int64_t samples = std::min<int64_t>(n, 1024);
   for (int64_t i = 0; i < samples; ++i) {
-    // i·(n − 1)/(samples − 1): from the first token to the last, evenly (n < 2^51: exact).
+    // i·(n − 1)/(samples − 1): from the first token to the last, evenly (i < 2^10: no overflow
+    // below 2^53 tokens).
     const int64_t k = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
     int32_t token = 0;
     source.window(k, 1, &token);

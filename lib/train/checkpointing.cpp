@@ -211,7 +211,10 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       check_same_deck(meta, path);
       std::string model;
       for (const KeyChange& c : changed_keys(stored, cfg_)) {
-        const std::string change = c.key + " = " + c.before + " there, " + c.after + " here";
+        std::string change = c.key + " = " + c.before + " there, " + c.after + " here";
+        if (c.key == "data.synthetic_seed" && !deck_sets_key(meta.text["deck"], c.key))
+          change += " (written before the key existed, when model.seed drew the synthetic "
+                    "corpus: --data.synthetic_seed=" + c.before + " goes on with it)";
         if (is_model_shape_key(c.key))
           model += (model.empty() ? "" : "; ") + change;
         else if (changes_the_course(c.key))
@@ -383,8 +386,9 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
       start_error = e.what();  // (every rank's: rank 0 resolved it)
     }
     candidates = resume_candidates(world_, cfg_.checkpoint.dir);
-    int rank = 0, go_on = 0;
+    int rank = 0, size = 1, go_on = 0;
     MPI_Comm_rank(world_, &rank);
+    MPI_Comm_size(world_, &size);
     if (rank == 0 && !candidates.empty()) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
@@ -393,9 +397,12 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
         // deck to the letter) goes on: the same step tried again under other settings (another
         // lr, another precision) is a new course from it, not a requeue.
         const bool inside = resolved(start).parent_path() == resolved(cfg_.checkpoint.dir);
+        // (Compared key by key, as each build reads it, not as text: a key younger than the file,
+        // or a derived value written otherwise, is no other course.)
         go_on = deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how &&
-                (!inside || deck->second == effective_deck_ini(cfg_));
+                (!inside || load_config_text(deck->second, candidates.front(), {}, size).effective ==
+                                effective_values(cfg_));
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked
       }

@@ -23,12 +23,12 @@
 
 namespace trellis {
 
-void Trainer::same_data_on_every_rank(const TokenSource& source, const char* key,
-                                      const std::string& value) const {
+void Trainer::same_data_on_every_rank(const TokenSource& source, uint64_t fingerprint,
+                                      const char* key, const std::string& value) const {
   if (source.files().empty()) return;  // drawn alike on every rank (the settings agree)
   const std::string holds = strfmt("%lld tokens in %zu file(s)", (long long)source.size(),
                                    source.files().size());
-  const RankDifference d = first_rank_differing(comm_, content_fingerprint(source), holds);
+  const RankDifference d = first_rank_differing(comm_, fingerprint, holds);
   if (d.rank < 0) return;
   throw UserError(std::string(key) + " = '" + value + "': rank " + std::to_string(d.rank) +
                   " reads other tokens there than rank 0 (" + d.theirs + " on rank " +
@@ -74,11 +74,17 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
     sampler_ = std::make_unique<Sampler>(*source_, cfg_.model.seq_len, cfg_.train.seed,
                                          sampling_from(cfg_.data.sampling),
                                          cfg_.train.global_batch);
+    // (Read here, where a read that fails on one rank stops every rank together.)
+    data_fingerprint_ = content_fingerprint(*source_);
+    if (held_out_source_) held_out_fingerprint_ = content_fingerprint(*held_out_source_);
   });
   // Each rank reads the data files itself: a copy on each node's local disk, stale or cut short
-  // on one, would otherwise train the ranks on different data without a word.
-  same_data_on_every_rank(*source_, "data.path", cfg_.data.path);
-  if (held_out_source_) same_data_on_every_rank(*held_out_source_, "eval.path", cfg_.eval.path);
+  // on one, would otherwise train the ranks on different data without a word. (`trellis eval`
+  // points data.path at eval.path: the held-out files first, under their own key.)
+  if (held_out_source_)
+    same_data_on_every_rank(*held_out_source_, held_out_fingerprint_, "eval.path", cfg_.eval.path);
+  if (!held_out_source_ || cfg_.data.path != cfg_.eval.path)
+    same_data_on_every_rank(*source_, data_fingerprint_, "data.path", cfg_.data.path);
   // Each phase of the set-up is progress for the hang watchdog (train_main's): each may be long
   // for a large model on its own, but only one that never ends is a hang.
   watchdog_beat("connecting the ranks (grid, communicators)");

@@ -105,8 +105,8 @@ class Trainer {
 
  private:
   /// Collective: a UserError on every rank where a rank's `source` (of the deck's `key` =
-  /// `value`) holds other tokens than rank 0's (content_fingerprint).
-  void same_data_on_every_rank(const TokenSource& source, const char* key,
+  /// `value`) holds other tokens than rank 0's: its `fingerprint` (content_fingerprint) differs.
+  void same_data_on_every_rank(const TokenSource& source, uint64_t fingerprint, const char* key,
                                const std::string& value) const;
   void print_start() const;
   /// The log's line on how training sequences are drawn (data.sampling).
@@ -128,6 +128,7 @@ class Trainer {
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<TokenSource> held_out_source_;  // eval.every > 0 only
+  uint64_t data_fingerprint_ = 0, held_out_fingerprint_ = 0;  // content_fingerprint, at set-up
   std::unique_ptr<HeldOutSet> held_out_;
   std::unique_ptr<Grid> grid_;
   std::unique_ptr<Comm> dp_comm_;

@@ -31,6 +31,22 @@ TEST(StoredDeck, ASourceStoredBeforeItsOwnSeedIsTheModelSeeds) {
   EXPECT_EQ(stored_deck_config(deck(""), "old").data.synthetic_seed, Config().model.seed);
 }
 
+// The seed is read as one rank's deck, before the overrides that make it fit this job's ranks.
+TEST(StoredDeck, TheOldSeedIsReadWhateverTheJobsRanks) {
+  // global_batch 4 over 4 ranks of micro_batch 2 does not divide: --train.micro_batch=1 does.
+  const Config c = stored_deck_config(deck("seed = 99"), "old", {"--train.micro_batch=1"}, 4);
+  EXPECT_EQ(c.data.synthetic_seed, 99u);
+  EXPECT_EQ(c.parallel.dp, 4);
+}
+
+// A run of text or tokens drew no synthetic corpus: its deck gets the default, not a change.
+TEST(StoredDeck, OnlyASyntheticRunTakesItsModelSeed) {
+  const Config c = stored_deck_config(deck("seed = 99\nvocab_multiple = 1",
+                                           "source = text\npath = corpus.txt"),
+                                      "old", {"--model.vocab=256"}, 1);
+  EXPECT_EQ(c.data.synthetic_seed, trellis::DataConfig().synthetic_seed);
+}
+
 TEST(StoredDeck, ASourceWithItsOwnSeedKeepsIt) {
   EXPECT_EQ(stored_deck_config(deck("seed = 99", "synthetic_seed = 5"), "new").data.synthetic_seed,
             5u);

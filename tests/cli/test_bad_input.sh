@@ -200,6 +200,20 @@ for stale in short other; do
     sed 's/^/     | /' "$out" | head -20
   fi
 done
+# The held-out file alike, under its own key (the training file the same on both).
+rm -rf "$run"
+timeout 60 mpirun "${flags[@]}" -np 1 -wdir "$work/node0" "$bin" "${common[@]}" \
+  --data.path="$work/corpus.txt" --eval.every=1 --eval.path=short.txt : -np 1 -wdir "$work/node1" \
+  "$bin" "${common[@]}" --data.path="$work/corpus.txt" --eval.every=1 --eval.path=short.txt \
+  > "$out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c -F "eval.path = 'short.txt': rank 1 reads other tokens there than rank 0 (3000 tokens" "$out")" -eq 1 ] &&
+   [ ! -e "$run/ckpt" ]; then
+  passed=$((passed + 1)); echo "ok   a held-out file of other content on one rank"
+else
+  failed=$((failed + 1)); echo "FAIL a held-out file of other content on one rank: exit $rc"
+  sed 's/^/     | /' "$out" | head -20
+fi
 # Ranks started with other settings (a copy of the deck on each node, one of them stale): one
 # message naming the rank and the key, status 2, before any collective of the run — not two
 # models of other shapes meeting in the same all-reduce (heap corruption, a segfault).
