@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -352,18 +353,50 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
         said);
 }
 
+/// Earlier starts of this run's job, as slurm/train.sbatch tells them (TRELLIS_JOB_RESTARTS: a
+/// requeue's count, or a chain link's place); rank 0's reading, on every rank. 0 where unset.
+static int64_t job_restarts(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  long long n = 0;
+  if (rank == 0)
+    if (const char* v = std::getenv("TRELLIS_JOB_RESTARTS"); v && *v) {
+      char* end = nullptr;
+      n = std::strtoll(v, &end, 10);
+      if (*end != 0 || n < 0) {
+        log(std::string("warning: TRELLIS_JOB_RESTARTS = '") + v +
+            "': not a count of restarts; taken as 0 (a first start)");
+        n = 0;
+      }
+    }
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  return n;
+}
+
 std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
   training_ = training;
   if (!training) return resume_from(false);
+  // A job that requeues itself runs the same command again: with `never` every start would throw
+  // the run's progress away and it would never finish. Its first start set the earlier run's
+  // checkpoints aside, so checkpoint.dir holds this run's own: a later start goes on from them.
+  if (cfg_.checkpoint.resume == "never")
+    if (const int64_t restarts = job_restarts(world_); restarts > 0) {
+      restarted_never_ = true;
+      log(strfmt("checkpoint.resume = never, but this is start %lld of the job "
+                 "(TRELLIS_JOB_RESTARTS: a requeue, or a later link of a chain): going on from "
+                 "this run's own checkpoints in %s, as auto would",
+                 (long long)restarts + 1, cfg_.checkpoint.dir.c_str()));
+    }
   const std::optional<int64_t> step = resume_from(true);
   // (auto without a checkpoint is a first start, or a run cut off before its first checkpoint
   // whose steps are redone: its logs stay, to be written over.)
-  set_aside_past(step ? *step : -1, logs_too && cfg_.checkpoint.resume == "never");
+  set_aside_past(step ? *step : -1,
+                 logs_too && cfg_.checkpoint.resume == "never" && !restarted_never_);
   return step;
 }
 
 std::optional<int64_t> Checkpointer::resume_from(bool training) {
-  const std::string& how = cfg_.checkpoint.resume;
+  const std::string how = restarted_never_ ? "auto" : cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
   const bool say_changes = training;
   std::vector<std::string> candidates;

@@ -73,6 +73,7 @@ class Checkpointer {
   ShardedParams& store_;
   MPI_Comm world_;
   bool training_ = true;  // resume()'s: a training run goes on, an evaluation only loads
+  bool restarted_never_ = false;  // resume = never on a later start of its job: as auto
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   double resumed_seconds_ = 0;                     // and the time its read took
   std::string resumed_path_;                        // and its file

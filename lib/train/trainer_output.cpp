@@ -246,6 +246,12 @@ void Trainer::finish() {
              history_.empty() ? NAN : history_.back().loss, at, (long long)cfg_.train.steps,
              history_.size(), tps, gflops, cfg_.run.dir.c_str(),
              !stopped_early_            ? ""
+             : checkpoint_step_ >= 0 && cfg_.checkpoint.resume == "never"
+                 ? strfmt(" — resubmit with --checkpoint.resume=auto to continue from its "
+                          "checkpoint of step %lld (never would start over; slurm/train.sbatch's "
+                          "later starts go on by themselves)",
+                          (long long)checkpoint_step_)
+                       .c_str()
              : checkpoint_step_ >= 0 ? strfmt(" — resubmit the same command to continue from its "
                                               "checkpoint of step %lld",
                                               (long long)checkpoint_step_)
