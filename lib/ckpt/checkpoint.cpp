@@ -239,7 +239,18 @@ std::string random_suffix(int64_t pid) {
 
 double file_size(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? double(st.st_size) : 0.0;
+  return ::stat(path.c_str(), &st) == 0 ? double(st.st_size) : -1.0;
+}
+
+std::string open_failure(const std::string& path, bool* gone) {
+  const std::string h5 = h5_error();
+  struct stat st;
+  const bool vanished = ::stat(path.c_str(), &st) != 0 && errno == ENOENT;
+  if (gone) *gone = vanished;
+  if (vanished)
+    return "no such file: removed since it was chosen (a run publishing checkpoints deletes all "
+           "but its newest checkpoint.keep; try again, or name a step file it keeps)";
+  return "not a readable HDF5 file (truncated or corrupt?): " + h5;
 }
 
 /// "" if path is an existing regular file, else why not.
@@ -340,7 +351,7 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   err = agree_error(comm, err);
   if (!err.empty()) throw UserError(where + err);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (!file.ok()) err = "not a readable HDF5 file (truncated or corrupt?): " + h5_error();
+  if (!file.ok()) err = open_failure(path);
   err = agree_error(comm, err);
   if (!err.empty()) throw UserError(where + err);
 
@@ -448,8 +459,7 @@ CkptMeta read_checkpoint_meta(const std::string& path) {
   std::string err = check_regular(path);
   if (!err.empty()) throw UserError(where + err);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok())
-    throw UserError(where + "not a readable HDF5 file (truncated or corrupt?): " + h5_error());
+  if (!file.ok()) throw UserError(where + open_failure(path));
   CkptMeta meta;
   err = read_attributes(file.get(), meta);
   if (!err.empty()) throw UserError(where + err);

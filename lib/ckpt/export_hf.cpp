@@ -112,8 +112,7 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
 
   silence_hdf5();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok())
-    throw UserError("checkpoint " + path + ": not a readable HDF5 file: " + h5_error());
+  if (!file.ok()) throw UserError("checkpoint " + path + ": " + open_failure(path));
   std::vector<SafeTensor> tensors;
   const ParamTable table(m);  // the whole model, global shapes
   // A file whose datasets carry digests carries one on each; another version's are not checked.
@@ -191,12 +190,19 @@ int export_main(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
   std::string path;
-  try {
-    path = resolve_checkpoint(positional[0]);  // (said below: a directory names no step)
-    export_hf_gpt2(path, positional[1]);
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "trellis export: error: %s\n", e.what());
-    return kExitBadInput;
+  // A directory's newest checkpoint, which a run publishing there may remove while it is read
+  // (its retention): chosen again, a few times.
+  for (int tries = 1;; ++tries) {
+    try {
+      path = resolve_checkpoint(positional[0]);  // (said below: a directory names no step)
+      export_hf_gpt2(path, positional[1]);
+      break;
+    } catch (const UserError& e) {
+      if (tries < 4 && chosen_checkpoint_gone(positional[0], path)) continue;
+      std::fprintf(stderr, "trellis export: error: %s\n",
+                   with_chosen_checkpoint_gone(e.what(), positional[0], path).c_str());
+      return kExitBadInput;
+    }
   }
   const std::filesystem::path out(positional[1]);  // ("hf-model/" names it as "hf-model" does)
   std::printf("exported %s → %s, %s (HF GPT-2)\n", path.c_str(),

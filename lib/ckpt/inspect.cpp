@@ -87,8 +87,10 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
   if (!err.empty()) throw UserError(path + ": " + err);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) {
-    std::fprintf(out, "%s: not a readable HDF5 file (truncated or corrupt?): %s\n", path.c_str(),
-                 h5_error().c_str());
+    bool gone = false;
+    const std::string why = open_failure(path, &gone);
+    if (gone) throw UserError(path + ": " + why);  // as a mistyped path: not damage
+    std::fprintf(out, "%s: %s\n", path.c_str(), why.c_str());
     return 1;
   }
   int problems = 0;

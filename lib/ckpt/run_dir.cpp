@@ -278,6 +278,19 @@ std::string resolve_checkpoint(const std::string& path) {
                   "checkpoint file, a checkpoint directory or a run directory)");
 }
 
+bool chosen_checkpoint_gone(const std::string& given, const std::string& chosen) {
+  struct stat st;
+  return given != chosen && ::stat(chosen.c_str(), &st) != 0 && errno == ENOENT;
+}
+
+std::string with_chosen_checkpoint_gone(const std::string& error, const std::string& given,
+                                        const std::string& chosen) {
+  if (!chosen_checkpoint_gone(given, chosen)) return error;
+  return error + " (the newest checkpoint of " + given + " when it was chosen, removed since: a " +
+         "run publishing there keeps only its newest checkpoint.keep; try again, or name a step " +
+         "file it keeps)";
+}
+
 namespace {
 
 /// Runs `work` on rank 0 only and gives every rank its strings, or its UserError: one answer

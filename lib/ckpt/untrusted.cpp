@@ -60,12 +60,12 @@ std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_b
   // Sizes: what the file stores for the dataset must fit in the file, and (uncompressed) hold
   // every value — a chunk never written would otherwise read back as zeros.
   const double stored = double(H5Dget_storage_size(dset));
-  if (stored > file_bytes)
+  if (file_bytes >= 0 && stored > file_bytes)  // (-1: the size unknown)
     return strfmt("claims %.0f bytes of data in a file of %.0f bytes", stored, file_bytes);
   if (!compressed && stored < values * 4)
     return strfmt("only %.0f of %.0f bytes of data stored (an incomplete file?)", stored,
                   values * 4);
-  if (compressed && values * 4 > 1100 * file_bytes)  // deflate expands at most ~1032:1
+  if (file_bytes >= 0 && compressed && values * 4 > 1100 * file_bytes)  // deflate expands at most ~1032:1
     return strfmt("%.0f values cannot come from a file of %.0f bytes", values, file_bytes);
   return {};
 }

@@ -299,9 +299,11 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   std::vector<int32_t> prompt;
   std::unique_ptr<Backend> backend;
   std::string error;
+  std::string given;  // the checkpoint as named: a directory's newest may be removed meanwhile
   try {
     opt = parse_options(args);
     if (!opt.help) {
+      given = opt.checkpoint;
       opt.checkpoint = resolve_checkpoint(world.comm(), opt.checkpoint);  // one file for all
       cfg = checkpoint_config(opt.checkpoint, tp_size);
       prompt = prompt_tokens(opt, cfg);
@@ -317,6 +319,7 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   } catch (const UserError& e) {
     error = e.what();
   }
+  if (!error.empty()) error = with_chosen_checkpoint_gone(error, given, opt.checkpoint);
   if (failed_together(world.comm(), error, "trellis generate")) return kExitBadInput;
   // Every rank decodes the same prompt with the same sampling: the same command line.
   std::vector<std::pair<std::string, std::string>> arguments;
@@ -339,7 +342,9 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   try {
     load_model_parameters(world.comm(), opt.checkpoint, table, params.f32());
   } catch (const UserError& e) {
-    if (rank == 0) log_error("trellis generate: error: " + std::string(e.what()));
+    if (rank == 0)
+      log_error("trellis generate: error: " +
+                with_chosen_checkpoint_gone(e.what(), given, opt.checkpoint));
     return kExitBadInput;
   }
   const double load_s = now_seconds() - load_t0;

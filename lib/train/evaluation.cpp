@@ -127,7 +127,7 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
 
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
-  std::string error, path, batch_note;
+  std::string error, path, given, batch_note;
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   error = setup_error([&] {
@@ -148,6 +148,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
           "[--section.key=value ...]");
     // Rank 0 finds the file, so that every rank opens the same one while a run publishes more;
     // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
+    given = path;
     path = resolve_checkpoint(world.comm(), path);
     if (path == "never" || path == "auto") path = "./" + path;
     cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
@@ -195,12 +196,18 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     error +=
         " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
         "--train.micro_batch or the layout)";
+  if (!error.empty()) error = with_chosen_checkpoint_gone(error, given, path);
   if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
 
   // Phase 2: load (a damaged file is the same UserError on every rank), then measure.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
-    const std::optional<int64_t> steps = trainer->resume(/*to_train=*/false);
+    std::optional<int64_t> steps;
+    try {
+      steps = trainer->resume(/*to_train=*/false);
+    } catch (const UserError& e) {
+      throw UserError(with_chosen_checkpoint_gone(e.what(), given, path));
+    }
     if (!steps) throw UserError(path + ": nothing loaded");
     if (!batch_note.empty()) log(batch_note);
     report_evaluation(*trainer, cfg, path, *steps, world);

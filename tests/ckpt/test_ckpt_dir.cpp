@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/impl/common.hpp"
 #include "core/error.hpp"
 #include "temp_dir.hpp"
 
@@ -50,6 +51,27 @@ TEST(CkptNames, FileNameAndStep) {
   EXPECT_EQ(checkpoint_step("step_12a.h5"), -1);
   EXPECT_EQ(checkpoint_step("step_00001000.h5.tmp-1-abc"), -1);
   EXPECT_EQ(checkpoint_step("latest"), -1);
+}
+
+// A checkpoint removed between its choice and its opening (a run's retention, while another job
+// reads its newest) is said to be gone, not damaged; its size unknown is no "truncated" either.
+TEST_F(CkptDirTest, AFileGoneSinceItWasChosenIsNotDamage) {
+  ckpt_impl::silence_hdf5();
+  const std::string gone = dir_ + "/" + checkpoint_file_name(7);
+  EXPECT_LT(H5Fopen(gone.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), 0);
+  bool is_gone = false;
+  const std::string why = ckpt_impl::open_failure(gone, &is_gone);
+  EXPECT_TRUE(is_gone);
+  EXPECT_EQ(why.rfind("no such file: removed since it was chosen", 0), 0u) << why;
+  EXPECT_EQ(ckpt_impl::file_size(gone), -1.0);
+  touch("garbage.h5");
+  const std::string garbage = dir_ + "/garbage.h5";
+  EXPECT_LT(H5Fopen(garbage.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), 0);
+  EXPECT_EQ(ckpt_impl::open_failure(garbage, &is_gone)
+                .rfind("not a readable HDF5 file (truncated or corrupt?)", 0),
+            0u);
+  EXPECT_FALSE(is_gone);
+  EXPECT_EQ(ckpt_impl::file_size(garbage), 1.0);
 }
 
 TEST_F(CkptDirTest, LatestRetentionAndResume) {

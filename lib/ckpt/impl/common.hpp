@@ -57,9 +57,15 @@ std::string dir_of(const std::string& path);
 std::string fsync_file(const std::string& path, bool directory);
 std::string shape_text(const std::vector<int64_t>& s);
 std::string random_suffix(int64_t pid);
+/// The file's size; -1 where it cannot be told (a name removed since the file was opened: a run's
+/// retention deleting a checkpoint another job reads, which is no damage to it).
 double file_size(const std::string& path);
 /// "" when path is an existing regular file, else why not.
 std::string check_regular(const std::string& path);
+/// Why H5Fopen of `path` failed (HDF5's error stack read and cleared): a file gone since it was
+/// checked — a run's retention deleting its older checkpoints while another job opens one — is
+/// said as such (`*gone` set), not as a damaged file.
+std::string open_failure(const std::string& path, bool* gone = nullptr);
 int comm_rank(MPI_Comm comm);
 int comm_size(MPI_Comm comm);
 /// Collective: "" when `err` is empty on every rank, else the message of the lowest failing rank
@@ -142,7 +148,8 @@ std::vector<int64_t> chunk_dims(const std::vector<int64_t>& g);
 std::string with_disk_reason(const std::string& err, const std::string& file);
 /// Checks an open dataset of an untrusted file before any read of its data (untrusted.cpp):
 /// float32, 1-D or 2-D, stored inside this file (no external or virtual storage, HDF5's own
-/// filters only), its stored size within file_bytes and (uncompressed) complete. Fills `shape`.
+/// filters only), its stored size within file_bytes (-1: unknown, not checked) and
+/// (uncompressed) complete. Fills `shape`.
 /// Returns "" or what is wrong.
 std::string check_dataset(hid_t dset, std::vector<int64_t>& shape, double file_bytes);
 /// The key of the digest of the dataset `name` (its path in the file, e.g. "model/wte").
