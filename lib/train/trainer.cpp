@@ -1,10 +1,12 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -557,8 +559,16 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
     if (!stopped_early) return int(kExitOk);
     // For the batch script: this job stopped on purpose, whatever status the launcher reports
     // (srun --kill-on-bad-exit signals the ranks still exiting once the first has exited 3).
-    if (const char* file = std::getenv("TRELLIS_STOP_FILE"); file && *file && world.rank() == 0)
-      std::ofstream(file) << "stopped after checkpointing: requeue\n";
+    if (const char* file = std::getenv("TRELLIS_STOP_FILE"); file && *file && world.rank() == 0) {
+      std::ofstream marker(file);
+      marker << "stopped after checkpointing: requeue\n";
+      marker.close();
+      // Without it a status the launcher mangles (srun: 143, 137) is not requeued: say so.
+      if (!marker)
+        log(std::string("warning: TRELLIS_STOP_FILE = '") + file + "': cannot write it (" +
+            std::strerror(errno) + "): a batch script that requeues on it will not see that "
+            "this job stopped on purpose; resubmit if it does not go on");
+    }
     return int(kExitRequeue);
   });
 }

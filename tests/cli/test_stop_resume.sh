@@ -57,12 +57,15 @@ check "metrics.csv continued, one row per step" '[ "$(tail -n +2 "$work/cut/metr
 # A wall-time budget (system.max_hours, here 7.2 s) stops the same way, leaving room for the
 # checkpoint.
 start=$(date +%s)
-timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/stop.deck" --run.dir="$work/budget" \
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_STOP_FILE="$work/no-such-dir/stopped" -np 2 \
+  "$build/trellis" train "$work/stop.deck" --run.dir="$work/budget" \
   --train.steps=1000000 --system.max_hours=0.002 > "$work/budget.log" 2>&1
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 check "system.max_hours stops with status 3 within the budget (${elapsed}s)" '[ $rc -eq 3 ] && [ $elapsed -le 12 ]'
 check "and leaves a checkpoint" '[ -f "$work/budget/ckpt/$(cat "$work/budget/ckpt/latest")" ]'
+check "a marker (TRELLIS_STOP_FILE) it cannot write is warned of" \
+  'grep -q "warning: TRELLIS_STOP_FILE = .$work/no-such-dir/stopped.: cannot write it (No such file or directory)" "$work/budget.log"'
 # A run started over (checkpoint.resume = never) in a job that requeues itself: the same command
 # again would start over each time and never finish. Its stop says how to go on by hand, and a
 # later start of the job (slurm/train.sbatch's TRELLIS_JOB_RESTARTS) goes on from the run's own
