@@ -1,10 +1,14 @@
 #include "train/trainer.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -287,6 +291,27 @@ static sigset_t stop_signal_set() {
 void block_stop_signals() {
   const sigset_t set = stop_signal_set();
   sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
+static char g_ignored_note[192];
+static size_t g_ignored_note_len = 0;
+static void on_ignored_signal(int) {
+  // (write(2) is async-signal-safe; the text was made before the handler was installed.)
+  const ssize_t unused = ::write(2, g_ignored_note, g_ignored_note_len);
+  (void)unused;
+}
+
+void note_and_ignore_stop_signal(const std::string& command) {
+  const int n = std::snprintf(g_ignored_note, sizeof g_ignored_note,
+                              "trellis %s: SIGUSR1 ignored: it stops a training run at a "
+                              "checkpoint; %s has none to write and goes on\n",
+                              command.c_str(), command.c_str());
+  g_ignored_note_len = n < 0 ? 0 : std::min(size_t(n), sizeof g_ignored_note - 1);
+  struct sigaction sa {};
+  sa.sa_handler = on_ignored_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // (a blocking read or collective goes on)
+  ::sigaction(SIGUSR1, &sa, nullptr);
 }
 
 void hold_stop_signals() {

@@ -174,6 +174,11 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
 /// the rank).
 void block_stop_signals();
 void hold_stop_signals();
+/// The other commands that run under a batch system (eval, tune, generate, bench): SIGUSR1, the
+/// stop signal a training job is sent before its time limit (`--signal=USR1@…`), is said on stderr
+/// and otherwise ignored — such a command has no checkpoint to write, and its signal's default
+/// action would end it with no word (exit 138). SIGTERM still ends it.
+void note_and_ignore_stop_signal(const std::string& command);
 
 /// The collective part of a command (after phase 1 agreed its input), under a watchdog that ends
 /// the job when a rank makes no progress for `hang_timeout_s` (core/watchdog.hpp). A UserError

@@ -101,5 +101,22 @@ bad "held-out set past memory" 2 "more than its"     -- "$work/run" --eval.batch
 bad "3 ranks, global batch 8" 3 "change --train.micro_batch or the layout" -- "$work/run"
 bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 
+# SIGUSR1 — what a batch system sends a training job before its time limit — reaching an
+# evaluation (which has no checkpoint to write): said on stderr, the evaluation goes on and ends
+# with status 0 (its default action ended the ranks with no word, exit 138). A long one: 60000
+# global batches, signalled once it is under way.
+timeout 120 mpirun "${flags[@]}" -np 2 "$trellis" eval "$work/run" --eval.batches=60000 \
+  > "$work/usr1.log" 2>&1 &
+job=$!
+for _ in $(seq 1 300); do
+  grep -q "^loaded " "$work/usr1.log" 2>/dev/null && break
+  sleep 0.1
+done
+pkill -USR1 -f "^$trellis eval $work/run --eval.batches=60000"
+wait $job
+rc=$?
+check "SIGUSR1 during an evaluation: said, ignored, status 0 with the loss" \
+  '[ $rc -eq 0 ] && grep -q "trellis eval: SIGUSR1 ignored: it stops a training run at a checkpoint" "$work/usr1.log" && grep -q "^eval: held-out loss" "$work/usr1.log"'
+
 echo "eval: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
