@@ -39,6 +39,12 @@ class Checkpointer {
   /// into checkpoint.dir/superseded-TIME/, and with a start over run.dir's logs likewise.
   /// `logs_too`: this run writes run.dir's logs, which a start over moves aside as well.
   std::optional<int64_t> resume(bool training = true, bool logs_too = false);
+  /// An evaluation's load of `path` rather than checkpoint.resume's (collective): the steps it
+  /// holds. A file that does not load throws UserError on every rank.
+  int64_t load_for_evaluation(const std::string& path) {
+    training_ = false;
+    return load(path, false);
+  }
   /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
   double resumed_seconds() const { return resumed_seconds_; }
   /// Tokens the run had trained on at the checkpoint the resume loaded (0 without one).

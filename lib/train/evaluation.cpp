@@ -149,12 +149,27 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     // Rank 0 finds the file, so that every rank opens the same one while a run publishes more;
     // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
     given = path;
-    path = resolve_checkpoint(world.comm(), path);
-    if (path == "never" || path == "auto") path = "./" + path;
-    cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
+    Config run;
+    // A directory's newest checkpoint, which a run publishing there may remove while it is read
+    // (its retention): chosen again, a few times, by every rank together.
+    for (int tries = 1;; ++tries) {
+      path = resolve_checkpoint(world.comm(), given);
+      if (path == "never" || path == "auto") path = "./" + path;
+      std::string read_error;
+      try {
+        cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
+        run = stored_config(path);
+      } catch (const UserError& e) {
+        read_error = e.what();
+      }
+      int again = !read_error.empty() && tries < 4 && chosen_checkpoint_gone(given, path);
+      MPI_Allreduce(MPI_IN_PLACE, &again, 1, MPI_INT, MPI_MAX, world.comm());
+      if (again) continue;
+      if (!read_error.empty()) throw UserError(read_error);
+      break;
+    }
     // The held-out set is the first eval.batches × train.global_batch sequences: another count
     // measures fewer or more of them than the run's evaluations did.
-    const Config run = stored_config(path);
     const int64_t here = int64_t(cfg.eval.batches) * cfg.train.global_batch,
                   there = int64_t(run.eval.batches) * run.train.global_batch;
     if (run.eval.every > 0 && here != there)
@@ -203,10 +218,22 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
     std::optional<int64_t> steps;
-    try {
-      steps = trainer->resume(/*to_train=*/false);
-    } catch (const UserError& e) {
-      throw UserError(with_chosen_checkpoint_gone(e.what(), given, path));
+    for (int tries = 1;; ++tries) {
+      try {
+        steps = tries == 1 ? trainer->resume(/*to_train=*/false)
+                           : std::optional<int64_t>(trainer->load_for_evaluation(path));
+        break;
+      } catch (const UserError& e) {
+        // (Every rank has the same error; rank 0 tells whether the file is gone.)
+        int again = world.rank() == 0 && tries < 4 && chosen_checkpoint_gone(given, path);
+        MPI_Bcast(&again, 1, MPI_INT, 0, world.comm());
+        if (!again) throw UserError(with_chosen_checkpoint_gone(e.what(), given, path));
+        const std::string gone = path;
+        path = resolve_checkpoint(world.comm(), given);
+        log("eval: " + gone + ", the newest checkpoint of " + given +
+            " when it was chosen, was removed meanwhile (a run publishing there): " + path +
+            " instead");
+      }
     }
     if (!steps) throw UserError(path + ": nothing loaded");
     if (!batch_note.empty()) log(batch_note);

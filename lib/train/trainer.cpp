@@ -347,6 +347,15 @@ std::optional<int64_t> Trainer::resume(bool to_train) {
   return steps;
 }
 
+int64_t Trainer::load_for_evaluation(const std::string& path) {
+  if (!checkpointer_)
+    checkpointer_ =
+        std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
+  const int64_t steps = checkpointer_->load_for_evaluation(path);
+  pipeline_->sync_tied_weights();
+  return steps;
+}
+
 bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
   // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
   double want = double(g_stop_requests);

@@ -63,6 +63,8 @@ class Trainer {
   /// is none to load. A bad explicit path throws UserError on every rank. `to_train`: say which
   /// training keys (lr, steps, data, …) changed since the checkpoint (trellis eval changes data).
   std::optional<int64_t> resume(bool to_train = true);
+  /// An evaluation's load of the checkpoint `path` instead (collective): the steps it holds.
+  int64_t load_for_evaluation(const std::string& path);
 
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);

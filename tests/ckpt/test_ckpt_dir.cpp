@@ -74,6 +74,23 @@ TEST_F(CkptDirTest, AFileGoneSinceItWasChosenIsNotDamage) {
   EXPECT_EQ(ckpt_impl::file_size(garbage), 1.0);
 }
 
+// A reader that named a directory may choose again where the file it chose is gone; one that
+// named the file itself was told of a missing file, as any.
+TEST_F(CkptDirTest, AChosenCheckpointGoneIsToldApartFromAMissingOne) {
+  touch(checkpoint_file_name(8));
+  const std::string chosen = dir_ + "/" + checkpoint_file_name(8);
+  EXPECT_FALSE(chosen_checkpoint_gone(dir_, chosen));  // still there
+  EXPECT_EQ(with_chosen_checkpoint_gone("error", dir_, chosen), "error");
+  fs::remove(chosen);
+  EXPECT_TRUE(chosen_checkpoint_gone(dir_, chosen));
+  EXPECT_EQ(with_chosen_checkpoint_gone("error", dir_, chosen),
+            "error (the newest checkpoint of " + dir_ + " when it was chosen, removed since: a "
+            "run publishing there keeps only its newest checkpoint.keep; try again, or name a "
+            "step file it keeps)");
+  EXPECT_FALSE(chosen_checkpoint_gone(chosen, chosen));  // named itself: no other to choose
+  EXPECT_EQ(with_chosen_checkpoint_gone("error", chosen, chosen), "error");
+}
+
 TEST_F(CkptDirTest, LatestRetentionAndResume) {
   EXPECT_TRUE(resume_candidates(dir_).empty());
   EXPECT_TRUE(resume_candidates(dir_ + "/none").empty());
