@@ -344,6 +344,10 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
 
   std::string err = agree_error(comm, rank == 0 ? check_regular(path) : std::string());
   if (!err.empty()) throw UserError(where + err);
+  // Its size as it is opened, rank 0's for all: the checks of its datasets against it stay right
+  // where the name is removed while the file is read (a run's retention).
+  double bytes = rank == 0 ? file_size(path) : 0.0;
+  MPI_Bcast(&bytes, 1, MPI_DOUBLE, 0, comm);
 
   H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (!fapl.ok() || H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL) < 0)
@@ -356,7 +360,6 @@ CkptIO read_checkpoint(MPI_Comm comm, const std::string& path, const std::vector
   if (!err.empty()) throw UserError(where + err);
 
   // Check every dataset before reading any (the same checks on every rank).
-  const double bytes = file_size(path);
   std::vector<H5Id> dsets(slabs.size());
   for (size_t i = 0; i < slabs.size() && err.empty(); ++i) {
     const std::string e =

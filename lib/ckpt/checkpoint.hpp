@@ -145,13 +145,14 @@ std::string resolve_checkpoint(const std::string& path);
 /// that all open one file even while a run publishes a newer checkpoint.
 std::string resolve_checkpoint(MPI_Comm comm, const std::string& path);
 
-/// `error` (about the checkpoint `chosen` that `given` resolved to) with what happened where
-/// `given` named a directory or a `latest` pointer and `chosen` has been removed since: a run
-/// publishing there keeps only its newest checkpoint.keep. Otherwise `error` as it is.
+/// Whether `error` is about the checkpoint `chosen` that `given` (a directory or a `latest`
+/// pointer) resolved to, which has been removed since — a run publishing there keeps only its
+/// newest checkpoint.keep: the reader may choose again.
+bool chosen_checkpoint_gone(const std::string& error, const std::string& given,
+                            const std::string& chosen);
+/// `error` with what happened where that is so; otherwise `error` as it is.
 std::string with_chosen_checkpoint_gone(const std::string& error, const std::string& given,
                                         const std::string& chosen);
-/// Whether that is so: the reader may choose again.
-bool chosen_checkpoint_gone(const std::string& given, const std::string& chosen);
 
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.

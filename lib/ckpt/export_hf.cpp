@@ -193,12 +193,13 @@ int export_main(const std::vector<std::string>& args) {
   // A directory's newest checkpoint, which a run publishing there may remove while it is read
   // (its retention): chosen again, a few times.
   for (int tries = 1;; ++tries) {
+    path.clear();
     try {
       path = resolve_checkpoint(positional[0]);  // (said below: a directory names no step)
       export_hf_gpt2(path, positional[1]);
       break;
     } catch (const UserError& e) {
-      if (tries < 4 && chosen_checkpoint_gone(positional[0], path)) continue;
+      if (tries < 4 && chosen_checkpoint_gone(e.what(), positional[0], path)) continue;
       std::fprintf(stderr, "trellis export: error: %s\n",
                    with_chosen_checkpoint_gone(e.what(), positional[0], path).c_str());
       return kExitBadInput;

@@ -95,7 +95,10 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
   }
   int problems = 0;
   const double file_bytes = file_size(path);
-  std::fprintf(out, "checkpoint %s (%.0f bytes)\n", path.c_str(), file_bytes);
+  if (file_bytes >= 0)
+    std::fprintf(out, "checkpoint %s (%.0f bytes)\n", path.c_str(), file_bytes);
+  else  // (its name removed since it was opened: a run's retention)
+    std::fprintf(out, "checkpoint %s (size unknown: removed since it was opened)\n", path.c_str());
   CkptMeta meta;
   err = read_attributes(file.get(), meta);
   if (!err.empty()) {

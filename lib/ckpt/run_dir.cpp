@@ -278,14 +278,16 @@ std::string resolve_checkpoint(const std::string& path) {
                   "checkpoint file, a checkpoint directory or a run directory)");
 }
 
-bool chosen_checkpoint_gone(const std::string& given, const std::string& chosen) {
+bool chosen_checkpoint_gone(const std::string& error, const std::string& given,
+                            const std::string& chosen) {
   struct stat st;
-  return given != chosen && ::stat(chosen.c_str(), &st) != 0 && errno == ENOENT;
+  return !chosen.empty() && given != chosen && error.find(chosen) != std::string::npos &&
+         ::stat(chosen.c_str(), &st) != 0 && errno == ENOENT;
 }
 
 std::string with_chosen_checkpoint_gone(const std::string& error, const std::string& given,
                                         const std::string& chosen) {
-  if (!chosen_checkpoint_gone(given, chosen)) return error;
+  if (!chosen_checkpoint_gone(error, given, chosen)) return error;
   return error + " (the newest checkpoint of " + given + " when it was chosen, removed since: a " +
          "run publishing there keeps only its newest checkpoint.keep; try again, or name a step " +
          "file it keeps)";

@@ -28,8 +28,7 @@ World::~World() {
   if (owns_mpi_ && !finalised) MPI_Finalize();
 }
 
-/// Rank `root`'s `mine` on every rank.
-static std::string text_of_rank(MPI_Comm comm, int root, const std::string& mine) {
+std::string text_of_rank(MPI_Comm comm, int root, const std::string& mine) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   int len = rank == root ? static_cast<int>(mine.size()) : 0;

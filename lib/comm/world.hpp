@@ -44,6 +44,9 @@ bool failed_together(MPI_Comm comm, const std::string& error, const std::string&
 std::string settings_differ_from_rank0(MPI_Comm comm,
                                        const std::vector<std::pair<std::string, std::string>>& settings);
 
+/// Collective: rank `root`'s `mine` on every rank.
+std::string text_of_rank(MPI_Comm comm, int root, const std::string& mine);
+
 /// A rank that holds something other than rank 0 does, and what each of the two says it holds.
 struct RankDifference {
   int rank = -1;  // none

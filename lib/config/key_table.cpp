@@ -284,8 +284,10 @@ const std::vector<KeyEntry>& key_table() {
        .key = "resume",
        .field = FIELD(checkpoint.resume),
        .check = Check::NonEmpty,
-       .help = "auto (latest in dir, if any) | never | a checkpoint to start from: a file, "
-               "a `latest` pointer, or a checkpoint or run directory (its newest)"},
+       .help = "auto (latest in dir, if any) | never (start over; a later start of the same "
+               "batch job, TRELLIS_JOB, goes on from its own checkpoints) | a checkpoint to "
+               "start from: a file, a `latest` pointer, or a checkpoint or run directory (its "
+               "newest)"},
       // [run]
       {.section = "run",
        .key = "dir",

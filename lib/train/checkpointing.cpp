@@ -67,7 +67,12 @@ Checkpointer::Checkpointer(const Config& cfg, const Grid& grid, const ParamTable
       staged_(staged),
       store_(store),
       world_(world),
-      dp_(grid.dp_comm(), "dp checkpoint") {}
+      dp_(grid.dp_comm(), "dp checkpoint") {
+  int rank = 0;
+  MPI_Comm_rank(world_, &rank);
+  const char* job = rank == 0 ? std::getenv("TRELLIS_JOB") : nullptr;
+  job_ = text_of_rank(world_, 0, job ? job : "");
+}
 
 std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* data,
                                           bool for_writing) const {
@@ -121,6 +126,7 @@ void Checkpointer::save(int64_t step) {
   meta.integers["adamw_steps"] = store_.optimizer().steps_taken();
   meta.text["deck"] = effective_deck_ini(cfg_);
   meta.text["deck_path"] = deck_identity(cfg_.deck_path);
+  if (!job_.empty()) meta.text["job"] = job_;  // (a never run's later starts go on from it)
   meta.text["layout"] = strfmt("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d "
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
                                p.virtual_stages, p.sequence_parallel ? "true" : "false");
@@ -353,50 +359,43 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
         said);
 }
 
-/// Earlier starts of this run's job, as slurm/train.sbatch tells them (TRELLIS_JOB_RESTARTS: a
-/// requeue's count, or a chain link's place); rank 0's reading, on every rank. 0 where unset.
-static int64_t job_restarts(MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  long long n = 0;
-  if (rank == 0)
-    if (const char* v = std::getenv("TRELLIS_JOB_RESTARTS"); v && *v) {
-      char* end = nullptr;
-      n = std::strtoll(v, &end, 10);
-      if (*end != 0 || n < 0) {
-        log(std::string("warning: TRELLIS_JOB_RESTARTS = '") + v +
-            "': not a count of restarts; taken as 0 (a first start)");
-        n = 0;
-      }
-    }
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
-  return n;
-}
-
 std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
   training_ = training;
   if (!training) return resume_from(false);
   // A job that requeues itself runs the same command again: with `never` every start would throw
-  // the run's progress away and it would never finish. Its first start set the earlier run's
-  // checkpoints aside, so checkpoint.dir holds this run's own: a later start goes on from them.
-  if (cfg_.checkpoint.resume == "never")
-    if (const int64_t restarts = job_restarts(world_); restarts > 0) {
-      restarted_never_ = true;
-      log(strfmt("checkpoint.resume = never, but this is start %lld of the job "
-                 "(TRELLIS_JOB_RESTARTS: a requeue, or a later link of a chain): going on from "
-                 "this run's own checkpoints in %s, as auto would",
-                 (long long)restarts + 1, cfg_.checkpoint.dir.c_str()));
+  // the run's progress away and it would never finish. Checkpoints this same batch job wrote (its
+  // earlier start, which had set any other run's aside) are gone on from instead.
+  if (cfg_.checkpoint.resume == "never" && !job_.empty()) {
+    int rank = 0, own = 0;
+    MPI_Comm_rank(world_, &rank);
+    if (rank == 0)
+      for (const std::string& c : resume_candidates(cfg_.checkpoint.dir)) {
+        try {  // the newest that reads decides
+          const CkptMeta meta = read_checkpoint_meta(c);
+          const auto job = meta.text.find("job");
+          own = job != meta.text.end() && job->second == job_;
+          break;
+        } catch (const UserError&) {
+        }
+      }
+    MPI_Bcast(&own, 1, MPI_INT, 0, world_);
+    if (own) {
+      never_goes_on_ = true;
+      log("checkpoint.resume = never, but " + cfg_.checkpoint.dir +
+          " holds checkpoints of this same batch job (TRELLIS_JOB = " + job_ +
+          ": a requeue, or a later link of its chain): going on from them, as auto would");
     }
+  }
   const std::optional<int64_t> step = resume_from(true);
   // (auto without a checkpoint is a first start, or a run cut off before its first checkpoint
   // whose steps are redone: its logs stay, to be written over.)
   set_aside_past(step ? *step : -1,
-                 logs_too && cfg_.checkpoint.resume == "never" && !restarted_never_);
+                 logs_too && cfg_.checkpoint.resume == "never" && !never_goes_on_);
   return step;
 }
 
 std::optional<int64_t> Checkpointer::resume_from(bool training) {
-  const std::string how = restarted_never_ ? "auto" : cfg_.checkpoint.resume;
+  const std::string how = never_goes_on_ ? "auto" : cfg_.checkpoint.resume;
   if (how == "never") return std::nullopt;
   const bool say_changes = training;
   std::vector<std::string> candidates;

@@ -79,7 +79,10 @@ class Checkpointer {
   ShardedParams& store_;
   MPI_Comm world_;
   bool training_ = true;  // resume()'s: a training run goes on, an evaluation only loads
-  bool restarted_never_ = false;  // resume = never on a later start of its job: as auto
+  bool never_goes_on_ = false;  // resume = never on a later start of its batch job: as auto
+  // TRELLIS_JOB (rank 0's; slurm/train.sbatch: its job or chain): the batch job whose starts
+  // write these checkpoints, stored in each one.
+  std::string job_;
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   double resumed_seconds_ = 0;                     // and the time its read took
   std::string resumed_path_;                        // and its file

@@ -128,6 +128,7 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
   std::string error, path, given, batch_note;
+  int choices = 0;  // of a checkpoint in `given` (a directory's newest may be removed meanwhile)
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   error = setup_error([&] {
@@ -152,8 +153,9 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     Config run;
     // A directory's newest checkpoint, which a run publishing there may remove while it is read
     // (its retention): chosen again, a few times, by every rank together.
-    for (int tries = 1;; ++tries) {
+    for (;;) {
       path = resolve_checkpoint(world.comm(), given);
+      ++choices;
       if (path == "never" || path == "auto") path = "./" + path;
       std::string read_error;
       try {
@@ -162,7 +164,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       } catch (const UserError& e) {
         read_error = e.what();
       }
-      int again = !read_error.empty() && tries < 4 && chosen_checkpoint_gone(given, path);
+      int again = choices < 4 && chosen_checkpoint_gone(read_error, given, path);
       MPI_Allreduce(MPI_IN_PLACE, &again, 1, MPI_INT, MPI_MAX, world.comm());
       if (again) continue;
       if (!read_error.empty()) throw UserError(read_error);
@@ -218,18 +220,19 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
     std::optional<int64_t> steps;
-    for (int tries = 1;; ++tries) {
+    for (bool first = true;; first = false) {
       try {
-        steps = tries == 1 ? trainer->resume(/*to_train=*/false)
-                           : std::optional<int64_t>(trainer->load_for_evaluation(path));
+        steps = first ? trainer->resume(/*to_train=*/false)
+                      : std::optional<int64_t>(trainer->load_for_evaluation(path));
         break;
       } catch (const UserError& e) {
         // (Every rank has the same error; rank 0 tells whether the file is gone.)
-        int again = world.rank() == 0 && tries < 4 && chosen_checkpoint_gone(given, path);
+        int again = world.rank() == 0 && choices < 4 && chosen_checkpoint_gone(e.what(), given, path);
         MPI_Bcast(&again, 1, MPI_INT, 0, world.comm());
         if (!again) throw UserError(with_chosen_checkpoint_gone(e.what(), given, path));
         const std::string gone = path;
         path = resolve_checkpoint(world.comm(), given);
+        ++choices;
         log("eval: " + gone + ", the newest checkpoint of " + given +
             " when it was chosen, was removed meanwhile (a run publishing there): " + path +
             " instead");

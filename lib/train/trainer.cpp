@@ -296,9 +296,12 @@ void block_stop_signals() {
 static char g_ignored_note[192];
 static size_t g_ignored_note_len = 0;
 static void on_ignored_signal(int) {
-  // (write(2) is async-signal-safe; the text was made before the handler was installed.)
+  // (write(2) is async-signal-safe; the text was made before the handler was installed. errno is
+  // kept for the code the signal interrupted, which may be about to read it.)
+  const int saved = errno;
   const ssize_t unused = ::write(2, g_ignored_note, g_ignored_note_len);
   (void)unused;
+  errno = saved;
 }
 
 void note_and_ignore_stop_signal(const std::string& command) {

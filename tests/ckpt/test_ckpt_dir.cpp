@@ -79,16 +79,19 @@ TEST_F(CkptDirTest, AFileGoneSinceItWasChosenIsNotDamage) {
 TEST_F(CkptDirTest, AChosenCheckpointGoneIsToldApartFromAMissingOne) {
   touch(checkpoint_file_name(8));
   const std::string chosen = dir_ + "/" + checkpoint_file_name(8);
-  EXPECT_FALSE(chosen_checkpoint_gone(dir_, chosen));  // still there
-  EXPECT_EQ(with_chosen_checkpoint_gone("error", dir_, chosen), "error");
+  const std::string e = "checkpoint " + chosen + ": no such file";
+  EXPECT_FALSE(chosen_checkpoint_gone(e, dir_, chosen));  // still there
+  EXPECT_EQ(with_chosen_checkpoint_gone(e, dir_, chosen), e);
   fs::remove(chosen);
-  EXPECT_TRUE(chosen_checkpoint_gone(dir_, chosen));
-  EXPECT_EQ(with_chosen_checkpoint_gone("error", dir_, chosen),
-            "error (the newest checkpoint of " + dir_ + " when it was chosen, removed since: a "
+  EXPECT_TRUE(chosen_checkpoint_gone(e, dir_, chosen));
+  EXPECT_FALSE(chosen_checkpoint_gone("--out: cannot write", dir_, chosen));  // another error
+  EXPECT_FALSE(chosen_checkpoint_gone(e, dir_, ""));  // none chosen yet
+  EXPECT_EQ(with_chosen_checkpoint_gone(e, dir_, chosen),
+            e + " (the newest checkpoint of " + dir_ + " when it was chosen, removed since: a "
             "run publishing there keeps only its newest checkpoint.keep; try again, or name a "
             "step file it keeps)");
-  EXPECT_FALSE(chosen_checkpoint_gone(chosen, chosen));  // named itself: no other to choose
-  EXPECT_EQ(with_chosen_checkpoint_gone("error", chosen, chosen), "error");
+  EXPECT_FALSE(chosen_checkpoint_gone(e, chosen, chosen));  // named itself: no other to choose
+  EXPECT_EQ(with_chosen_checkpoint_gone(e, chosen, chosen), e);
 }
 
 TEST_F(CkptDirTest, LatestRetentionAndResume) {

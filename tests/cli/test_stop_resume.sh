@@ -68,19 +68,23 @@ check "a marker (TRELLIS_STOP_FILE) it cannot write is warned of" \
   'grep -q "warning: TRELLIS_STOP_FILE = .$work/no-such-dir/stopped.: cannot write it (No such file or directory)" "$work/budget.log"'
 # A run started over (checkpoint.resume = never) in a job that requeues itself: the same command
 # again would start over each time and never finish. Its stop says how to go on by hand, and a
-# later start of the job (slurm/train.sbatch's TRELLIS_JOB_RESTARTS) goes on from the run's own
-# checkpoints.
+# later start of the same batch job (slurm/train.sbatch's TRELLIS_JOB, stored in each
+# checkpoint) goes on from the checkpoints it wrote; another job's start still starts over.
 never=(train "$work/stop.deck" --run.dir="$work/budget" --train.steps=1000000 --system.max_hours=0.001
        --checkpoint.resume=never)
-timeout 300 mpirun "${flags[@]}" -np 2 "$build/trellis" "${never[@]}" > "$work/never1.log" 2>&1
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_JOB=job-7 -np 2 "$build/trellis" "${never[@]}" > "$work/never1.log" 2>&1
 rc=$?
 first=$(sed -n "s/step_0*\([0-9]*\)\.h5/\1/p" "$work/budget/ckpt/latest")
 check "resume = never, stopped: status 3, says to resubmit with auto (step $first)" \
   '[ $rc -eq 3 ] && grep -q "starting over" "$work/never1.log" && grep -q "resubmit with --checkpoint.resume=auto to continue from its checkpoint of step $first (never would start over" "$work/never1.log"'
-timeout 300 mpirun "${flags[@]}" -x TRELLIS_JOB_RESTARTS=1 -np 2 "$build/trellis" "${never[@]}" > "$work/never2.log" 2>&1
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_JOB=job-7 -np 2 "$build/trellis" "${never[@]}" > "$work/never2.log" 2>&1
 rc=$?
-check "resume = never on the job's second start: goes on from step $first" \
-  '[ $rc -eq 3 ] && grep -q "checkpoint.resume = never, but this is start 2 of the job" "$work/never2.log" && grep -q "resumed from .*step_0*$first.h5" "$work/never2.log" && ! grep -q "starting over" "$work/never2.log" && [ "$(sed -n 2p "$work/budget/metrics.csv" | cut -d, -f1)" = 1 ]'
+check "resume = never on the same job's second start: goes on from step $first" \
+  '[ $rc -eq 3 ] && grep -q "checkpoint.resume = never, but .* holds checkpoints of this same batch job (TRELLIS_JOB = job-7" "$work/never2.log" && grep -q "resumed from .*step_0*$first.h5" "$work/never2.log" && ! grep -q "starting over" "$work/never2.log" && [ "$(sed -n 2p "$work/budget/metrics.csv" | cut -d, -f1)" = 1 ]'
+timeout 300 mpirun "${flags[@]}" -x TRELLIS_JOB=job-8 -np 2 "$build/trellis" "${never[@]}" > "$work/never3.log" 2>&1
+rc=$?
+check "resume = never in another job: starts over" \
+  '[ $rc -eq 3 ] && grep -q "checkpoint.resume = never: starting over" "$work/never3.log" && ! grep -q "same batch job" "$work/never3.log"'
 # The job's end time as slurm/train.sbatch passes it (TRELLIS_DEADLINE, 10 s from now) does the same.
 start=$(date +%s)
 timeout 300 mpirun "${flags[@]}" -x TRELLIS_DEADLINE=$((start + 10)) -np 2 "$build/trellis" train "$work/stop.deck" \
