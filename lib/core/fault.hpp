@@ -30,6 +30,9 @@
 // byte just before it takes the file's room in the file (room), or but for 8 KiB once it has
 // taken it, before the data (data), or just before the close (close), or to the last byte once
 // the file is closed and its unused room freed (closed) (lib/ckpt/disk_space.cpp).
+// TRELLIS_FAULT_REMOVE_CHOSEN=setup|load: `trellis eval` removes the checkpoint it has just
+// chosen, once, in its set-up or before its load, as a run publishing there may meanwhile
+// (lib/train/evaluation.cpp; tests/cli/test_eval.sh).
 #pragma once
 #include <cstdint>
 #include <string_view>

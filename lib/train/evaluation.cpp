@@ -6,6 +6,7 @@
 // `trellis eval CKPT` (eval_main, below) measures it for a checkpoint.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/stored_config.hpp"
@@ -125,6 +126,17 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
              floor.c_str()));
 }
 
+/// Test only (TRELLIS_FAULT_REMOVE_CHOSEN = setup | load, tests/cli/test_eval.sh): rank 0 removes
+/// the checkpoint just chosen, once, at that point, as a run's retention may meanwhile.
+static void remove_chosen_fault(const World& world, const char* point, const std::string& path) {
+  static bool done = false;
+  const char* v = std::getenv("TRELLIS_FAULT_REMOVE_CHOSEN");
+  if (done || !v || std::string(v) != point) return;
+  done = true;
+  if (world.rank() == 0) std::remove(path.c_str());
+  MPI_Barrier(world.comm());
+}
+
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
   std::string error, path, given, batch_note;
@@ -156,6 +168,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     for (;;) {
       path = resolve_checkpoint(world.comm(), given);
       ++choices;
+      remove_chosen_fault(world, "setup", path);
       if (path == "never" || path == "auto") path = "./" + path;
       std::string read_error;
       try {
@@ -220,6 +233,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
     std::optional<int64_t> steps;
+    remove_chosen_fault(world, "load", path);
     for (bool first = true;; first = false) {
       try {
         steps = first ? trainer->resume(/*to_train=*/false)

@@ -101,6 +101,17 @@ bad "held-out set past memory" 2 "more than its"     -- "$work/run" --eval.batch
 bad "3 ranks, global batch 8" 3 "change --train.micro_batch or the layout" -- "$work/run"
 bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 
+# A directory's newest checkpoint removed meanwhile (a run publishing there, its retention): eval
+# chooses again — in its set-up and at its load (TRELLIS_FAULT_REMOVE_CHOSEN removes the chosen
+# file once at that point) — and evaluates the next newest, status 0.
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/two" --checkpoint.every=3)
+cp -r "$work/two" "$work/two-load"
+rc=$(run -x TRELLIS_FAULT_REMOVE_CHOSEN=setup -np 2 "$trellis" eval "$work/two")
+check "the chosen checkpoint removed during eval's set-up: the next newest evaluated" \
+  '[ $rc -eq 0 ] && grep -q "step_00000003.h5, after 3 steps" "$work/out.log" && [ ! -e "$work/two/ckpt/step_00000006.h5" ]'
+rc=$(run -x TRELLIS_FAULT_REMOVE_CHOSEN=load -np 2 "$trellis" eval "$work/two-load")
+check "removed before eval's load: said, and the next newest evaluated" \
+  '[ $rc -eq 0 ] && grep -q "eval: .*step_00000006.h5, the newest checkpoint of $work/two-load when it was chosen, was removed meanwhile (a run publishing there): .*step_00000003.h5 instead" "$work/out.log" && grep -q "step_00000003.h5, after 3 steps" "$work/out.log"'
 # SIGUSR1 — what a batch system sends a training job before its time limit — reaching an
 # evaluation (which has no checkpoint to write): said on stderr, the evaluation goes on and ends
 # with status 0 (its default action ended the ranks with no word, exit 138). A long one: 60000
