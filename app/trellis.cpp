@@ -134,7 +134,13 @@ int main(int argc, char** argv) {
   {
     // Every rank the same subcommand (mpirun's MPMD form can start others, which would wait on
     // collectives the others never join).
-    std::string error = trellis::settings_differ_from_rank0(world.comm(), {{"command", command}});
+    // eval and generate choose their checkpoint together while they read their arguments: every
+    // rank the same command line, too.
+    std::vector<std::pair<std::string, std::string>> same = {{"command", command}};
+    if (command == "eval" || command == "generate")
+      for (size_t i = 0; i < rest.size(); ++i)
+        same.emplace_back("argument " + std::to_string(i + 1), rest[i]);
+    std::string error = trellis::settings_differ_from_rank0(world.comm(), same);
     // Not given the command line: Kokkos would parse options of its own there (--threads,
     // --numa, --device-id, --kokkos-*), and abort on a value that is not a number, before our
     // parser could name the unknown key. Its environment variables still apply (the host threads

@@ -154,6 +154,37 @@ bool chosen_checkpoint_gone(const std::string& error, const std::string& given,
 std::string with_chosen_checkpoint_gone(const std::string& error, const std::string& given,
                                         const std::string& chosen);
 
+/// A checkpoint a reader was given (a file, a `latest` pointer, a checkpoint or run directory) and
+/// the file chosen for it. A directory's newest checkpoint may be removed while it is read, by a
+/// run publishing there (its retention keeps only checkpoint.keep): the reader then chooses again,
+/// up to kMaxChoices in all. With a communicator, every step is collective (rank 0 resolves, so
+/// that every rank opens one file); with MPI_COMM_NULL, serial (export).
+class ChosenCheckpoint {
+ public:
+  static constexpr int kMaxChoices = 4;
+  /// Where a new choice is said: the log (stdout), or stderr where stdout is the product.
+  enum class Say { on_stdout, on_stderr };
+  /// Resolves `given` (UserError where it names no checkpoint). `who` prefixes what is said.
+  ChosenCheckpoint(std::string given, MPI_Comm comm, std::string who, Say say = Say::on_stdout);
+  const std::string& given() const { return given_; }
+  const std::string& path() const { return path_; }
+  /// After a read of path() failed on this rank with `error` (empty where this rank's did not):
+  /// true on every rank when some rank's error is about the chosen file, removed since, and
+  /// fewer than kMaxChoices were made — path() is then the next choice, and rank 0 says so.
+  bool choose_again(const std::string& error);
+  /// `error`, with what happened where the chosen file was removed since.
+  std::string explained(const std::string& error) const;
+  /// Test only (TRELLIS_FAULT_REMOVE_CHOSEN = POINT, core/fault.hpp): removes path() once, at the
+  /// first reader's point of that name, as a run's retention may meanwhile. Collective.
+  void fault_point(const char* point) const;
+
+ private:
+  std::string given_, path_, who_;
+  MPI_Comm comm_;
+  Say say_;
+  int choices_ = 1;
+};
+
 /// `trellis inspect CKPT` (serial): prints the metadata (step, layout, deck, …) and every dataset
 /// with its shape, reading each fully so that HDF5 verifies its Fletcher32 checksums.
 /// With `expected`, the file is also held to the model its attributes describe: `expected` fills

@@ -190,20 +190,23 @@ int export_main(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
   std::string path;
-  // A directory's newest checkpoint, which a run publishing there may remove while it is read
-  // (its retention): chosen again, a few times.
-  for (int tries = 1;; ++tries) {
-    path.clear();
-    try {
-      path = resolve_checkpoint(positional[0]);  // (said below: a directory names no step)
-      export_hf_gpt2(path, positional[1]);
-      break;
-    } catch (const UserError& e) {
-      if (tries < 4 && chosen_checkpoint_gone(e.what(), positional[0], path)) continue;
-      std::fprintf(stderr, "trellis export: error: %s\n",
-                   with_chosen_checkpoint_gone(e.what(), positional[0], path).c_str());
-      return kExitBadInput;
+  try {
+    // (A directory names no step: said below, with the file chosen for it.)
+    ChosenCheckpoint chosen(positional[0], MPI_COMM_NULL, "trellis export");
+    chosen.fault_point("setup");
+    for (;;) {
+      try {
+        export_hf_gpt2(chosen.path(), positional[1]);
+        break;
+      } catch (const UserError& e) {
+        if (chosen.choose_again(e.what())) continue;
+        throw UserError(chosen.explained(e.what()));
+      }
     }
+    path = chosen.path();
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "trellis export: error: %s\n", e.what());
+    return kExitBadInput;
   }
   const std::filesystem::path out(positional[1]);  // ("hf-model/" names it as "hf-model" does)
   std::printf("exported %s → %s, %s (HF GPT-2)\n", path.c_str(),

@@ -30,9 +30,11 @@
 // byte just before it takes the file's room in the file (room), or but for 8 KiB once it has
 // taken it, before the data (data), or just before the close (close), or to the last byte once
 // the file is closed and its unused room freed (closed) (lib/ckpt/disk_space.cpp).
-// TRELLIS_FAULT_REMOVE_CHOSEN=setup|load: `trellis eval` removes the checkpoint it has just
-// chosen, once, in its set-up or before its load, as a run publishing there may meanwhile
-// (lib/train/evaluation.cpp; tests/cli/test_eval.sh).
+// TRELLIS_FAULT_REMOVE_CHOSEN=setup|load: a reader of a directory's newest checkpoint removes the
+// file it has just chosen, once, as a run publishing there may meanwhile: `trellis eval` and
+// `generate` in their set-up or before their load, `export` at setup, a training run's start
+// point (checkpoint.resume = DIR) at load (ChosenCheckpoint, lib/ckpt/chosen.cpp;
+// tests/cli/test_eval.sh, test_generate.sh, test_export.sh, test_stop_resume.sh).
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "backend/backend.hpp"
@@ -299,13 +300,27 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   std::vector<int32_t> prompt;
   std::unique_ptr<Backend> backend;
   std::string error;
-  std::string given;  // the checkpoint as named: a directory's newest may be removed meanwhile
+  std::optional<ChosenCheckpoint> chosen;  // (a directory's newest may be removed meanwhile)
   try {
+    // (Every rank has the same arguments: app/trellis.cpp compared them.)
     opt = parse_options(args);
     if (!opt.help) {
-      given = opt.checkpoint;
-      opt.checkpoint = resolve_checkpoint(world.comm(), opt.checkpoint);  // one file for all
-      cfg = checkpoint_config(opt.checkpoint, tp_size);
+      // (One file for all ranks; a new choice said on stderr: stdout is the text.)
+      chosen.emplace(opt.checkpoint, world.comm(), "trellis generate",
+                     ChosenCheckpoint::Say::on_stderr);
+      chosen->fault_point("setup");
+      for (;;) {
+        std::string read_error;
+        try {
+          cfg = checkpoint_config(chosen->path(), tp_size);
+        } catch (const UserError& e) {
+          read_error = e.what();
+        }
+        if (chosen->choose_again(read_error)) continue;
+        if (!read_error.empty()) throw UserError(read_error);
+        break;
+      }
+      opt.checkpoint = chosen->path();
       prompt = prompt_tokens(opt, cfg);
       if (!opt.logits_out.empty() && rank == 0) {
         std::ofstream probe(opt.logits_out, std::ios::binary);
@@ -319,15 +334,8 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   } catch (const UserError& e) {
     error = e.what();
   }
-  if (!error.empty()) error = with_chosen_checkpoint_gone(error, given, opt.checkpoint);
+  if (!error.empty() && chosen) error = chosen->explained(error);
   if (failed_together(world.comm(), error, "trellis generate")) return kExitBadInput;
-  // Every rank decodes the same prompt with the same sampling: the same command line.
-  std::vector<std::pair<std::string, std::string>> arguments;
-  for (size_t i = 0; i < args.size(); ++i)
-    arguments.emplace_back("argument " + std::to_string(i + 1), args[i]);
-  if (failed_together(world.comm(), settings_differ_from_rank0(world.comm(), arguments),
-                      "trellis generate"))
-    return kExitBadInput;
   if (opt.help) {
     if (rank == 0) std::fputs(kGenerateUsage, stdout);
     return kExitOk;
@@ -339,14 +347,18 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   const ParamTable table(cfg.model, tp_size, rank);
   Buffer params(MemKind::Params, size_t(table.total()) * sizeof(float));
   const double load_t0 = now_seconds();
-  try {
-    load_model_parameters(world.comm(), opt.checkpoint, table, params.f32());
-  } catch (const UserError& e) {
-    if (rank == 0)
-      log_error("trellis generate: error: " +
-                with_chosen_checkpoint_gone(e.what(), given, opt.checkpoint));
-    return kExitBadInput;
+  chosen->fault_point("load");
+  for (;;) {
+    try {
+      load_model_parameters(world.comm(), chosen->path(), table, params.f32());
+      break;
+    } catch (const UserError& e) {
+      if (chosen->choose_again(e.what())) continue;  // (the run's: the same model)
+      if (rank == 0) log_error("trellis generate: error: " + chosen->explained(e.what()));
+      return kExitBadInput;
+    }
   }
+  opt.checkpoint = chosen->path();
   const double load_s = now_seconds() - load_t0;
 
   try {

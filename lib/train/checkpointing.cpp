@@ -411,12 +411,14 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
     // (A run directory, a checkpoint directory or a `latest` pointer: the file it names. One
     // that no longer resolves — the start point's run since removed — matters only when the
     // run does not go on from its own checkpoints.)
-    std::string start = how, start_error;
+    std::optional<ChosenCheckpoint> chosen;
+    std::string start_error;
     try {
-      start = resolve_checkpoint(world_, how);
+      chosen.emplace(how, world_, "checkpoint.resume = " + how);
     } catch (const UserError& e) {
       start_error = e.what();  // (every rank's: rank 0 resolved it)
     }
+    const std::string start = chosen ? chosen->path() : how;
     candidates = resume_candidates(world_, cfg_.checkpoint.dir);
     int rank = 0, size = 1, go_on = 0;
     MPI_Comm_rank(world_, &rank);
@@ -441,7 +443,21 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
     }
     MPI_Bcast(&go_on, 1, MPI_INT, 0, world_);
     if (!go_on && !start_error.empty()) throw UserError(start_error);
-    if (!go_on) return load(start, say_changes);
+    if (!go_on) {
+      // (A start point in a directory that a run still publishes to: its newest checkpoint may
+      // be removed meanwhile, by that run's retention.)
+      chosen->fault_point("load");
+      for (;;) {
+        try {
+          return load(chosen->path(), say_changes);
+        } catch (const UserError& e) {  // (the same on every rank)
+          if (chosen->choose_again(e.what())) continue;
+          const std::string explained = chosen->explained(e.what());
+          if (explained == e.what()) throw;  // (as it was: an IncompatibleCheckpoint stays one)
+          throw UserError(explained);
+        }
+      }
+    }
     log("checkpoint.resume = " + how + ": " + cfg_.checkpoint.dir +
         " holds this run's own checkpoints from it (a requeued job): going on from the newest, " +
         candidates.front());

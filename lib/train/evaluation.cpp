@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/stored_config.hpp"
@@ -126,21 +127,17 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
              floor.c_str()));
 }
 
-/// Test only (TRELLIS_FAULT_REMOVE_CHOSEN = setup | load, tests/cli/test_eval.sh): rank 0 removes
-/// the checkpoint just chosen, once, at that point, as a run's retention may meanwhile.
-static void remove_chosen_fault(const World& world, const char* point, const std::string& path) {
-  static bool done = false;
-  const char* v = std::getenv("TRELLIS_FAULT_REMOVE_CHOSEN");
-  if (done || !v || std::string(v) != point) return;
-  done = true;
-  if (world.rank() == 0) std::remove(path.c_str());
-  MPI_Barrier(world.comm());
+/// The file to load for `chosen`: "never" and "auto" are checkpoint.resume's words, so a file of
+/// that name is ./never.
+static std::string load_path(const ChosenCheckpoint& chosen) {
+  const std::string& p = chosen.path();
+  return p == "never" || p == "auto" ? "./" + p : p;
 }
 
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
-  std::string error, path, given, batch_note;
-  int choices = 0;  // of a checkpoint in `given` (a directory's newest may be removed meanwhile)
+  std::string error, path, batch_note;
+  std::optional<ChosenCheckpoint> chosen;  // (a directory's newest may be removed meanwhile)
   Config cfg;
   std::unique_ptr<Trainer> trainer;
   error = setup_error([&] {
@@ -159,17 +156,12 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       throw UserError(
           "which checkpoint? usage: trellis eval CKPT "
           "[--section.key=value ...]");
-    // Rank 0 finds the file, so that every rank opens the same one while a run publishes more;
-    // "never" and "auto" are checkpoint.resume's words, so a file of that name is ./never.
-    given = path;
+    // Rank 0 finds the file, so that every rank opens the same one while a run publishes more.
+    chosen.emplace(path, world.comm(), "eval");
+    chosen->fault_point("setup");
     Config run;
-    // A directory's newest checkpoint, which a run publishing there may remove while it is read
-    // (its retention): chosen again, a few times, by every rank together.
     for (;;) {
-      path = resolve_checkpoint(world.comm(), given);
-      ++choices;
-      remove_chosen_fault(world, "setup", path);
-      if (path == "never" || path == "auto") path = "./" + path;
+      path = load_path(*chosen);
       std::string read_error;
       try {
         cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
@@ -177,9 +169,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       } catch (const UserError& e) {
         read_error = e.what();
       }
-      int again = choices < 4 && chosen_checkpoint_gone(read_error, given, path);
-      MPI_Allreduce(MPI_IN_PLACE, &again, 1, MPI_INT, MPI_MAX, world.comm());
-      if (again) continue;
+      if (chosen->choose_again(read_error)) continue;
       if (!read_error.empty()) throw UserError(read_error);
       break;
     }
@@ -226,30 +216,22 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     error +=
         " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
         "--train.micro_batch or the layout)";
-  if (!error.empty()) error = with_chosen_checkpoint_gone(error, given, path);
+  if (!error.empty() && chosen) error = chosen->explained(error);
   if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
 
   // Phase 2: load (a damaged file is the same UserError on every rank), then measure.
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis eval", [&] {
     watchdog_beat("loading a checkpoint");
     std::optional<int64_t> steps;
-    remove_chosen_fault(world, "load", path);
+    chosen->fault_point("load");
     for (bool first = true;; first = false) {
       try {
         steps = first ? trainer->resume(/*to_train=*/false)
                       : std::optional<int64_t>(trainer->load_for_evaluation(path));
         break;
       } catch (const UserError& e) {
-        // (Every rank has the same error; rank 0 tells whether the file is gone.)
-        int again = world.rank() == 0 && choices < 4 && chosen_checkpoint_gone(e.what(), given, path);
-        MPI_Bcast(&again, 1, MPI_INT, 0, world.comm());
-        if (!again) throw UserError(with_chosen_checkpoint_gone(e.what(), given, path));
-        const std::string gone = path;
-        path = resolve_checkpoint(world.comm(), given);
-        ++choices;
-        log("eval: " + gone + ", the newest checkpoint of " + given +
-            " when it was chosen, was removed meanwhile (a run publishing there): " + path +
-            " instead");
+        if (!chosen->choose_again(e.what())) throw UserError(chosen->explained(e.what()));
+        path = load_path(*chosen);
       }
     }
     if (!steps) throw UserError(path + ": nothing loaded");

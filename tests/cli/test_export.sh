@@ -90,6 +90,15 @@ PY
 check "the check fails when a weight is not transposed" \
   '[ $? -eq 1 ] && grep -q "max |trellis - hf convention|" "$work/wrong.log"'
 
+# A directory's newest checkpoint removed while export reads it (a run publishing there, its
+# retention; TRELLIS_FAULT_REMOVE_CHOSEN removes the chosen file once): export chooses again, says
+# so, and exports the next newest.
+train "$work/pub" --checkpoint.every=2 --checkpoint.keep=5
+TRELLIS_FAULT_REMOVE_CHOSEN=setup "$trellis" export "$work/pub" --format hf-gpt2 "$work/hf-pub" \
+  > "$work/out.log" 2>&1
+check "the chosen checkpoint removed meanwhile: said, and the next newest exported" \
+  '[ $? -eq 0 ] && grep -q "^trellis export: .*step_00000004.h5, the newest checkpoint of $work/pub when it was chosen, was removed meanwhile (a run publishing there): .*step_00000002.h5 instead" "$work/out.log" && grep -q "^exported .*step_00000002.h5 → " "$work/out.log" && [ -s "$work/hf-pub/model.safetensors" ]'
+
 # bad NAME FRAGMENT ARGS...: exit status 2 and the fragment in the message.
 bad() {
   local name=$1 fragment=$2; shift 2

@@ -86,6 +86,21 @@ rc=$(gen 2 "$work/tokens" --prompt-ids 3,1,4 --tokens 5 --temperature 0)
 check "a token-id model: --prompt-ids in, ids out" \
   '[ $rc -eq 0 ] && grep -Eq "^generated ids: [0-9]+(,[0-9]+){4}$" "$work/out.log"'
 
+# A directory's newest checkpoint removed meanwhile (a run publishing there, its retention):
+# generate chooses again — in its set-up and at its load (TRELLIS_FAULT_REMOVE_CHOSEN removes the
+# chosen file once at that point) — says so on stderr, and generates from the next newest.
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tokens.deck" --run.dir="$work/pub" \
+  --checkpoint.every=1 --checkpoint.keep=5 > "$work/train3.log" 2>&1
+cp -r "$work/pub" "$work/pub-load"
+for point in setup load; do
+  dir="$work/pub"; [ $point = load ] && dir="$work/pub-load"
+  timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_REMOVE_CHOSEN=$point -np 2 "$trellis" generate \
+    "$dir" --prompt-ids 3,1,4 --tokens 5 --temperature 0 > "$work/out.log" 2> "$work/err.log"
+  rc=$?
+  check "the chosen checkpoint removed at generate's $point: said on stderr, the next newest used" \
+    '[ $rc -eq 0 ] && grep -q "^trellis generate: .*step_00000002.h5, the newest checkpoint of $dir when it was chosen, was removed meanwhile (a run publishing there): .*step_00000001.h5 instead" "$work/err.log" && grep -q "^prompt ids: " "$work/out.log" && grep -q "checkpoint .*step_00000001.h5" "$work/out.log" && [ ! -e "$dir/ckpt/step_00000002.h5" ]'
+done
+
 # bad NAME NP FRAGMENT ARGS...: exit status 2 and the fragment printed exactly once.
 bad() {
   local name=$1 np=$2 fragment=$3; shift 3

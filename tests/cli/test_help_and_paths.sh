@@ -63,6 +63,13 @@ check "export ckpt/latest" '[ $? -eq 0 ] && [ -f "$work/hf/model.safetensors" ] 
 tiny_train 1 "$work/tuned" --checkpoint.resume="$work/run" --train.steps=6
 check "checkpoint.resume = RUN_DIR: starts from its newest checkpoint" \
   '[ $? -eq 0 ] && grep -q "resumed from $newest at step 4" "$work/out.log" && grep -q "^6," "$work/tuned/metrics.csv"'
+# The start point's newest checkpoint removed before it loads (the run there still publishing, its
+# retention; TRELLIS_FAULT_REMOVE_CHOSEN removes it once): chosen again, said, the next newest.
+cp -r "$work/run" "$work/pub"
+TRELLIS_FAULT_REMOVE_CHOSEN=load tiny_train 2 "$work/from-pub" --checkpoint.resume="$work/pub" \
+  --train.steps=6
+check "checkpoint.resume = RUN_DIR, its newest removed meanwhile: the next newest, said" \
+  '[ $? -eq 0 ] && grep -q "^checkpoint.resume = $work/pub: $work/pub/ckpt/step_00000004.h5, the newest checkpoint of $work/pub when it was chosen, was removed meanwhile (a run publishing there): $work/pub/ckpt/step_00000002.h5 instead" "$work/out.log" && grep -q "resumed from $work/pub/ckpt/step_00000002.h5 at step 2" "$work/out.log" && grep -q "^6," "$work/from-pub/metrics.csv"'
 # The same command again (a requeued job) once the start point is gone: the run goes on from its
 # own checkpoints, which never needed it.
 mv "$work/run/ckpt" "$work/run/ckpt-moved"
