@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <set>
 
@@ -47,14 +48,23 @@ bool is_model_shape_key(const std::string& key) {
 }
 
 /// Keys that change the run's course from the checkpoint on: said, not refused (a lower lr after
-/// a loss spike, a longer run, other data to fine-tune on are the user's choice). The layout,
-/// micro-batching and recomputation change no result.
+/// a loss spike, a longer run, other data to fine-tune on, bf16 after fp32 are the user's choice).
+/// The layout, micro-batching and recomputation change no result.
 bool changes_the_course(const std::string& key) {
   static const std::set<std::string> train = {
       "train.steps",        "train.global_batch", "train.lr",           "train.min_lr",
       "train.warmup_steps", "train.decay",        "train.weight_decay", "train.beta1",
       "train.beta2",        "train.eps",          "train.grad_clip",    "train.seed"};
-  return train.count(key) > 0 || key.rfind("data.", 0) == 0;
+  return train.count(key) > 0 || key.rfind("data.", 0) == 0 || key == "system.precision" ||
+         key == "system.grad_reduce";
+}
+
+/// Whether a run under `b` takes the course a run under `a` took: no key differs that changes
+/// the model or the course (the layout, logging and time limits do not).
+bool same_course(const Config& a, const Config& b) {
+  for (const KeyChange& c : changed_keys(a, b))
+    if (is_model_shape_key(c.key) || changes_the_course(c.key)) return false;
+  return true;
 }
 
 }  // namespace
@@ -217,6 +227,7 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
       check_same_deck(meta, path);
       std::string model;
+      const bool evaluates = cfg_.eval.every > 0;  // (eval's own set-up says its own)
       for (const KeyChange& c : changed_keys(stored, cfg_)) {
         std::string change = c.key + " = " + c.before + " there, " + c.after + " here";
         if (c.key == "data.synthetic_seed" && !deck_sets_key(meta.text["deck"], c.key))
@@ -224,9 +235,19 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
                     "corpus: --data.synthetic_seed=" + c.before + " goes on with it)";
         if (is_model_shape_key(c.key))
           model += (model.empty() ? "" : "; ") + change;
-        else if (changes_the_course(c.key))
+        else if (changes_the_course(c.key) ||
+                 (evaluates && (c.key == "eval.path" || c.key == "eval.batches")))
           changes += (changes.empty() ? "" : "; ") + change;
       }
+      // The held-out set is eval.path's (else the source's) first eval.batches global batches:
+      // another one makes the evaluations from here on incomparable with eval.csv's earlier rows.
+      const int64_t there = int64_t(stored.eval.batches) * stored.train.global_batch,
+                    here = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
+      if (evaluates && (there != here || stored.eval.path != cfg_.eval.path))
+        changes += strfmt("; so the held-out set is another (%lld sequences there, %lld here%s): "
+                          "eval.csv's losses from here on are not comparable with its earlier ones",
+                          (long long)there, (long long)here,
+                          stored.eval.path != cfg_.eval.path ? ", of another file" : "");
       if (!model.empty())
         throw IncompatibleCheckpoint(
             path + " holds another model (" + model +
@@ -312,7 +333,14 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
 // run writes them: `logs_too`) into run.dir/superseded-TIME/, so that none is lost, retention
 // (the newest `keep` by step) prunes this run's own, and no later resume takes them for this
 // run's.
-void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
+/// Whether run.dir's metrics.csv holds a step's row (below its header).
+static bool has_logged_steps(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / "metrics.csv");
+  std::string header, row;
+  return std::getline(in, header) && std::getline(in, row) && !row.empty();
+}
+
+void Checkpointer::set_aside_past(int64_t step, Logs logs_to) {
   const bool start_over = step < 0;
   std::string err, said, removed;
   int rank = 0;
@@ -332,6 +360,8 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
       }
       const std::vector<int64_t> steps = set_aside_checkpoints(cfg_.checkpoint.dir, step, into);
       std::vector<std::string> logs;
+      const bool logs_too = logs_to == Logs::set_aside ||
+                            (logs_to == Logs::set_aside_if_trained && has_logged_steps(cfg_.run.dir));
       if (start_over && logs_too) logs = set_aside_run_files(cfg_.run.dir, logs_into);
       if (!steps.empty())
         said = strfmt("%zu checkpoint%s %s (step %lld%s%s) moved to %s/%s", steps.size(),
@@ -354,9 +384,11 @@ void Checkpointer::set_aside_past(int64_t step, bool logs_too) {
   if (!err.empty()) throw UserError(err);
   if (!removed.empty()) log(removed);
   if (!said.empty())
-    log(std::string(start_over ? "checkpoint.resume = never: starting over; "
-                               : strfmt("resumed at step %lld: ", (long long)step)) +
-        said);
+    log(!start_over ? strfmt("resumed at step %lld: ", (long long)step) + said
+        : logs_to == Logs::set_aside
+            ? "checkpoint.resume = never: starting over; " + said
+            : "checkpoint.resume = " + cfg_.checkpoint.resume + ": no checkpoint in " +
+                  cfg_.checkpoint.dir + ", so the run starts at step 0; " + said);
 }
 
 std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
@@ -387,10 +419,12 @@ std::optional<int64_t> Checkpointer::resume(bool training, bool logs_too) {
     }
   }
   const std::optional<int64_t> step = resume_from(true);
-  // (auto without a checkpoint is a first start, or a run cut off before its first checkpoint
-  // whose steps are redone: its logs stay, to be written over.)
+  // A start over moves the run directory's logs aside. So does auto without a checkpoint — a
+  // first start, a run cut off before its first checkpoint, or a run directory whose checkpoints
+  // are elsewhere (checkpoint.dir changed) — where metrics.csv holds steps it would write over.
+  const bool never = cfg_.checkpoint.resume == "never" && !never_goes_on_;
   set_aside_past(step ? *step : -1,
-                 logs_too && cfg_.checkpoint.resume == "never" && !never_goes_on_);
+                 !logs_too ? Logs::keep : never ? Logs::set_aside : Logs::set_aside_if_trained);
   return step;
 }
 
@@ -427,16 +461,17 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
         const auto deck = meta.text.find("deck");
-        // Going back to a step of checkpoint.dir itself, only the very same run (its effective
-        // deck to the letter) goes on: the same step tried again under other settings (another
-        // lr, another precision) is a new course from it, not a requeue.
+        // Going back to a step of checkpoint.dir itself, only the same course goes on: the same
+        // step tried again under other settings (another lr, another precision) is a new course
+        // from it, not a requeue. Keys that change no result — the layout and the rank count
+        // (a requeue may land on other nodes), logging, time limits — are the same course.
         const bool inside = resolved(start).parent_path() == resolved(cfg_.checkpoint.dir);
         // (Compared key by key, as each build reads it, not as text: a key younger than the file,
         // or a derived value written otherwise, is no other course.)
         go_on = deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how &&
-                (!inside || load_config_text(deck->second, candidates.front(), {}, size).effective ==
-                                effective_values(cfg_));
+                (!inside ||
+                 same_course(load_config_text(deck->second, candidates.front(), {}, size), cfg_));
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked
       }

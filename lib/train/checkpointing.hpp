@@ -67,10 +67,13 @@ class Checkpointer {
   int64_t load(const std::string& path, bool say_changes);
   /// resume() without what follows a training run's resume (set_aside_past).
   std::optional<int64_t> resume_from(bool training);
+  /// What a start over does with the run directory's logs: keeps them (this run writes none),
+  /// sets them aside, or sets them aside where metrics.csv holds a step.
+  enum class Logs { keep, set_aside, set_aside_if_trained };
   /// Collective, after a training run's resume at `step` (-1: starting over): moves the
-  /// checkpoints past it (and with a start over and `logs_too` the run directory's logs) aside,
+  /// checkpoints past it (and with a start over the run directory's logs, as `logs`) aside,
   /// saying so.
-  void set_aside_past(int64_t step, bool logs_too);
+  void set_aside_past(int64_t step, Logs logs);
 
   const Config& cfg_;
   const Grid& grid_;

@@ -5,7 +5,8 @@
 # earlier run's checkpoints and logs into superseded-TIME/ and a later auto resume takes the new
 # run's; a metrics.csv that cannot be written (a full disk: /dev/full) is warned of and ends the
 # run with status 2, not 0; with nothing left to train, the message names the checkpoint that holds
-# the last step. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
+# the last step; a run.dir given another, empty checkpoint.dir moves its earlier logs aside; a
+# resume that changes the held-out set says so. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
 set -u
 build=${1:-build}
 work=$(mktemp -d /tmp/trellis-rundir-XXXXXX)
@@ -81,4 +82,21 @@ rc=$?
 check_log="$work/fresh.log"
 check "a fresh run.dir from a finished checkpoint: status 0, that checkpoint named, no summary" \
   "[ $rc -eq 0 ] && grep -q 'nothing to train: $dir/ckpt/step_00000005.h5 holds step 5 of train.steps = 5 (.*over)\$' '$work/fresh.log' && [ ! -e '$work/fresh/summary.json' ]"
+
+# 5. The run directory pointed at another checkpoint.dir that holds none: the run starts at step 0,
+# and the earlier run's logs — their steps would be written over — move aside, said.
+run --run.dir="$work/moved" --eval.every=2 > "$work/moved1.log" 2>&1
+run --run.dir="$work/moved" --eval.every=2 --checkpoint.dir="$work/moved/ck2" \
+  > "$work/moved2.log" 2>&1
+rc=$?
+check_log="$work/moved2.log"
+check "another checkpoint.dir without checkpoints: step 0, the earlier logs moved aside, said" \
+  "[ $rc -eq 0 ] && grep -q '^checkpoint.resume = auto: no checkpoint in $work/moved/ck2, so the run starts at step 0; the earlier run.s metrics.csv, eval.csv, summary.json, deck.ini moved to $work/moved/superseded-' '$work/moved2.log' && [ \"\$(tail -n +2 $work/moved/superseded-*/metrics.csv | wc -l)\" -eq 6 ] && [ -s $work/moved/ckpt/step_00000006.h5 ]"
+# 6. A resume that changes the held-out set (eval.batches) or the precision is warned of.
+run --run.dir="$work/moved" --eval.every=2 --checkpoint.dir="$work/moved/ck2" --train.steps=8 \
+  --eval.batches=1 --system.precision=bf16 > "$work/moved3.log" 2>&1
+rc=$?
+check_log="$work/moved3.log"
+check "a resume with another held-out set and precision: warned, both named" \
+  "[ $rc -eq 0 ] && grep -q 'eval.batches = 4 there, 1 here; system.precision = fp32 there, bf16 here; so the held-out set is another (16 sequences there, 4 here): eval.csv.s losses from here on are not comparable' '$work/moved3.log'"
 echo "rundir: $passed passed, $failed failed"

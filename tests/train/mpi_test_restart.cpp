@@ -428,6 +428,13 @@ TEST(Restart, RequeuedJobGoesOnFromItsOwnCheckpointsNotTheStartPoint) {
   // instead of going back to step 10 once more.
   EXPECT_EQ(train(MPI_COMM_SELF, dir, back_command).size(), 0u);
   EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15}));
+  // So does it with keys changed that change no result (a requeue on another count of nodes
+  // derives another layout; logging, recomputation, time limits).
+  std::vector<std::string> incidental = back_command;
+  for (const char* o : {"--log.every=3", "--train.recompute=full", "--system.max_hours=100"})
+    incidental.push_back(o);
+  EXPECT_EQ(train(MPI_COMM_SELF, dir, incidental).size(), 0u);
+  EXPECT_EQ(superseded_steps(dir), (std::vector<int64_t>{15, 15}));
   // Step 10 tried again under another setting is a new course from it, not that requeue.
   std::vector<std::string> other_lr = back_command;
   other_lr.push_back("--train.lr=5e-3");
