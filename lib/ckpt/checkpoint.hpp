@@ -110,7 +110,10 @@ class StagedFile {
 StagedFile stage_latest(const std::string& dir, const std::string& file_name);
 /// Replaces dir/latest atomically (temp file, fsync, rename, fsync dir) with file_name + "\n".
 void publish_latest(const std::string& dir, const std::string& file_name);
-/// Writes `path` atomically: a StagedFile committed at once.
+/// The file a write to `path` replaces: `path`, or the file a symbolic link there names.
+/// UserError where that is something else than a regular file (a device, a FIFO, a directory).
+std::string regular_file_target(const std::string& path);
+/// Writes `path` (regular_file_target's) atomically: a StagedFile committed at once.
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
 /// Removes the *.tmp-* files of dir (checkpoint writes and their set-aside room, cut short by a
 /// kill); returns their names. Only for a job that holds dir's lock. Errors → UserError.

@@ -82,7 +82,9 @@ std::string read_latest(const std::string& dir) {
   std::string s(buf, n);
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t'))
     s.pop_back();
-  if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..") return {};
+  // (A name with a control byte — a NUL, a newline inside — is none a run writes: damage.)
+  const bool control = std::any_of(s.begin(), s.end(), [](char c) { return (unsigned char)c < 32; });
+  if (s.empty() || control || s.find('/') != std::string::npos || s == "." || s == "..") return {};
   return s;
 }
 
@@ -118,8 +120,33 @@ void StagedFile::commit() {
   if (!err.empty()) throw UserError("cannot write " + path_ + ": " + err);
 }
 
+std::string regular_file_target(const std::string& path) {
+  // A symbolic link is followed (a deck linked to a shared file: the file is written, the link
+  // stays). Anything else that is no regular file — a device, a FIFO, a socket — is refused:
+  // the rename of an atomic write would put a file in its place (run as root: /dev/null itself).
+  fs::path target = path;
+  struct stat st;
+  for (int links = 0; ::lstat(target.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++links) {
+    std::error_code ec;
+    const fs::path to = fs::read_symlink(target, ec);  // (a dangling link's too: made there)
+    if (ec || links == 40)
+      throw UserError(path + ": a symbolic link that cannot be followed" +
+                      (ec ? ": " + ec.message() : std::string(" (a loop)")));
+    target = (to.is_absolute() ? to : target.parent_path() / to).lexically_normal();
+  }
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UserError(path + ": " +
+                    (S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                            : "not a regular file") +
+                    ", which a written file would replace; name a file");
+  return target.string();
+}
+
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill) {
-  StagedFile(path, fill).commit();
+  StagedFile(regular_file_target(path), fill).commit();
 }
 
 StagedFile stage_latest(const std::string& dir, const std::string& file_name) {

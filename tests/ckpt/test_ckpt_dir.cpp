@@ -2,6 +2,7 @@
 // candidates.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -184,6 +185,45 @@ TEST_F(CkptDirTest, WriteFileAtomicallyWithTwoWriters) {
   EXPECT_EQ(entries(), std::set<std::string>{"model.bin"});
   EXPECT_THROW(write_file_atomically(dir_ + "/missing/x", [](std::FILE*) { return true; }),
                UserError);
+}
+
+// A file written atomically through a symbolic link replaces the link's target, not the link;
+// a FIFO, a device or a directory in its place is refused, left as it is (a rename would have put
+// a regular file there: run as root, `--out /dev/null` replaced /dev/null).
+TEST_F(CkptDirTest, AtomicWritesReplaceOnlyRegularFiles) {
+  const auto write = [](const std::string& path, const std::string& text) {
+    write_file_atomically(path, [&](std::FILE* f) {
+      return std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    });
+  };
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  fs::create_directory(dir_ + "/shared");
+  write(dir_ + "/shared/deck", "old");
+  fs::create_symlink("shared/deck", dir_ + "/link");
+  write(dir_ + "/link", "new");
+  EXPECT_TRUE(fs::is_symlink(dir_ + "/link"));
+  EXPECT_EQ(read(dir_ + "/shared/deck"), "new");
+  fs::create_symlink("shared/not-yet", dir_ + "/dangling");  // (its target is made)
+  write(dir_ + "/dangling", "made");
+  EXPECT_TRUE(fs::is_symlink(dir_ + "/dangling"));
+  EXPECT_EQ(read(dir_ + "/shared/not-yet"), "made");
+
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
+           {dir_ + "/fifo", "a FIFO"}, {"/dev/null", "a character device"},
+           {dir_ + "/shared", "a directory"}}) {
+    try {
+      write(name, "x");
+      ADD_FAILURE() << name << " was written over";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(name + ": " + kind), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(fs::status(dir_ + "/fifo").type(), fs::file_type::fifo);
+  EXPECT_EQ(fs::status("/dev/null").type(), fs::file_type::character);
 }
 
 // `latest` staged before a checkpoint is written: beside it until committed (the old `latest`

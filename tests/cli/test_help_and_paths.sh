@@ -85,6 +85,11 @@ mv "$work/run/ckpt-moved" "$work/run/ckpt"
 "$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
 check "inspect of an empty latest: status 2 naming it" \
   '[ $? -eq 2 ] && grep -q "checkpoint $work/run/ckpt/latest: a .latest. pointer that names no step file" "$work/out.log"'
+printf 'step_0000\0004.h5\n' > "$work/run/ckpt/latest"  # (a NUL byte: damage)
+"$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
+check "inspect of a latest holding a NUL byte: status 2, the whole message" \
+  '[ $? -eq 2 ] && grep -q "checkpoint $work/run/ckpt/latest: a .latest. pointer that names no step file" "$work/out.log"'
+: > "$work/run/ckpt/latest"
 tiny_train 2 "$work/bad" --checkpoint.resume="$work/run/ckpt/latest"
 check "checkpoint.resume = an empty latest: status 2 on every rank, one message" \
   '[ $? -eq 2 ] && [ "$(grep -c "a .latest. pointer that names no step file" "$work/out.log")" -eq 1 ]'
