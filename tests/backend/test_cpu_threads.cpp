@@ -147,7 +147,7 @@ std::vector<float> run_all(int threads, const std::vector<double>& speeds = {}) 
   std::vector<float> mo(size_t(N) * OC), mdx(size_t(N) * C), mdw(W.size(), 0.5f), mdb(OC, 0.5f);
   be->matmul_forward(mo.data(), x.data(), W.data(), bo.data(), N, C, OC);
   be->matmul_backward(mdx.data(), mdw.data(), mdb.data(), dO.data(), x.data(), W.data(), N, C, OC);
-  append(mdb);
+  append(mo), append(mdx), append(mdw), append(mdb);
   std::vector<float> ao(size_t(N) * H * hd), att(size_t(B) * H * T * T), dqkv(qkv.size(), 7.0f);
   be->attention_forward(ao.data(), att.data(), qkv.data(), B, T, H, KV, hd);
   be->attention_backward(dqkv.data(), datt.data(), qkv.data(), ao.data(), att.data(), B, T, H, KV,
@@ -229,6 +229,75 @@ TEST(CpuThreads, LargeLinearLayerBitwiseIndependentOfShares) {
         << "speeds " << speeds[0] << " " << speeds[1];
   }
   EXPECT_EQ(first_difference(one, linear_layer(3, {1.0, 1.4, 0.8})), one.size()) << "3 threads";
+}
+
+/// A tiny model's layer on `threads` threads — N rows of width C, a hidden width OC, a
+/// vocabulary of V columns (the first `valid` real), heads of C/4 channels over sequences of 32 —
+/// every kernel of its step once, all outputs concatenated. Its products are small (M·N·K of
+/// 10^5 to a few 10^6), where OpenBLAS's small-matrix kernels add otherwise for other rows.
+std::vector<float> tiny_layer(int threads, int N, int C, int OC, int V, int valid) {
+  auto be = cpu_backend(threads);
+  auto x = random_vec(size_t(N) * C, 3), W = random_vec(size_t(OC) * C, 7), b = random_vec(OC, 8);
+  auto dO = random_vec(size_t(N) * OC, 9), res = random_vec(size_t(N) * OC, 10);
+  std::vector<float> out;
+  auto append = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+  // Forward: with a GELU, with a residual, plain, and without a bias (the LM head's).
+  std::vector<float> pre(size_t(N) * OC), g(size_t(N) * OC), ro(size_t(N) * OC), mo(size_t(N) * OC);
+  be->matmul_gelu_forward(pre.data(), g.data(), x.data(), W.data(), b.data(), N, C, OC);
+  be->matmul_residual_forward(ro.data(), res.data(), x.data(), W.data(), b.data(), N, C, OC);
+  be->matmul_forward(mo.data(), x.data(), W.data(), nullptr, N, C, OC);
+  append(pre), append(g), append(ro), append(mo);
+  // Backward: plain (with and without a bias), and through the GELU from a projection back to C.
+  std::vector<float> dx(size_t(N) * C), dW(W.size(), 0.5f), db(OC, 0.5f);
+  be->matmul_backward(dx.data(), dW.data(), db.data(), dO.data(), x.data(), W.data(), N, C, OC);
+  append(dx), append(dW), append(db);
+  be->matmul_backward(dx.data(), dW.data(), nullptr, dO.data(), x.data(), W.data(), N, C, OC);
+  append(dx), append(dW);
+  auto W2 = random_vec(size_t(C) * OC, 12), dout = random_vec(size_t(N) * C, 13);
+  std::vector<float> dpre(size_t(N) * OC), scratch(size_t(N) * OC), dW2(W2.size(), 0.5f), db2(C, 0.5f),
+      dbpre(OC, 0.25f);
+  be->matmul_backward_gelu(dpre.data(), scratch.data(), dW2.data(), db2.data(), dbpre.data(),
+                           dout.data(), g.data(), pre.data(), W2.data(), N, OC, C);
+  append(dpre), append(dW2), append(db2), append(dbpre);
+  // Attention over sequences of 32, and a layer norm.
+  const int T = 32, B = N / T, H = 4, hd = C / H, R = 3 * H * hd;
+  auto qkv = random_vec(size_t(N) * R, 14, -2.0f, 2.0f), datt = random_vec(size_t(N) * C, 15);
+  std::vector<float> ao(size_t(N) * C), att(size_t(B) * H * T * T), dqkv(qkv.size(), 0.0f);
+  be->attention_forward(ao.data(), att.data(), qkv.data(), B, T, H, H, hd);
+  be->attention_backward(dqkv.data(), datt.data(), qkv.data(), ao.data(), att.data(), B, T, H, H, hd);
+  append(ao), append(att), append(dqkv);
+  auto w = random_vec(C, 4), bias = random_vec(C, 5);
+  std::vector<float> ln(size_t(N) * C), mean(N), rstd(N), dln(size_t(N) * C, 1.0f), dw(C, 0.5f),
+      dbl(C, 0.5f);
+  be->layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C);
+  be->layernorm_backward(dln.data(), dw.data(), dbl.data(), dout.data(), x.data(), w.data(),
+                         mean.data(), rstd.data(), N, C);
+  append(ln), append(dln), append(dw), append(dbl);
+  // The fused cross-entropy over a padded vocabulary.
+  auto logits = random_vec(size_t(N) * V, 16, -4.0f, 4.0f);
+  std::vector<int32_t> tok(N);
+  for (int i = 0; i < N; ++i) tok[i] = (i * 7) % valid;
+  std::vector<float> losses(N), row_max(N), sumexp(N), target_logit(N);
+  be->crossentropy(logits.data(), losses.data(), tok.data(), row_max.data(), sumexp.data(),
+                   target_logit.data(), N, V, valid, 0.01f);
+  append(logits), append(losses);
+  be->set_threads(1);
+  return out;
+}
+
+TEST(CpuThreads, TinyModelsKernelsBitwiseIndependentOfThreadCount) {
+  // (N, C, OC, V, valid): the default deck's and smaller models' layers, rows that end in a
+  // short tile of 48 (N = 128: 48 + 48 + 32) or fill whole ones (N = 96).
+  const std::vector<std::vector<int>> shapes = {
+      {128, 64, 192, 64, 32}, {128, 64, 256, 64, 32}, {64, 32, 128, 32, 29}, {96, 40, 160, 64, 50},
+      {1024, 64, 256, 64, 32}};
+  for (const auto& s : shapes) {
+    const auto one = tiny_layer(1, s[0], s[1], s[2], s[3], s[4]);
+    for (int threads : {2, 3})
+      EXPECT_EQ(first_difference(one, tiny_layer(threads, s[0], s[1], s[2], s[3], s[4])),
+                one.size())
+          << "N " << s[0] << ", C " << s[1] << ", OC " << s[2] << ": " << threads << " threads";
+  }
 }
 
 }  // namespace

@@ -81,6 +81,19 @@ struct SplitGemm {
   /// small-matrix path (M·N·K ≤ 10^6); every part of these products stays well clear of it (a
   /// part is at least a quarter of an equal share).
   bool uneven_parts_ok(int parts) const { return double(M) * Nc * K / (4.0 * parts) >= 4e6; }
+  /// Whether the rows may be cut into `parts` (equal cuts of the tiles) at all. OpenBLAS computes
+  /// a product of M·N·K ≤ 10^6 by its small-matrix kernels (0.3.21's AVX-512 ones), whose sums
+  /// depend on the call's rows: a part there comes out with other bits than the same rows of the
+  /// whole product, whether that is small too or not (measured 2026-12-06 with SkylakeX kernels:
+  /// 103 of 2856 random products cut in 2 or 3 parts differed, every one with a part of at most
+  /// 10^6 multiply-adds; a tiny model's weights after one step differed between 1 and 2 threads).
+  /// So every part — the fewest rows one gets, with the short last tile — stays above that line.
+  bool parts_clear_of_small_path(int parts) const {
+    if (parts <= 1) return true;
+    const int64_t per = tiles() / parts, last = M - (tiles() - 1) * kGemmAlign;
+    const int64_t fewest = per == 0 ? last : (per - 1) * kGemmAlign + last;
+    return double(fewest) * Nc * K > 1e6;
+  }
   /// Rows [r0, r1) × columns [c0, c1) of C.
   struct Block {
     int r0, r1, c0, c1;
@@ -99,7 +112,9 @@ struct SplitGemm {
 
 /// g by ranges on the host threads, or as one call on OpenBLAS's threads when it is large.
 void sgemm_split(cpu::WorkerPool& pool, const SplitGemm& g) {
-  if (cpu::num_parts(pool, g.tiles()) <= 1 || g.large()) {
+  const int parts = cpu::num_parts(pool, g.tiles());
+  if (parts <= 1 || g.large() || !g.parts_clear_of_small_path(parts)) {
+    SingleThreadedBlas one(!g.large());  // (OpenBLAS's threads would cut it their own way)
     g.run(g.whole());
     return;
   }
@@ -226,7 +241,9 @@ void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, c
   }
   // out = inp · weightᵀ
   const SplitGemm g{CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC};
-  if (cpu::num_parts(*pool_, g.tiles()) <= 1 || g.large()) {
+  const int parts = cpu::num_parts(*pool_, g.tiles());
+  if (parts <= 1 || g.large() || !g.parts_clear_of_small_path(parts)) {
+    SingleThreadedBlas one(!g.large());  // (OpenBLAS's threads would cut it their own way)
     if (bias)
       cpu::parallel_for(*pool_, "matmul_bias", N,
                         [=](int64_t n) { fill_bias(out, bias, int(n), int(n) + 1, 0, OC, OC); });
@@ -259,7 +276,8 @@ void CpuBackend::linear_backward(float* dinp, const float* gelu_pre, float* dwei
   const SplitGemm gi{CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C};
   const SplitGemm gw{CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C};
   const int parts = cpu::num_parts(*pool_, std::max(gi.tiles(), gw.tiles()));
-  if (parts <= 1 || gi.large() || gw.large()) {
+  if (parts <= 1 || gi.large() || gw.large() || !gi.parts_clear_of_small_path(parts) ||
+      !gw.parts_clear_of_small_path(parts)) {
     if (dinp) sgemm_split(*pool_, gi);  // dinp = dout · weight
     if (dinp && gelu_pre) gelu_backward(dinp, gelu_pre, dinp, int64_t(N) * C);
     sgemm_split(*pool_, gw);            // dweight += doutᵀ · inp
