@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: one training step of the benchmark model next to this machine's sgemm GFLOP/s,
-# measured by the same program. Usage: scripts/bench.sh [BUILD_DIR] [DECK]
+# `make bench`: the benchmark model's step time (the median of 9 rounds of 3 steps) next to this
+# machine's sgemm GFLOP/s, measured by the same program. Usage: scripts/bench.sh [BUILD_DIR] [DECK]
 set -euo pipefail
 # BUILD_DIR and DECK as given are relative to where it was called from; the defaults to the repo.
 abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }

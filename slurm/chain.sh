@@ -1,8 +1,8 @@
 #!/bin/bash
 # For sites that forbid requeue: submit N jobs, each starting only if the one before it did not
-# succeed (--dependency=afternotok: it stopped with status 3 to be continued); each resumes from
-# RUN/ckpt/latest. Once a link finishes the run (status 0), Slurm cancels the links left
-# (--kill-on-invalid-dep=yes). A link that stops on bad input (status 2) cancels the links left
+# succeed (--dependency=afternotok: it stopped with status 3 to be continued); each resumes from the
+# newest checkpoint in RUN/ckpt. Once a link finishes the run (status 0), Slurm cancels the links
+# left (--kill-on-invalid-dep=yes). A link that stops on bad input (status 2) cancels the links left
 # itself: each would stop on the same input. (The links share a job name of their own,
 # TRELLIS_CHAIN, by which train.sbatch finds them.)
 #   slurm/chain.sh N inputs/default.deck [--section.key=value ...]
