@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
       return trellis::kExitOk;
     }
     if (rest.size() != 1) {
-      std::fprintf(stderr, "trellis inspect: usage: trellis inspect CKPT\n");
+      std::fprintf(stderr,
+                   "trellis inspect: error: which checkpoint? usage: trellis inspect CKPT\n");
       return trellis::kExitBadInput;
     }
     try {
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
   }
   if (command == "export") return trellis::export_main(rest);  // serial, like inspect
   if (!parallel) {
-    std::fprintf(stderr, "trellis: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    std::fprintf(stderr, "trellis: error: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return trellis::kExitBadInput;
   }
 
@@ -157,7 +158,8 @@ int main(int argc, char** argv) {
       return trellis::kExitBadInput;
     if (command == "train") {
       if (rest.empty() || rest[0].rfind("--", 0) == 0) {
-        if (world.rank() == 0) trellis::log_error("trellis train: which deck? usage: trellis train DECK");
+        if (world.rank() == 0)
+          trellis::log_error("trellis train: error: which deck? usage: trellis train DECK");
         status = trellis::kExitBadInput;
       } else {
         std::vector<std::string> overrides(rest.begin() + 1, rest.end());
