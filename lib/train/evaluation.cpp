@@ -144,6 +144,9 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     std::vector<std::string> overrides;
     for (const std::string& a : args) {
       if (a.rfind("--", 0) == 0) {
+        if (a.find('=') == std::string::npos)  // (said before a missing checkpoint: the typo)
+          throw UserError("command line: malformed override '" + a +
+                          "': expected --section.key=value (trellis eval --help)");
         overrides.push_back(a);
       } else if (path.empty()) {
         path = a;

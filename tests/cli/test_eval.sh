@@ -93,6 +93,7 @@ bad() {
 head -c 3000 "$work/run/ckpt/step_00000006.h5" > "$work/damaged.h5"
 bad "no checkpoint"          2 "which checkpoint?"   --
 bad "two checkpoints"        2 "more than one"       -- "$work/run" "$work/text"
+bad "an option that is no override, no checkpoint" 2 "malformed override '--bogus'" -- --bogus
 bad "missing checkpoint"     2 "nothing.h5"          -- "$work/nothing.h5"
 bad "damaged checkpoint"     2 "damaged.h5"          -- "$work/damaged.h5"
 bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path="$work/no-such.txt"
