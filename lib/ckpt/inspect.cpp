@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -115,6 +116,15 @@ int inspect_checkpoint(const std::string& path, std::FILE* out,
   if (const std::string problem = counter_problem(meta); !problem.empty()) {
     std::fprintf(out, "  PROBLEM: %s (damaged or edited)\n", problem.c_str());
     ++problems;
+  }
+  // A step file copied or renamed to another step's name: sound, but a resume from its directory
+  // orders it by its name (and says so when it loads it).
+  if (const auto step = meta.integers.find("step"); step != meta.integers.end()) {
+    const int64_t named = checkpoint_step(std::filesystem::path(path).filename().string());
+    if (named >= 0 && named != step->second)
+      std::fprintf(out, "  note: named for step %lld, holds step %lld (copied or renamed?): a "
+                   "resume from its directory takes it for step %lld's place\n",
+                   (long long)named, (long long)step->second, (long long)named);
   }
   // The datasets the model its attributes describe has, where the caller can tell.
   std::map<std::string, std::vector<int64_t>> expected;

@@ -85,6 +85,10 @@ mv "$work/run/ckpt-moved" "$work/run/ckpt"
 "$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
 check "inspect of an empty latest: status 2 naming it" \
   '[ $? -eq 2 ] && grep -q "checkpoint $work/run/ckpt/latest: a .latest. pointer that names no step file" "$work/out.log"'
+cp "$older" "$work/step_00000009.h5"  # (a step file copied to another step's name)
+"$trellis" inspect "$work/step_00000009.h5" > "$work/out.log" 2>&1
+check "inspect of a step file under another step's name: sound (status 0), the names told apart" \
+  '[ $? -eq 0 ] && grep -q "note: named for step 9, holds step 2 (copied or renamed?)" "$work/out.log"'
 printf 'step_0000\0004.h5\n' > "$work/run/ckpt/latest"  # (a NUL byte: damage)
 "$trellis" inspect "$work/run/ckpt/latest" > "$work/out.log" 2>&1
 check "inspect of a latest holding a NUL byte: status 2, the whole message" \
