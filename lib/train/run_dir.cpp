@@ -142,6 +142,18 @@ void RunDir::write_file(const std::string& name, const std::string& content) con
   });
 }
 
+int64_t RunDir::last_row_step(const std::string& name) const {
+  std::ifstream in(fs::path(path_) / name);
+  std::string line;
+  int64_t last = -1;
+  for (bool header = true; std::getline(in, line); header = false) {
+    char* end = nullptr;
+    const long long step = std::strtoll(line.c_str(), &end, 10);
+    if (!header && end != line.c_str() && *end == ',') last = step;
+  }
+  return last;
+}
+
 void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
                         int64_t resumed_at) {
   fs::path file = fs::path(path_) / name;

@@ -35,6 +35,8 @@ class RunDir {
   void append_row(const std::string& name, const std::vector<std::string>& values);
   /// Throws UserError naming the file where an append_row failed.
   void check_written() const;
+  /// The step (first field) of the table's last whole row, or -1 (no such file, no rows).
+  int64_t last_row_step(const std::string& name) const;
 
  private:
   std::string path_;

@@ -416,6 +416,16 @@ double Trainer::run() {
     // checkpoint at or past train.steps: say so, naming the checkpoint, and keep the
     // summary.json of the run that did the training (if this run directory holds it) instead of
     // overwriting it with an empty one.
+    // A run stopped early, then resumed with train.steps lowered to its checkpoint's step: the
+    // evaluation of the last step, which it never reached, is made now.
+    int missing = rank_ == 0 && run_dir_ && held_out_ && first_step == cfg_.train.steps &&
+                  run_dir_->last_row_step("eval.csv") != first_step;
+    MPI_Bcast(&missing, 1, MPI_INT, 0, comm_);
+    if (missing) {
+      log(strfmt("the evaluation of step %lld, the last, is not in eval.csv (the run stopped "
+                 "before it): made now", (long long)first_step));
+      run_evaluation(first_step - 1);
+    }
     if (!quiet_) {
       const std::string summary = cfg_.run.dir + "/summary.json";
       const std::string kept = std::filesystem::exists(summary)

@@ -99,4 +99,15 @@ rc=$?
 check_log="$work/moved3.log"
 check "a resume with another held-out set and precision: warned, both named" \
   "[ $rc -eq 0 ] && grep -q 'eval.batches = 4 there, 1 here; system.precision = fp32 there, bf16 here; so the held-out set is another (16 sequences there, 4 here): eval.csv.s losses from here on are not comparable' '$work/moved3.log'"
+# 7. A run stopped early, resumed with train.steps lowered to its checkpoint's step: the final
+# evaluation it never reached is made (eval.csv's row of that step, as an uninterrupted run's).
+run --run.dir="$work/short" --eval.every=4 --train.steps=10 --system.max_hours=0.0000001 \
+  > "$work/short1.log" 2>&1
+stopped=$(tail -n 1 "$work/short/metrics.csv" | cut -d, -f1)
+run --run.dir="$work/short" --eval.every=4 --train.steps="$stopped" > "$work/short2.log" 2>&1
+rc=$?
+run --run.dir="$work/whole" --eval.every=4 --train.steps="$stopped" > "$work/whole.log" 2>&1
+check_log="$work/short2.log"
+check "train.steps lowered to a stopped run's step $stopped: its final evaluation made, as a whole run's" \
+  "[ $rc -eq 0 ] && grep -q 'the evaluation of step $stopped, the last, is not in eval.csv' '$work/short2.log' && [ \"\$(grep '^$stopped,' '$work/short/eval.csv' | cut -d, -f2)\" = \"\$(grep '^$stopped,' '$work/whole/eval.csv' | cut -d, -f2)\" ] && [ -n \"\$(grep '^$stopped,' '$work/whole/eval.csv')\" ]"
 echo "rundir: $passed passed, $failed failed"
