@@ -28,7 +28,8 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
   // The model as CPU ranks hold it: the shape is what the stored deck tells; the layout and
   // backend that trained it do not matter (checkpoints are fp32 and layout-free), nor the
   // precision for the model's weights — but a bf16 run's losses are its bf16 arithmetic's, so an
-  // evaluation that is to give the loss the run logged keeps it.
+  // evaluation that is to give the loss the run logged keeps it, and a resume that compares the
+  // course (precision and gradient reduction among it) sees both as trained.
   // (dp = 0: all the ranks the others leave.)
   std::vector<std::string> layout = {"parallel.dp=0",
                                      "parallel.tp=1",
@@ -38,9 +39,11 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
                                      "parallel.virtual_stages=1",
                                      "parallel.sequence_parallel=false",
                                      "parallel.zero=0",
-                                     "system.backend=cpu",
-                                     "system.grad_reduce=fp32"};
-  if (precision == StoredPrecision::fp32) layout.push_back("system.precision=fp32");
+                                     "system.backend=cpu"};
+  if (precision == StoredPrecision::fp32) {
+    layout.push_back("system.precision=fp32");
+    layout.push_back("system.grad_reduce=fp32");
+  }
   if (!deck_sets_key(deck, "data.synthetic_seed")) {
     // Stored before data.synthetic_seed existed, when model.seed drew the synthetic source too:
     // the run's corpus was that seed's (the user's overrides, after, may still change it). Read

@@ -11,7 +11,8 @@
 namespace trellis {
 
 /// The precision a stored deck is rebuilt in: fp32 (the checkpoint's own, for generate and
-/// export), or the one that trained it (eval: so that it measures the loss the run logged).
+/// export), or the one that trained it, with its gradient reduction (eval: so that it measures
+/// the loss the run logged; a resume: to tell whether the course changes).
 enum class StoredPrecision { fp32, as_trained };
 
 /// Serial (no MPI). The checkpoint's deck as a Config for one rank (dp = tp = pp = 1; the layout

@@ -348,15 +348,19 @@ int generate_main(const std::vector<std::string>& args, World& world) {
   Buffer params(MemKind::Params, size_t(table.total()) * sizeof(float));
   const double load_t0 = now_seconds();
   chosen->fault_point("load");
-  for (;;) {
-    try {
-      load_model_parameters(world.comm(), chosen->path(), table, params.f32());
-      break;
-    } catch (const UserError& e) {
-      if (chosen->choose_again(e.what())) continue;  // (the run's: the same model)
-      if (rank == 0) log_error("trellis generate: error: " + chosen->explained(e.what()));
-      return kExitBadInput;
+  try {
+    for (;;) {
+      try {
+        load_model_parameters(world.comm(), chosen->path(), table, params.f32());
+        break;
+      } catch (const UserError& e) {
+        if (chosen->choose_again(e.what())) continue;  // (the run's: the same model)
+        throw UserError(chosen->explained(e.what()));
+      }
     }
+  } catch (const UserError& e) {  // (every rank's: a new choice that fails fails on all)
+    if (rank == 0) log_error("trellis generate: error: " + std::string(e.what()));
+    return kExitBadInput;
   }
   opt.checkpoint = chosen->path();
   const double load_s = now_seconds() - load_t0;

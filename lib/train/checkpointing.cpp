@@ -224,7 +224,8 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       if (const std::string problem = counter_problem(meta); !problem.empty())
         throw UserError(path + ": " + problem + " (damaged or edited)");
       if (!meta.text.count("deck")) throw UserError(path + ": no deck attribute (damaged or edited)");
-      const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)");
+      const Config stored = stored_deck_config(meta.text["deck"], path + " (its stored deck)", {},
+                                               1, StoredPrecision::as_trained);
       check_same_deck(meta, path);
       std::string model;
       const bool evaluates = cfg_.eval.every > 0;  // (eval's own set-up says its own)
@@ -454,9 +455,8 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
     }
     const std::string start = chosen ? chosen->path() : how;
     candidates = resume_candidates(world_, cfg_.checkpoint.dir);
-    int rank = 0, size = 1, go_on = 0;
+    int rank = 0, go_on = 0;
     MPI_Comm_rank(world_, &rank);
-    MPI_Comm_size(world_, &size);
     if (rank == 0 && !candidates.empty()) {
       try {
         const CkptMeta meta = read_checkpoint_meta(candidates.front());
@@ -470,8 +470,9 @@ std::optional<int64_t> Checkpointer::resume_from(bool training) {
         // or a derived value written otherwise, is no other course.)
         go_on = deck != meta.text.end() &&
                 stored_deck_config(deck->second, candidates.front()).checkpoint.resume == how &&
-                (!inside ||
-                 same_course(load_config_text(deck->second, candidates.front(), {}, size), cfg_));
+                (!inside || same_course(stored_deck_config(deck->second, candidates.front(), {},
+                                                           1, StoredPrecision::as_trained),
+                                        cfg_));
       } catch (const std::exception&) {
         go_on = 0;  // unreadable: the start point, as asked
       }

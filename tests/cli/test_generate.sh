@@ -101,6 +101,14 @@ for point in setup load; do
     '[ $rc -eq 0 ] && grep -q "^trellis generate: .*step_00000002.h5, the newest checkpoint of $dir when it was chosen, was removed meanwhile (a run publishing there): .*step_00000001.h5 instead" "$work/err.log" && grep -q "^prompt ids: " "$work/out.log" && grep -q "checkpoint .*step_00000001.h5" "$work/out.log" && [ ! -e "$dir/ckpt/step_00000002.h5" ]'
 done
 
+# The only checkpoint removed before the load: no other to choose, status 2 on every rank with
+# one message (choosing again threw past the ranks: SIGABRT).
+timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" train "$work/tokens.deck" --run.dir="$work/one" \
+  --checkpoint.every=1 --checkpoint.keep=1 > "$work/train4.log" 2>&1
+rc=$(TRELLIS_FAULT_REMOVE_CHOSEN=load gen 2 "$work/one" --prompt-ids 3,1,4 --tokens 5)
+check "the only checkpoint removed before generate's load: status 2, one message, no crash" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "a directory without step_\*.h5 files" "$work/out.log")" -eq 1 ]'
+
 # bad NAME NP FRAGMENT ARGS...: exit status 2 and the fragment printed exactly once.
 bad() {
   local name=$1 np=$2 fragment=$3; shift 3

@@ -110,4 +110,24 @@ run --run.dir="$work/whole" --eval.every=4 --train.steps="$stopped" > "$work/who
 check_log="$work/short2.log"
 check "train.steps lowered to a stopped run's step $stopped: its final evaluation made, as a whole run's" \
   "[ $rc -eq 0 ] && grep -q 'the evaluation of step $stopped, the last, is not in eval.csv' '$work/short2.log' && [ \"\$(grep '^$stopped,' '$work/short/eval.csv' | cut -d, -f2)\" = \"\$(grep '^$stopped,' '$work/whole/eval.csv' | cut -d, -f2)\" ] && [ -n \"\$(grep '^$stopped,' '$work/whole/eval.csv')\" ]"
+# 8. A run gone back to a step of its own directory, requeued on another count of ranks (its
+# layout derived anew): the same course, so it goes on from its newest checkpoint instead of
+# going back again. And a bf16 run resumed in bf16 is told of no precision change.
+back="--checkpoint.resume=$work/back/ckpt/step_00000002.h5"
+run --run.dir="$work/back" --checkpoint.every=2 --train.steps=4 > "$work/back1.log" 2>&1
+run --run.dir="$work/back" --checkpoint.every=2 --train.steps=6 "$back" > "$work/back2.log" 2>&1
+timeout 120 mpirun "${flags[@]}" -np 2 "$build/trellis" train "$work/run.deck" \
+  --run.dir="$work/back" --checkpoint.every=2 --train.steps=6 "$back" > "$work/back3.log" 2>&1
+rc=$?
+check_log="$work/back3.log"
+check "gone back to step 2, requeued on 2 ranks: goes on from its own step 6, not step 2 again" \
+  "[ $rc -eq 0 ] && grep -q 'holds this run.s own checkpoints from it (a requeued job): going on from the newest, .*step_00000006.h5' '$work/back3.log' && [ -s '$work/back/ckpt/step_00000006.h5' ]"
+run --run.dir="$work/bf16" --system.precision=bf16 --checkpoint.every=2 --train.steps=2 \
+  > "$work/bf1.log" 2>&1
+run --run.dir="$work/bf16" --system.precision=bf16 --checkpoint.every=2 --train.steps=4 \
+  > "$work/bf2.log" 2>&1
+rc=$?
+check_log="$work/bf2.log"
+check "a bf16 run resumed in bf16: train.steps warned of, no precision change" \
+  "[ $rc -eq 0 ] && grep -q 'train.steps = 2 there, 4 here' '$work/bf2.log' && ! grep -q 'system.precision = .* there' '$work/bf2.log'"
 echo "rundir: $passed passed, $failed failed"
