@@ -113,6 +113,7 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (o.deck.empty()) throw UserError("which deck? usage: trellis plan DECK [options]");
   if (!o.precision.empty()) parse_precision(o.precision);  // names --precision when wrong
+  if (!o.json.empty()) check_not_the_deck(o.json, o.deck, "--json", "the JSON");
   return o;
 }
 

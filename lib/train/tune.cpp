@@ -298,8 +298,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     check_writable_dir(fs::path(opt.out).parent_path().string(), "--out");  // ("": here)
     if (std::error_code ec; fs::is_directory(opt.out, ec))
       throw UserError("--out " + opt.out + ": a directory; name the deck file to write");
-    if (std::error_code ec; fs::equivalent(opt.out, opt.deck, ec))
-      throw UserError("--out " + opt.out + ": the deck given; name another file for the winner");
+    check_not_the_deck(opt.out, opt.deck, "--out", "the winner");
   } catch (const UserError& e) {
     error = e.what();
   }

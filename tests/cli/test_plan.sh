@@ -143,6 +143,12 @@ rc=$(run_plan "$work/tiny.deck" --gpus)
 check "--gpus without a value: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpus" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --json "")
 check "--json of an empty path: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--json: an empty path" "$work/out.log"'
+# --json naming the deck itself: refused before anything is written (it overwrote the deck with
+# JSON, then failed reading it back).
+cp "$work/tiny.deck" "$work/self.deck"
+rc=$(run_plan "$work/self.deck" --json "$work/self.deck")
+check "--json naming the deck: status 2, the deck untouched" \
+  '[ $rc -eq 2 ] && grep -q -- "--json .*self.deck: the deck given; name another file" "$work/out.log" && cmp -s "$work/tiny.deck" "$work/self.deck"'
 rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
 check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)

@@ -68,7 +68,8 @@ bad_option() {
   check "bad option '$1': status 2 with one message" \
     '[ $rc -eq 2 ] && [ "$(grep -c "trellis: error" "$out")" -eq 1 ]'
 }
-for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck"; do
+for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck" \
+           "--out $work/tiny.deck"; do
   in_background bad_option "$bad"
 done
 no_deck() {
