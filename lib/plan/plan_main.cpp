@@ -286,6 +286,26 @@ static std::string shell_word(const std::string& word) {
   return quoted + "'";
 }
 
+// The command that trains what was planned, pasted as it is: the layout's ranks under mpirun;
+// the deck, the command line's overrides (a shell word each), the plan's options that change the
+// run (--precision, --threads), then the layout's keys, which win.
+static std::string run_command(const Options& o, const Config& deck, const PlanRequest& req,
+                               const LayoutPlan& best) {
+  const ParallelConfig& p = best.cfg.parallel;
+  std::string run = strfmt("mpirun -np %d trellis train %s", p.dp * p.tp * p.pp,
+                           shell_word(o.deck).c_str());
+  for (const std::string& w : o.overrides) run.append(" ").append(shell_word(w));
+  // bf16-full has no run of its own: this code's bf16 is the nearest (a note says so).
+  const char* precision = req.precision == Precision::FP32 ? "fp32" : "bf16";
+  if (precision != deck.system.precision) run.append(" --system.precision=").append(precision);
+  if (o.threads > 0 && o.threads != deck.system.threads)
+    run += strfmt(" --system.threads=%d", o.threads);  // the CPU attention scratch planned
+  run.append(" ").append(best.overrides());
+  if (!deck.parallel.stage_layers.empty() && p.stage_layers.empty())
+    run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
+  return run;
+}
+
 int plan_main(const std::vector<std::string>& args) {
   try {
     const Options o = parse_options(args);
@@ -372,16 +392,12 @@ int plan_main(const std::vector<std::string>& args) {
                                   : "ZeRO, then tensor parallelism inside a node, pipeline across nodes");
     if (fitting > 0) {
       const LayoutPlan& best = s.layouts.front();
-      // The command trains what was planned: the deck, the command line's overrides (a shell
-      // word each), then the layout's keys, which win.
-      std::string run = shell_word(o.deck);
-      for (const std::string& w : o.overrides) run.append(" ").append(shell_word(w));
-      run.append(" ").append(best.overrides());
-      if (!cfg.parallel.stage_layers.empty() && best.cfg.parallel.stage_layers.empty())
-        run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
-      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s\n",
+      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: %s\n",
                   layout_name(best.cfg).c_str(), seconds(best.time.total()).c_str(),
-                  count(best.tokens_per_s).c_str(), run.c_str());
+                  count(best.tokens_per_s).c_str(), run_command(o, cfg, req, best).c_str());
+      if (req.precision == Precision::BF16_FULL)
+        std::printf("  (bf16-full is the papers' full bf16 run, not this code's: its bf16 keeps fp32 "
+                    "gradients, 2 bytes more a parameter; --precision bf16 plans what it runs)\n");
       std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");

@@ -160,7 +160,23 @@ check "--gpus the deck's batch does not divide: status 2 naming it and the key" 
 # key of the layout, defaults too (the deck's recompute = full would otherwise stand).
 rc=$(run_plan "$work/tiny.deck" --gpus 2 --model.layers=3 --train.recompute=full)
 check "plan's 'run it' keeps the overrides and sets every layout key" \
-  '[ $rc -eq 0 ] && grep -q "run it: trellis train $work/tiny.deck --model.layers=3 --train.recompute=full --parallel.dp=.* --train.recompute=[a-z]* --parallel.sequence_parallel=" "$work/out.log"'
+  '[ $rc -eq 0 ] && grep -q "run it: mpirun -np 2 trellis train $work/tiny.deck --model.layers=3 --train.recompute=full --parallel.dp=.* --train.recompute=[a-z]* --parallel.sequence_parallel=" "$work/out.log"'
+# ... and the precision planned: GPT-2 124M on one 4.6 GiB GPU fits in bf16 only (the line lacked
+# --system.precision=bf16, and trained fp32, which the plan itself said does not fit).
+rc=$(run_plan "$(dirname "$0")/../../inputs/gpt2-124m.deck" --system.backend=cuda --gpus 1 --precision bf16 \
+       --gpu-mem 4.6GiB --top 0)
+check "plan's 'run it' carries --precision as system.precision" \
+  '[ $rc -eq 0 ] && grep -q "run it: mpirun -np 1 trellis train .*gpt2-124m.deck --system.backend=cuda --system.precision=bf16 --parallel.dp=1 " "$work/out.log"'
+# The line pasted as it is (mpirun's flags aside) trains the layout planned, at its rank count,
+# in the precision planned.
+rc=$(run_plan "$work/tiny.deck" --gpus 2 --precision bf16 --threads 1 --train.steps=1)
+pasted=$(sed -n "s/^  run it: mpirun -np \([0-9]*\) trellis /-np \1 trellis /p" "$work/out.log")
+if [ -n "$pasted" ]; then
+  eval "timeout 120 mpirun \"\${flags[@]}\" ${pasted/ trellis / $build/trellis } --run.dir=$work/pasted" \
+    >> "$work/out.log" 2>&1
+fi
+check "plan's 'run it', pasted, trains on its ranks in bf16" \
+  '[ -n "$pasted" ] && [ -f "$work/pasted/summary.json" ] && grep -q "^precision = bf16" "$work/pasted/deck.ini"'
 rc=$(run_plan "$work/missing.deck")
 check "a missing deck: status 2 naming the file" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
 
