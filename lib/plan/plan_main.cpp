@@ -312,12 +312,18 @@ int plan_main(const std::vector<std::string>& args) {
     // The deck's own layout; dp = 0 takes the rest of --gpus.
     Config cfg = load_config(o.deck, o.overrides, 0, false);
     const bool dp_derived = std::find(cfg.derived.begin(), cfg.derived.end(), "parallel.dp") != cfg.derived.end();
+    // Why the deck's layout, its dp taking the devices its tp and pp leave, has no place on
+    // --gpus N (empty: it has). Other layouts may: they are ranked all the same.
+    std::string deck_layout_refused;
     if (dp_derived && o.gpus > 0) {
       try {
         cfg = load_config(o.deck, o.overrides, o.gpus, false);
       } catch (const UserError& e) {  // (the deck's keys are right alone: --gpus is the change)
-        throw UserError(strfmt("--gpus %d, the deck's dp taking the GPUs its tp and pp leave: %s",
-                               o.gpus, e.what()));
+        deck_layout_refused = e.what();
+        if (!o.json.empty())
+          throw UserError(strfmt("--json %s: no plan of the deck's layout to write: on --gpus %d, "
+                                 "the deck's dp taking the GPUs its tp and pp leave: %s",
+                                 o.json.c_str(), o.gpus, e.what()));
       }
     }
     const int deck_world = cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp;
@@ -349,6 +355,15 @@ int plan_main(const std::vector<std::string>& args) {
       throw UserError(strfmt("--reserve (%s) leaves nothing of --gpu-mem (%s)", format_bytes(d.reserve_bytes).c_str(),
                              format_bytes(d.memory_bytes).c_str()));
 
+    // Every layout on N devices (printed below), first: where there is none, and the deck's own
+    // does not apply either, there is nothing to plan.
+    const LayoutSearch s = search_layouts(req);
+    if (s.layouts.empty() && !deck_layout_refused.empty())  // nothing at all to plan on N devices
+      throw UserError(strfmt("--gpus %d: no layout of the deck's model is valid on %d devices (the "
+                             "deck's rules refuse every split: heads, kv_heads, d_ff by tp; stages <= "
+                             "layers; batch by dp), its own included: %s",
+                             o.gpus, o.gpus, deck_layout_refused.c_str()));
+
     // ---- summary ----
     const ModelConfig& m = cfg.model;
     const int64_t psi = model_parameter_count(m);
@@ -366,19 +381,25 @@ int plan_main(const std::vector<std::string>& args) {
                 train_flops_per_token(m), train_flops_per_token(m) * cfg.train.global_batch * m.seq_len);
 
     // ---- the deck's layout ----
-    const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
-    std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
-    std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
-    const StepTime t = estimate_step_time(cfg, req.precision, d);
-    std::printf("estimated step: %s (compute %s, tp %s, pp %s, bubble %s, dp exposed %s)%s\n\n",
-                seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.tp).c_str(),
-                seconds(t.pp).c_str(), seconds(t.bubble).c_str(), seconds(t.dp).c_str(),
-                deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
-                                                   deck_world, req.devices).c_str() : "");
-    if (!o.json.empty()) write_json(o.json, cfg, stages);
+    if (!deck_layout_refused.empty()) {
+      std::printf("the deck's layout (tp %d x pp %d, dp taking the rest) does not apply to %d "
+                  "devices: %s\nits memory table is left out; every layout for %d devices follows\n\n",
+                  cfg.parallel.tp, cfg.parallel.pp, req.devices, deck_layout_refused.c_str(),
+                  req.devices);
+    } else {
+      const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
+      std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
+      std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
+      const StepTime t = estimate_step_time(cfg, req.precision, d);
+      std::printf("estimated step: %s (compute %s, tp %s, pp %s, bubble %s, dp exposed %s)%s\n\n",
+                  seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.tp).c_str(),
+                  seconds(t.pp).c_str(), seconds(t.bubble).c_str(), seconds(t.dp).c_str(),
+                  deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
+                                                     deck_world, req.devices).c_str() : "");
+      if (!o.json.empty()) write_json(o.json, cfg, stages);
+    }
 
     // ---- every layout on N devices ----
-    const LayoutSearch s = search_layouts(req);
     const int fitting = int(std::count_if(s.layouts.begin(), s.layouts.end(), [](const LayoutPlan& L) { return L.fits; }));
     if (o.top > 0 && !s.layouts.empty()) std::fputs(layouts_table(s, o.top).c_str(), stdout);
     std::printf("%zu layouts of %d devices evaluated, %d fit; %zu shown; %d (dp, tp, pp, micro-batch) "

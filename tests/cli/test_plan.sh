@@ -153,9 +153,20 @@ rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
 check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)
 check "a layout the deck's rules refuse: status 2 naming the key" '[ $rc -eq 2 ] && grep -q "parallel.tp" "$work/out.log"'
-rc=$(run_plan "$work/tiny.deck" --gpus 3)
-check "--gpus the deck's batch does not divide: status 2 naming it and the key" \
-  '[ $rc -eq 2 ] && grep -q -- "--gpus 3, the deck.s dp taking .*train.global_batch" "$work/out.log"'
+# --gpus that the deck's own layout (dp derived) does not split: that layout is said not to apply,
+# and why, and the layouts that do are ranked all the same (plan stopped at the deck's layout).
+rc=$(run_plan "$work/tiny.deck" --gpus 3 --top 3)
+check "--gpus the deck's batch does not divide: its layout does not apply (why), the others ranked" \
+  '[ $rc -eq 0 ] && grep -q "the deck.s layout .* does not apply to 3 devices: .*train.global_batch" "$work/out.log" && grep -Eq "^[1-9][0-9]* layouts of 3 devices evaluated" "$work/out.log" && grep -q "run it: mpirun -np 3 " "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --parallel.pp=2 --gpus 3 --top 3)
+check "--gpus that the deck's tp*pp does not divide: its layout does not apply, the others ranked" \
+  '[ $rc -eq 0 ] && grep -q "does not apply to 3 devices: .*parallel.tp\*pp = 2 does not divide" "$work/out.log" && grep -Eq "^[1-9][0-9]* layouts of 3 devices evaluated" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpus 3 --json "$work/none.json")
+check "--json where the deck's layout does not apply: status 2 naming both, nothing written" \
+  '[ $rc -eq 2 ] && grep -q -- "--json .*none.json: no plan of the deck.s layout .*--gpus 3" "$work/out.log" && [ ! -e "$work/none.json" ]'
+rc=$(run_plan "$work/tiny.deck" --gpus 5)
+check "--gpus that no layout splits: status 2 naming it, the deck's reason too" \
+  '[ $rc -eq 2 ] && grep -q -- "--gpus 5: no layout .* valid on 5 devices.*train.global_batch" "$work/out.log"'
 # The suggested command trains what was planned: the command line's overrides kept, then every
 # key of the layout, defaults too (the deck's recompute = full would otherwise stand).
 rc=$(run_plan "$work/tiny.deck" --gpus 2 --model.layers=3 --train.recompute=full)
@@ -185,5 +196,9 @@ deck_dir="$(dirname "$0")/../../inputs"
 rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 1024 --gpu-mem 80GiB --gpus-per-node 8)
 check "GPT-3 175B on 1024 GPUs: ranked layouts, some fit" \
   '[ $rc -eq 0 ] && grep -q "174.60B parameters" "$work/out.log" && grep -Eq "layouts of 1024 devices evaluated, [1-9][0-9]* fit" "$work/out.log" && grep -q "does not fit one device" "$work/out.log"'
+# GPT-3 175B on 96 devices: the deck's tp 8 x pp 16 does not divide 96, but other layouts do.
+rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 96 --top 3)
+check "GPT-3 175B on 96 GPUs: the deck's layout does not apply, fitting layouts ranked" \
+  '[ $rc -eq 0 ] && grep -q "does not apply to 96 devices: .*parallel.tp\*pp = 128 does not divide the world size 96" "$work/out.log" && grep -Eq "layouts of 96 devices evaluated, [1-9][0-9]* fit" "$work/out.log"'
 echo "plan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
