@@ -148,6 +148,7 @@ std::string LayoutPlan::overrides() const {
   if (p.schedule == "interleaved") s += strfmt(" --parallel.virtual_stages=%d", p.virtual_stages);
   else if (schedule_fallback)
     s += " --parallel.virtual_stages=1";
+  if (stage_layers_cleared) s += " --parallel.stage_layers=";
   return s;
 }
 
@@ -253,12 +254,14 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
         ++out.rejected;  // the global batch does not split over dp
         continue;
       }
+      // The deck's uneven split holds for its own pp; any other pp is split evenly.
+      const bool clear_split = pp != deck.parallel.pp && !deck.parallel.stage_layers.empty();
       for (int mb : sizes) {
         std::vector<std::string> o = req.overrides;
         for (const std::string& kv :
              {strfmt("--parallel.dp=%d", dp), strfmt("--parallel.tp=%d", tp), strfmt("--parallel.pp=%d", pp),
               strfmt("--train.micro_batch=%d", mb), std::string("--parallel.zero=0"),
-              std::string(pp == deck.parallel.pp ? "" : "--parallel.stage_layers="),
+              std::string(clear_split ? "--parallel.stage_layers=" : ""),
               std::string("--parallel.sequence_parallel=") + (tp > 1 ? "true" : "false")})
           if (!kv.empty()) o.push_back(kv);
         // Fallbacks, in turn: sequence parallelism needs seq_len % tp; the interleaved schedule
@@ -292,6 +295,7 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
             c.train.recompute = recompute;
             out.layouts.push_back(evaluate_layout(c, req, out.fits_one_device));
             out.layouts.back().schedule_fallback = schedule_fallback;
+            out.layouts.back().stage_layers_cleared = clear_split;
           }
       }
     }

@@ -62,7 +62,11 @@ struct LayoutPlan {
   double mfu = 0;      // model FLOPs / (devices · peak) per second
   std::string advice;  // one line: the seed documents' rules applied to this layout
   bool schedule_fallback = false;  // the deck's schedule does not fit this layout: 1f1b instead
-  /// The layout's keys as --section.key=value overrides (for `trellis train`).
+  /// The deck's parallel.stage_layers is for its own pp, not this layout's: planned (and to be
+  /// run) with the even split.
+  bool stage_layers_cleared = false;
+  /// The layout's keys as --section.key=value overrides (for `trellis train`): the run is the
+  /// one planned, on top of the deck and the overrides it was planned with.
   std::string overrides() const;
 };
 

@@ -301,8 +301,6 @@ static std::string run_command(const Options& o, const Config& deck, const PlanR
   if (o.threads > 0 && o.threads != deck.system.threads)
     run += strfmt(" --system.threads=%d", o.threads);  // the CPU attention scratch planned
   run.append(" ").append(best.overrides());
-  if (!deck.parallel.stage_layers.empty() && p.stage_layers.empty())
-    run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
   return run;
 }
 

@@ -154,8 +154,8 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
     LayoutChoice c;
     c.overrides = overrides;
     std::istringstream words(L->overrides());
+    // (the deck's stage_layers kept where the layout's pp is the deck's, as planned)
     for (std::string w; words >> w;) c.overrides.push_back(w);
-    c.overrides.push_back("--parallel.stage_layers=");  // the deck's split was for its own pp
     const ParallelConfig& p = L->cfg.parallel;
     c.name = strfmt("dp%d tp%d pp%d zero%d mb%d%s%s", p.dp, p.tp, p.pp, p.zero,
                     L->cfg.train.micro_batch, p.sequence_parallel ? " sp" : "",

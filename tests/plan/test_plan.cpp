@@ -16,6 +16,7 @@
 #include "plan/memory.hpp"
 #include "plan/plan_main.hpp"
 #include "train/trainer.hpp"
+#include "train/tune.hpp"
 
 using namespace trellis;
 
@@ -362,4 +363,31 @@ TEST(PlanOptions, SizesAndErrors) {
   EXPECT_EQ(plan_main({"inputs/default.deck", "--gpus", "zero"}), kExitBadInput);
   EXPECT_EQ(plan_main({"inputs/default.deck", "--no-such-option=1"}), kExitBadInput);
   EXPECT_EQ(plan_main({"inputs/default.deck", "--model.heads=5"}), kExitBadInput);
+}
+
+// tune plans and runs the same layout: a deck's uneven parallel.stage_layers (3,1 for pp 2) is
+// kept for the candidates of its pp, planned and run alike, and any other pp is split evenly for
+// both (tune planned with the deck's split but ran every candidate with an even one, so its
+// planned peak could be below the measured one, and a pp-2 winner lost the user's split).
+TEST(PlanLayouts, TuneRunsTheStageSplitItPlanned) {
+  const std::vector<std::string> deck = {"--model.layers=4", "--parallel.pp=2",
+                                         "--parallel.stage_layers=3,1", "--system.threads=1"};
+  const std::vector<LayoutChoice> candidates =
+      tune_candidates("inputs/default.deck", deck, 2, 2, 1000);
+  int pp2 = 0, pp1 = 0;
+  for (const LayoutChoice& c : candidates) {
+    SCOPED_TRACE(c.name);
+    const Config run = load_config("inputs/default.deck", c.overrides, 2);
+    if (run.parallel.pp == 2) {
+      ++pp2;
+      EXPECT_EQ(run.parallel.stage_layers, "3,1");
+    } else {
+      ++pp1;
+      EXPECT_EQ(run.parallel.stage_layers, "");
+    }
+    // The memory planned is that of the layout run.
+    EXPECT_DOUBLE_EQ(c.planned_bytes, largest(layout_memory(run, run_memory_options(run))).total());
+  }
+  EXPECT_GT(pp2, 0);
+  EXPECT_GT(pp1, 0);
 }
