@@ -108,8 +108,12 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const Link pp = link_of(p, "pp", dev);
   const double pp_mb = p.pp > 1 ? 2.0 * v * pp.p2p(rows_bytes / (sp ? p.tp : 1)) : 0;
 
-  const double mb_time = compute_mb + tp_mb + pp_mb;
+  // Launches and tails: per layer of the stage and its LM head or embedding, per micro-batch.
+  const double overhead_mb = (stage_blocks + 1) * dev.layer_overhead;
+
+  const double mb_time = compute_mb + overhead_mb + tp_mb + pp_mb;
   t.compute = compute_mb * mbs;
+  t.overhead = overhead_mb * mbs;
   t.tp = tp_mb * mbs;
   t.pp = pp_mb * mbs;
   t.bubble = mb_time * (p.pp - 1) / double(v);
@@ -300,10 +304,17 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
       }
     }
   }
-  std::stable_sort(out.layouts.begin(), out.layouts.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+  // Times compared as floats: what differs only in the double's last bits (the same FLOPs in
+  // other micro-batches) is a tie, broken toward the deck's micro-batch, then the larger.
+  const int deck_mb = deck.train.micro_batch;
+  std::stable_sort(out.layouts.begin(), out.layouts.end(), [deck_mb](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
     if (!a.fits) return a.memory.total() < b.memory.total();
-    return a.time.total() < b.time.total();
+    const float ta = float(a.time.total()), tb = float(b.time.total());
+    if (ta != tb) return ta < tb;
+    const int ma = a.cfg.train.micro_batch, mb = b.cfg.train.micro_batch;
+    if ((ma == deck_mb) != (mb == deck_mb)) return ma == deck_mb;
+    return ma > mb;
   });
   return out;
 }

@@ -32,6 +32,8 @@ options (defaults in brackets):
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
+  --layer-overhead-us X  fixed time per layer and micro-batch that a larger micro-batch does
+                         not lengthen (kernel launches, GEMM tails) [30]
   --intra-node-gbs X     per-device bandwidth inside a node, GB/s one way [450: NVLink 4]
   --inter-node-gbs X     per-device bandwidth between nodes, GB/s [50: 400 Gb/s InfiniBand NDR]
   --intra-latency-us X   per ring step inside a node [3]
@@ -51,7 +53,7 @@ struct Options {
   std::vector<std::string> overrides;
   int gpus = 0, per_node = 8, top = 20, threads = 0;
   std::string precision, json;
-  double gpu_mem = 80.0 * (1ull << 30), peak_tflops = 0, efficiency = 0.5;
+  double gpu_mem = 80.0 * (1ull << 30), peak_tflops = 0, efficiency = 0.5, layer_overhead_us = 30;
   double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, reserve = -1;
 };
 
@@ -98,6 +100,7 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "--precision") o.precision = take();
     else if (name == "--peak-tflops") o.peak_tflops = parse_number(take(), name, 1e-6, 1e9);
     else if (name == "--efficiency") o.efficiency = parse_number(take(), name, 1e-3, 1);
+    else if (name == "--layer-overhead-us") o.layer_overhead_us = parse_number(take(), name, 0, 1e9);
     else if (name == "--intra-node-gbs") o.intra_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--inter-node-gbs") o.inter_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--intra-latency-us") o.intra_us = parse_number(take(), name, 0, 1e9);
@@ -344,6 +347,7 @@ int plan_main(const std::vector<std::string>& args) {
                    : cfg.system.peak_gflops > 0 ? cfg.system.peak_gflops * 1e9
                                                 : 494e12;
     d.efficiency = o.efficiency;
+    d.layer_overhead = o.layer_overhead_us * 1e-6;
     d.intra_bw = o.intra_gbs * 1e9;
     d.inter_bw = o.inter_gbs * 1e9;
     d.intra_latency = o.intra_us * 1e-6;
@@ -371,10 +375,11 @@ int plan_main(const std::vector<std::string>& args) {
                 m.kv_heads, m.d_ff, m.seq_len, m.vocab, cfg.train.global_batch,
                 count(double(cfg.train.global_batch) * m.seq_len).c_str());
     std::printf("devices: %d, %d per node, %s each (%s usable after a %s reserve); precision %s; peak %.4g "
-                "TFLOP/s x efficiency %.2f; links %g GB/s %g us inside a node, %g GB/s %g us between nodes\n",
+                "TFLOP/s x efficiency %.2f, %g us a layer and micro-batch; links %g GB/s %g us inside a "
+                "node, %g GB/s %g us between nodes\n",
                 req.devices, d.per_node, format_bytes(d.memory_bytes).c_str(), format_bytes(d.usable()).c_str(),
                 format_bytes(d.reserve_bytes).c_str(), precision_name(req.precision), d.peak_flops / 1e12,
-                d.efficiency, o.intra_gbs, o.intra_us, o.inter_gbs, o.inter_us);
+                d.efficiency, o.layer_overhead_us, o.intra_gbs, o.intra_us, o.inter_gbs, o.inter_us);
     std::printf("model FLOPs: %.3g per token (6 per matmul weight + attention), %.3g per step\n\n",
                 train_flops_per_token(m), train_flops_per_token(m) * cfg.train.global_batch * m.seq_len);
 
@@ -389,9 +394,11 @@ int plan_main(const std::vector<std::string>& args) {
       std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
       std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
       const StepTime t = estimate_step_time(cfg, req.precision, d);
-      std::printf("estimated step: %s (compute %s, tp %s, pp %s, bubble %s, dp exposed %s)%s\n\n",
-                  seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.tp).c_str(),
-                  seconds(t.pp).c_str(), seconds(t.bubble).c_str(), seconds(t.dp).c_str(),
+      std::printf("estimated step: %s (compute %s, overhead %s, tp %s, pp %s, bubble %s, dp exposed "
+                  "%s)%s\n\n",
+                  seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.overhead).c_str(),
+                  seconds(t.tp).c_str(), seconds(t.pp).c_str(), seconds(t.bubble).c_str(),
+                  seconds(t.dp).c_str(),
                   deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
                                                      deck_world, req.devices).c_str() : "");
       if (!o.json.empty()) write_json(o.json, cfg, stages);
