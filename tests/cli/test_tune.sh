@@ -115,7 +115,11 @@ if [ -x "$build/trellis-emu" ]; then
 [system]
 backend = cuda
 DECK
-  emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY)
+  # Each kernel's first way, untimed (TRELLIS_KERNEL_WAYS=0): the warm-up is one step, not up to
+  # 12 while the ways are timed — more of them where a step has fewer micro-batches, as the
+  # planner's larger micro-batches have (its runs neared the 120 s limit on a loaded machine).
+  emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY
+       -x TRELLIS_KERNEL_WAYS=0)
   # peaks COLUMN: the table's column (7: measured peak a rank, 8: planned), in MiB, one a line.
   peaks() { grep -E "^│ [0-9]+ " "$out" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
   gpu_141() {
