@@ -55,6 +55,11 @@ TuneOptions parse_tune_options(const std::vector<std::string>& args) {
     throw UserError(strfmt("trellis tune: %s", e.what()));
   }
   for (const auto& a : rest) {
+    // A deck key has a section (--section.key=value); any other option is one tune lacks, and
+    // its value must not be taken for a second deck.
+    const std::string name = a.substr(0, a.find('='));
+    if (a.size() > 1 && a[0] == '-' && name.find('.') == std::string::npos)
+      throw UserError("trellis tune: unknown option '" + name + "' (trellis tune --help lists them)");
     if (a.rfind("--", 0) == 0) o.overrides.push_back(a);
     else if (o.deck.empty()) o.deck = a;
     else throw UserError("trellis tune: more than one deck given ('" + o.deck + "', '" + a + "')");
@@ -141,6 +146,12 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
     if (base.system.peak_gflops > 0) req.device.peak_flops = base.system.peak_gflops * 1e9;
   }
   const LayoutSearch search = search_layouts(req);
+  if (search.layouts.empty())  // not a question of memory: no split of these ranks is valid
+    throw UserError(strfmt(
+        "trellis tune: no layout of %s splits %d ranks: the deck's rules refuse every dp x tp x pp "
+        "= %d (heads, kv_heads and d_ff by tp; pp up to model.layers; train.global_batch by dp x "
+        "micro_batch); start a number of ranks they divide (trellis plan %s --gpus N lists them)",
+        deck.c_str(), world, world, deck.c_str()));
   // The planner's ranking, best first, but one layout per grid shape (dp, tp, pp) before any
   // second one: the question tune answers is which degree of each parallelism pays here.
   std::vector<const LayoutPlan*> picked, seconds;

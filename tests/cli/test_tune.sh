@@ -72,6 +72,23 @@ for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /
            "--out $work/tiny.deck"; do
   in_background bad_option "$bad"
 done
+# An unknown option is named as one (its value was taken for a second deck).
+unknown_option() {
+  own_output
+  rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --bogus 3)
+  check "an unknown option: status 2 naming it" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "unknown option .--bogus." "$out")" -eq 1 ] && ! grep -q "more than one deck" "$out"'
+}
+in_background unknown_option
+# 3 ranks that no layout of the model splits (2 heads, 2 layers, a batch of 4): said so, not
+# that nothing fits in memory.
+no_split() {
+  own_output
+  rc=$(run -np 3 "$build/trellis" tune "$work/tiny.deck")
+  check "3 ranks no layout splits: status 2 saying so" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "no layout of .*tiny.deck splits 3 ranks" "$out")" -eq 1 ] && ! grep -q "fits in memory" "$out"'
+}
+in_background no_split
 no_deck() {
   own_output
   rc=$(run -np 2 "$build/trellis" tune)
