@@ -96,7 +96,7 @@ Options parse_options(const std::vector<std::string>& args) {
     };
     if (name == "--gpus") o.gpus = parse_int(take(), name, 1, 1 << 24);
     else if (name == "--gpus-per-node") o.per_node = parse_int(take(), name, 1, 1 << 16);
-    else if (name == "--gpu-mem") o.gpu_mem = parse_size(take(), name);
+    else if (name == "--gpu-mem") o.gpu_mem = parse_size(take(), name, 1 << 20);  // (0.5: bytes)
     else if (name == "--precision") o.precision = take();
     else if (name == "--peak-tflops") o.peak_tflops = parse_number(take(), name, 1e-6, 1e9);
     else if (name == "--efficiency") o.efficiency = parse_number(take(), name, 1e-3, 1);
@@ -263,7 +263,7 @@ std::string scaling_table(const PlanRequest& req, const LayoutSearch& at_n) {
 
 }  // namespace
 
-double parse_size(const std::string& text, const std::string& option) {
+double parse_size(const std::string& text, const std::string& option, double at_least) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   std::string unit(end);
@@ -273,8 +273,10 @@ double parse_size(const std::string& text, const std::string& option) {
       {"TiB", 1099511627776.0}, {"TB", 1e12}};
   if (end != text.c_str() && std::isfinite(v) && v > 0)
     for (const auto& u : units)
-      if (unit == u.name) return v * u.scale;
-  throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB");
+      if (unit == u.name && v * u.scale >= at_least) return v * u.scale;
+  throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB" +
+                  (at_least > 1 ? ", at least " + format_bytes(at_least) + " (a number alone is bytes)"
+                                : std::string()));
 }
 
 // `word` as the shell reads one word: as it is where it holds only characters the shell leaves

@@ -137,6 +137,9 @@ check_log="$work/out.log"
 run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 80gigs)
 check "bad --gpu-mem: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpu-mem" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpu-mem 0.5)
+check "--gpu-mem below 1 MiB (half a byte): status 2 showing the form expected" \
+  '[ $rc -eq 2 ] && grep -q -- "--gpu-mem = .0.5.: expected a size such as 80GiB.*at least 1.0 MiB" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --precision fp16)
 check "bad --precision: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--precision" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpus)

@@ -359,6 +359,17 @@ TEST(PlanOptions, SizesAndErrors) {
     EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos);
   }
   EXPECT_THROW(parse_size("-1G", "--gpu-mem"), UserError);
+  // A device of half a byte (it was taken, and shown as "0 B"): at least 1 MiB, and the message
+  // shows the form expected.
+  try {
+    parse_size("0.5", "--gpu-mem", 1 << 20);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-mem = '0.5'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("80GiB"), std::string::npos) << e.what();
+  }
+  EXPECT_DOUBLE_EQ(parse_size("1MiB", "--gpu-mem", 1 << 20), 1 << 20);
+  EXPECT_EQ(plan_main({"inputs/default.deck", "--gpu-mem", "0.5"}), kExitBadInput);
   EXPECT_THROW(parse_precision("fp16"), UserError);
   EXPECT_EQ(plan_main({"inputs/default.deck", "--gpus", "zero"}), kExitBadInput);
   EXPECT_EQ(plan_main({"inputs/default.deck", "--no-such-option=1"}), kExitBadInput);
