@@ -307,7 +307,7 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
   // Times compared as floats: what differs only in the double's last bits (the same FLOPs in
   // other micro-batches) is a tie, broken toward the deck's micro-batch, then the larger.
   const int deck_mb = deck.train.micro_batch;
-  std::stable_sort(out.layouts.begin(), out.layouts.end(), [deck_mb](const LayoutPlan& a, const LayoutPlan& b) {
+  auto ranked_before = [deck_mb](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
     if (!a.fits) return a.memory.total() < b.memory.total();
     const float ta = float(a.time.total()), tb = float(b.time.total());
@@ -315,7 +315,8 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
     const int ma = a.cfg.train.micro_batch, mb = b.cfg.train.micro_batch;
     if ((ma == deck_mb) != (mb == deck_mb)) return ma == deck_mb;
     return ma > mb;
-  });
+  };
+  std::stable_sort(out.layouts.begin(), out.layouts.end(), ranked_before);
   return out;
 }
 

@@ -100,7 +100,8 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "--precision") o.precision = take();
     else if (name == "--peak-tflops") o.peak_tflops = parse_number(take(), name, 1e-6, 1e9);
     else if (name == "--efficiency") o.efficiency = parse_number(take(), name, 1e-3, 1);
-    else if (name == "--layer-overhead-us") o.layer_overhead_us = parse_number(take(), name, 0, 1e9);
+    else if (name == "--layer-overhead-us")
+      o.layer_overhead_us = parse_number(take(), name, 0, 1e9);
     else if (name == "--intra-node-gbs") o.intra_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--inter-node-gbs") o.inter_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--intra-latency-us") o.intra_us = parse_number(take(), name, 0, 1e9);
@@ -274,9 +275,10 @@ double parse_size(const std::string& text, const std::string& option, double at_
   if (end != text.c_str() && std::isfinite(v) && v > 0)
     for (const auto& u : units)
       if (unit == u.name && v * u.scale >= at_least) return v * u.scale;
+  const std::string least =
+      at_least > 1 ? ", at least " + format_bytes(at_least) + " (a number alone is bytes)" : "";
   throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB" +
-                  (at_least > 1 ? ", at least " + format_bytes(at_least) + " (a number alone is bytes)"
-                                : std::string()));
+                  least);
 }
 
 // `word` as the shell reads one word: as it is where it holds only characters the shell leaves
@@ -363,9 +365,9 @@ int plan_main(const std::vector<std::string>& args) {
     // does not apply either, there is nothing to plan.
     const LayoutSearch s = search_layouts(req);
     if (s.layouts.empty() && !deck_layout_refused.empty())  // nothing at all to plan on N devices
-      throw UserError(strfmt("--gpus %d: no layout of the deck's model is valid on %d devices (the "
-                             "deck's rules refuse every split: heads, kv_heads, d_ff by tp; stages <= "
-                             "layers; batch by dp), its own included: %s",
+      throw UserError(strfmt("--gpus %d: no layout of the deck's model is valid on %d devices "
+                             "(the deck's rules refuse every split: heads, kv_heads, d_ff by tp; "
+                             "stages <= layers; batch by dp), its own included: %s",
                              o.gpus, o.gpus, deck_layout_refused.c_str()));
 
     // ---- summary ----
@@ -377,18 +379,20 @@ int plan_main(const std::vector<std::string>& args) {
                 m.kv_heads, m.d_ff, m.seq_len, m.vocab, cfg.train.global_batch,
                 count(double(cfg.train.global_batch) * m.seq_len).c_str());
     std::printf("devices: %d, %d per node, %s each (%s usable after a %s reserve); precision %s; peak %.4g "
-                "TFLOP/s x efficiency %.2f, %g us a layer and micro-batch; links %g GB/s %g us inside a "
-                "node, %g GB/s %g us between nodes\n",
+                "TFLOP/s x efficiency %.2f, %g us a layer and micro-batch; links %g GB/s %g us "
+                "inside a node, %g GB/s %g us between nodes\n",
                 req.devices, d.per_node, format_bytes(d.memory_bytes).c_str(), format_bytes(d.usable()).c_str(),
                 format_bytes(d.reserve_bytes).c_str(), precision_name(req.precision), d.peak_flops / 1e12,
-                d.efficiency, o.layer_overhead_us, o.intra_gbs, o.intra_us, o.inter_gbs, o.inter_us);
+                d.efficiency, o.layer_overhead_us, o.intra_gbs, o.intra_us, o.inter_gbs,
+                o.inter_us);
     std::printf("model FLOPs: %.3g per token (6 per matmul weight + attention), %.3g per step\n\n",
                 train_flops_per_token(m), train_flops_per_token(m) * cfg.train.global_batch * m.seq_len);
 
     // ---- the deck's layout ----
     if (!deck_layout_refused.empty()) {
       std::printf("the deck's layout (tp %d x pp %d, dp taking the rest) does not apply to %d "
-                  "devices: %s\nits memory table is left out; every layout for %d devices follows\n\n",
+                  "devices: %s\nits memory table is left out; every layout for %d devices "
+                  "follows\n\n",
                   cfg.parallel.tp, cfg.parallel.pp, req.devices, deck_layout_refused.c_str(),
                   req.devices);
     } else {
@@ -396,13 +400,16 @@ int plan_main(const std::vector<std::string>& args) {
       std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
       std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
       const StepTime t = estimate_step_time(cfg, req.precision, d);
-      std::printf("estimated step: %s (compute %s, overhead %s, tp %s, pp %s, bubble %s, dp exposed "
-                  "%s)%s\n\n",
-                  seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.overhead).c_str(),
-                  seconds(t.tp).c_str(), seconds(t.pp).c_str(), seconds(t.bubble).c_str(),
-                  seconds(t.dp).c_str(),
-                  deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
-                                                     deck_world, req.devices).c_str() : "");
+      const std::string elsewhere =
+          deck_world != req.devices
+              ? strfmt(" — on the deck's %d rank(s), not the %d planned below", deck_world,
+                       req.devices)
+              : "";
+      std::printf("estimated step: %s (compute %s, overhead %s, tp %s, pp %s, bubble %s, dp "
+                  "exposed %s)%s\n\n",
+                  seconds(t.total()).c_str(), seconds(t.compute).c_str(),
+                  seconds(t.overhead).c_str(), seconds(t.tp).c_str(), seconds(t.pp).c_str(),
+                  seconds(t.bubble).c_str(), seconds(t.dp).c_str(), elsewhere.c_str());
       if (!o.json.empty()) write_json(o.json, cfg, stages);
     }
 
@@ -424,8 +431,9 @@ int plan_main(const std::vector<std::string>& args) {
                   layout_name(best.cfg).c_str(), seconds(best.time.total()).c_str(),
                   count(best.tokens_per_s).c_str(), run_command(o, cfg, req, best).c_str());
       if (req.precision == Precision::BF16_FULL)
-        std::printf("  (bf16-full is the papers' full bf16 run, not this code's: its bf16 keeps fp32 "
-                    "gradients, 2 bytes more a parameter; --precision bf16 plans what it runs)\n");
+        std::printf("  (bf16-full is the papers' full bf16 run, not this code's: its bf16 keeps "
+                    "fp32 gradients, 2 bytes more a parameter; --precision bf16 plans what it "
+                    "runs)\n");
       std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");

@@ -59,7 +59,8 @@ TuneOptions parse_tune_options(const std::vector<std::string>& args) {
     // its value must not be taken for a second deck.
     const std::string name = a.substr(0, a.find('='));
     if (a.size() > 1 && a[0] == '-' && name.find('.') == std::string::npos)
-      throw UserError("trellis tune: unknown option '" + name + "' (trellis tune --help lists them)");
+      throw UserError("trellis tune: unknown option '" + name +
+                      "' (trellis tune --help lists them)");
     if (a.rfind("--", 0) == 0) o.overrides.push_back(a);
     else if (o.deck.empty()) o.deck = a;
     else throw UserError("trellis tune: more than one deck given ('" + o.deck + "', '" + a + "')");
