@@ -519,6 +519,13 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
   return config_from_sources(deck_path, sources, overrides, world_size, require_built_backend);
 }
 
+void check_not_the_deck(const std::string& path, const std::string& deck_path,
+                        const std::string& option, const std::string& what) {
+  // equivalent: the same file by any name (./deck, a link); false where either is missing.
+  if (std::error_code ec; std::filesystem::equivalent(path, deck_path, ec))
+    throw UserError(option + " " + path + ": the deck given; name another file for " + what);
+}
+
 Config load_config_text(const std::string& deck_text, const std::string& deck_name,
                         const std::vector<std::string>& overrides, int world_size) {
   TRELLIS_CHECK(world_size >= 1, "world size %d", world_size);

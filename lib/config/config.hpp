@@ -146,6 +146,12 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
 Config load_config_text(const std::string& deck_text, const std::string& deck_name,
                         const std::vector<std::string>& overrides, int world_size);
 
+/// Refuses an output file that is the deck itself (`trellis plan --json`, `trellis tune --out`):
+/// written first, the deck would be lost and the run that reads it next would fail. Throws
+/// UserError naming `option`, checked before anything is written. `what`: what the file is for.
+void check_not_the_deck(const std::string& path, const std::string& deck_path,
+                        const std::string& option, const std::string& what);
+
 /// Whether the deck's text gives the key `name` ("section.key") a line, read as the parser does
 /// (comments dropped; a dotted name outside any section counts). A stored deck lists every key of
 /// the build that wrote it: one it lacks is younger than the file.

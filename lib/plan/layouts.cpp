@@ -108,8 +108,12 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const Link pp = link_of(p, "pp", dev);
   const double pp_mb = p.pp > 1 ? 2.0 * v * pp.p2p(rows_bytes / (sp ? p.tp : 1)) : 0;
 
-  const double mb_time = compute_mb + tp_mb + pp_mb;
+  // Launches and tails: per layer of the stage and its LM head or embedding, per micro-batch.
+  const double overhead_mb = (stage_blocks + 1) * dev.layer_overhead;
+
+  const double mb_time = compute_mb + overhead_mb + tp_mb + pp_mb;
   t.compute = compute_mb * mbs;
+  t.overhead = overhead_mb * mbs;
   t.tp = tp_mb * mbs;
   t.pp = pp_mb * mbs;
   t.bubble = mb_time * (p.pp - 1) / double(v);
@@ -148,6 +152,7 @@ std::string LayoutPlan::overrides() const {
   if (p.schedule == "interleaved") s += strfmt(" --parallel.virtual_stages=%d", p.virtual_stages);
   else if (schedule_fallback)
     s += " --parallel.virtual_stages=1";
+  if (stage_layers_cleared) s += " --parallel.stage_layers=";
   return s;
 }
 
@@ -253,12 +258,14 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
         ++out.rejected;  // the global batch does not split over dp
         continue;
       }
+      // The deck's uneven split holds for its own pp; any other pp is split evenly.
+      const bool clear_split = pp != deck.parallel.pp && !deck.parallel.stage_layers.empty();
       for (int mb : sizes) {
         std::vector<std::string> o = req.overrides;
         for (const std::string& kv :
              {strfmt("--parallel.dp=%d", dp), strfmt("--parallel.tp=%d", tp), strfmt("--parallel.pp=%d", pp),
               strfmt("--train.micro_batch=%d", mb), std::string("--parallel.zero=0"),
-              std::string(pp == deck.parallel.pp ? "" : "--parallel.stage_layers="),
+              std::string(clear_split ? "--parallel.stage_layers=" : ""),
               std::string("--parallel.sequence_parallel=") + (tp > 1 ? "true" : "false")})
           if (!kv.empty()) o.push_back(kv);
         // Fallbacks, in turn: sequence parallelism needs seq_len % tp; the interleaved schedule
@@ -292,15 +299,24 @@ LayoutSearch search_layouts(const PlanRequest& req_in) {
             c.train.recompute = recompute;
             out.layouts.push_back(evaluate_layout(c, req, out.fits_one_device));
             out.layouts.back().schedule_fallback = schedule_fallback;
+            out.layouts.back().stage_layers_cleared = clear_split;
           }
       }
     }
   }
-  std::stable_sort(out.layouts.begin(), out.layouts.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+  // Times compared as floats: what differs only in the double's last bits (the same FLOPs in
+  // other micro-batches) is a tie, broken toward the deck's micro-batch, then the larger.
+  const int deck_mb = deck.train.micro_batch;
+  auto ranked_before = [deck_mb](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
     if (!a.fits) return a.memory.total() < b.memory.total();
-    return a.time.total() < b.time.total();
-  });
+    const float ta = float(a.time.total()), tb = float(b.time.total());
+    if (ta != tb) return ta < tb;
+    const int ma = a.cfg.train.micro_batch, mb = b.cfg.train.micro_batch;
+    if ((ma == deck_mb) != (mb == deck_mb)) return ma == deck_mb;
+    return ma > mb;
+  };
+  std::stable_sort(out.layouts.begin(), out.layouts.end(), ranked_before);
   return out;
 }
 

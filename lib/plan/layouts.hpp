@@ -4,6 +4,9 @@
 // Step time, for the slowest pipeline stage:
 //   compute   its FLOPs (plan/flops.hpp's count per layer and LM head, plus what recomputation
 //             repeats) / (tp · peak · efficiency)
+//   overhead  a fixed time per layer (the LM head counting as one) and micro-batch: kernel
+//             launches and GEMM tails, which a larger micro-batch does not make longer — so that
+//             of two micro-batch sizes equal in FLOPs, the larger is faster (as measured)
 //   tp        per layer and micro-batch, 2 all-reduces forward and 2 backward of (B·T, C)
 //             activations (with sequence parallelism: all-gathers and reduce-scatters of the same
 //             total volume), not hidden
@@ -31,6 +34,9 @@ struct DeviceModel {
   int per_node = 8;
   double peak_flops = 989e12;   // dense bf16 tensor-core peak per device
   double efficiency = 0.5;      // fraction of the peak the step's GEMMs reach
+  // Seconds per layer and micro-batch that do not scale with the micro-batch: some 30 kernels a
+  // layer forward and backward, ~1 us each of launch and tail that the GEMMs do not hide.
+  double layer_overhead = 30e-6;
   double intra_bw = 450e9;      // bytes/s per device, one direction: NVLink 4
   double inter_bw = 50e9;       // bytes/s per device: one 400 Gb/s InfiniBand NDR port
   double intra_latency = 3e-6;  // seconds per ring step
@@ -40,8 +46,8 @@ struct DeviceModel {
 };
 
 struct StepTime {
-  double compute = 0, tp = 0, pp = 0, bubble = 0, dp = 0;
-  double total() const { return compute + tp + pp + bubble + dp; }
+  double compute = 0, overhead = 0, tp = 0, pp = 0, bubble = 0, dp = 0;
+  double total() const { return compute + overhead + tp + pp + bubble + dp; }
   double comm_share() const { return total() > 0 ? (tp + pp + dp) / total() : 0; }
 };
 
@@ -62,7 +68,11 @@ struct LayoutPlan {
   double mfu = 0;      // model FLOPs / (devices · peak) per second
   std::string advice;  // one line: the seed documents' rules applied to this layout
   bool schedule_fallback = false;  // the deck's schedule does not fit this layout: 1f1b instead
-  /// The layout's keys as --section.key=value overrides (for `trellis train`).
+  /// The deck's parallel.stage_layers is for its own pp, not this layout's: planned (and to be
+  /// run) with the even split.
+  bool stage_layers_cleared = false;
+  /// The layout's keys as --section.key=value overrides (for `trellis train`): the run is the
+  /// one planned, on top of the deck and the overrides it was planned with.
   std::string overrides() const;
 };
 
@@ -84,6 +94,8 @@ struct LayoutSearch {
 /// Every valid layout of the deck's model on req.devices: dp·tp·pp = devices, micro-batch sizes
 /// that divide the batch (powers of two and the deck's), ZeRO 0–3 (only 0 at dp = 1),
 /// recomputation none/selective/full, sequence parallelism with tp > 1, the deck's schedule.
+/// Ranked fitting first, then by estimated step time; of equal times, the deck's micro-batch
+/// first, then the larger ones.
 LayoutSearch search_layouts(const PlanRequest& req);
 
 /// Evaluates one layout (memory, time, advice) — what search_layouts does for each.

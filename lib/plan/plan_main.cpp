@@ -32,6 +32,8 @@ options (defaults in brackets):
   --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
                          system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
+  --layer-overhead-us X  fixed time per layer and micro-batch that a larger micro-batch does
+                         not lengthen (kernel launches, GEMM tails) [30]
   --intra-node-gbs X     per-device bandwidth inside a node, GB/s one way [450: NVLink 4]
   --inter-node-gbs X     per-device bandwidth between nodes, GB/s [50: 400 Gb/s InfiniBand NDR]
   --intra-latency-us X   per ring step inside a node [3]
@@ -51,7 +53,7 @@ struct Options {
   std::vector<std::string> overrides;
   int gpus = 0, per_node = 8, top = 20, threads = 0;
   std::string precision, json;
-  double gpu_mem = 80.0 * (1ull << 30), peak_tflops = 0, efficiency = 0.5;
+  double gpu_mem = 80.0 * (1ull << 30), peak_tflops = 0, efficiency = 0.5, layer_overhead_us = 30;
   double intra_gbs = 450, inter_gbs = 50, intra_us = 3, inter_us = 10, reserve = -1;
 };
 
@@ -94,10 +96,12 @@ Options parse_options(const std::vector<std::string>& args) {
     };
     if (name == "--gpus") o.gpus = parse_int(take(), name, 1, 1 << 24);
     else if (name == "--gpus-per-node") o.per_node = parse_int(take(), name, 1, 1 << 16);
-    else if (name == "--gpu-mem") o.gpu_mem = parse_size(take(), name);
+    else if (name == "--gpu-mem") o.gpu_mem = parse_size(take(), name, 1 << 20);  // (0.5: bytes)
     else if (name == "--precision") o.precision = take();
     else if (name == "--peak-tflops") o.peak_tflops = parse_number(take(), name, 1e-6, 1e9);
     else if (name == "--efficiency") o.efficiency = parse_number(take(), name, 1e-3, 1);
+    else if (name == "--layer-overhead-us")
+      o.layer_overhead_us = parse_number(take(), name, 0, 1e9);
     else if (name == "--intra-node-gbs") o.intra_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--inter-node-gbs") o.inter_gbs = parse_number(take(), name, 1e-3, 1e9);
     else if (name == "--intra-latency-us") o.intra_us = parse_number(take(), name, 0, 1e9);
@@ -113,6 +117,7 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (o.deck.empty()) throw UserError("which deck? usage: trellis plan DECK [options]");
   if (!o.precision.empty()) parse_precision(o.precision);  // names --precision when wrong
+  if (!o.json.empty()) check_not_the_deck(o.json, o.deck, "--json", "the JSON");
   return o;
 }
 
@@ -259,7 +264,7 @@ std::string scaling_table(const PlanRequest& req, const LayoutSearch& at_n) {
 
 }  // namespace
 
-double parse_size(const std::string& text, const std::string& option) {
+double parse_size(const std::string& text, const std::string& option, double at_least) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   std::string unit(end);
@@ -269,8 +274,11 @@ double parse_size(const std::string& text, const std::string& option) {
       {"TiB", 1099511627776.0}, {"TB", 1e12}};
   if (end != text.c_str() && std::isfinite(v) && v > 0)
     for (const auto& u : units)
-      if (unit == u.name) return v * u.scale;
-  throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB");
+      if (unit == u.name && v * u.scale >= at_least) return v * u.scale;
+  const std::string least =
+      at_least > 1 ? ", at least " + format_bytes(at_least) + " (a number alone is bytes)" : "";
+  throw UserError(option + " = '" + text + "': expected a size such as 80GiB, 96GB or 512MiB" +
+                  least);
 }
 
 // `word` as the shell reads one word: as it is where it holds only characters the shell leaves
@@ -285,18 +293,42 @@ static std::string shell_word(const std::string& word) {
   return quoted + "'";
 }
 
+// The command that trains what was planned, pasted as it is: the layout's ranks under mpirun;
+// the deck, the command line's overrides (a shell word each), the plan's options that change the
+// run (--precision, --threads), then the layout's keys, which win.
+static std::string run_command(const Options& o, const Config& deck, const PlanRequest& req,
+                               const LayoutPlan& best) {
+  const ParallelConfig& p = best.cfg.parallel;
+  std::string run = strfmt("mpirun -np %d trellis train %s", p.dp * p.tp * p.pp,
+                           shell_word(o.deck).c_str());
+  for (const std::string& w : o.overrides) run.append(" ").append(shell_word(w));
+  // bf16-full has no run of its own: this code's bf16 is the nearest (a note says so).
+  const char* precision = req.precision == Precision::FP32 ? "fp32" : "bf16";
+  if (precision != deck.system.precision) run.append(" --system.precision=").append(precision);
+  if (o.threads > 0 && o.threads != deck.system.threads)
+    run += strfmt(" --system.threads=%d", o.threads);  // the CPU attention scratch planned
+  run.append(" ").append(best.overrides());
+  return run;
+}
+
 int plan_main(const std::vector<std::string>& args) {
   try {
     const Options o = parse_options(args);
     // The deck's own layout; dp = 0 takes the rest of --gpus.
     Config cfg = load_config(o.deck, o.overrides, 0, false);
     const bool dp_derived = std::find(cfg.derived.begin(), cfg.derived.end(), "parallel.dp") != cfg.derived.end();
+    // Why the deck's layout, its dp taking the devices its tp and pp leave, has no place on
+    // --gpus N (empty: it has). Other layouts may: they are ranked all the same.
+    std::string deck_layout_refused;
     if (dp_derived && o.gpus > 0) {
       try {
         cfg = load_config(o.deck, o.overrides, o.gpus, false);
       } catch (const UserError& e) {  // (the deck's keys are right alone: --gpus is the change)
-        throw UserError(strfmt("--gpus %d, the deck's dp taking the GPUs its tp and pp leave: %s",
-                               o.gpus, e.what()));
+        deck_layout_refused = e.what();
+        if (!o.json.empty())
+          throw UserError(strfmt("--json %s: no plan of the deck's layout to write: on --gpus %d, "
+                                 "the deck's dp taking the GPUs its tp and pp leave: %s",
+                                 o.json.c_str(), o.gpus, e.what()));
       }
     }
     const int deck_world = cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp;
@@ -319,6 +351,7 @@ int plan_main(const std::vector<std::string>& args) {
                    : cfg.system.peak_gflops > 0 ? cfg.system.peak_gflops * 1e9
                                                 : 494e12;
     d.efficiency = o.efficiency;
+    d.layer_overhead = o.layer_overhead_us * 1e-6;
     d.intra_bw = o.intra_gbs * 1e9;
     d.inter_bw = o.inter_gbs * 1e9;
     d.intra_latency = o.intra_us * 1e-6;
@@ -327,6 +360,15 @@ int plan_main(const std::vector<std::string>& args) {
     if (d.reserve_bytes >= d.memory_bytes)
       throw UserError(strfmt("--reserve (%s) leaves nothing of --gpu-mem (%s)", format_bytes(d.reserve_bytes).c_str(),
                              format_bytes(d.memory_bytes).c_str()));
+
+    // Every layout on N devices (printed below), first: where there is none, and the deck's own
+    // does not apply either, there is nothing to plan.
+    const LayoutSearch s = search_layouts(req);
+    if (s.layouts.empty() && !deck_layout_refused.empty())  // nothing at all to plan on N devices
+      throw UserError(strfmt("--gpus %d: no layout of the deck's model is valid on %d devices "
+                             "(the deck's rules refuse every split: heads, kv_heads, d_ff by tp; "
+                             "stages <= layers; batch by dp), its own included: %s",
+                             o.gpus, o.gpus, deck_layout_refused.c_str()));
 
     // ---- summary ----
     const ModelConfig& m = cfg.model;
@@ -337,27 +379,41 @@ int plan_main(const std::vector<std::string>& args) {
                 m.kv_heads, m.d_ff, m.seq_len, m.vocab, cfg.train.global_batch,
                 count(double(cfg.train.global_batch) * m.seq_len).c_str());
     std::printf("devices: %d, %d per node, %s each (%s usable after a %s reserve); precision %s; peak %.4g "
-                "TFLOP/s x efficiency %.2f; links %g GB/s %g us inside a node, %g GB/s %g us between nodes\n",
+                "TFLOP/s x efficiency %.2f, %g us a layer and micro-batch; links %g GB/s %g us "
+                "inside a node, %g GB/s %g us between nodes\n",
                 req.devices, d.per_node, format_bytes(d.memory_bytes).c_str(), format_bytes(d.usable()).c_str(),
                 format_bytes(d.reserve_bytes).c_str(), precision_name(req.precision), d.peak_flops / 1e12,
-                d.efficiency, o.intra_gbs, o.intra_us, o.inter_gbs, o.inter_us);
+                d.efficiency, o.layer_overhead_us, o.intra_gbs, o.intra_us, o.inter_gbs,
+                o.inter_us);
     std::printf("model FLOPs: %.3g per token (6 per matmul weight + attention), %.3g per step\n\n",
                 train_flops_per_token(m), train_flops_per_token(m) * cfg.train.global_batch * m.seq_len);
 
     // ---- the deck's layout ----
-    const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
-    std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
-    std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
-    const StepTime t = estimate_step_time(cfg, req.precision, d);
-    std::printf("estimated step: %s (compute %s, tp %s, pp %s, bubble %s, dp exposed %s)%s\n\n",
-                seconds(t.total()).c_str(), seconds(t.compute).c_str(), seconds(t.tp).c_str(),
-                seconds(t.pp).c_str(), seconds(t.bubble).c_str(), seconds(t.dp).c_str(),
-                deck_world != req.devices ? strfmt(" — on the deck's %d rank(s), not the %d planned below",
-                                                   deck_world, req.devices).c_str() : "");
-    if (!o.json.empty()) write_json(o.json, cfg, stages);
+    if (!deck_layout_refused.empty()) {
+      std::printf("the deck's layout (tp %d x pp %d, dp taking the rest) does not apply to %d "
+                  "devices: %s\nits memory table is left out; every layout for %d devices "
+                  "follows\n\n",
+                  cfg.parallel.tp, cfg.parallel.pp, req.devices, deck_layout_refused.c_str(),
+                  req.devices);
+    } else {
+      const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
+      std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
+      std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
+      const StepTime t = estimate_step_time(cfg, req.precision, d);
+      const std::string elsewhere =
+          deck_world != req.devices
+              ? strfmt(" — on the deck's %d rank(s), not the %d planned below", deck_world,
+                       req.devices)
+              : "";
+      std::printf("estimated step: %s (compute %s, overhead %s, tp %s, pp %s, bubble %s, dp "
+                  "exposed %s)%s\n\n",
+                  seconds(t.total()).c_str(), seconds(t.compute).c_str(),
+                  seconds(t.overhead).c_str(), seconds(t.tp).c_str(), seconds(t.pp).c_str(),
+                  seconds(t.bubble).c_str(), seconds(t.dp).c_str(), elsewhere.c_str());
+      if (!o.json.empty()) write_json(o.json, cfg, stages);
+    }
 
     // ---- every layout on N devices ----
-    const LayoutSearch s = search_layouts(req);
     const int fitting = int(std::count_if(s.layouts.begin(), s.layouts.end(), [](const LayoutPlan& L) { return L.fits; }));
     if (o.top > 0 && !s.layouts.empty()) std::fputs(layouts_table(s, o.top).c_str(), stdout);
     std::printf("%zu layouts of %d devices evaluated, %d fit; %zu shown; %d (dp, tp, pp, micro-batch) "
@@ -371,16 +427,13 @@ int plan_main(const std::vector<std::string>& args) {
                                   : "ZeRO, then tensor parallelism inside a node, pipeline across nodes");
     if (fitting > 0) {
       const LayoutPlan& best = s.layouts.front();
-      // The command trains what was planned: the deck, the command line's overrides (a shell
-      // word each), then the layout's keys, which win.
-      std::string run = shell_word(o.deck);
-      for (const std::string& w : o.overrides) run.append(" ").append(shell_word(w));
-      run.append(" ").append(best.overrides());
-      if (!cfg.parallel.stage_layers.empty() && best.cfg.parallel.stage_layers.empty())
-        run += " --parallel.stage_layers=";  // (the deck's split was for its own pp)
-      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: trellis train %s\n",
+      std::printf("best estimate: %s; %s per step, %s tok/s\n  run it: %s\n",
                   layout_name(best.cfg).c_str(), seconds(best.time.total()).c_str(),
-                  count(best.tokens_per_s).c_str(), run.c_str());
+                  count(best.tokens_per_s).c_str(), run_command(o, cfg, req, best).c_str());
+      if (req.precision == Precision::BF16_FULL)
+        std::printf("  (bf16-full is the papers' full bf16 run, not this code's: its bf16 keeps "
+                    "fp32 gradients, 2 bytes more a parameter; --precision bf16 plans what it "
+                    "runs)\n");
       std::fputs(scaling_table(req, s).c_str(), stdout);
       std::printf("these are estimates: more devices are not always faster — measure the top few on the real "
                   "workload (tokens/s and memory per device) before a long run\n");

@@ -13,7 +13,7 @@ extern const char* kPlanUsage;
 int plan_main(const std::vector<std::string>& args);
 
 /// "80GiB", "80GB", "1.5T", "4096" (bytes) → bytes; binary units for K/M/G/T alone. Throws
-/// UserError naming `option` when the text is not a size.
-double parse_size(const std::string& text, const std::string& option);
+/// UserError naming `option` when the text is not a size, or one below `at_least` bytes.
+double parse_size(const std::string& text, const std::string& option, double at_least = 1);
 
 }  // namespace trellis

@@ -23,7 +23,8 @@ struct LayoutChoice {
 /// At most `count` layouts worth trying for `world` ranks (`local_ranks` of them per node), best
 /// first: those that plan/ finds fit in memory, in its order of estimated step time, one per grid
 /// shape (dp, tp, pp) before any second one. A GPU backend's memory is `gpu_memory` bytes a
-/// rank (0: the planner's default device, 80 GiB), less the planner's reserve.
+/// rank (0: the planner's default device, 80 GiB), less the planner's reserve. Throws UserError
+/// where no layout splits `world` ranks at all (fitting or not).
 std::vector<LayoutChoice> tune_candidates(const std::string& deck,
                                           const std::vector<std::string>& overrides, int world,
                                           int local_ranks, int count, double gpu_memory = 0);

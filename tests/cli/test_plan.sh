@@ -137,24 +137,60 @@ check_log="$work/out.log"
 run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 80gigs)
 check "bad --gpu-mem: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpu-mem" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpu-mem 0.5)
+check "--gpu-mem below 1 MiB (half a byte): status 2 showing the form expected" \
+  '[ $rc -eq 2 ] && grep -q -- "--gpu-mem = .0.5.: expected a size such as 80GiB.*at least 1.0 MiB" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --precision fp16)
 check "bad --precision: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--precision" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpus)
 check "--gpus without a value: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpus" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --json "")
 check "--json of an empty path: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--json: an empty path" "$work/out.log"'
+# --json naming the deck itself: refused before anything is written (it overwrote the deck with
+# JSON, then failed reading it back).
+cp "$work/tiny.deck" "$work/self.deck"
+rc=$(run_plan "$work/self.deck" --json "$work/self.deck")
+check "--json naming the deck: status 2, the deck untouched" \
+  '[ $rc -eq 2 ] && grep -q -- "--json .*self.deck: the deck given; name another file" "$work/out.log" && cmp -s "$work/tiny.deck" "$work/self.deck"'
 rc=$(run_plan "$work/tiny.deck" --frobnicate 3)
 check "unknown option: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--frobnicate" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --parallel.tp=3)
 check "a layout the deck's rules refuse: status 2 naming the key" '[ $rc -eq 2 ] && grep -q "parallel.tp" "$work/out.log"'
-rc=$(run_plan "$work/tiny.deck" --gpus 3)
-check "--gpus the deck's batch does not divide: status 2 naming it and the key" \
-  '[ $rc -eq 2 ] && grep -q -- "--gpus 3, the deck.s dp taking .*train.global_batch" "$work/out.log"'
+# --gpus that the deck's own layout (dp derived) does not split: that layout is said not to apply,
+# and why, and the layouts that do are ranked all the same (plan stopped at the deck's layout).
+rc=$(run_plan "$work/tiny.deck" --gpus 3 --top 3)
+check "--gpus the deck's batch does not divide: its layout does not apply (why), the others ranked" \
+  '[ $rc -eq 0 ] && grep -q "the deck.s layout .* does not apply to 3 devices: .*train.global_batch" "$work/out.log" && grep -Eq "^[1-9][0-9]* layouts of 3 devices evaluated" "$work/out.log" && grep -q "run it: mpirun -np 3 " "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --parallel.pp=2 --gpus 3 --top 3)
+check "--gpus that the deck's tp*pp does not divide: its layout does not apply, the others ranked" \
+  '[ $rc -eq 0 ] && grep -q "does not apply to 3 devices: .*parallel.tp\*pp = 2 does not divide" "$work/out.log" && grep -Eq "^[1-9][0-9]* layouts of 3 devices evaluated" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpus 3 --json "$work/none.json")
+check "--json where the deck's layout does not apply: status 2 naming both, nothing written" \
+  '[ $rc -eq 2 ] && grep -q -- "--json .*none.json: no plan of the deck.s layout .*--gpus 3" "$work/out.log" && [ ! -e "$work/none.json" ]'
+rc=$(run_plan "$work/tiny.deck" --gpus 5)
+check "--gpus that no layout splits: status 2 naming it, the deck's reason too" \
+  '[ $rc -eq 2 ] && grep -q -- "--gpus 5: no layout .* valid on 5 devices.*train.global_batch" "$work/out.log"'
 # The suggested command trains what was planned: the command line's overrides kept, then every
 # key of the layout, defaults too (the deck's recompute = full would otherwise stand).
 rc=$(run_plan "$work/tiny.deck" --gpus 2 --model.layers=3 --train.recompute=full)
 check "plan's 'run it' keeps the overrides and sets every layout key" \
-  '[ $rc -eq 0 ] && grep -q "run it: trellis train $work/tiny.deck --model.layers=3 --train.recompute=full --parallel.dp=.* --train.recompute=[a-z]* --parallel.sequence_parallel=" "$work/out.log"'
+  '[ $rc -eq 0 ] && grep -q "run it: mpirun -np 2 trellis train $work/tiny.deck --model.layers=3 --train.recompute=full --parallel.dp=.* --train.recompute=[a-z]* --parallel.sequence_parallel=" "$work/out.log"'
+# ... and the precision planned: GPT-2 124M on one 4.6 GiB GPU fits in bf16 only (the line lacked
+# --system.precision=bf16, and trained fp32, which the plan itself said does not fit).
+rc=$(run_plan "$(dirname "$0")/../../inputs/gpt2-124m.deck" --system.backend=cuda --gpus 1 --precision bf16 \
+       --gpu-mem 4.6GiB --top 0)
+check "plan's 'run it' carries --precision as system.precision" \
+  '[ $rc -eq 0 ] && grep -q "run it: mpirun -np 1 trellis train .*gpt2-124m.deck --system.backend=cuda --system.precision=bf16 --parallel.dp=1 " "$work/out.log"'
+# The line pasted as it is (mpirun's flags aside) trains the layout planned, at its rank count,
+# in the precision planned.
+rc=$(run_plan "$work/tiny.deck" --gpus 2 --precision bf16 --threads 1 --train.steps=1)
+pasted=$(sed -n "s/^  run it: mpirun -np \([0-9]*\) trellis /-np \1 trellis /p" "$work/out.log")
+if [ -n "$pasted" ]; then
+  eval "timeout 120 mpirun \"\${flags[@]}\" ${pasted/ trellis / $build/trellis } --run.dir=$work/pasted" \
+    >> "$work/out.log" 2>&1
+fi
+check "plan's 'run it', pasted, trains on its ranks in bf16" \
+  '[ -n "$pasted" ] && [ -f "$work/pasted/summary.json" ] && grep -q "^precision = bf16" "$work/pasted/deck.ini"'
 rc=$(run_plan "$work/missing.deck")
 check "a missing deck: status 2 naming the file" '[ $rc -eq 2 ] && grep -q "missing.deck" "$work/out.log"'
 
@@ -163,5 +199,9 @@ deck_dir="$(dirname "$0")/../../inputs"
 rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 1024 --gpu-mem 80GiB --gpus-per-node 8)
 check "GPT-3 175B on 1024 GPUs: ranked layouts, some fit" \
   '[ $rc -eq 0 ] && grep -q "174.60B parameters" "$work/out.log" && grep -Eq "layouts of 1024 devices evaluated, [1-9][0-9]* fit" "$work/out.log" && grep -q "does not fit one device" "$work/out.log"'
+# GPT-3 175B on 96 devices: the deck's tp 8 x pp 16 does not divide 96, but other layouts do.
+rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 96 --top 3)
+check "GPT-3 175B on 96 GPUs: the deck's layout does not apply, fitting layouts ranked" \
+  '[ $rc -eq 0 ] && grep -q "does not apply to 96 devices: .*parallel.tp\*pp = 128 does not divide the world size 96" "$work/out.log" && grep -Eq "layouts of 96 devices evaluated, [1-9][0-9]* fit" "$work/out.log"'
 echo "plan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

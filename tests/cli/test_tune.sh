@@ -68,9 +68,27 @@ bad_option() {
   check "bad option '$1': status 2 with one message" \
     '[ $rc -eq 2 ] && [ "$(grep -c "trellis: error" "$out")" -eq 1 ]'
 }
-for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck"; do
+for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /proc/no/such/dir/x.deck" \
+           "--out $work/tiny.deck"; do
   in_background bad_option "$bad"
 done
+# An unknown option is named as one (its value was taken for a second deck).
+unknown_option() {
+  own_output
+  rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --bogus 3)
+  check "an unknown option: status 2 naming it" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "unknown option .--bogus." "$out")" -eq 1 ] && ! grep -q "more than one deck" "$out"'
+}
+in_background unknown_option
+# 3 ranks that no layout of the model splits (2 heads, 2 layers, a batch of 4): said so, not
+# that nothing fits in memory.
+no_split() {
+  own_output
+  rc=$(run -np 3 "$build/trellis" tune "$work/tiny.deck")
+  check "3 ranks no layout splits: status 2 saying so" \
+    '[ $rc -eq 2 ] && [ "$(grep -c "no layout of .*tiny.deck splits 3 ranks" "$out")" -eq 1 ] && ! grep -q "fits in memory" "$out"'
+}
+in_background no_split
 no_deck() {
   own_output
   rc=$(run -np 2 "$build/trellis" tune)
@@ -114,7 +132,11 @@ if [ -x "$build/trellis-emu" ]; then
 [system]
 backend = cuda
 DECK
-  emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY)
+  # Each kernel's first way, untimed (TRELLIS_KERNEL_WAYS=0): the warm-up is one step, not up to
+  # 12 while the ways are timed — more of them where a step has fewer micro-batches, as the
+  # planner's larger micro-batches have (its runs neared the 120 s limit on a loaded machine).
+  emu=(-x ASAN_OPTIONS=detect_leaks=0 -x TRELLIS_SHARE_GPUS=1 -x TRELLIS_EMU_MEMORY
+       -x TRELLIS_KERNEL_WAYS=0)
   # peaks COLUMN: the table's column (7: measured peak a rank, 8: planned), in MiB, one a line.
   peaks() { grep -E "^│ [0-9]+ " "$out" | awk -F"│" -v c="$1" '{ split($c, a, " "); print a[1] }'; }
   gpu_141() {
