@@ -315,6 +315,9 @@ bool chosen_checkpoint_gone(const std::string& error, const std::string& given,
 std::string with_chosen_checkpoint_gone(const std::string& error, const std::string& given,
                                         const std::string& chosen) {
   if (!chosen_checkpoint_gone(error, given, chosen)) return error;
+  // (open_failure has said it was removed, and why: only which choice it was is left to say.)
+  if (error.find("removed since it was chosen") != std::string::npos)
+    return error + " (it was the newest checkpoint of " + given + ")";
   return error + " (the newest checkpoint of " + given + " when it was chosen, removed since: a " +
          "run publishing there keeps only its newest checkpoint.keep; try again, or name a step " +
          "file it keeps)";

@@ -34,7 +34,9 @@
 // file it has just chosen, once, as a run publishing there may meanwhile: `trellis eval` and
 // `generate` in their set-up or before their load, `export` at setup, a training run's start
 // point (checkpoint.resume = DIR) at load (ChosenCheckpoint, lib/ckpt/chosen.cpp;
-// tests/cli/test_eval.sh, test_generate.sh, test_export.sh, test_stop_resume.sh).
+// tests/cli/test_eval.sh, test_generate.sh, test_export.sh, test_help_and_paths.sh);
+// TRELLIS_FAULT_REMOVE_CHOSEN=open removes it in every collective read once the ranks hold it
+// open, before HDF5 opens it (read_checkpoint: the ranks read the file they hold).
 #pragma once
 #include <cstdint>
 #include <string_view>

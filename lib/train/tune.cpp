@@ -314,6 +314,7 @@ int tune_main(const std::vector<std::string>& args, World& world) {
     if (std::error_code ec; fs::is_directory(opt.out, ec))
       throw UserError("--out " + opt.out + ": a directory; name the deck file to write");
     check_not_the_deck(opt.out, opt.deck, "--out", "the winner");
+    regular_file_target(opt.out);  // (a device or a FIFO there: refused before any layout runs)
   } catch (const UserError& e) {
     error = e.what();
   }

@@ -91,6 +91,10 @@ TEST_F(CkptDirTest, AChosenCheckpointGoneIsToldApartFromAMissingOne) {
             e + " (the newest checkpoint of " + dir_ + " when it was chosen, removed since: a "
             "run publishing there keeps only its newest checkpoint.keep; try again, or name a "
             "step file it keeps)");
+  // Where the error already says the file was removed since it was chosen: which one it was.
+  const std::string said = "checkpoint " + chosen + ": no such file: removed since it was chosen";
+  EXPECT_EQ(with_chosen_checkpoint_gone(said, dir_, chosen),
+            said + " (it was the newest checkpoint of " + dir_ + ")");
   EXPECT_FALSE(chosen_checkpoint_gone(e, chosen, chosen));  // named itself: no other to choose
   EXPECT_EQ(with_chosen_checkpoint_gone(e, chosen, chosen), e);
 }

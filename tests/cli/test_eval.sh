@@ -113,6 +113,12 @@ check "the chosen checkpoint removed during eval's set-up: the next newest evalu
 rc=$(run -x TRELLIS_FAULT_REMOVE_CHOSEN=load -np 2 "$trellis" eval "$work/two-load")
 check "removed before eval's load: said, and the next newest evaluated" \
   '[ $rc -eq 0 ] && grep -q "eval: .*step_00000006.h5, the newest checkpoint of $work/two-load when it was chosen, was removed meanwhile (a run publishing there): .*step_00000003.h5 instead" "$work/out.log" && grep -q "step_00000003.h5, after 3 steps" "$work/out.log"'
+# Removed once every rank holds it open (before HDF5's collective open, where a name gone for one
+# rank only hung them all): read all the same, no new choice.
+rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/held" --checkpoint.every=3)
+rc=$(run -x TRELLIS_FAULT_REMOVE_CHOSEN=open -np 2 "$trellis" eval "$work/held")
+check "the chosen checkpoint removed once the ranks hold it: evaluated from what they hold" \
+  '[ $rc -eq 0 ] && grep -q "step_00000006.h5, after 6 steps" "$work/out.log" && ! grep -q "removed meanwhile" "$work/out.log" && [ ! -e "$work/held/ckpt/step_00000006.h5" ]'
 # SIGUSR1 — what a batch system sends a training job before its time limit — reaching an
 # evaluation (which has no checkpoint to write): said on stderr, the evaluation goes on and ends
 # with status 0 (its default action ended the ranks with no word, exit 138). A long one: 60000

@@ -62,6 +62,11 @@ std::string random_suffix(int64_t pid);
 double file_size(const std::string& path);
 /// "" when path is an existing regular file, else why not.
 std::string check_regular(const std::string& path);
+/// Closes a file descriptor (≥ 0) when it goes out of scope.
+struct FdCloser {
+  int fd;
+  ~FdCloser();
+};
 /// Why H5Fopen of `path` failed (HDF5's error stack read and cleared): a file gone since it was
 /// checked — a run's retention deleting its older checkpoints while another job opens one — is
 /// said as such (`*gone` set), not as a damaged file.
