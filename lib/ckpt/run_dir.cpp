@@ -132,7 +132,9 @@ std::string regular_file_target(const std::string& path) {
     if (ec || links == 40)
       throw UserError(path + ": a symbolic link that cannot be followed" +
                       (ec ? ": " + ec.message() : std::string(" (a loop)")));
-    target = (to.is_absolute() ? to : target.parent_path() / to).lexically_normal();
+    // (Not normalised: "dirlink/.." is where the link's own directory's parent is, which the
+    // kernel resolves and the path's text does not say.)
+    target = to.is_absolute() ? to : target.parent_path() / to;
   }
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw UserError(path + ": " +

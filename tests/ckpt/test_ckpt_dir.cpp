@@ -214,6 +214,13 @@ TEST_F(CkptDirTest, AtomicWritesReplaceOnlyRegularFiles) {
   write(dir_ + "/dangling", "made");
   EXPECT_TRUE(fs::is_symlink(dir_ + "/dangling"));
   EXPECT_EQ(read(dir_ + "/shared/not-yet"), "made");
+  // A relative link reached through a linked directory: ".." from the link's real directory.
+  fs::create_directories(dir_ + "/real/hf");
+  fs::create_directory_symlink("real/hf", dir_ + "/alias");
+  fs::create_symlink("../cfg.json", dir_ + "/real/hf/config.json");
+  write(dir_ + "/alias/config.json", "through");
+  EXPECT_EQ(read(dir_ + "/real/cfg.json"), "through");
+  EXPECT_TRUE(fs::is_symlink(dir_ + "/real/hf/config.json"));
 
   ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
   for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{

@@ -78,9 +78,12 @@ struct SplitGemm {
   /// Whether the parts may follow the threads' speeds (WorkerPool::cut) rather than be equal: each
   /// element of C must come out the same whichever part computes it. OpenBLAS computes an element
   /// by the same sequence of operations whatever rows or columns a call covers, except on its
-  /// small-matrix path (M·N·K ≤ 10^6); every part of these products stays well clear of it (a
-  /// part is at least a quarter of an equal share).
-  bool uneven_parts_ok(int parts) const { return double(M) * Nc * K / (4.0 * parts) >= 4e6; }
+  /// small-matrix path (M·N·K ≤ 10^6, parts_clear_of_small_path): a part that follows the speeds
+  /// may be a single tile, the short last one alone, which must stay clear of it too.
+  bool uneven_parts_ok(int parts) const {
+    const int64_t last = M - (tiles() - 1) * kGemmAlign;
+    return double(M) * Nc * K / (4.0 * parts) >= 4e6 && double(last) * Nc * K > 1e6;
+  }
   /// Whether the rows may be cut into `parts` (equal cuts of the tiles) at all. OpenBLAS computes
   /// a product of M·N·K ≤ 10^6 by its small-matrix kernels (0.3.21's AVX-512 ones), whose sums
   /// depend on the call's rows: a part there comes out with other bits than the same rows of the
