@@ -72,6 +72,21 @@ for bad in "--candidates 0" "--steps -1" "--steps x" "--model.layerz=3" "--out /
            "--out $work/tiny.deck"; do
   in_background bad_option "$bad"
 done
+# --out naming a device or a FIFO: refused before any layout runs (its write, a rename, would put
+# a file in its place: run as root, /dev/null itself); each is left as it was. (The device is a
+# node of /dev/null's own in $work where this user may make one: the real one stays out of it.)
+mkfifo "$work/fifo"
+null=/dev/null
+mknod "$work/null" c 1 3 2> /dev/null && null="$work/null"
+refused_out() {
+  own_output
+  local path=$1 kind=$2
+  rc=$(run -np 1 "$build/trellis" tune "$work/tiny.deck" --out "$path")
+  check "--out $path: status 2 naming $kind, nothing run" \
+    '[ $rc -eq 2 ] && grep -q "$path: $kind, which a written file would replace" "$out" && ! grep -q "ms/step" "$out" && [ -c "$null" ] && [ -p "$work/fifo" ]'
+}
+[ "$null" != /dev/null ] && in_background refused_out "$null" "a character device"
+in_background refused_out "$work/fifo" "a FIFO"
 # An unknown option is named as one (its value was taken for a second deck).
 unknown_option() {
   own_output
