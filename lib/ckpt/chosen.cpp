@@ -36,11 +36,16 @@ bool ChosenCheckpoint::choose_again(const std::string& error) {
 }
 
 std::string ChosenCheckpoint::explained(const std::string& error) const {
-  if (choices_ >= kMaxChoices && chosen_checkpoint_gone(error, given_, path_))
-    return error + " (" + std::to_string(choices_) + " newest checkpoints of " + given_ +
+  if (choices_ >= kMaxChoices && chosen_checkpoint_gone(error, given_, path_)) {
+    // (open_failure's own advice, to try again, is cut: trying again is what failed.)
+    const std::string said = "removed since it was chosen";
+    const size_t at = error.find(said);
+    const std::string what = at == std::string::npos ? error : error.substr(0, at + said.size());
+    return what + " (" + std::to_string(choices_) + " newest checkpoints of " + given_ +
            " in a row were removed before they could be read: a run publishing there replaces "
            "them faster than this reader reads one; name a step file it keeps, or give that run "
            "a larger checkpoint.keep)";
+  }
   return with_chosen_checkpoint_gone(error, given_, path_);
 }
 

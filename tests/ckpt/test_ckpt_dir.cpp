@@ -192,6 +192,36 @@ TEST_F(CkptDirTest, WriteFileAtomicallyWithTwoWriters) {
                UserError);
 }
 
+// A reader (serial, as export) whose chosen checkpoint keeps being removed chooses the next
+// newest, up to 4 choices in all, then says that all 4 went, without the advice to try again.
+TEST_F(CkptDirTest, AReaderChoosesAgainUpToFourTimesThenSaysSo) {
+  for (int step = 1; step <= 6; ++step) touch(checkpoint_file_name(step));
+  ChosenCheckpoint chosen(dir_, MPI_COMM_NULL, "test");
+  const auto gone = [&] {  // (open_failure's words for a chosen file removed since)
+    fs::remove(chosen.path());
+    return "checkpoint " + chosen.path() + ": no such file: removed since it was chosen (a run "
+           "publishing checkpoints deletes all but its newest checkpoint.keep; try again, or "
+           "name a step file it keeps)";
+  };
+  EXPECT_EQ(chosen.path(), dir_ + "/" + checkpoint_file_name(6));
+  EXPECT_FALSE(chosen.choose_again(""));  // (this rank's read went well)
+  for (int step = 5; step >= 3; --step) {
+    ASSERT_TRUE(chosen.choose_again(gone()));
+    EXPECT_EQ(chosen.path(), dir_ + "/" + checkpoint_file_name(step));
+  }
+  const std::string last = gone();
+  EXPECT_FALSE(chosen.choose_again(last));  // the 4th choice was the last
+  const std::string said = chosen.explained(last);
+  EXPECT_NE(said.find("removed since it was chosen (4 newest checkpoints of " + dir_ +
+                      " in a row were removed before they could be read"),
+            std::string::npos) << said;
+  EXPECT_EQ(said.find("try again"), std::string::npos) << said;
+  // Another error is no reason to choose again, and is said as it is.
+  ChosenCheckpoint other(dir_, MPI_COMM_NULL, "test");
+  EXPECT_FALSE(other.choose_again("checkpoint " + other.path() + ": not a readable HDF5 file"));
+  EXPECT_EQ(other.explained("damaged"), "damaged");
+}
+
 // A file written atomically through a symbolic link replaces the link's target, not the link;
 // a FIFO, a device or a directory in its place is refused, left as it is (a rename would have put
 // a regular file there: run as root, `--out /dev/null` replaced /dev/null).
