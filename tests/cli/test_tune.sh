@@ -189,5 +189,22 @@ else
   echo "SKIP: $build/trellis-emu not built (no nvcc): tune on the emulated GPU"
 fi
 collect
+# SIGUSR1 — what a batch system sends a training job before its time limit — reaching a tune
+# (which has no checkpoint to write): said on stderr by each rank, the tune goes on and ends with
+# status 0 and its ranking. Signalled once the first layout has been measured, while the second
+# runs (each step made to last 50 ms: TRELLIS_FAULT_STEP_MS).
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$build/trellis" tune \
+  "$work/tiny.deck" --steps 40 --candidates 2 --run.dir="$work/usr1" > "$work/usr1.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  grep -q "^tune: dp" "$work/usr1.log" 2>/dev/null && break
+  sleep 0.1
+done
+pkill -USR1 -f "^$build/trellis tune $work/tiny.deck --steps 40"
+wait $job
+rc=$?
+check_log="$work/usr1.log"
+check "SIGUSR1 during a tune: said, ignored, status 0 with its ranking" \
+  '[ $rc -eq 0 ] && grep -q "trellis tune: SIGUSR1 ignored" "$work/usr1.log" && grep -q "fastest first" "$work/usr1.log" && [ -f "$work/usr1/tuned.deck" ]'
 echo "tune: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
