@@ -167,7 +167,6 @@ void Comm::operation_finished(double when) {
 }
 
 void Comm::blocking_done(double started) {
-  if (size_ == 1) return;  // (no communication: what a group of one rank does is a local copy)
   const double now = now_seconds();
   stats_.seconds_blocked += now - started;
   // Inside the interval of a non-blocking operation still in flight, it adds nothing to the union
@@ -178,9 +177,8 @@ void Comm::blocking_done(double started) {
 Request Comm::in_flight(Request r, double started) {
   // A started non-blocking operation: the time spent starting it counts as blocked; it is in
   // flight from `started` until test() or wait() sees it complete.
-  r.comm_ = size_ == 1 ? nullptr : this;  // (a group of one rank: no communication to time)
+  r.comm_ = this;
   r.done_ = false;
-  if (size_ == 1) return r;
   operation_started(started);
   stats_.seconds_blocked += now_seconds() - started;
   return r;

@@ -197,7 +197,6 @@ class Comm {
   /// Adds an operation's volume to the statistics: `values` as payload_values counts them, each
   /// `bytes_per_value` bytes on the wire.
   void count_payload(double values, double bytes_per_value = 4) {
-    if (size_ == 1) return;  // (a group of one rank sends nothing)
     stats_.payload_values += values;
     stats_.payload_bytes += values * bytes_per_value;
   }

@@ -166,11 +166,15 @@ double Trainer::tokens_per_step() const {
 // on), then clip by the global norm and take an AdamW step on this rank's shard.
 
 double Trainer::blocked_seconds(const char* group) const {
+  // (A group of one rank communicates nothing: what its calls take is local work.)
+  const auto blocked = [](const Comm* c) {
+    return c->size() > 1 ? c->stats().seconds_blocked : 0.0;
+  };
   const std::string g = group;
-  if (g == "dp") return dp_comm_->stats().seconds_blocked;
-  if (g == "pp") return pp_comm_->stats().seconds_blocked;
+  if (g == "dp") return blocked(dp_comm_.get());
+  if (g == "pp") return blocked(pp_comm_.get());
   const Comm* kv = tp_grads_->kv_group();
-  return tp_comm_->stats().seconds_blocked + (kv ? kv->stats().seconds_blocked : 0.0);
+  return blocked(tp_comm_.get()) + (kv ? blocked(kv) : 0.0);
 }
 
 Trainer::WarmUp Trainer::warm_up(int min_steps, int max_steps) {

@@ -92,6 +92,8 @@ rc=$?
 check_log="$work/moved2.log"
 check "another checkpoint.dir without checkpoints: step 0, the earlier logs moved aside, said" \
   "[ $rc -eq 0 ] && grep -q '^checkpoint.resume = auto: no checkpoint in $work/moved/ck2, so the run starts at step 0; the earlier run.s metrics.csv, eval.csv, summary.json, deck.ini moved to $work/moved/superseded-' '$work/moved2.log' && [ \"\$(tail -n +2 $work/moved/superseded-*/metrics.csv | wc -l)\" -eq 6 ] && [ -s $work/moved/ckpt/step_00000006.h5 ]"
+check "one rank (every group of one): no communication in summary.json or metrics.csv" \
+  "grep -q '\"dp_payload_bytes_per_step\": 0,' '$work/moved/summary.json' && [ \"\$(tail -n +2 '$work/moved/metrics.csv' | cut -d, -f9-11 | sort -u)\" = 0.000,0.000,0.000 ]"
 # 6. A resume that changes the held-out set (eval.batches) or the precision is warned of.
 run --run.dir="$work/moved" --eval.every=2 --checkpoint.dir="$work/moved/ck2" --train.steps=8 \
   --eval.batches=1 --system.precision=bf16 > "$work/moved3.log" 2>&1
