@@ -58,7 +58,6 @@ static CommStats add(CommStats a, const CommStats& b, double sign) {
 }
 
 CommStats Trainer::training_stats(size_t i) const {
-  if (comm_groups()[i]->size() == 1) return {};  // (a group of one rank sends nothing)
   const CommStats& all = comm_groups()[i]->stats();
   return i < eval_comm_.size() ? add(all, eval_comm_[i], -1) : all;
 }

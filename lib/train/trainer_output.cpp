@@ -192,7 +192,11 @@ void Trainer::finish() {
     mem_json.num(mem_kind_name(MemKind(k)), min_avg_max(comm_, double(mem.peak[k])).max);
   MinAvgMax peak = min_avg_max(comm_, double(mem.total_peak));
   const double total = timers_.get("total");
-  const CommStats dp = training_stats(0);
+  // (A group of one rank sends nothing: what its calls count is local work.)
+  const auto sent = [&](size_t i) {
+    return comm_groups()[i]->size() > 1 ? training_stats(i) : CommStats{};
+  };
+  const CommStats dp = sent(0);
   JsonObject comm_json;
   comm_json
       .num("dp_payload_values_per_step", dp.payload_values / std::max<size_t>(1, history_.size()))
@@ -200,7 +204,7 @@ void Trainer::finish() {
       .num("dp_seconds_in_flight", dp.seconds_in_flight)
       .num("dp_seconds_blocked", dp.seconds_blocked)
       .num("tp_payload_values_per_step",
-           training_stats(1).payload_values / std::max<size_t>(1, history_.size()));
+           sent(1).payload_values / std::max<size_t>(1, history_.size()));
 
   // ---- summary.json ----
   std::vector<double> tok_s;
