@@ -21,6 +21,7 @@
 #include "infer/generate.hpp"
 #include "plan/plan_main.hpp"
 #include "train/bench.hpp"
+#include "train/stop_signals.hpp"
 #include "train/trainer.hpp"
 #include "train/tune.hpp"
 

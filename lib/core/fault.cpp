@@ -1,8 +1,11 @@
 #include "core/fault.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -80,6 +83,14 @@ void set_fault_step(int64_t step) { g_step = step; }
 void fault_point(std::string_view point) {
   if (fires(kill_spec(), point)) std::raise(SIGKILL);
   if (fires(stop_spec(), point)) std::raise(SIGSTOP);  // (whole process: every thread stops)
+}
+
+void fault_step_delay() {
+  static const int delay_ms = [] {
+    const char* v = std::getenv("TRELLIS_FAULT_STEP_MS");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
 }
 
 }  // namespace trellis

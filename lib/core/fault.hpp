@@ -18,8 +18,9 @@
 // (core/watchdog.hpp, system.hang_timeout_s; tests/cli/test_killed_rank.sh).
 // Unset — every real run — each fault point costs one predictable branch. Two more variables,
 // read by the trainer: TRELLIS_FAULT_NAN_AT_STEP=STEP (that step's gradient norm becomes NaN:
-// tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each step first sleeps N ms, outside its
-// timing: a run lasts long enough for tests/cli/test_slurm.sh's stop signal on any machine).
+// tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each training step, and each token
+// `generate` makes, first sleeps N ms, outside its timing: a run lasts long enough for
+// tests/cli/test_slurm.sh's stop signal on any machine, a generation for test_generate.sh's).
 // TRELLIS_FAULT_ROOM_FOR_DATA=1: the free-space check before a checkpoint counts its data alone,
 // not the whole file, and takes no room for the file (CheckpointRoom), so that
 // tests/cli/test_full_disk.sh can fill the disk in mid-write and at the close.
@@ -50,5 +51,7 @@ void set_fault_step(int64_t step);
 /// Kills this process with SIGKILL if TRELLIS_FAULT_KILL names this point, the current step and
 /// this rank (stops it with SIGSTOP if TRELLIS_FAULT_STOP does). A bad value throws UserError.
 void fault_point(std::string_view point);
+/// Sleeps TRELLIS_FAULT_STEP_MS milliseconds (unset: returns at once).
+void fault_step_delay();
 
 }  // namespace trellis

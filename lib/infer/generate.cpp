@@ -16,6 +16,7 @@
 #include "ckpt/stored_config.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
 #include "core/timer.hpp"
@@ -284,6 +285,7 @@ Generation generate(Decoder& decoder, Comm* tp, const std::vector<int32_t>& prom
   const double t1 = now_seconds();
   g.first_token_s = t1 - t0;
   while (int(g.tokens.size()) < count) {
+    fault_step_delay();  // (tests: a generation that lasts; counted in its time)
     logits = decoder.forward(&g.tokens.back(), 1);
     keep(logits, 1);
     g.tokens.push_back(next(logits));

@@ -1,20 +1,14 @@
 #include "train/trainer.hpp"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -26,6 +20,7 @@
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
 #include "train/device_links.hpp"
+#include "train/stop_signals.hpp"
 
 namespace trellis {
 
@@ -195,11 +190,7 @@ StepResult Trainer::train_step(int64_t step) {
   watchdog_beat("a training step");  // (whoever steps: the run, tune, bench)
   // Tests whose timing must not depend on the machine's speed (tests/cli/test_slurm.sh): each step
   // first waits TRELLIS_FAULT_STEP_MS milliseconds, not counted in its time.
-  static const int delay_ms = [] {
-    const char* v = std::getenv("TRELLIS_FAULT_STEP_MS");
-    return v ? std::max(0, std::atoi(v)) : 0;
-  }();
-  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  fault_step_delay();
   const double start = now_seconds();
   const double dp0 = blocked_seconds("dp"), tp0 = blocked_seconds("tp"), pp0 = blocked_seconds("pp");
   const double bubble0 = timers_.get("pipeline wait");
@@ -268,83 +259,6 @@ StepResult Trainer::train_step(int64_t step) {
   return r;
 }
 
-// ---------------------------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------------------------
-// Stopping early: a signal handler only sets a flag (GROMACS's protocol); the ranks agree on it
-// at the next step boundary, inside a collective, so every rank stops after the same step.
-
-static volatile std::sig_atomic_t g_stop_requests = 0;
-static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
-// SIGUSR1 and SIGTERM received before the deck said which one stops the run (hold_stop_signals).
-static volatile std::sig_atomic_t g_held_usr1 = 0, g_held_term = 0;
-static void on_held_signal(int sig) {
-  if (sig == SIGTERM) g_held_term = 1;
-  else g_held_usr1 = 1;
-}
-
-// The two signals as a set, for sigprocmask.
-static sigset_t stop_signal_set() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-
-void block_stop_signals() {
-  const sigset_t set = stop_signal_set();
-  sigprocmask(SIG_BLOCK, &set, nullptr);
-}
-
-static char g_ignored_note[192];
-static size_t g_ignored_note_len = 0;
-static void on_ignored_signal(int) {
-  // (write(2) is async-signal-safe; the text was made before the handler was installed. errno is
-  // kept for the code the signal interrupted, which may be about to read it.)
-  const int saved = errno;
-  const ssize_t unused = ::write(2, g_ignored_note, g_ignored_note_len);
-  (void)unused;
-  errno = saved;
-}
-
-void note_and_ignore_stop_signal(const std::string& command) {
-  const int n = std::snprintf(g_ignored_note, sizeof g_ignored_note,
-                              "trellis %s: SIGUSR1 ignored: it stops a training run at a "
-                              "checkpoint; %s has none to write and goes on\n",
-                              command.c_str(), command.c_str());
-  g_ignored_note_len = n < 0 ? 0 : std::min(size_t(n), sizeof g_ignored_note - 1);
-  struct sigaction sa {};
-  sa.sa_handler = on_ignored_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // (a blocking read or collective goes on)
-  ::sigaction(SIGUSR1, &sa, nullptr);
-}
-
-void hold_stop_signals() {
-  std::signal(SIGUSR1, on_held_signal);
-  std::signal(SIGTERM, on_held_signal);
-  const sigset_t set = stop_signal_set();
-  sigprocmask(SIG_UNBLOCK, &set, nullptr);  // one pending since block_stop_signals: held now
-}
-
-/// From as early as the deck is known: a signal that comes during the set-up or a long resume
-/// then stops the run at its first step boundary instead of killing the rank (and the requeue).
-/// One held since the start (hold_stop_signals) counts as a request; the other signal, held,
-/// takes its default action now, as it would have then.
-static void catch_stop_signal(const Config& cfg) {
-  const bool term = cfg.system.stop_signal == "TERM";
-  const int stop = term ? SIGTERM : SIGUSR1, other = term ? SIGUSR1 : SIGTERM;
-  volatile std::sig_atomic_t& held_stop = term ? g_held_term : g_held_usr1;
-  volatile std::sig_atomic_t& held_other = term ? g_held_usr1 : g_held_term;
-  std::signal(stop, on_stop_signal);
-  if (held_stop) {
-    held_stop = 0;
-    g_stop_requests = g_stop_requests + 1;
-  }
-  if (std::signal(other, SIG_DFL) == on_held_signal && held_other) std::raise(other);
-}
-
 std::optional<int64_t> Trainer::resume(bool to_train) {
   if (!checkpointer_)
     checkpointer_ =
@@ -365,7 +279,7 @@ int64_t Trainer::load_for_evaluation(const std::string& path) {
 
 bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
   // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
-  double want = double(g_stop_requests);
+  double want = double(stop_requests());
   if ((cfg_.system.max_hours > 0 || deadline_ > 0) && rank_ == 0) {
     // Leave room for two more steps and a checkpoint before the budget or the job's end.
     double left = INFINITY;
@@ -390,7 +304,7 @@ double Trainer::run() {
   const double start = now_seconds();
   int64_t first_step = 0;
   if (checkpointing_) {
-    catch_stop_signal(cfg_);
+    catch_stop_signal(cfg_.system.stop_signal);
     if (auto resumed = resume()) {
       first_step = checkpoint_step_ = *resumed;
       // The epochs go on where the checkpoint's tokens left them, whatever the batch was.
@@ -552,7 +466,7 @@ int train_main(const std::string& deck, const std::vector<std::string>& override
   if (failed_together(world.comm(), setup_error([&] { check_node_memory(cfg, local_ranks); }),
                       "trellis"))
     return kExitBadInput;
-  catch_stop_signal(cfg);
+  catch_stop_signal(cfg.system.stop_signal);
   // Ranks on GPUs that may talk through NCCL: CUDA modules loaded at start, not at a kernel's
   // first launch. A lazy load waits for the device's queued work to drain (CUDA's lazy loading
   // guide), and an NCCL kernel in that queue spins until its peer rank arrives — which may be

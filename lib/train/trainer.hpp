@@ -167,20 +167,6 @@ void check_node_memory(const Config& cfg, int local_ranks);
 /// `trellis train DECK [--section.key=value ...]`: the whole job on this rank; returns the exit
 /// status. Bad input ends every rank with status 2 and one message.
 int train_main(const std::string& deck, const std::vector<std::string>& overrides, World& world);
-/// `trellis train`'s first steps, before MPI starts: block_stop_signals() first (a blocked
-/// signal stays pending, across the re-execution that picks BLAS kernels too), then
-/// hold_stop_signals(): SIGUSR1 and SIGTERM are recorded instead of ending the process, until
-/// train_main knows which one system.stop_signal names. A stop signal in the job's first moments
-/// (a requeue sent while the ranks start) then stops the run at its first step boundary, as one
-/// a minute later would; the other signal then takes its default action (it would have ended
-/// the rank).
-void block_stop_signals();
-void hold_stop_signals();
-/// The other commands that run under a batch system (eval, tune, generate, bench): SIGUSR1, the
-/// stop signal a training job is sent before its time limit (`--signal=USR1@…`), is said on stderr
-/// and otherwise ignored — such a command has no checkpoint to write, and its signal's default
-/// action would end it with no word (exit 138). SIGTERM still ends it.
-void note_and_ignore_stop_signal(const std::string& command);
 
 /// The collective part of a command (after phase 1 agreed its input), under a watchdog that ends
 /// the job when a rank makes no progress for `hang_timeout_s` (core/watchdog.hpp). A UserError

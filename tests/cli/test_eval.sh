@@ -126,11 +126,7 @@ check "the chosen checkpoint removed once the ranks hold it: evaluated from what
 timeout 120 mpirun "${flags[@]}" -np 2 "$trellis" eval "$work/run" --eval.batches=60000 \
   > "$work/usr1.log" 2>&1 &
 job=$!
-for _ in $(seq 1 300); do
-  grep -q "^loaded " "$work/usr1.log" 2>/dev/null && break
-  sleep 0.1
-done
-pkill -USR1 -f "^$trellis eval $work/run --eval.batches=60000"
+signal_when_caught USR1 "$trellis eval $work/run --eval.batches=60000" "$work/usr1.log" "^loaded "
 wait $job
 rc=$?
 check "SIGUSR1 during an evaluation: said, ignored, status 0 with the loss" \

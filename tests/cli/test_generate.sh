@@ -109,6 +109,19 @@ rc=$(TRELLIS_FAULT_REMOVE_CHOSEN=load gen 2 "$work/one" --prompt-ids 3,1,4 --tok
 check "the only checkpoint removed before generate's load: status 2, one message, no crash" \
   '[ $rc -eq 2 ] && [ "$(grep -c "a directory without step_\*.h5 files" "$work/out.log")" -eq 1 ]'
 
+# SIGUSR1 — what a batch system sends a training job before its time limit — reaching a
+# generation (no checkpoint to write): said on stderr, the generation goes on and ends with status
+# 0 and the same text (the signal's default action ended the ranks with no word, exit 138). Each
+# token made to take 50 ms (TRELLIS_FAULT_STEP_MS), so that the signal comes while they are made.
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$trellis" generate "$work/text" \
+  --prompt "$prompt" --tokens 40 --temperature 0 > "$work/out.log" 2> "$work/err.log" &
+job=$!
+signal_when_caught USR1 "$trellis generate $work/text --prompt"
+wait $job
+rc=$?
+check "SIGUSR1 during a generation: said, ignored, status 0 with the same text" \
+  '[ $rc -eq 0 ] && grep -q "^trellis generate: SIGUSR1 ignored: it stops a training run at a checkpoint" "$work/err.log" && [ "$(first_line)" = "$greedy_np1" ]'
+
 # bad NAME NP FRAGMENT ARGS...: exit status 2 and the fragment printed exactly once.
 bad() {
   local name=$1 np=$2 fragment=$3; shift 3

@@ -131,6 +131,18 @@ planned=$(sed -n 's/.* planned_bytes=\([0-9]*\).*/\1/p' <<< "$bench_line")
 echo "     bench: measured $peak, planned $planned bytes"
 check "bench: the planned peak within 10 % of the measured one" \
   '[ -n "$peak" ] && [ -n "$planned" ] && awk -v m="$peak" -v p="$planned" "BEGIN { d = p - m; if (d < 0) d = -d; exit !(m > 0 && d <= 0.1 * m) }"'
+# SIGUSR1 (a batch system's stop signal for training jobs) reaching a bench, which has no
+# checkpoint to write: said on stderr by each rank, the bench goes on and ends with status 0 and
+# its line. Each step made to last 50 ms (TRELLIS_FAULT_STEP_MS, outside the steps' times).
+check_log="$work/usr1.log"
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$build/trellis" bench \
+  "$work/tiny.deck" --train.steps=40 > "$work/usr1.log" 2>&1 &
+job=$!
+signal_when_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40"
+wait $job
+rc=$?
+check "SIGUSR1 during a bench: said by each rank, ignored, status 0 with its bench: line" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "^trellis bench: SIGUSR1 ignored: it stops a training run" "$work/usr1.log")" -eq 2 ] && grep -q "^bench: " "$work/usr1.log"'
 check_log="$work/out.log"
 
 # Bad input: status 2 and a message naming the option or key.

@@ -196,11 +196,7 @@ collect
 timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$build/trellis" tune \
   "$work/tiny.deck" --steps 40 --candidates 2 --run.dir="$work/usr1" > "$work/usr1.log" 2>&1 &
 job=$!
-for _ in $(seq 1 600); do
-  grep -q "^tune: dp" "$work/usr1.log" 2>/dev/null && break
-  sleep 0.1
-done
-pkill -USR1 -f "^$build/trellis tune $work/tiny.deck --steps 40"
+signal_when_caught USR1 "$build/trellis tune $work/tiny.deck --steps 40" "$work/usr1.log" "^tune: dp"
 wait $job
 rc=$?
 check_log="$work/usr1.log"

@@ -1,0 +1,81 @@
+#include "train/stop_signals.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+
+namespace trellis {
+
+static volatile std::sig_atomic_t g_stop_requests = 0;
+int stop_requests() { return int(g_stop_requests); }
+static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
+// SIGUSR1 and SIGTERM received before the deck said which one stops the run (hold_stop_signals).
+static volatile std::sig_atomic_t g_held_usr1 = 0, g_held_term = 0;
+static void on_held_signal(int sig) {
+  if (sig == SIGTERM) g_held_term = 1;
+  else g_held_usr1 = 1;
+}
+
+// The two signals as a set, for sigprocmask.
+static sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+void block_stop_signals() {
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
+static char g_ignored_note[192];
+static size_t g_ignored_note_len = 0;
+static void on_ignored_signal(int) {
+  // (write(2) is async-signal-safe; the text was made before the handler was installed. errno is
+  // kept for the code the signal interrupted, which may be about to read it.)
+  const int saved = errno;
+  const ssize_t unused = ::write(2, g_ignored_note, g_ignored_note_len);
+  (void)unused;
+  errno = saved;
+}
+
+void note_and_ignore_stop_signal(const std::string& command) {
+  const int n = std::snprintf(g_ignored_note, sizeof g_ignored_note,
+                              "trellis %s: SIGUSR1 ignored: it stops a training run at a "
+                              "checkpoint; %s has none to write and goes on\n",
+                              command.c_str(), command.c_str());
+  g_ignored_note_len = n < 0 ? 0 : std::min(size_t(n), sizeof g_ignored_note - 1);
+  struct sigaction sa {};
+  sa.sa_handler = on_ignored_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // (a blocking read or collective goes on)
+  ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+void hold_stop_signals() {
+  std::signal(SIGUSR1, on_held_signal);
+  std::signal(SIGTERM, on_held_signal);
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);  // one pending since block_stop_signals: held now
+}
+
+void catch_stop_signal(const std::string& stop_signal) {
+  const bool term = stop_signal == "TERM";
+  const int stop = term ? SIGTERM : SIGUSR1, other = term ? SIGUSR1 : SIGTERM;
+  volatile std::sig_atomic_t& held_stop = term ? g_held_term : g_held_usr1;
+  volatile std::sig_atomic_t& held_other = term ? g_held_usr1 : g_held_term;
+  std::signal(stop, on_stop_signal);
+  if (held_stop) {
+    held_stop = 0;
+    g_stop_requests = g_stop_requests + 1;
+  }
+  if (std::signal(other, SIG_DFL) == on_held_signal && held_other) std::raise(other);
+}
+
+}  // namespace trellis
