@@ -157,10 +157,6 @@ void check_not_the_deck(const std::string& path, const std::string& deck_path,
 /// the build that wrote it: one it lacks is younger than the file.
 bool deck_sets_key(const std::string& deck_text, const std::string& name);
 
-/// Rejects layouts this build cannot run yet (anything but one rank, ZeRO off). The one place
-/// to loosen as multi-rank support lands. Throws UserError naming the keys.
-void check_supported_layout(const Config& cfg);
-
 /// Rejects backends this build lacks (CUDA for now). Throws UserError naming system.backend.
 void check_supported_backend(const Config& cfg);
 

@@ -268,8 +268,9 @@ TEST_F(CkptDirTest, AtomicWritesReplaceOnlyRegularFiles) {
     }
   }
   EXPECT_EQ(fs::status(dir_ + "/fifo").type(), fs::file_type::fifo);
-  if (refused.size() == 3)
+  if (refused.size() == 3) {
     EXPECT_EQ(fs::status(dir_ + "/null").type(), fs::file_type::character);
+  }
 }
 
 // `latest` staged before a checkpoint is written: beside it until committed (the old `latest`
