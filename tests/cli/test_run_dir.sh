@@ -71,11 +71,13 @@ check "the checkpoint and summary.json are written all the same" \
 # 4. Nothing left to train: a finished run resubmitted, and another run.dir resuming from its last
 # checkpoint. Each says which checkpoint holds the last step, and names a summary.json only where
 # one is (the finished run's, kept).
-run --run.dir="$dir" --train.steps=5 > "$work/again.log" 2>&1
+# Its deck.ini stays the deck that trained it, whatever the resubmit's incidental keys say.
+cp "$dir/deck.ini" "$work/deck-before.ini"
+run --run.dir="$dir" --train.steps=5 --log.every=7 > "$work/again.log" 2>&1
 rc=$?
 check_log="$work/again.log"
-check "the finished run resubmitted: status 0, its newest checkpoint named, its summary kept" \
-  "[ $rc -eq 0 ] && grep -q 'nothing to train: $dir/ckpt/step_00000005.h5 holds step 5 of train.steps = 5 (.*); $dir/summary.json is the finished run.s' '$work/again.log' && grep -q '\"steps\": 2' '$dir/summary.json'"
+check "the finished run resubmitted: status 0, its newest checkpoint named, its summary and deck.ini kept" \
+  "[ $rc -eq 0 ] && grep -q 'nothing to train: $dir/ckpt/step_00000005.h5 holds step 5 of train.steps = 5 (.*); $dir/summary.json is the finished run.s' '$work/again.log' && grep -q '\"steps\": 2' '$dir/summary.json' && cmp -s '$dir/deck.ini' '$work/deck-before.ini'"
 run --run.dir="$work/fresh" --train.steps=5 --checkpoint.resume="$dir/ckpt/step_00000005.h5" \
   > "$work/fresh.log" 2>&1
 rc=$?
