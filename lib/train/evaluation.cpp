@@ -218,7 +218,8 @@ int eval_main(const std::vector<std::string>& args, World& world) {
   if (error.find("is not divisible by parallel.dp * train.micro_batch") != std::string::npos)
     error +=
         " (trellis eval: keep train.global_batch, which fixes the held-out set; change "
-        "--train.micro_batch or the layout)";
+        "--train.micro_batch to a divisor of train.global_batch / parallel.dp, or, where "
+        "parallel.dp does not divide train.global_batch, the layout: -np or --parallel.*)";
   if (!error.empty() && chosen) error = chosen->explained(error);
   if (failed_together(world.comm(), error, "trellis eval")) return kExitBadInput;
 

@@ -66,6 +66,9 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
       log(strfmt("warning: system.threads = %d: this build's BLAS runs at most %d threads a rank",
                  cfg_.system.threads, backend_->threads()));
     backend_->set_precision(cfg_.system.precision);
+    if (cfg_.parallel.sequence_parallel && cfg_.parallel.tp == 1)
+      log("warning: parallel.sequence_parallel = true with parallel.tp = 1: nothing to split "
+          "(it splits the sequence over a tensor-parallel group); it changes nothing here");
     if (cfg_.eval.every > 0) {  // first: `trellis eval` points the training source here too
       const int64_t sequences = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
       held_out_source_ = make_held_out_source(cfg_.data, cfg_.eval, cfg_.model, sequences);

@@ -99,7 +99,7 @@ bad "damaged checkpoint"     2 "damaged.h5"          -- "$work/damaged.h5"
 bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path="$work/no-such.txt"
 bad "layout for other ranks" 2 "parallel.dp"         -- "$work/run" --parallel.dp=3
 bad "held-out set past memory" 2 "more than its"     -- "$work/run" --eval.batches=268000000
-bad "3 ranks, global batch 8" 3 "change --train.micro_batch or the layout" -- "$work/run"
+bad "3 ranks, global batch 8" 3 "where parallel.dp does not divide train.global_batch, the layout: -np or --parallel.*" -- "$work/run"
 bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 
 # A directory's newest checkpoint removed meanwhile (a run publishing there, its retention): eval

@@ -134,4 +134,10 @@ rc=$?
 check_log="$work/bf2.log"
 check "a bf16 run resumed in bf16: train.steps warned of, no precision change" \
   "[ $rc -eq 0 ] && grep -q 'train.steps = 2 there, 4 here' '$work/bf2.log' && ! grep -q 'system.precision = .* there' '$work/bf2.log'"
+# A key that does nothing under this layout is warned of (sequence parallelism without tp).
+run --run.dir="$work/sp" --train.steps=1 --parallel.sequence_parallel=true > "$work/sp.log" 2>&1
+rc=$?
+check_log="$work/sp.log"
+check "sequence_parallel with tp 1: trains, warned that it changes nothing" \
+  "[ $rc -eq 0 ] && grep -q '^warning: parallel.sequence_parallel = true with parallel.tp = 1: nothing to split' '$work/sp.log'"
 echo "rundir: $passed passed, $failed failed"
