@@ -287,13 +287,15 @@ std::vector<float> tiny_layer(int threads, int N, int C, int OC, int V, int vali
 
 TEST(CpuThreads, TinyModelsKernelsBitwiseIndependentOfThreadCount) {
   // (N, C, OC, V, valid): the default deck's and smaller models' layers, rows that end in a
-  // short tile of 48 (N = 128: 48 + 48 + 32) or fill whole ones (N = 96).
+  // short tile of 48 (N = 128: 48 + 48 + 32) or fill whole ones (N = 96). At 5 and 8 threads
+  // some products are cut in fewer parts than threads (N = 512: 8.4e6 multiply-adds in 5 parts,
+  // one part per thread leaving a part of 32 rows on the small-matrix path).
   const std::vector<std::vector<int>> shapes = {
       {128, 64, 192, 64, 32}, {128, 64, 256, 64, 32}, {64, 32, 128, 32, 29}, {96, 40, 160, 64, 50},
-      {1024, 64, 256, 64, 32}};
+      {512, 64, 256, 64, 32}, {1024, 64, 256, 64, 32}};
   for (const auto& s : shapes) {
     const auto one = tiny_layer(1, s[0], s[1], s[2], s[3], s[4]);
-    for (int threads : {2, 3})
+    for (int threads : {2, 3, 5, 8})
       EXPECT_EQ(first_difference(one, tiny_layer(threads, s[0], s[1], s[2], s[3], s[4])),
                 one.size())
           << "N " << s[0] << ", C " << s[1] << ", OC " << s[2] << ": " << threads << " threads";

@@ -97,6 +97,13 @@ struct SplitGemm {
     const int64_t fewest = per == 0 ? last : (per - 1) * kGemmAlign + last;
     return double(fewest) * Nc * K > 1e6;
   }
+  /// The most parts, up to `most`, that stay clear of the small-matrix path: a product too small
+  /// for one part per thread still runs on as many threads as it can (1: the whole product).
+  int parts_clear_up_to(int most) const {
+    int parts = most;
+    while (parts > 1 && !parts_clear_of_small_path(parts)) --parts;
+    return parts;
+  }
   /// Rows [r0, r1) × columns [c0, c1) of C.
   struct Block {
     int r0, r1, c0, c1;
@@ -115,8 +122,8 @@ struct SplitGemm {
 
 /// g by ranges on the host threads, or as one call on OpenBLAS's threads when it is large.
 void sgemm_split(cpu::WorkerPool& pool, const SplitGemm& g) {
-  const int parts = cpu::num_parts(pool, g.tiles());
-  if (parts <= 1 || g.large() || !g.parts_clear_of_small_path(parts)) {
+  const int parts = g.parts_clear_up_to(cpu::num_parts(pool, g.tiles()));
+  if (parts <= 1 || g.large()) {
     SingleThreadedBlas one(!g.large());  // (OpenBLAS's threads would cut it their own way)
     g.run(g.whole());
     return;
@@ -124,7 +131,7 @@ void sgemm_split(cpu::WorkerPool& pool, const SplitGemm& g) {
   SingleThreadedBlas one(true);
   cpu::parallel_parts(
       pool, "sgemm_split", g.tiles(), [=](int, int64_t lo, int64_t hi) { g.run(g.part(lo, hi)); },
-      g.uneven_parts_ok(pool.size()));
+      g.uneven_parts_ok(pool.size()), parts);
 }
 
 /// Rows [r0, r1) × columns [c0, c1) of out (·, OC) set to bias (OC).
@@ -244,8 +251,8 @@ void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, c
   }
   // out = inp · weightᵀ
   const SplitGemm g{CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC};
-  const int parts = cpu::num_parts(*pool_, g.tiles());
-  if (parts <= 1 || g.large() || !g.parts_clear_of_small_path(parts)) {
+  const int parts = g.parts_clear_up_to(cpu::num_parts(*pool_, g.tiles()));
+  if (parts <= 1 || g.large()) {
     SingleThreadedBlas one(!g.large());  // (OpenBLAS's threads would cut it their own way)
     if (bias)
       cpu::parallel_for(*pool_, "matmul_bias", N,
@@ -268,7 +275,7 @@ void CpuBackend::linear_forward(float* out, float* gelu_out, const float* inp, c
         if (gelu_out) gelu_block(gelu_out, out, b.r0, b.r1, b.c0, b.c1, OC);
         if (residual) add_residual(out, residual, b.r0, b.r1, b.c0, b.c1, OC);
       },
-      g.uneven_parts_ok(pool_->size()));
+      g.uneven_parts_ok(pool_->size()), parts);
 }
 
 void CpuBackend::linear_backward(float* dinp, const float* gelu_pre, float* dweight, float* dbias,
@@ -278,9 +285,9 @@ void CpuBackend::linear_backward(float* dinp, const float* gelu_pre, float* dwei
   // inp (N,C), weight (OC,C); with gelu_pre (N,C): dinp = gelu'(gelu_pre) ∘ (dout · weight)
   const SplitGemm gi{CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C};
   const SplitGemm gw{CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C};
-  const int parts = cpu::num_parts(*pool_, std::max(gi.tiles(), gw.tiles()));
-  if (parts <= 1 || gi.large() || gw.large() || !gi.parts_clear_of_small_path(parts) ||
-      !gw.parts_clear_of_small_path(parts)) {
+  const int most = cpu::num_parts(*pool_, std::max(gi.tiles(), gw.tiles()));
+  const int parts = std::min(gi.parts_clear_up_to(most), gw.parts_clear_up_to(most));
+  if (parts <= 1 || gi.large() || gw.large()) {
     if (dinp) sgemm_split(*pool_, gi);  // dinp = dout · weight
     if (dinp && gelu_pre) gelu_backward(dinp, gelu_pre, dinp, int64_t(N) * C);
     sgemm_split(*pool_, gw);            // dweight += doutᵀ · inp

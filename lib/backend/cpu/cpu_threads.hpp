@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -77,20 +78,22 @@ class WorkerPool {
 /// Whether the host execution space runs work items on several threads by itself.
 inline bool host_space_is_parallel() { return Kokkos::DefaultHostExecutionSpace().concurrency() > 1; }
 
-/// Number of contiguous parts [0, n) is cut into: one per pool thread (at most n), or 1.
-inline int num_parts(const WorkerPool& pool, int64_t n) {
-  if (host_space_is_parallel()) return int(std::min<int64_t>(n, Kokkos::DefaultHostExecutionSpace().concurrency()));
-  return int(std::max<int64_t>(1, std::min<int64_t>(n, pool.size())));
+/// Number of contiguous parts [0, n) is cut into: one per pool thread (at most n and `most`), or 1.
+inline int num_parts(const WorkerPool& pool, int64_t n, int most = std::numeric_limits<int>::max()) {
+  const int64_t threads =
+      host_space_is_parallel() ? Kokkos::DefaultHostExecutionSpace().concurrency() : pool.size();
+  return int(std::max<int64_t>(1, std::min<int64_t>({n, threads, int64_t(most)})));
 }
 
 /// Runs f(part, lo, hi) for the `parts` contiguous parts [lo, hi) of [0, n), part k on one thread
-/// (parts = num_parts(pool, n)), the parts' sizes following the threads' speeds (equal when not
-/// `adaptive`). f must only write what the indices in [lo, hi) own; `part` is for per-thread
-/// scratch only and must not change results.
+/// (parts = num_parts(pool, n, most_parts)), the parts' sizes following the threads' speeds (equal
+/// when not `adaptive`, or when there are fewer parts than threads). f must only write what the
+/// indices in [lo, hi) own; `part` is for per-thread scratch only and must not change results.
 template <class F>
-void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f, bool adaptive = true) {
+void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f, bool adaptive = true,
+                    int most_parts = std::numeric_limits<int>::max()) {
   if (n <= 0) return;
-  const int parts = num_parts(pool, n);
+  const int parts = num_parts(pool, n, most_parts);
   auto bounds = [=](int k) { return std::pair<int64_t, int64_t>(n * k / parts, n * (k + 1) / parts); };
   if (parts == 1) {
     f(0, int64_t(0), n);
@@ -100,7 +103,7 @@ void parallel_parts(WorkerPool& pool, const char* label, int64_t n, F f, bool ad
                            const auto [lo, hi] = bounds(k);
                            f(k, lo, hi);
                          });
-  } else if (parts < pool.size()) {  // fewer indices than threads: one each
+  } else if (parts < pool.size()) {  // fewer parts than threads: one each, equal
     pool.run([&](int k) {
       if (k >= parts) return;
       const auto [lo, hi] = bounds(k);
