@@ -157,23 +157,35 @@ int main(int argc, char** argv) {
     }
     if (trellis::failed_together(world.comm(), error, "trellis " + command))
       return trellis::kExitBadInput;
-    if (command == "train") {
-      if (rest.empty() || rest[0].rfind("--", 0) == 0) {
-        if (world.rank() == 0)
-          trellis::log_error("trellis train: error: which deck? usage: trellis train DECK");
-        status = trellis::kExitBadInput;
+    // What the commands do not turn into an exit status themselves — a failed internal check
+    // (std::logic_error) on one rank, while the others may wait for it in a collective — ends
+    // the whole job with the rank's message, not std::terminate's.
+    try {
+      if (command == "train") {
+        if (rest.empty() || rest[0].rfind("--", 0) == 0) {
+          if (world.rank() == 0)
+            trellis::log_error("trellis train: error: which deck? usage: trellis train DECK");
+          status = trellis::kExitBadInput;
+        } else {
+          std::vector<std::string> overrides(rest.begin() + 1, rest.end());
+          status = trellis::train_main(rest[0], overrides, world);
+        }
+      } else if (command == "tune") {
+        status = trellis::tune_main(rest, world);
+      } else if (command == "generate") {
+        status = trellis::generate_main(rest, world);
+      } else if (command == "eval") {
+        status = trellis::eval_main(rest, world);
       } else {
-        std::vector<std::string> overrides(rest.begin() + 1, rest.end());
-        status = trellis::train_main(rest[0], overrides, world);
+        status = trellis::bench_main(rest, world);
       }
-    } else if (command == "tune") {
-      status = trellis::tune_main(rest, world);
-    } else if (command == "generate") {
-      status = trellis::generate_main(rest, world);
-    } else if (command == "eval") {
-      status = trellis::eval_main(rest, world);
-    } else {
-      status = trellis::bench_main(rest, world);
+    } catch (const std::bad_alloc& e) {
+      trellis::abort_out_of_memory(world.comm(), "trellis " + command, e);
+    } catch (const std::exception& e) {
+      trellis::log_error("trellis " + command + ": rank " + std::to_string(world.rank()) +
+                         ": error: " + e.what());
+      MPI_Abort(world.comm(), trellis::kExitFailure);
+      return trellis::kExitFailure;
     }
   }
   // HDF5 after a failed file close would crash in MPI_Finalize (core/error.hpp): every rank

@@ -4,10 +4,12 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "core/error.hpp"
 #include "core/fault.hpp"
+#include "core/log.hpp"
 #include "core/timer.hpp"
 #include "comm/mpi_chunks.hpp"
 
@@ -66,27 +68,32 @@ void Request::reset_from(Request& o) noexcept {
 
 Request::Request(Request&& other) noexcept { reset_from(other); }
 
+/// A pending request replaced or destroyed: waits for it. Its failure cannot be thrown from here,
+/// and must not be lost either (the ranks would go on out of step): while another exception
+/// unwinds, that one is the error being reported; otherwise the job ends with this one.
+void Request::wait_unseen() noexcept {
+  if (done_) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    if (std::uncaught_exceptions() > 0) return;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    log_error(strfmt("trellis: rank %d: error: a communication no one waited for failed: %s",
+                     rank, e.what()));
+    MPI_Abort(MPI_COMM_WORLD, kExitFailure);
+  }
+}
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
+    wait_unseen();
     reset_from(other);
   }
   return *this;
 }
 
-Request::~Request() {
-  if (!done_) {
-    try {
-      wait();
-    } catch (...) {
-    }
-  }
-}
+Request::~Request() { wait_unseen(); }
 
 void Request::complete(double when) {
   done_ = true;

@@ -114,6 +114,7 @@ class Request {
   friend class Comm;
   void complete(double when);
   void reset_from(Request& other) noexcept;
+  void wait_unseen() noexcept;  // the destructor's and move-assignment's wait
 
   /// MPI_Testall / MPI_Waitall on reqs_; with expect_tag_ ≥ 0 also checks the tags received.
   bool test_mpi(bool wait);

@@ -53,7 +53,7 @@ std::array<GridAxis, 3> parse_grid_order(const std::string& order) {
   return axes;
 }
 
-Grid::Grid(const ParallelConfig& p, MPI_Comm world) : world_(world), order_text_(p.order) {
+Grid::Grid(const ParallelConfig& p, MPI_Comm world) : order_text_(p.order) {
   order_ = parse_grid_order(p.order);
   MPI_Comm_rank(world, &world_rank_);
   MPI_Comm_size(world, &world_size_);

@@ -45,16 +45,13 @@ class Grid {
   int dp_size() const { return size_.dp; }
   int pp_size() const { return size_.pp; }
   int tp_size() const { return size_.tp; }
-  GridCoord coord() const { return me_; }
 
   MPI_Comm dp_comm() const { return dp_comm_; }
   MPI_Comm pp_comm() const { return pp_comm_; }
   MPI_Comm tp_comm() const { return tp_comm_; }
-  MPI_Comm world_comm() const { return world_; }
 
   /// The order as given ("tp-dp-pp") and parsed, fastest-varying first.
   const std::string& order() const { return order_text_; }
-  const std::array<GridAxis, 3>& order_axes() const { return order_; }
 
   /// World rank at coordinates (dp, pp, tp); each must be in range (logic_error otherwise).
   int world_rank_of(int dp, int pp, int tp) const;
@@ -65,7 +62,6 @@ class Grid {
   std::string layout_table() const;
 
  private:
-  MPI_Comm world_;
   int world_rank_ = 0, world_size_ = 1;
   std::string order_text_;
   std::array<GridAxis, 3> order_{};

@@ -157,7 +157,8 @@ void check_not_the_deck(const std::string& path, const std::string& deck_path,
 /// the build that wrote it: one it lacks is younger than the file.
 bool deck_sets_key(const std::string& deck_text, const std::string& name);
 
-/// Rejects backends this build lacks (CUDA for now). Throws UserError naming system.backend.
+/// Rejects system.backend = cuda in a build without CUDA, and system.device_comm = nccl in one
+/// without NCCL. Throws UserError naming the key.
 void check_supported_backend(const Config& cfg);
 
 /// Every key with its value in `cfg` as text, in key-table order (what Config::effective holds

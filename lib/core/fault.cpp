@@ -85,6 +85,15 @@ void fault_point(std::string_view point) {
   if (fires(stop_spec(), point)) std::raise(SIGSTOP);  // (whole process: every thread stops)
 }
 
+void fault_internal_error() {
+  static const int rank = [] {
+    const char* v = std::getenv("TRELLIS_FAULT_INTERNAL");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  if (rank >= 0 && rank == g_rank)
+    throw std::logic_error("TRELLIS_FAULT_INTERNAL: an internal check failed on purpose");
+}
+
 void fault_step_delay() {
   static const int delay_ms = [] {
     const char* v = std::getenv("TRELLIS_FAULT_STEP_MS");

@@ -38,6 +38,7 @@
 // tests/cli/test_eval.sh, test_generate.sh, test_export.sh, test_help_and_paths.sh);
 // TRELLIS_FAULT_REMOVE_CHOSEN=open removes it in every collective read once the ranks hold it
 // open, before HDF5 opens it (read_checkpoint: the ranks read the file they hold).
+// TRELLIS_FAULT_INTERNAL=RANK: see fault_internal_error below.
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -53,5 +54,9 @@ void set_fault_step(int64_t step);
 void fault_point(std::string_view point);
 /// Sleeps TRELLIS_FAULT_STEP_MS milliseconds (unset: returns at once).
 void fault_step_delay();
+/// TRELLIS_FAULT_INTERNAL=RANK: that world rank fails an internal check here (std::logic_error,
+/// as TRELLIS_CHECK throws) — the trainer's set-up calls it, while the other ranks wait in a
+/// collective (tests/cli/test_killed_rank.sh: the job ends with status 1 and the rank's message).
+void fault_internal_error();
 
 }  // namespace trellis

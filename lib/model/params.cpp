@@ -19,13 +19,6 @@ int64_t ParamInfo::global_numel() const {
   return n;
 }
 
-std::vector<int64_t> ParamInfo::local_shape() const {
-  int64_t rows_held = 0;
-  for (const RowRange& r : rows) rows_held += r.end - r.begin;
-  if (shape.size() == 1) return {rows_held};
-  return {rows_held, col_end - col_begin};
-}
-
 int64_t ParamInfo::global_index(int64_t i) const {
   const int64_t local_cols = col_end - col_begin;
   const int64_t global_cols = shape.size() > 1 ? shape[1] : 1;

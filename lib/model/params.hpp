@@ -47,7 +47,6 @@ struct ParamInfo {
   int64_t offset = 0;          // first element in the flat buffer
   int64_t numel() const;        // elements held locally
   int64_t global_numel() const;
-  std::vector<int64_t> local_shape() const;
   /// The global flat index of local element i, or -1 for padding.
   int64_t global_index(int64_t i) const;
 };

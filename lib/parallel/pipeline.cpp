@@ -76,7 +76,6 @@ void Pipeline::wait_receive(Request& r, Timers& timers) {
   const double t0 = now_seconds();
   r.wait();
   const double dt = now_seconds() - t0;
-  waiting_ += dt;
   timers.add("pipeline wait", dt);
 }
 

@@ -13,7 +13,7 @@
 // (p−1)/(v·m+p−1).
 // Activations go forward with tag 2·(mb·v + chunk of the receiver), their gradients back with
 // tag +1, over the pp communicator (neighbours share dp and tp coordinates). Sends are non-blocking; a stage waits only for what it receives — that wait is
-// the measured bubble.
+// the measured bubble (the "pipeline wait" timer).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -50,8 +50,6 @@ class Pipeline {
   void sync_tied_weights();
 
   int max_live() const { return max_live_; }          // most micro-batches alive at once, so far
-  double waiting_seconds() const { return waiting_; }  // time blocked receiving: the bubble
-  int stages() const { return pp_.size(); }
 
  private:
   void wait_receive(Request& r, Timers& timers);
@@ -74,10 +72,8 @@ class Pipeline {
   Buffer head_wte_, head_dwte_, tied_in_;
   int64_t head_count_ = 0;  // elements of wte on this tp rank
   int64_t rows_count_ = 0;  // elements of one activation message (R·C)
-  Request tied_send_;
   bool last_micro_batch_ = false;
   int max_live_ = 0;
-  double waiting_ = 0;
 };
 
 }  // namespace trellis

@@ -46,6 +46,7 @@ Trainer::Trainer(const Config& cfg, MPI_Comm comm, std::unique_ptr<Backend> back
   // Each rank's own device and data files, agreed before the first collective of the grid: a
   // file one node cannot read (node-local storage) or a missing GPU stops every rank together.
   setup_together(comm_, [&] {
+    fault_internal_error();  // (tests only)
     // The job's end (Unix seconds), as slurm/train.sbatch reads it from Slurm: a stop in time
     // for the checkpoint, as system.max_hours would give, whatever the deck's budget.
     if (const char* end = std::getenv("TRELLIS_DEADLINE"); end && *end) {

@@ -119,8 +119,6 @@ class Trainer {
   double run_evaluation(int64_t step);
   void finish();
   double blocked_seconds(const char* group) const;  // time blocked in a group's calls so far
-  void print_time_table();
-  void print_comm_table();
   double tokens_per_step() const;
 
   Config cfg_;
@@ -152,9 +150,9 @@ class Trainer {
   bool checkpointing_ = true;
   bool stopped_early_ = false;
   double deadline_ = 0;  // TRELLIS_DEADLINE: the job's end in Unix seconds (0: none)
-  int stop_level_ = 0;
+  int stop_level_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
   int64_t checkpoint_step_ = -1;  // the step of the checkpoint this run resumed or last wrote
-  int skips_in_a_row_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
+  int skips_in_a_row_ = 0;  // updates skipped in a row for a non-finite loss or norm
   std::unique_ptr<Checkpointer> checkpointer_;
   bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
 };

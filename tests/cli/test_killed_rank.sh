@@ -104,5 +104,15 @@ rc=$?
 check "TRELLIS_FAULT_KILL=forward (no step): exit 2 with one message naming the variable" \
   '[ $rc -eq 2 ] && [ "$(grep -c "error: TRELLIS_FAULT_KILL=.forward.: expected POINT:STEP" "$check_log")" -eq 1 ] && [ ! -e "$work/run-badspec" ]'
 
+# A failed internal check (std::logic_error) on one rank during the trainer's set-up, while its
+# peer waits for it in a collective (TRELLIS_FAULT_INTERNAL): the job ends with status 1 and the
+# rank's message (it escaped to std::terminate: "terminate called after …", status 134).
+check_log="$work/internal.log"
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_INTERNAL=1 -np 2 "$build/trellis" train \
+  "$work/kill.deck" --run.dir="$work/run-internal" > "$check_log" 2>&1
+rc=$?
+check "an internal error on rank 1 in the set-up: status 1, the rank and its message, no terminate" \
+  '[ $rc -eq 1 ] && grep -q "^trellis train: rank 1: error: TRELLIS_FAULT_INTERNAL: an internal check failed on purpose" "$check_log" && ! grep -q "terminate called" "$check_log"'
+
 echo "killed: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
