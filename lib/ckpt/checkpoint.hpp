@@ -113,6 +113,15 @@ void publish_latest(const std::string& dir, const std::string& file_name);
 /// The file a write to `path` replaces: `path`, or the file a symbolic link there names.
 /// UserError where that is something else than a regular file (a device, a FIFO, a directory).
 std::string regular_file_target(const std::string& path);
+/// What a file of this st_mode is, for a message: "a FIFO", "a directory", "a character device",
+/// "a block device", "a socket", or "not a regular file" (a regular file too: for others only).
+std::string file_kind(unsigned mode);
+/// For a file opened in place (no atomic write): UserError "`who` PATH: KIND; `advice`" where
+/// `path` is a FIFO, a socket, a directory or a block device — opening a FIFO would block until
+/// another process opens its other end. A regular file, a character device (/dev/null) or no
+/// file at all passes.
+void refuse_blocking_file(const std::string& path, const std::string& who,
+                          const std::string& advice);
 /// Writes `path` (regular_file_target's) atomically: a StagedFile committed at once.
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
 /// Removes the *.tmp-* files of dir (checkpoint writes and their set-aside room, cut short by a

@@ -74,6 +74,9 @@ std::vector<std::pair<int64_t, std::string>> step_files(const std::vector<std::s
 
 /// The file name `latest` holds (a bare name, no directories), or "".
 std::string read_latest(const std::string& dir) {
+  // (Only a regular file: opening a FIFO there would wait for a writer that never comes.)
+  struct stat st;
+  if (::stat((dir + "/latest").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
   std::FILE* f = std::fopen((dir + "/latest").c_str(), "r");
   if (!f) return {};
   char buf[512];
@@ -137,14 +140,25 @@ std::string regular_file_target(const std::string& path) {
     target = to.is_absolute() ? to : target.parent_path() / to;
   }
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw UserError(path + ": " +
-                    (S_ISDIR(st.st_mode)    ? "a directory"
-                     : S_ISCHR(st.st_mode)  ? "a character device"
-                     : S_ISBLK(st.st_mode)  ? "a block device"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                            : "not a regular file") +
+    throw UserError(path + ": " + file_kind(st.st_mode) +
                     ", which a written file would replace; name a file");
   return target.string();
+}
+
+std::string file_kind(unsigned mode) {
+  return S_ISDIR(mode)    ? "a directory"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+         : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISSOCK(mode) ? "a socket"
+                          : "not a regular file";
+}
+
+void refuse_blocking_file(const std::string& path, const std::string& who,
+                          const std::string& advice) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+    throw UserError(who + path + ": " + file_kind(st.st_mode) + "; " + advice);
 }
 
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill) {

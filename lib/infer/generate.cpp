@@ -325,6 +325,8 @@ int generate_main(const std::vector<std::string>& args, World& world) {
       opt.checkpoint = chosen->path();
       prompt = prompt_tokens(opt, cfg);
       if (!opt.logits_out.empty() && rank == 0) {
+        // (A FIFO would block rank 0 in the open while the others wait for it.)
+        refuse_blocking_file(opt.logits_out, "--logits-out ", "name a file to write");
         std::ofstream probe(opt.logits_out, std::ios::binary);
         if (!probe) throw UserError("--logits-out " + opt.logits_out + ": cannot write this file");
       }

@@ -336,7 +336,11 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
 // run's.
 /// Whether run.dir's metrics.csv holds a step's row (below its header).
 static bool has_logged_steps(const std::string& run_dir) {
-  std::ifstream in(fs::path(run_dir) / "metrics.csv");
+  // (A regular file only: a FIFO would block, a device never end.)
+  const fs::path file = fs::path(run_dir) / "metrics.csv";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return false;
+  std::ifstream in(file);
   std::string header, row;
   return std::getline(in, header) && std::getline(in, row) && !row.empty();
 }

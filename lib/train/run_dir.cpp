@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -156,8 +157,13 @@ int64_t RunDir::last_row_step(const std::string& name) const {
 
 void RunDir::open_table(const std::string& name, const std::vector<std::string>& columns,
                         int64_t resumed_at) {
-  fs::path file = fs::path(path_) / name;
-  bool continuing = resumed_at > 0 && fs::exists(file);
+  const fs::path file = fs::path(path_) / name;
+  // A FIFO, a socket or a directory in its place is refused: opening it would block the run, or
+  // fail. (A character device is written to: /dev/null, /dev/full; only a regular file is read.)
+  refuse_blocking_file(file.string(), "run.dir: ",
+                       "not the table the run writes there: remove it, or give another run.dir");
+  std::error_code ec;
+  bool continuing = resumed_at > 0 && fs::is_regular_file(file, ec);
   if (continuing) {
     // The header, then the rows of steps 1..resumed_at (the first field), via a rename.
     // A row cut short (a full disk, a kill mid-write) has fewer fields than the header: dropped.

@@ -323,11 +323,11 @@ double Trainer::run() {
     if (rank_ == 0) {
       try {
         run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
+        run_dir_->open_table("metrics.csv", kMetricsColumns, first_step);
+        if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, first_step);
         // deck.ini is the deck that trained the run: one with nothing left to train keeps it.
         if (first_step < cfg_.train.steps)
           run_dir_->write_file("deck.ini", effective_deck_ini(cfg_));
-        run_dir_->open_table("metrics.csv", kMetricsColumns, first_step);
-        if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, first_step);
       } catch (const UserError& e) {
         error = e.what();
       }

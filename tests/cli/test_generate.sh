@@ -144,6 +144,9 @@ bad "a negative temperature" 1 "--temperature" "$work/text" --prompt a --tempera
 bad "ids ending in a comma" 1 "'1,2,' ends in a comma" "$work/tokens" --prompt-ids 1,2,
 bad "an empty --logits-out" 1 "--logits-out: an empty path" "$work/tokens" --prompt-ids 1,2 \
   --logits-out ""
+mkfifo "$work/fifo"  # (rank 0 blocked opening it, the others waiting for it: a hang)
+bad "a FIFO as --logits-out" 2 "--logits-out $work/fifo: a FIFO" "$work/tokens" --prompt-ids 1,2 \
+  --logits-out "$work/fifo"
 bad "a negative seed" 2 "--seed -1: expected an integer" "$work/text" --prompt a --seed -1
 bad "a seed past 2^64" 1 "--seed 18446744073709551616: expected" "$work/text" --prompt a \
   --seed 18446744073709551616

@@ -56,6 +56,26 @@ check_log="$work/after.log"
 check "a later auto resume goes on from the new run's step 3, not the earlier run's 6" \
   "grep -q 'resumed from $dir/ckpt/step_00000003.h5 at step 3' '$work/after.log' && [ \$(wc -l < '$dir/metrics.csv') -eq 6 ]"
 
+# 2b. A FIFO in metrics.csv's place (opening it waited for a writer: the run hung until the
+# hang watchdog's status 4): status 2 at once, naming it; nothing of the run directory rewritten.
+# A FIFO as ckpt/latest: not read (it blocked every reader), the newest step file taken.
+mkdir -p "$work/fifo/ckpt"
+mkfifo "$work/fifo/metrics.csv" "$work/fifo/ckpt/latest"
+run --run.dir="$work/fifo" --train.steps=2 > "$work/fifo.log" 2>&1
+rc=$?
+check_log="$work/fifo.log"
+check "a FIFO as metrics.csv: status 2 at once, naming it, no deck.ini written" \
+  "[ $rc -eq 2 ] && grep -q 'run.dir: $work/fifo/metrics.csv: a FIFO; not the table the run writes there' '$work/fifo.log' && [ ! -e '$work/fifo/deck.ini' ]"
+rm "$work/fifo/metrics.csv"
+run --run.dir="$work/fifo" --train.steps=2 > "$work/fifo.log" 2>&1
+rc=$?
+check "a FIFO as ckpt/latest: not read; the run trains and publishes its own" \
+  "[ $rc -eq 0 ] && [ -f '$work/fifo/ckpt/latest' ] && [ -f '$work/fifo/ckpt/step_00000002.h5' ]"
+rm "$work/fifo/ckpt/latest" && mkfifo "$work/fifo/ckpt/latest"
+rc=$(timeout 60 "$build/trellis" inspect "$work/fifo" > "$work/inspect.log" 2>&1; echo $?)
+check "inspect of a run directory whose latest is a FIFO: its newest step file" \
+  "[ $rc -eq 0 ] && grep -q 'step_00000002.h5' '$work/inspect.log'"
+
 # 3. metrics.csv on a full disk.
 mkdir -p "$work/full"
 ln -s /dev/full "$work/full/metrics.csv"
