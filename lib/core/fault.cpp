@@ -63,6 +63,10 @@ const FaultSpec& stop_spec() {
   static const FaultSpec s = from_env("TRELLIS_FAULT_STOP");
   return s;
 }
+const FaultSpec& signal_spec() {
+  static const FaultSpec s = from_env("TRELLIS_FAULT_SIGNAL");
+  return s;
+}
 
 bool fires(const FaultSpec& s, std::string_view point) {
   if (!s.armed || g_rank < 0) return false;
@@ -75,7 +79,8 @@ bool fires(const FaultSpec& s, std::string_view point) {
 void set_fault_rank(int world_rank, int world_size) {
   g_rank = world_rank;
   g_size = world_size;
-  (void)kill_spec(), (void)stop_spec();  // a malformed value is reported at start-up, not mid-run
+  // (A malformed value is reported at start-up, not mid-run.)
+  (void)kill_spec(), (void)stop_spec(), (void)signal_spec();
 }
 
 void set_fault_step(int64_t step) { g_step = step; }
@@ -83,6 +88,7 @@ void set_fault_step(int64_t step) { g_step = step; }
 void fault_point(std::string_view point) {
   if (fires(kill_spec(), point)) std::raise(SIGKILL);
   if (fires(stop_spec(), point)) std::raise(SIGSTOP);  // (whole process: every thread stops)
+  if (fires(signal_spec(), point)) std::raise(SIGUSR1);
 }
 
 void fault_internal_error() {

@@ -16,6 +16,8 @@
 // TRELLIS_FAULT_STOP=POINT:STEP[:RANK] (the same syntax and points) stops that rank with SIGSTOP
 // instead: a rank that hangs rather than dies, which only the hang watchdog ends
 // (core/watchdog.hpp, system.hang_timeout_s; tests/cli/test_killed_rank.sh).
+// TRELLIS_FAULT_SIGNAL=POINT:STEP[:RANK] sends that rank SIGUSR1, the default stop signal, as a
+// batch system would at that moment (tests/cli/test_stop_resume.sh: during a checkpoint write).
 // Unset — every real run — each fault point costs one predictable branch. Two more variables,
 // read by the trainer: TRELLIS_FAULT_NAN_AT_STEP=STEP (that step's gradient norm becomes NaN:
 // tests/cli/test_nan.sh) and TRELLIS_FAULT_STEP_MS=N (each training step, and each token

@@ -281,7 +281,8 @@ int64_t Trainer::load_for_evaluation(const std::string& path) {
   return steps;
 }
 
-bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds) {
+bool Trainer::should_stop(double run_start, double slowest_step, double checkpoint_seconds,
+                          bool just_saved) {
   // 1: checkpoint and stop; 2 or more (a second signal): stop without a new checkpoint.
   double want = double(stop_requests());
   if ((cfg_.system.max_hours > 0 || deadline_ > 0) && rank_ == 0) {
@@ -296,9 +297,11 @@ bool Trainer::should_stop(double run_start, double slowest_step, double checkpoi
   MPI_Allreduce(&want, &agreed, 1, MPI_DOUBLE, MPI_MAX, comm_);
   if (agreed >= 1) {
     stopped_early_ = true;
-    log(agreed >= 2 ? "stop requested twice: stopping now, without a new checkpoint"
-                    : "stop requested (signal, system.max_hours or the job's end time): "
-                      "checkpoint, then stop");
+    log(agreed >= 2  ? "stop requested twice: stopping now, without a new checkpoint"
+        : just_saved ? "stop requested (signal, system.max_hours or the job's end time) while "
+                       "the checkpoint was written: stopping at it"
+                     : "stop requested (signal, system.max_hours or the job's end time): "
+                       "checkpoint, then stop");
   }
   stop_level_ = int(std::min(agreed, 2.0));
   return agreed >= 1;
@@ -390,6 +393,11 @@ double Trainer::run() {
       checkpointer_->save(step + 1);
       checkpoint_seconds = now_seconds() - t0;
       saved = checkpoint_step_ = step + 1;
+      // A stop asked for while a periodic checkpoint was written stops at it: another step and
+      // checkpoint might not fit the time left before the job's end.
+      if (!stop && step + 1 < cfg_.train.steps &&
+          should_stop(start, slowest, checkpoint_seconds, /*just_saved=*/true))
+        break;
     }
     if (stop) break;
   }

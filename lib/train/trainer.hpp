@@ -154,7 +154,10 @@ class Trainer {
   int64_t checkpoint_step_ = -1;  // the step of the checkpoint this run resumed or last wrote
   int skips_in_a_row_ = 0;  // updates skipped in a row for a non-finite loss or norm
   std::unique_ptr<Checkpointer> checkpointer_;
-  bool should_stop(double run_start, double slowest_step, double checkpoint_seconds);
+  /// Collective: whether to stop after this step (a stop signal, system.max_hours or the job's
+  /// end near); just_saved: asked right after a checkpoint of this step was written.
+  bool should_stop(double run_start, double slowest_step, double checkpoint_seconds,
+                   bool just_saved = false);
 };
 
 /// Before any allocation: a run whose ranks on this node (`local_ranks`) cannot fit its memory

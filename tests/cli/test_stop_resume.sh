@@ -115,5 +115,15 @@ timeout 120 mpirun "${flags[@]}" -np 1 python3 "$work/pending.py" TERM "$build/t
 rc=$?
 check "SIGTERM before the program started (stop_signal USR1): ends the rank (exit $rc)" \
   '[ $rc -ne 0 ] && [ $rc -ne 3 ] && [ ! -f "$work/early-term/metrics.csv" ]'
+# The stop signal while a periodic checkpoint is written (rank 1, halfway through step 4's:
+# TRELLIS_FAULT_SIGNAL): the run stops at that checkpoint, status 3, without training step 5 and
+# writing another one as it did.
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_SIGNAL=checkpoint:4:1 -np 2 "$build/trellis" \
+  train "$work/stop.deck" --run.dir="$work/during" --checkpoint.every=2 --log.every=1 \
+  > "$work/during.log" 2>&1
+rc=$?
+check_log="$work/during.log"
+check "SIGUSR1 during a periodic checkpoint: stops at it (status 3, step 4 the newest, no step 5)" \
+  '[ $rc -eq 3 ] && grep -q "while the checkpoint was written: stopping at it" "$work/during.log" && [ "$(cat "$work/during/ckpt/latest")" = step_00000004.h5 ] && [ ! -e "$work/during/ckpt/step_00000005.h5" ] && [ "$(tail -n 1 "$work/during/metrics.csv" | cut -d, -f1)" = 4 ]'
 echo "stop: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
