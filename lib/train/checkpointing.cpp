@@ -136,6 +136,11 @@ void Checkpointer::save(int64_t step) {
   meta.integers["adamw_steps"] = store_.optimizer().steps_taken();
   meta.text["deck"] = effective_deck_ini(cfg_);
   meta.text["deck_path"] = deck_identity(cfg_.deck_path);
+  for (const auto& [key, data] : {std::pair{"data", &data_}, std::pair{"eval_data", &held_out_data_}})
+    if (!data->fingerprint.empty()) {
+      meta.text[std::string(key) + "_fingerprint"] = data->fingerprint;
+      meta.text[std::string(key) + "_holds"] = data->holds;
+    }
   if (!job_.empty()) meta.text["job"] = job_;  // (a never run's later starts go on from it)
   meta.text["layout"] = strfmt("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d "
                                "sequence_parallel=%s", p.dp, p.tp, p.pp, p.zero, p.schedule.c_str(),
@@ -209,6 +214,25 @@ void Checkpointer::check_same_deck(const CkptMeta& meta, const std::string& path
       " explicitly (--run.dir=" + cfg_.run.dir + ") to go on with that run under this deck");
 }
 
+std::string Checkpointer::data_changes(const CkptMeta& meta, bool evaluates) const {
+  std::string out;
+  const auto differs = [&](const std::string& key, const DataIdentity& here) {
+    const auto there = meta.text.find(key + "_fingerprint");
+    if (here.fingerprint.empty() || there == meta.text.end() || there->second == here.fingerprint)
+      return std::string();
+    const auto holds = meta.text.find(key + "_holds");
+    return (holds == meta.text.end() ? std::string("other tokens") : holds->second) + " there, " +
+           here.holds + " here";
+  };
+  if (const std::string d = differs("data", data_); !d.empty())
+    out += "; data.path holds other tokens than when it was written (" + d +
+           "): the sequences drawn from here are not those the run would have drawn";
+  if (const std::string d = differs("eval_data", held_out_data_); evaluates && !d.empty())
+    out += "; eval.path holds other tokens than when it was written (" + d +
+           "): eval.csv's losses from here on are not comparable with its earlier ones";
+  return out;
+}
+
 std::string Checkpointer::check_compatible(const std::string& path, bool say_changes) {
   // Rank 0 reads the root attributes (serially, before any tensor) and every rank gets its verdict.
   std::string incompatible, unreadable, changes;
@@ -244,11 +268,13 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       // another one makes the evaluations from here on incomparable with eval.csv's earlier rows.
       const int64_t there = int64_t(stored.eval.batches) * stored.train.global_batch,
                     here = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
+      changes += data_changes(meta, evaluates);
       if (evaluates && (there != here || stored.eval.path != cfg_.eval.path))
         changes += strfmt("; so the held-out set is another (%lld sequences there, %lld here%s): "
                           "eval.csv's losses from here on are not comparable with its earlier ones",
                           (long long)there, (long long)here,
                           stored.eval.path != cfg_.eval.path ? ", of another file" : "");
+      if (changes.rfind("; ", 0) == 0) changes.erase(0, 2);  // (the data's alone)
       if (!model.empty())
         throw IncompatibleCheckpoint(
             path + " holds another model (" + model +
@@ -301,7 +327,7 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   const int64_t step = meta.integers.at("step");  // check_compatible saw it
   // Said once the file has loaded: a damaged one, fallen back from, changes nothing.
   if (say_changes && !changes.empty())
-    log("warning: resuming from " + path + " with keys changed since it was written (" + changes +
+    log("warning: resuming from " + path + " with keys or data changed since it was written (" + changes +
         "); the run goes on from there under the new values");
   const int64_t named = checkpoint_step(fs::path(path).filename().string());
   if (named >= 0 && named != step)

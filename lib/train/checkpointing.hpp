@@ -51,6 +51,16 @@ class Checkpointer {
   int64_t resumed_tokens() const { return resumed_tokens_; }
   /// The checkpoint the resume loaded (empty without one).
   const std::string& resumed_path() const { return resumed_path_; }
+  /// What the token files hold (content_fingerprint and "N tokens in M file(s)"), stored in each
+  /// checkpoint; a resume whose files hold other tokens says so (the keys alone do not tell a
+  /// shard added, replaced or rewritten in place). Empty: drawn from the deck's keys (synthetic).
+  struct DataIdentity {
+    std::string fingerprint, holds;
+  };
+  void set_data_identity(const DataIdentity& training, const DataIdentity& held_out) {
+    data_ = training;
+    held_out_data_ = held_out;
+  }
 
  private:
   /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
@@ -64,6 +74,9 @@ class Checkpointer {
   /// (Rank 0, in check_compatible.) With run.dir derived from the deck's name and an auto resume:
   /// a checkpoint another deck file wrote → IncompatibleCheckpoint naming both files.
   void check_same_deck(const CkptMeta& meta, const std::string& path) const;
+  /// (Rank 0, in check_compatible.) "; data.path holds other tokens …" for the token files
+  /// whose content differs from the checkpoint's record of them (set_data_identity), else "".
+  std::string data_changes(const CkptMeta& meta, bool evaluates) const;
   int64_t load(const std::string& path, bool say_changes);
   /// resume() without what follows a training run's resume (set_aside_past).
   std::optional<int64_t> resume_from(bool training);
@@ -89,6 +102,7 @@ class Checkpointer {
   int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // the checkpoint loaded: its step, tokens_seen
   double resumed_seconds_ = 0;                     // and the time its read took
   std::string resumed_path_;                        // and its file
+  DataIdentity data_, held_out_data_;               // set_data_identity
   Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 

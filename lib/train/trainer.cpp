@@ -24,11 +24,15 @@
 
 namespace trellis {
 
+/// "N tokens in M file(s)": what a source of token files holds, for messages.
+static std::string token_files_text(const TokenSource& source) {
+  return strfmt("%lld tokens in %zu file(s)", (long long)source.size(), source.files().size());
+}
+
 void Trainer::same_data_on_every_rank(const TokenSource& source, uint64_t fingerprint,
                                       const char* key, const std::string& value) const {
   if (source.files().empty()) return;  // drawn alike on every rank (the settings agree)
-  const std::string holds = strfmt("%lld tokens in %zu file(s)", (long long)source.size(),
-                                   source.files().size());
+  const std::string holds = token_files_text(source);
   const RankDifference d = first_rank_differing(comm_, fingerprint, holds);
   if (d.rank < 0) return;
   throw UserError(std::string(key) + " = '" + value + "': rank " + std::to_string(d.rank) +
@@ -263,10 +267,20 @@ StepResult Trainer::train_step(int64_t step) {
   return r;
 }
 
+/// What a source's token files hold, for the checkpoints' record (Checkpointer::DataIdentity);
+/// empty for a source drawn from the deck's keys.
+static Checkpointer::DataIdentity data_identity(const TokenSource* source, uint64_t fingerprint) {
+  if (!source || source->files().empty()) return {};
+  return {strfmt("%016llx", (unsigned long long)fingerprint), token_files_text(*source)};
+}
+
 std::optional<int64_t> Trainer::resume(bool to_train) {
-  if (!checkpointer_)
+  if (!checkpointer_) {
     checkpointer_ =
         std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
+    checkpointer_->set_data_identity(data_identity(source_.get(), data_fingerprint_),
+                                     data_identity(held_out_source_.get(), held_out_fingerprint_));
+  }
   std::optional<int64_t> steps = checkpointer_->resume(to_train, to_train && !quiet_);
   pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
   return steps;

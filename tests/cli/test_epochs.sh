@@ -78,6 +78,19 @@ loss_at() { awk -F, -v s="$2" 'NR > 1 && $1 == s { print $2 }' "$1/metrics.csv";
 check "steps 11 and 12 of 8 sequences are the halves of the whole run's step 11" \
   'python3 -c "import sys; a, b, w = map(float, sys.argv[1:]); print(f\"  ({a} + {b}) / 2 vs {w}\"); sys.exit(abs((a + b) / 2 - w) > 1e-5 * w)" "$(loss_at "$work/half" 11)" "$(loss_at "$work/half" 12)" "$(loss_at "$work/whole" 11)"'
 
+# The corpus rewritten in place between two jobs (same size, same keys): the resume says the
+# data changed (the checkpoint records what its files held); a resume on the same data says nothing.
+check "a resume on the same data: no word of changed data" '! grep -q "holds other tokens" "$work/dp2.log"'
+cp "$work/corpus.txt" "$work/rewritten.txt"
+check_log=$work/rewritten1.log
+run rewritten1 1 --data.path="$work/rewritten.txt" --train.steps=4 --run.dir="$work/rewritten"
+python3 -c 'import sys; p = sys.argv[1]; s = open(p).read(); open(p, "w").write(s[500:] + s[:500])' \
+  "$work/rewritten.txt"
+check_log=$work/rewritten2.log
+run rewritten2 1 --data.path="$work/rewritten.txt" --train.steps=6 --run.dir="$work/rewritten"
+check "the corpus rewritten in place: the resume warns that data.path holds other tokens" \
+  '[ $? -eq 0 ] && grep -q "resumed from" "$work/rewritten2.log" && grep -q "warning: resuming from .* with keys or data changed since it was written (.*data.path holds other tokens than when it was written (1000 tokens in 1 file(s) there, 1000 tokens in 1 file(s) here)" "$work/rewritten2.log"'
+
 check_log=$work/bad.log
 run bad 1 --data.sampling=epoch
 check "--data.sampling=epoch: status 2 naming the key" \
