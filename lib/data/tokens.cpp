@@ -79,6 +79,19 @@ Shard open_shard(const std::string& path, int vocab, const std::string& key) {
     s.tokens = d + kLlmcHeaderBytes;
     s.n = count;
   } else {
+    // An llm.c header whose magic alone is damaged (one flipped bit) would read as raw uint16
+    // tokens — its 1024 header bytes trained on as 512 tokens — and at a vocabulary past 65535
+    // pass every check: a header whose version and token count match a format and the file's
+    // size is one (raw tokens that happen to read so are not to be expected).
+    for (const LlmcFormat& f : kLlmcFormats) {
+      const int32_t count = bytes >= kLlmcHeaderBytes ? read_i32(d + 8) : -1;
+      if (count >= 0 && read_i32(d + 4) == f.version &&
+          bytes == kLlmcHeaderBytes + size_t(f.token_bytes) * size_t(count))
+        throw UserError(strfmt("%s: shard '%s' has an llm.c header (version %d, %d tokens, as "
+                               "its size says) whose magic is %d, not %d (%s): damaged",
+                               key.c_str(), path.c_str(), f.version, count, read_i32(d),
+                               f.magic, f.what));
+    }
     if (bytes % 2 != 0)
       throw UserError(
           strfmt("%s: shard '%s' has an odd size (%zu bytes): neither an "
@@ -150,7 +163,12 @@ class TokensSource final : public TokenSource {
                   "vocab %d",
                   pattern_.c_str(), shards_.size(), shards_.size() == 1 ? "" : "s", llmc,
                   wide ? strfmt(" of which %d uint32", wide).c_str() : "",
-                  shards_.size() - size_t(llmc), static_cast<long long>(total_), vocab_);
+                  shards_.size() - size_t(llmc), static_cast<long long>(total_), vocab_) +
+           // (Read together as one vocabulary, which the ids of one tokenizer are.)
+           (wide > 0 && size_t(wide) < shards_.size()
+                ? "; warning: uint32 and uint16 shards together (llm.c writes Llama 3's ids as "
+                  "uint32, GPT-2's as uint16): make sure they are one tokenizer's"
+                : "");
   }
   int vocab() const override { return vocab_; }
   int64_t size() const override { return total_; }

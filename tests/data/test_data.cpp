@@ -209,6 +209,11 @@ TEST(Tokens, ReadsLlmcUint32Shards) {
   auto s = tokens_source(dir.file("l_*.bin"), 128256);
   EXPECT_EQ(s->size(), 60);
   EXPECT_NE(s->describe().find("2 llm.c of which 1 uint32"), std::string::npos) << s->describe();
+  // Two widths read as one vocabulary: said (llm.c writes two tokenizers' ids so).
+  EXPECT_NE(s->describe().find("warning: uint32 and uint16 shards together"), std::string::npos)
+      << s->describe();
+  EXPECT_EQ(tokens_source(dir.file("l_000.bin"), 128256)->describe().find("warning"),
+            std::string::npos);
   std::vector<int32_t> w(8);  // (8,)
   s->window(5, 8, w.data());
   for (int i = 0; i < 8; ++i) EXPECT_EQ(w[size_t(i)], 128005 + i);
@@ -224,6 +229,18 @@ TEST(Tokens, ReadsLlmcUint32Shards) {
   header[1] = 7, header[2] = 41;
   write_bytes(dir.file("c.bin"), header.data(), 1024);
   expect_user_error([&] { tokens_source(dir.file("c.bin"), 128256); }, {"c.bin", "41 tokens"});
+}
+
+// An llm.c header with one bit of its magic flipped read as raw uint16 tokens, the header
+// trained on as 512 tokens; at a vocabulary past 65535 nothing else caught it.
+TEST(Tokens, AnLlmcHeaderWithADamagedMagicIsNoRawShard) {
+  trellis::testing::TempDir dir("trellis_data");
+  write_llmc(dir.file("flip.bin"), std::vector<uint16_t>(30, 5), 20240520 ^ 0x8000);
+  expect_user_error([&] { tokens_source(dir.file("flip.bin"), 128256); },
+                    {"flip.bin", "an llm.c header (version 1, 30 tokens", "damaged"});
+  // Raw tokens whose first words are no such header stay raw.
+  write_raw(dir.file("raw.bin"), std::vector<uint16_t>(600, 1));
+  EXPECT_EQ(tokens_source(dir.file("raw.bin"), 128256)->size(), 600);
 }
 
 TEST(Tokens, Errors) {
