@@ -333,7 +333,8 @@ const std::vector<KeyEntry>& key_table() {
        .field = FIELD(system.stop_signal),
        .check = Check::Choice,
        .choices = "USR1|TERM",
-       .help = "the signal that asks for a checkpoint and a stop (Slurm: --signal=B:USR1@lead)"},
+       .help = "the signal that asks for a checkpoint and a stop (Slurm: --signal=B:USR1@lead); "
+               "with TERM, a SIGUSR1 is said and ignored"},
       {.section = "system",
        .key = "max_hours",
        .field = FIELD(system.max_hours),

@@ -45,17 +45,20 @@ static void on_ignored_signal(int) {
   errno = saved;
 }
 
-void note_and_ignore_stop_signal(const std::string& command) {
-  const int n = std::snprintf(g_ignored_note, sizeof g_ignored_note,
-                              "trellis %s: SIGUSR1 ignored: it stops a training run at a "
-                              "checkpoint; %s has none to write and goes on\n",
-                              command.c_str(), command.c_str());
+/// SIGUSR1 from now on: `note` said on stderr, nothing else done.
+static void note_and_ignore_usr1(const std::string& note) {
+  const int n = std::snprintf(g_ignored_note, sizeof g_ignored_note, "%s\n", note.c_str());
   g_ignored_note_len = n < 0 ? 0 : std::min(size_t(n), sizeof g_ignored_note - 1);
   struct sigaction sa {};
   sa.sa_handler = on_ignored_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // (a blocking read or collective goes on)
   ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+void note_and_ignore_stop_signal(const std::string& command) {
+  note_and_ignore_usr1("trellis " + command + ": SIGUSR1 ignored: it stops a training run at a "
+                       "checkpoint; " + command + " has none to write and goes on");
 }
 
 void hold_stop_signals() {
@@ -67,7 +70,7 @@ void hold_stop_signals() {
 
 void catch_stop_signal(const std::string& stop_signal) {
   const bool term = stop_signal == "TERM";
-  const int stop = term ? SIGTERM : SIGUSR1, other = term ? SIGUSR1 : SIGTERM;
+  const int stop = term ? SIGTERM : SIGUSR1;
   volatile std::sig_atomic_t& held_stop = term ? g_held_term : g_held_usr1;
   volatile std::sig_atomic_t& held_other = term ? g_held_usr1 : g_held_term;
   std::signal(stop, on_stop_signal);
@@ -75,7 +78,21 @@ void catch_stop_signal(const std::string& stop_signal) {
     held_stop = 0;
     g_stop_requests = g_stop_requests + 1;
   }
-  if (std::signal(other, SIG_DFL) == on_held_signal && held_other) std::raise(other);
+  if (!term) {
+    if (std::signal(SIGTERM, SIG_DFL) == on_held_signal && held_other) std::raise(SIGTERM);
+    return;
+  }
+  // With TERM the stop signal (NCCL's own use of SIGUSR1 on some systems), a SIGUSR1 — the
+  // default --signal of slurm/train.sbatch, a stop meant for a USR1 run — is said and ignored:
+  // its default action would end the ranks without a checkpoint.
+  struct sigaction before {};
+  ::sigaction(SIGUSR1, nullptr, &before);
+  note_and_ignore_usr1("trellis train: SIGUSR1 ignored: this run's stop signal is SIGTERM "
+                       "(system.stop_signal = TERM)");
+  if (before.sa_handler == on_held_signal && held_other) {
+    held_other = 0;
+    on_ignored_signal(0);  // (said now, as it would have been then)
+  }
 }
 
 }  // namespace trellis

@@ -24,8 +24,10 @@ void note_and_ignore_stop_signal(const std::string& command);
 
 /// From as early as the deck is known: a signal that comes during the set-up or a long resume
 /// then stops the run at its first step boundary instead of killing the rank (and the requeue).
-/// One held since the start (hold_stop_signals) counts as a request; the other signal, held,
-/// takes its default action now, as it would have then.
+/// One held since the start (hold_stop_signals) counts as a request. The other signal: SIGTERM
+/// (stop signal USR1) ends the rank, now if it was held; SIGUSR1 (stop signal TERM) is said on
+/// stderr and ignored, as in the other commands — its default action would end the rank with no
+/// checkpoint (a USR1 run's stop sent to a TERM run).
 void catch_stop_signal(const std::string& stop_signal);  // "USR1" or "TERM" (system.stop_signal)
 
 /// How many times the stop signal came since catch_stop_signal: 1 asks for a checkpoint, then a

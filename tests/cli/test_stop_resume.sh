@@ -7,6 +7,7 @@ build=${1:-build}
 work=$(mktemp -d /tmp/trellis-stop-XXXXXX)
 trap 'pkill -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 cat > "$work/stop.deck" <<'DECK'
 [model]
 layers = 2
@@ -115,6 +116,39 @@ timeout 120 mpirun "${flags[@]}" -np 1 python3 "$work/pending.py" TERM "$build/t
 rc=$?
 check "SIGTERM before the program started (stop_signal USR1): ends the rank (exit $rc)" \
   '[ $rc -ne 0 ] && [ $rc -ne 3 ] && [ ! -f "$work/early-term/metrics.csv" ]'
+# A run whose stop signal is TERM (system.stop_signal) sent SIGUSR1 — slurm/train.sbatch's
+# default --signal, meant for a USR1 run — says so and goes on (its default action ended the
+# ranks, no checkpoint: 138); the TERM after it stops the run with a checkpoint, status 3.
+# (Each step made to last 5 ms: TRELLIS_FAULT_STEP_MS.)
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=5 -np 2 "$build/trellis" train \
+  "$work/stop.deck" --run.dir="$work/termrun" --system.stop_signal=TERM > "$work/termrun.log" 2>&1 &
+job=$!
+signal_when_caught USR1 "$build/trellis train $work/stop.deck --run.dir=$work/termrun" \
+  "$work/termrun.log" "^run directory"
+signal_when_caught TERM "$build/trellis train $work/stop.deck --run.dir=$work/termrun" \
+  "$work/termrun.log" "SIGUSR1 ignored"
+wait $job
+rc=$?
+check_log="$work/termrun.log"
+check "stop_signal TERM: a SIGUSR1 said and ignored, the TERM after it stops with a checkpoint (status 3)" \
+  '[ $rc -eq 3 ] && [ "$(grep -c "^trellis train: SIGUSR1 ignored: this run.s stop signal is SIGTERM" "$work/termrun.log")" -eq 2 ] && [ -f "$work/termrun/ckpt/$(cat "$work/termrun/ckpt/latest")" ]'
+
+# slurm/train.sbatch with LAUNCHER=mpirun (run here outside Slurm, a rank a slot) sent TERM: not passed to mpirun,
+# which answered it by killing the ranks in the middle of their checkpoint (status 1, work lost);
+# the run goes on (under Slurm it stops by itself before the job's end).
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+  OPENBLAS_NUM_THREADS=1 LAUNCHER=mpirun TRELLIS="$build/trellis" TRELLIS_FAULT_STEP_MS=3 \
+  timeout 120 bash "$repo/slurm/train.sbatch" "$work/stop.deck" --parallel.dp=0 --run.dir="$work/sbatch" \
+  --train.steps=1000 --system.stop_signal=TERM > "$work/sbatch.log" 2>&1 &
+job=$!
+wait_until_caught TERM "$build/trellis train $work/stop.deck --parallel.dp=0 --run.dir=$work/sbatch" \
+  "$work/sbatch.log" "^run directory" && pkill -TERM -f "^bash $repo/slurm/train.sbatch $work/stop.deck"
+wait $job
+rc=$?
+check_log="$work/sbatch.log"
+check "train.sbatch under mpirun sent TERM: not passed on, the run finishes (status 0)" \
+  '[ $rc -eq 0 ] && grep -q "TERM at .*, not passed to mpirun" "$work/sbatch.log" && grep -q "^trellis: finished" "$work/sbatch.log" && [ -f "$work/sbatch/summary.json" ]'
+
 # The stop signal while a periodic checkpoint is written (rank 1, halfway through step 4's:
 # TRELLIS_FAULT_SIGNAL): the run stops at that checkpoint, status 3, without training step 5 and
 # writing another one as it did.

@@ -64,6 +64,10 @@ collect() {
 # before that the signal's default action would end it), then sends SIGNAL to them. Returns 1,
 # sending nothing, when that did not happen in time.
 signal_when_caught() {
+  wait_until_caught "$@" && pkill "-$1" -f "^$2"
+}
+# wait_until_caught SIGNAL PATTERN [LOG REGEX]: signal_when_caught's wait alone (sends nothing).
+wait_until_caught() {
   local sig=$1 pattern=$2 log=${3:-} regex=${4:-} number bit pids pid mask ready
   number=$(kill -l "$sig") || return 1
   bit=$((1 << (number - 1)))
@@ -77,10 +81,7 @@ signal_when_caught() {
         if [ -z "$mask" ] || [ $((0x$mask & bit)) -eq 0 ]; then ready=0; fi
       done
     fi
-    if [ $ready -eq 1 ]; then
-      pkill "-$sig" -f "^$pattern"
-      return 0
-    fi
+    [ $ready -eq 1 ] && return 0
     sleep 0.1
   done
   return 1
