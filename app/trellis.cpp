@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   if (command == "train") trellis::block_stop_signals();  // pending across the re-execution
   if (parallel) trellis::use_best_blas_kernels(argv);
   if (command == "train") trellis::hold_stop_signals();
-  else if (parallel) trellis::note_and_ignore_stop_signal(command);
+  else if (parallel || command == "export" || command == "inspect")  // (long reads, in a job too)
+    trellis::note_and_ignore_stop_signal(command);
   if (command == "bench" && wants_help(rest)) {
     std::fputs(trellis::kBenchUsage, stdout);
     return trellis::kExitOk;

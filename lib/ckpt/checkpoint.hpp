@@ -124,6 +124,10 @@ void refuse_blocking_file(const std::string& path, const std::string& who,
                           const std::string& advice);
 /// Writes `path` (regular_file_target's) atomically: a StagedFile committed at once.
 void write_file_atomically(const std::string& path, const std::function<bool(std::FILE*)>& fill);
+/// Removes dir's NAME.tmp-PID-* files, for each of `names`, whose writer (process PID on this
+/// host) is gone: an atomic write of NAME cut short by a kill (`trellis export` into an OUTDIR
+/// again). A live writer's stays. Unremovable ones stay too (nothing depends on them).
+void remove_dead_writers_temporaries(const std::string& dir, const std::vector<std::string>& names);
 /// Removes the *.tmp-* files of dir (checkpoint writes and their set-aside room, cut short by a
 /// kill); returns their names. Only for a job that holds dir's lock. Errors → UserError.
 std::vector<std::string> remove_temporaries(const std::string& dir);

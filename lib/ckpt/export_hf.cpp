@@ -148,6 +148,7 @@ void export_hf_gpt2(const std::string& checkpoint_arg, const std::string& outdir
   if (ec || !std::filesystem::is_directory(outdir))
     throw UserError("OUTDIR " + outdir + ": cannot create this directory" +
                     (ec ? ": " + ec.message() : std::string()));
+  remove_dead_writers_temporaries(outdir, {"model.safetensors", "config.json"});
   write_safetensors(outdir + "/model.safetensors", tensors, {{"format", "pt"}});
   const std::string json = config_json(m, path, step);
   write_file_atomically(outdir + "/config.json", [&](std::FILE* f) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -187,6 +189,20 @@ void remove_staged_latest(const std::string& dir) noexcept {
 
 void publish_latest(const std::string& dir, const std::string& file_name) {
   stage_latest(dir, file_name).commit();
+}
+
+void remove_dead_writers_temporaries(const std::string& dir, const std::vector<std::string>& names) {
+  for (const std::string& n : list_dir(dir))
+    for (const std::string& name : names) {
+      const std::string prefix = name + ".tmp-";  // then random_suffix's "PID-HEX"
+      if (n.rfind(prefix, 0) != 0) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(n.c_str() + prefix.size(), &end, 10);
+      if (pid <= 0 || *end != '-' || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;
+      struct stat st;
+      const std::string p = dir + "/" + n;
+      if (::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(p.c_str());
+    }
 }
 
 std::vector<std::string> remove_temporaries(const std::string& dir) {

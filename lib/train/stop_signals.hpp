@@ -16,7 +16,8 @@ namespace trellis {
 /// the rank).
 void block_stop_signals();
 void hold_stop_signals();
-/// The other commands that run under a batch system (eval, tune, generate, bench): SIGUSR1, the
+/// The other commands that run under a batch system (eval, tune, generate, bench, export,
+/// inspect): SIGUSR1, the
 /// stop signal a training job is sent before its time limit (`--signal=USR1@…`), is said on stderr
 /// and otherwise ignored — such a command has no checkpoint to write, and its signal's default
 /// action would end it with no word (exit 138). SIGTERM still ends it.

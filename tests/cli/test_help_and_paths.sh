@@ -59,6 +59,13 @@ timeout 120 mpirun "${flags[@]}" -np 1 "$trellis" generate "$work/run/ckpt/lates
 check "generate ckpt/latest" '[ $? -eq 0 ] && grep -q "$older" "$work/out.log"'
 "$trellis" export "$work/run/ckpt/latest" --format hf-gpt2 "$work/hf" > "$work/out.log" 2>&1
 check "export ckpt/latest" '[ $? -eq 0 ] && [ -f "$work/hf/model.safetensors" ] && grep -q "$older" "$work/out.log"'
+# An export into that OUTDIR again, after one killed in mid-write left its temporary (its process
+# gone): removed; a live writer's (this shell's) stays.
+dead=$(sh -c 'echo $$')
+touch "$work/hf/model.safetensors.tmp-$dead-0badf00d" "$work/hf/config.json.tmp-$$-0badf00d"
+"$trellis" export "$work/run/ckpt/latest" --format hf-gpt2 "$work/hf" > "$work/out.log" 2>&1
+check "export again: a dead writer's temporary removed, a live one's kept" \
+  '[ $? -eq 0 ] && [ ! -e "$work/hf/model.safetensors.tmp-$dead-0badf00d" ] && [ -e "$work/hf/config.json.tmp-$$-0badf00d" ]'
 # A new run starting from another run's directory: its newest checkpoint.
 tiny_train 1 "$work/tuned" --checkpoint.resume="$work/run" --train.steps=6
 check "checkpoint.resume = RUN_DIR: starts from its newest checkpoint" \
