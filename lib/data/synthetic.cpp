@@ -159,7 +159,7 @@ class SyntheticSource final : public TokenSource {
  private:
   Law law_{};
   int64_t skip_;  // tokens of the walk before this source's: 0, or the training corpus' length
-  std::vector<int32_t> tokens_;
+  std::vector<int32_t> tokens_;  // (data.synthetic_tokens, or the held-out count) the walk's tokens
   double floor_ = 0.0;
   bool estimated_ = false;
   bool converged_ = true;

@@ -50,7 +50,7 @@ class ResidentParams : public ParamStore {
 
  private:
   const ParamTable& table_;
-  Buffer params_, grads_;
+  Buffer params_, grads_;  // (P) fp32 each, flat in ParamTable order
 };
 
 }  // namespace trellis

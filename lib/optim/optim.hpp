@@ -44,7 +44,7 @@ class AdamW {
   // The tensors inside [begin, end), clipped to it, as offsets from begin; neighbours with the
   // same decay merged (Backend::adamw_ranges).
   std::vector<DecayRange> ranges_;
-  Buffer m_, v_;
+  Buffer m_, v_;  // (end - begin) fp32 each: AdamW's moments of the flat range [begin, end)
   int64_t t_ = 0;
 };
 

@@ -108,15 +108,15 @@ class ShardedParams : public ParamStore {
     int first_unit, last_unit;  // units [first_unit, last_unit], contiguous in the buffer
     int64_t begin, end;         // flat range
     int unreleased = 0;         // units whose gradient this micro-batch is not final yet
-    Buffer grads;               // stages 2, 3: this micro-batch's gradients of the bucket
-    Buffer received;            // stages 1-3: the reduced part that falls in this rank's shard
+    Buffer grads;               // (end - begin) fp32, stages 2, 3: this micro-batch's gradients
+    Buffer received;            // (mine's size) fp32, stages 1-3: the reduced part in this rank's shard
     ShardRange mine;            // that part, as a flat range
     std::vector<int64_t> counts;  // per dp rank: overlap of [begin, end) with its shard
     Request request;
     bool in_flight = false;
   };
   struct Gathered {  // stage 3: one unit's parameters, gathered (dt_)
-    Buffer params;
+    Buffer params;  // (the unit's elements) in dt_
     Request request;
     bool present = false;
   };

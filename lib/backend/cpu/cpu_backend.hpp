@@ -114,7 +114,7 @@ class CpuBackend : public Backend {
   void linear_backward(float* dinp, const float* gelu_pre, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight, int N, int C,
                        int OC);
-  Buffer scratch_;
+  Buffer scratch_;  // (the largest count scratch() was asked for) fp32
   std::unique_ptr<cpu::WorkerPool> pool_;
 };
 
