@@ -109,7 +109,7 @@ class ShardedParams : public ParamStore {
     int64_t begin, end;         // flat range
     int unreleased = 0;         // units whose gradient this micro-batch is not final yet
     Buffer grads;               // (end - begin) fp32, stages 2, 3: this micro-batch's gradients
-    Buffer received;            // (mine's size) fp32, stages 1-3: the reduced part in this rank's shard
+    Buffer received;            // (mine's size) fp32, stages 1-3: the reduced part in my shard
     ShardRange mine;            // that part, as a flat range
     std::vector<int64_t> counts;  // per dp rank: overlap of [begin, end) with its shard
     Request request;
