@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"

@@ -124,7 +124,7 @@ class Backend {
   /// the bytes cross), like copy_from_host.
   void copy_from_host_as(Ptr dst, const float* host_src, int64_t n);
   /// dst (n) = src (n) in dst's type, both in the backend's memory: fp32 → bf16 rounds to nearest
-  /// even (backend/bf16.hpp), bf16 → fp32 is exact, the same type copies.
+  /// even (core/bf16.hpp), bf16 → fp32 is exact, the same type copies.
   void convert(Ptr dst, CPtr src, int64_t n);
   /// Waits until every kernel launched so far has finished (timers; no-op on the CPU).
   virtual void synchronize() {}

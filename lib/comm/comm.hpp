@@ -52,7 +52,7 @@
 // asks for it: all_reduce / iall_reduce / reduce_scatter / ireduce_scatter, sums only). The
 // buffers stay fp32; what travels is bf16, half the bytes, as with NCCL's ncclBfloat16 all-reduce
 // in Megatron-LM and DeepSpeed:
-//   - each rank's fp32 input is rounded to bf16 (round to nearest, ties to even: backend/bf16.hpp);
+//   - each rank's fp32 input is rounded to bf16 (round to nearest, ties to even: core/bf16.hpp);
 //   - at each hop of MPI's (or NCCL's) algorithm two bf16 values are widened, added in fp32, and the
 //     sum rounded to bf16 before it is sent on (an MPI_Op of our own on 2-byte elements, commutative;
 //     NCCL does the same for ncclBfloat16);

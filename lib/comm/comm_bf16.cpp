@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "comm/comm.hpp"
 #include "comm/mpi_chunks.hpp"
 #include "core/error.hpp"

@@ -16,7 +16,7 @@ enum class DType : uint8_t { f32, bf16 };
 constexpr size_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 const char* dtype_name(DType t);  // "fp32" | "bf16"
 
-/// One bf16 value as stored: the upper 16 bits of an fp32 (backend/bf16.hpp converts). Same size
+/// One bf16 value as stored: the upper 16 bits of an fp32 (core/bf16.hpp converts). Same size
 /// and alignment as CUDA's __nv_bfloat16, which the CUDA backend reinterprets it as.
 struct bf16_t {
   uint16_t bits;

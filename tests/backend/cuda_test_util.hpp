@@ -48,7 +48,7 @@
 #include <string>
 #include <utility>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cuda/cuda_factory.hpp"
 #include "backend_test_util.hpp"
 #include "core/error.hpp"
@@ -64,7 +64,7 @@ namespace {
 
 using Bits = std::vector<bf16_t>;  // a bf16 tensor on the host
 
-/// x rounded to bf16 (nearest even: backend/bf16.hpp).
+/// x rounded to bf16 (nearest even: core/bf16.hpp).
 inline Bits bits_of(const std::vector<float>& x) {
   Bits b(x.size());
   for (size_t i = 0; i < x.size(); ++i) b[i].bits = float_to_bf16_bits(x[i]);

@@ -1,4 +1,4 @@
-// The host bf16 helper (backend/bf16.hpp), the reference of the CUDA backend's bf16 tests:
+// The host bf16 helper (core/bf16.hpp), the reference of the CUDA backend's bf16 tests:
 // round to nearest even on hand-picked bit patterns (ties, carries into the exponent, overflow,
 // subnormals, ±0, ±Inf, NaN) and against a slow nearest-neighbour search on random patterns; and
 // which precisions a backend takes.
@@ -11,7 +11,7 @@
 #include <random>
 
 #include "backend/backend.hpp"
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "core/error.hpp"
 
 using namespace trellis;

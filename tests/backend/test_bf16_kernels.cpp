@@ -10,7 +10,7 @@
 #include <new>
 #include <stdexcept>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend_test_util.hpp"
 

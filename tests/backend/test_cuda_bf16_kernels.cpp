@@ -367,7 +367,7 @@ TEST_F(CudaBf16Kernels, FusedCrossEntropyIsTheThreeSteps) {
   }
 }
 
-// convert() on the device, both ways, bit for bit as the host reference (backend/bf16.hpp). fp32
+// convert() on the device, both ways, bit for bit as the host reference (core/bf16.hpp). fp32
 // → bf16 through the kernel taking four values a thread (16-byte aligned source and 8-byte
 // aligned destination; a count that leaves 3 for its tail) and through the one-a-thread kernel
 // (source 4 bytes, or destination 2 bytes, off): on ties (to even, both ways), just off a tie,

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 
 namespace trellis::testing {
 

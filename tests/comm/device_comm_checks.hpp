@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "bf16_reference.hpp"
 #include "comm/comm.hpp"
 #include "core/memory.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cuda/cuda_factory.hpp"
 #include "comm/comm.hpp"
 #include "comm/nccl_link.hpp"

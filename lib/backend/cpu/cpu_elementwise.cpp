@@ -3,7 +3,7 @@
 // chunks), so the kernels are race-free and deterministic on any execution space.
 #include <cmath>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/cpu_threads.hpp"
 #include "backend/cpu/cpu_util.hpp"
@@ -153,7 +153,7 @@ void CpuBackend::scale(float* x, float s, int64_t n) {
   });
 }
 
-// ---- bf16 conversions (backend/bf16.hpp's rounding) ----
+// ---- bf16 conversions (core/bf16.hpp's rounding) ----
 
 void CpuBackend::to_bf16(bf16_t* dst, const float* src, int64_t n) {
   // dst (n), src (n)

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/bf16.hpp"
+#include "core/bf16.hpp"
 #include "backend/cuda/cuda_attention_tc.cuh"
 #include "backend/cuda/cuda_factory.hpp"
 #include "backend/cuda/cuda_util.cuh"

@@ -261,7 +261,7 @@ void* CudaBackend::scratch(size_t bytes) {
 // ---- bf16 conversions ----
 
 // dst (n) = src (n) rounded to bf16, nearest even. cvt.rn.bf16.f32: a NaN stays a NaN, ±Inf stay,
-// subnormals are kept (no flush to zero without -ftz). The host reference is backend/bf16.hpp.
+// subnormals are kept (no flush to zero without -ftz). The host reference is core/bf16.hpp.
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
