@@ -5,7 +5,7 @@
 #include <initializer_list>
 #include <thread>
 
-#include "core/env.hpp"
+#include "backend/cuda_switches.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/memory.hpp"
@@ -247,12 +247,12 @@ MemoryOptions run_memory_options(const Config& cfg) {
   MemoryOptions opt;
   opt.precision = parse_precision(cfg.system.precision);
   opt.device = cfg.system.backend == "cuda";
-  // The CUDA backend's switches, read as it reads them (core/env.hpp).
-  const int tc = env_switch("TRELLIS_TC_ATTENTION");  // unset: the checked default
-  opt.tc_attention = tc != 0;
-  opt.cudnn_attention = tc < 0 && env_switch_on("TRELLIS_CUDNN", true);  // (checked default only)
-  opt.cudnn_deterministic = env_switch_on("TRELLIS_CUDNN_DETERMINISTIC", false);
-  opt.gelu_epilogue = env_switch_on("TRELLIS_GELU_EPILOGUE", true);
+  // The CUDA backend's switches, read as it reads them.
+  const CudaSwitches cuda = cuda_switches();
+  opt.tc_attention = cuda.tc_attention != 0;
+  opt.cudnn_attention = cuda.tc_attention < 0 && cuda.cudnn;  // (the checked default only)
+  opt.cudnn_deterministic = cuda.cudnn_deterministic;
+  opt.gelu_epilogue = cuda.gelu_epilogue;
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
   opt.threads = cfg.system.threads > 0 ? cfg.system.threads
                 : blas && std::atoi(blas) > 0

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
+#include "backend/cuda_switches.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -115,12 +116,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // (Each switch "0" or "1"; core/env.hpp warns of any other value and takes it as unset.)
   tf32_ = env_switch_on("TRELLIS_TF32", false);
   profiling_ = env_switch_on("TRELLIS_CUDA_PROFILE", false);
-  if (const int tc = env_switch("TRELLIS_TC_ATTENTION"); tc >= 0) {
+  const CudaSwitches switches = cuda_switches();  // (those trellis plan reads too)
+  if (switches.tc_attention >= 0) {
     tc_attention_checked_ = false;
-    if (tc == 0) tc_attention_ = TcAttention::off;
+    if (switches.tc_attention == 0) tc_attention_ = TcAttention::off;
   }
-  cudnn_wanted_ = env_switch_on("TRELLIS_CUDNN", true);
-  cudnn_deterministic_ = env_switch_on("TRELLIS_CUDNN_DETERMINISTIC", false);
+  cudnn_wanted_ = switches.cudnn;
+  cudnn_deterministic_ = switches.cudnn_deterministic;
   cudnn_tune_ = env_switch_on("TRELLIS_CUDNN_TUNE", false);
   // TRELLIS_ATTN_BLOCK_ROWS=64: the mma.sync attention kernels in 64-row blocks (to time them
   // against the 128-row ones).
@@ -134,7 +136,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                    rows);
   }
   tune_gemms_ = env_switch_on("TRELLIS_GEMM_TUNE", false);
-  gelu_epilogue_ = env_switch_on("TRELLIS_GELU_EPILOGUE", true);
+  gelu_epilogue_ = switches.gelu_epilogue;
   // Bias gradients out of the GEMMs' epilogues instead of column sums of their own:
   // TRELLIS_BGRAD_EPILOGUE=1 both kinds, =dweight only the dweight GEMMs' BGRADB (every linear
   // layer's), =dgelu only the MLP dinp GEMM's DGELU_BGRAD (the first MLP layer's, from the dpre
