@@ -70,12 +70,15 @@ Shard open_shard(const std::string& path, int vocab, const std::string& key) {
                  format->what));
     const int32_t count = read_i32(d + 8);
     const size_t width = size_t(s.token_bytes);
-    if (count < 0 || bytes != kLlmcHeaderBytes + width * size_t(count))
+    if (count < 0)
+      throw UserError(strfmt("%s: shard '%s' is malformed: its header's token count is %d",
+                             key.c_str(), path.c_str(), count));
+    if (bytes != kLlmcHeaderBytes + width * size_t(count))
       throw UserError(
           strfmt("%s: shard '%s' is malformed or truncated: its header says "
                  "%d tokens (%zu bytes in all) but the file has %zu bytes",
                  key.c_str(), path.c_str(), count,
-                 kLlmcHeaderBytes + width * size_t(std::max(count, 0)), bytes));
+                 kLlmcHeaderBytes + width * size_t(count), bytes));
     s.tokens = d + kLlmcHeaderBytes;
     s.n = count;
   } else {

@@ -238,6 +238,12 @@ TEST(Tokens, AnLlmcHeaderWithADamagedMagicIsNoRawShard) {
   write_llmc(dir.file("flip.bin"), std::vector<uint16_t>(30, 5), 20240520 ^ 0x8000);
   expect_user_error([&] { tokens_source(dir.file("flip.bin"), 128256); },
                     {"flip.bin", "an llm.c header (version 1, 30 tokens", "damaged"});
+  // A negative token count is named as such (it read "says -5 tokens (1024 bytes in all)").
+  std::vector<int32_t> header(256, 0);  // (256,) llm.c's header
+  header[0] = 20240520, header[1] = 1, header[2] = -5;
+  write_bytes(dir.file("neg.bin"), header.data(), 1024);
+  expect_user_error([&] { tokens_source(dir.file("neg.bin"), 1000); },
+                    {"neg.bin", "its header's token count is -5"});
   // Raw tokens whose first words are no such header stay raw.
   write_raw(dir.file("raw.bin"), std::vector<uint16_t>(600, 1));
   EXPECT_EQ(tokens_source(dir.file("raw.bin"), 128256)->size(), 600);
