@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/cuda/cuda_gemm_plan.cuh"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/cudnn_attention.cuh"
 #include "backend/cuda/kernel_ways.hpp"
@@ -332,14 +333,8 @@ class CudaBackend : public Backend {
   };
 
  private:
-  /// What a GEMM's epilogue does to D (column-major, as cuBLASLt sees it): add a bias (m) per
-  /// column; GELU after the bias, writing its input to `aux` (same shape, ld and type as D);
-  /// multiply by the GELU's derivative at `aux` (read), and with dgelu_bgrad also write that
-  /// product's sums over n — one value per row of D, the bias gradient of the layer whose output
-  /// `aux` is — to the "bias" (m, fp32); or, D untouched, write the bias gradient of B — Σ over k
-  /// of op(B) (k,n), one value per column of D — to the "bias" (n, fp32 as D is).
-  enum class Epilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgradb, dgelu_bgrad };
-  struct GemmPlan;
+  using Epilogue = cuda::Epilogue;  // (cuda_gemm_plan.cuh)
+  using GemmPlan = cuda::GemmPlan;
   /// Column-major D (m,n) = op(A)·op(B) + beta·C, then the epilogue, through cuBLASLt, as BLAS
   /// names it; A is (m,k) after op, B (k,n) after op; C is D unless given (then of D's shape,
   /// type and leading dimension: the plan's D layout serves both). A and B: both fp32, or both
@@ -462,32 +457,6 @@ class CudaBackend : public Backend {
   /// Device scratch of at least `bytes`, reused by every kernel (one stream: no overlap).
   void* scratch(size_t bytes);
 
-  struct GemmPlan {  // cuBLASLt descriptors and the algorithm its heuristic chose, per shape
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    bool found = false;  // whether the heuristic offered an algorithm
-    Epilogue epi = Epilogue::none;
-    bool checked = false;  // DGELU_BGRAD: its first sums held to the column sums of its dpre
-    int m = 0, n = 0, ldd = 0;  // D's shape (column-major) and leading dimension
-    double flops = 0;    // 2·m·n·k, for the profile
-    size_t d_bytes = 0;  // D's extent (ldd · n values of its type)
-    // TRELLIS_GEMM_TUNE=1: the heuristic's candidates, best first; once timed (at the plan's first
-    // call), algo is the fastest, and the times of the first and of it are kept for the profile.
-    static constexpr int kMaxCandidates = 8;
-    cublasLtMatmulAlgo_t candidates[kMaxCandidates] = {};
-    int ncandidates = 0;
-    bool tuned = false;
-    int chosen = 0;
-    float first_ms = 0, chosen_ms = 0;
-    int64_t calls = 0;
-    double profile_ms = 0;  // device time of its cublasLtMatmul calls while profiling
-    int64_t profile_calls = 0;
-    // With C apart from D (a residual): 0 not yet asked, 1 algo_apart writes D apart from C, 2 no
-    // candidate does (C is copied into D and the GEMM runs in place).
-    int apart_state = 0;
-    cublasLtMatmulAlgo_t algo_apart{};
-  };
   /// Times the plan's candidates on this call's operands (D put back between trials where beta
   /// makes it an input) and keeps the fastest: TRELLIS_GEMM_TUNE=1, once per plan.
   void tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C);
