@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,31 @@ bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
   return false;
+}
+
+std::string g_command;  // the subcommand, for end_job_on_uncaught's message
+
+/// std::terminate's handler once MPI runs: an exception nothing caught (it reaches here without
+/// unwinding: no destructor waits for a peer first) ends the whole job, saying which rank and
+/// what, with status 1 (2 where memory ran out, as elsewhere).
+[[noreturn]] void end_job_on_uncaught() {
+  std::string what = "std::terminate without an exception";
+  if (const std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc& b) {
+      trellis::abort_out_of_memory(MPI_COMM_WORLD, "trellis " + g_command, b);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "an exception of unknown type";
+    }
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  trellis::log_error("trellis " + g_command + ": rank " + std::to_string(rank) + ": error: " + what);
+  MPI_Abort(MPI_COMM_WORLD, trellis::kExitFailure);
+  std::abort();
 }
 
 }  // namespace
@@ -160,33 +186,26 @@ int main(int argc, char** argv) {
       return trellis::kExitBadInput;
     // What the commands do not turn into an exit status themselves — a failed internal check
     // (std::logic_error) on one rank, while the others may wait for it in a collective — ends
-    // the whole job with the rank's message, not std::terminate's.
-    try {
-      if (command == "train") {
-        if (rest.empty() || rest[0].rfind("--", 0) == 0) {
-          if (world.rank() == 0)
-            trellis::log_error("trellis train: error: which deck? usage: trellis train DECK");
-          status = trellis::kExitBadInput;
-        } else {
-          std::vector<std::string> overrides(rest.begin() + 1, rest.end());
-          status = trellis::train_main(rest[0], overrides, world);
-        }
-      } else if (command == "tune") {
-        status = trellis::tune_main(rest, world);
-      } else if (command == "generate") {
-        status = trellis::generate_main(rest, world);
-      } else if (command == "eval") {
-        status = trellis::eval_main(rest, world);
+    // the whole job with the rank's message (end_job_on_uncaught), not std::terminate's.
+    g_command = command;
+    std::set_terminate(end_job_on_uncaught);
+    if (command == "train") {
+      if (rest.empty() || rest[0].rfind("--", 0) == 0) {
+        if (world.rank() == 0)
+          trellis::log_error("trellis train: error: which deck? usage: trellis train DECK");
+        status = trellis::kExitBadInput;
       } else {
-        status = trellis::bench_main(rest, world);
+        std::vector<std::string> overrides(rest.begin() + 1, rest.end());
+        status = trellis::train_main(rest[0], overrides, world);
       }
-    } catch (const std::bad_alloc& e) {
-      trellis::abort_out_of_memory(world.comm(), "trellis " + command, e);
-    } catch (const std::exception& e) {
-      trellis::log_error("trellis " + command + ": rank " + std::to_string(world.rank()) +
-                         ": error: " + e.what());
-      MPI_Abort(world.comm(), trellis::kExitFailure);
-      return trellis::kExitFailure;
+    } else if (command == "tune") {
+      status = trellis::tune_main(rest, world);
+    } else if (command == "generate") {
+      status = trellis::generate_main(rest, world);
+    } else if (command == "eval") {
+      status = trellis::eval_main(rest, world);
+    } else {
+      status = trellis::bench_main(rest, world);
     }
   }
   // HDF5 after a failed file close would crash in MPI_Finalize (core/error.hpp): every rank

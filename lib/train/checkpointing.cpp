@@ -214,7 +214,8 @@ void Checkpointer::check_same_deck(const CkptMeta& meta, const std::string& path
       " explicitly (--run.dir=" + cfg_.run.dir + ") to go on with that run under this deck");
 }
 
-std::string Checkpointer::data_changes(const CkptMeta& meta, bool evaluates) const {
+std::string Checkpointer::data_changes(const CkptMeta& meta, bool same_eval_path,
+                                      bool same_data_path) const {
   std::string out;
   const auto differs = [&](const std::string& key, const DataIdentity& here) {
     const auto there = meta.text.find(key + "_fingerprint");
@@ -224,10 +225,10 @@ std::string Checkpointer::data_changes(const CkptMeta& meta, bool evaluates) con
     return (holds == meta.text.end() ? std::string("other tokens") : holds->second) + " there, " +
            here.holds + " here";
   };
-  if (const std::string d = differs("data", data_); !d.empty())
+  if (const std::string d = differs("data", data_); same_data_path && !d.empty())
     out += "; data.path holds other tokens than when it was written (" + d +
            "): the sequences drawn from here are not those the run would have drawn";
-  if (const std::string d = differs("eval_data", held_out_data_); evaluates && !d.empty())
+  if (const std::string d = differs("eval_data", held_out_data_); same_eval_path && !d.empty())
     out += "; eval.path holds other tokens than when it was written (" + d +
            "): eval.csv's losses from here on are not comparable with its earlier ones";
   return out;
@@ -268,7 +269,8 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       // another one makes the evaluations from here on incomparable with eval.csv's earlier rows.
       const int64_t there = int64_t(stored.eval.batches) * stored.train.global_batch,
                     here = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
-      changes += data_changes(meta, evaluates);
+      changes += data_changes(meta, evaluates && stored.eval.path == cfg_.eval.path,
+                              stored.data.path == cfg_.data.path);
       if (evaluates && (there != here || stored.eval.path != cfg_.eval.path))
         changes += strfmt("; so the held-out set is another (%lld sequences there, %lld here%s): "
                           "eval.csv's losses from here on are not comparable with its earlier ones",

@@ -75,8 +75,10 @@ class Checkpointer {
   /// a checkpoint another deck file wrote → IncompatibleCheckpoint naming both files.
   void check_same_deck(const CkptMeta& meta, const std::string& path) const;
   /// (Rank 0, in check_compatible.) "; data.path holds other tokens …" for the token files
-  /// whose content differs from the checkpoint's record of them (set_data_identity), else "".
-  std::string data_changes(const CkptMeta& meta, bool evaluates) const;
+  /// whose content differs from the checkpoint's record of them (set_data_identity), else "":
+  /// only where the path is the same (another one is said as a changed key) and, for eval.path,
+  /// where this run evaluates.
+  std::string data_changes(const CkptMeta& meta, bool same_eval_path, bool same_data_path) const;
   int64_t load(const std::string& path, bool say_changes);
   /// resume() without what follows a training run's resume (set_aside_past).
   std::optional<int64_t> resume_from(bool training);

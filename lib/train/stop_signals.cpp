@@ -84,9 +84,12 @@ void catch_stop_signal(const std::string& stop_signal) {
   }
   // With TERM the stop signal (NCCL's own use of SIGUSR1 on some systems), a SIGUSR1 — the
   // default --signal of slurm/train.sbatch, a stop meant for a USR1 run — is said and ignored:
-  // its default action would end the ranks without a checkpoint.
+  // its default action would end the ranks without a checkpoint. Only in place of the default
+  // action or the start's holding: a handler a library put there since (NCCL's) stays, and a
+  // second call (the run's, after the set-up's) changes nothing.
   struct sigaction before {};
   ::sigaction(SIGUSR1, nullptr, &before);
+  if (before.sa_handler != SIG_DFL && before.sa_handler != on_held_signal) return;
   note_and_ignore_usr1("trellis train: SIGUSR1 ignored: this run's stop signal is SIGTERM "
                        "(system.stop_signal = TERM)");
   if (before.sa_handler == on_held_signal && held_other) {

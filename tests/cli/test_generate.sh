@@ -116,11 +116,12 @@ check "the only checkpoint removed before generate's load: status 2, one message
 timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$trellis" generate "$work/text" \
   --prompt "$prompt" --tokens 40 --temperature 0 > "$work/out.log" 2> "$work/err.log" &
 job=$!
-signal_when_caught USR1 "$trellis generate $work/text --prompt"
+wait_until_caught USR1 "$trellis generate $work/text --prompt" "" "" 2 && sleep 0.5 &&
+  signal_when_caught USR1 "$trellis generate $work/text --prompt"
 wait $job
 rc=$?
-check "SIGUSR1 during a generation: said, ignored, status 0 with the same text" \
-  '[ $rc -eq 0 ] && grep -q "^trellis generate: SIGUSR1 ignored: it stops a training run at a checkpoint" "$work/err.log" && [ "$(first_line)" = "$greedy_np1" ]'
+check "SIGUSR1 to both ranks of a running generation: said by each, ignored, status 0, the same text" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "^trellis generate: SIGUSR1 ignored: it stops a training run at a checkpoint" "$work/err.log")" -eq 2 ] && [ "$(first_line)" = "$greedy_np1" ]'
 
 # bad NAME NP FRAGMENT ARGS...: exit status 2 and the fragment printed exactly once.
 bad() {

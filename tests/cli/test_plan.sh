@@ -138,10 +138,11 @@ check_log="$work/usr1.log"
 timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$build/trellis" bench \
   "$work/tiny.deck" --train.steps=40 > "$work/usr1.log" 2>&1 &
 job=$!
-signal_when_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40"
+wait_until_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40" "" "" 2 &&
+  sleep 0.5 && signal_when_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40"
 wait $job
 rc=$?
-check "SIGUSR1 during a bench: said by each rank, ignored, status 0 with its bench: line" \
+check "SIGUSR1 to both ranks of a running bench: said by each, ignored, status 0 with its bench: line" \
   '[ $rc -eq 0 ] && [ "$(grep -c "^trellis bench: SIGUSR1 ignored: it stops a training run" "$work/usr1.log")" -eq 2 ] && grep -q "^bench: " "$work/usr1.log"'
 check_log="$work/out.log"
 

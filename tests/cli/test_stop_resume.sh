@@ -133,10 +133,12 @@ check_log="$work/termrun.log"
 check "stop_signal TERM: a SIGUSR1 said and ignored, the TERM after it stops with a checkpoint (status 3)" \
   '[ $rc -eq 3 ] && [ "$(grep -c "^trellis train: SIGUSR1 ignored: this run.s stop signal is SIGTERM" "$work/termrun.log")" -eq 2 ] && [ -f "$work/termrun/ckpt/$(cat "$work/termrun/ckpt/latest")" ]'
 
-# slurm/train.sbatch with LAUNCHER=mpirun (run here outside Slurm, a rank a slot) sent TERM: not passed to mpirun,
-# which answered it by killing the ranks in the middle of their checkpoint (status 1, work lost);
-# the run goes on (under Slurm it stops by itself before the job's end).
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+# slurm/train.sbatch with LAUNCHER=mpirun (run here outside Slurm, 2 slots) sent TERM: not passed
+# to mpirun, which answered it by killing the ranks in the middle of their checkpoint (status 1,
+# work lost); the run goes on (under Slurm it stops by itself before the job's end).
+echo "localhost slots=2" > "$work/hosts"  # (2 ranks whatever this machine's cores)
+OMPI_MCA_orte_default_hostfile="$work/hosts" \
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
   OPENBLAS_NUM_THREADS=1 LAUNCHER=mpirun TRELLIS="$build/trellis" TRELLIS_FAULT_STEP_MS=3 \
   timeout 120 bash "$repo/slurm/train.sbatch" "$work/stop.deck" --parallel.dp=0 --run.dir="$work/sbatch" \
   --train.steps=1000 --system.stop_signal=TERM > "$work/sbatch.log" 2>&1 &

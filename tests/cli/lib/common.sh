@@ -58,24 +58,25 @@ collect() {
   done
   cases=0
 }
-# signal_when_caught SIGNAL PATTERN [LOG REGEX]: waits (up to 60 s) until LOG has a line matching
-# REGEX (when given) and every process whose command line starts with PATTERN (pgrep -f "^PATTERN":
-# the ranks, not mpirun) has a handler for SIGNAL in place (its bit in /proc/PID/status's SigCgt;
-# before that the signal's default action would end it), then sends SIGNAL to them. Returns 1,
-# sending nothing, when that did not happen in time.
+# signal_when_caught SIGNAL PATTERN [LOG REGEX [COUNT]]: waits (up to 60 s) until LOG has a line
+# matching REGEX (when given; "" for none) and every process whose command line starts with PATTERN
+# (pgrep -f "^PATTERN": the ranks, not mpirun) — at least COUNT of them (default 1) — has a handler
+# for SIGNAL in place (its bit in /proc/PID/status's SigCgt; before that the signal's default
+# action would end it), then sends SIGNAL to them. Returns 1, sending nothing, when that did not
+# happen in time.
 signal_when_caught() {
   wait_until_caught "$@" && pkill "-$1" -f "^$2"
 }
 # wait_until_caught SIGNAL PATTERN [LOG REGEX]: signal_when_caught's wait alone (sends nothing).
 wait_until_caught() {
-  local sig=$1 pattern=$2 log=${3:-} regex=${4:-} number bit pids pid mask ready
+  local sig=$1 pattern=$2 log=${3:-} regex=${4:-} count=${5:-1} number bit pids pid mask ready
   number=$(kill -l "$sig") || return 1
   bit=$((1 << (number - 1)))
   for _ in $(seq 1 600); do
     ready=0
     if [ -z "$log" ] || grep -qE "$regex" "$log" 2>/dev/null; then
       pids=$(pgrep -f "^$pattern")
-      [ -n "$pids" ] && ready=1
+      [ "$(printf '%s\n' $pids | grep -c .)" -ge "$count" ] && ready=1
       for pid in $pids; do
         mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$pid/status" 2>/dev/null)
         if [ -z "$mask" ] || [ $((0x$mask & bit)) -eq 0 ]; then ready=0; fi
