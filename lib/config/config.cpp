@@ -64,7 +64,14 @@ std::vector<int> stage_layer_counts(const std::string& list, int layers) {
 // What Boost sees of a line: comments cut at '#', whitespace trimmed.
 std::string significant(const std::string& line) { return trim(line.substr(0, line.find('#'))); }
 
-std::string unknown_key_message(const std::string& name) {
+std::string unknown_key_message(const std::string& raw_name) {
+  // (A name far longer than any key — a pasted line, a file read as a deck — is shown cut, and
+  // no key is suggested for it: the edit distances would take seconds.)
+  constexpr size_t kLongest = 80;
+  if (raw_name.size() > kLongest)
+    return "unknown key '" + raw_name.substr(0, kLongest) + "…' (" +
+           std::to_string(raw_name.size()) + " characters: no deck key is that long)";
+  const std::string& name = raw_name;
   const auto dot = name.find('.');
   if (dot != std::string::npos) {
     const std::string section = name.substr(0, dot);
