@@ -30,7 +30,11 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
   // precision for the model's weights — but a bf16 run's losses are its bf16 arithmetic's, so an
   // evaluation that is to give the loss the run logged keeps it, and a resume that compares the
   // course (precision and gradient reduction among it) sees both as trained.
-  // (dp = 0: all the ranks the others leave.)
+  // (dp = 0: all the ranks the others leave.) A message about these keys names them so, not the
+  // command line (which the user's own overrides are).
+  const std::string layout_where = strfmt(
+      "%s read as this job's (dp = the ranks' count unless the command line says otherwise)",
+      where.c_str());
   std::vector<std::string> layout = {"parallel.dp=0",
                                      "parallel.tp=1",
                                      "parallel.pp=1",
@@ -49,12 +53,11 @@ Config stored_deck_config(const std::string& deck, const std::string& where,
     // the run's corpus was that seed's (the user's overrides, after, may still change it). Read
     // as one rank's, which any deck a run stored passes, before the overrides that may be what
     // makes it fit this job's ranks (eval's --train.micro_batch).
-    const Config before = load_config_text(deck, where, layout, 1);
+    const Config before = load_config_text(deck, where, {}, 1, layout, layout_where);
     if (before.data.source == "synthetic")
       layout.push_back("data.synthetic_seed=" + std::to_string(before.model.seed));
   }
-  layout.insert(layout.end(), overrides.begin(), overrides.end());
-  return load_config_text(deck, where, layout, world_size);
+  return load_config_text(deck, where, overrides, world_size, layout, layout_where);
 }
 
 std::string stored_model_datasets(const CkptMeta& meta,

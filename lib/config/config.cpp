@@ -24,10 +24,12 @@ namespace {
 
 const char* const kCommandLine = "command line";
 
-// A raw value and where it came from, so a bad value is blamed on the deck or the command line.
+// A raw value and where it came from, so a bad value is blamed on the deck or the command line
+// (or the layout a stored deck is read under: load_config_text).
 struct Source {
   std::string text;
   std::string where;
+  bool overridden = false;  // set after the deck (the command line, a stored deck's layout)
 };
 using Sources = std::map<std::string, Source>;
 
@@ -222,20 +224,21 @@ void set_from(const config::KeyEntry& e, Config& cfg, const Source& source) {
          "bad value '" + source.text + "' for " + e.name() + ": expected " + expected);
 }
 
-void apply_overrides(const std::vector<std::string>& overrides, Sources& sources) {
+void apply_overrides(const std::vector<std::string>& overrides, Sources& sources,
+                     const std::string& where = kCommandLine) {
   for (const auto& raw : overrides) {
     std::string s = raw;
     if (s.rfind("--", 0) == 0) s = s.substr(2);
     const auto eq = s.find('=');
     const std::string name = eq == std::string::npos ? "" : trim(s.substr(0, eq));
     if (name.empty())
-      fail(kCommandLine, "malformed override '" + raw + "': expected --section.key=value");
+      fail(where, "malformed override '" + raw + "': expected --section.key=value");
     const config::KeyEntry* key = config::find_key(name);
-    if (!key) fail(kCommandLine, unknown_key_message(name));
+    if (!key) fail(where, unknown_key_message(name));
     // A bad value in the deck is one even where the command line overrides it: the deck is
     // wrong for the next run that does not.
     if (const auto given = sources.find(name);
-        given != sources.end() && given->second.where != kCommandLine) {
+        given != sources.end() && !given->second.overridden) {
       Config scratch;
       set_from(*key, scratch, given->second);
     }
@@ -249,7 +252,7 @@ void apply_overrides(const std::vector<std::string>& overrides, Sources& sources
                              ", which the deck each run stores (deck.ini, every checkpoint) cannot "
                              "hold: resumes and trellis eval would read it cut short (rename the "
                              "file or directory, or reach it through a symbolic link)");
-    sources[name] = {value, kCommandLine};  // a later override wins over an earlier
+    sources[name] = {value, where, true};  // a later override wins over an earlier
   }
 }
 
@@ -273,6 +276,9 @@ class Validator {
       const auto it = sources_.find(k);
       if (it != sources_.end() && it->second.where == kCommandLine) return kCommandLine;
     }
+    for (const char* k : keys)  // (a stored deck's layout, load_config_text's)
+      if (const auto it = sources_.find(k); it != sources_.end() && it->second.overridden)
+        return it->second.where;
     return c_.deck_path;
   }
   static std::string n(int64_t v) { return std::to_string(v); }
@@ -529,10 +535,12 @@ void check_not_the_deck(const std::string& path, const std::string& deck_path,
 }
 
 Config load_config_text(const std::string& deck_text, const std::string& deck_name,
-                        const std::vector<std::string>& overrides, int world_size) {
+                        const std::vector<std::string>& overrides, int world_size,
+                        const std::vector<std::string>& layout, const std::string& layout_where) {
   TRELLIS_CHECK(world_size >= 1, "world size %d", world_size);
   Sources sources;
   parse_deck_text(deck_name, deck_text, sources);
+  apply_overrides(layout, sources, layout_where);
   return config_from_sources(deck_name, sources, overrides, world_size, true);
 }
 

@@ -142,9 +142,13 @@ Config load_config(const std::string& deck_path, const std::vector<std::string>&
                    int world_size, bool require_built_backend = true);
 
 /// The same from a deck's text (e.g. the deck stored in a checkpoint); `deck_name` names it in
-/// messages and stands for the deck's path (run.dir's default).
+/// messages and stands for the deck's path (run.dir's default). `layout` (section.key=value, as
+/// overrides) is applied before the command line's `overrides`, and a message about its keys
+/// names `layout_where` (a stored deck read under this job's layout, not the user's overrides).
 Config load_config_text(const std::string& deck_text, const std::string& deck_name,
-                        const std::vector<std::string>& overrides, int world_size);
+                        const std::vector<std::string>& overrides, int world_size,
+                        const std::vector<std::string>& layout = {},
+                        const std::string& layout_where = "");
 
 /// Refuses an output file that is the deck itself (`trellis plan --json`, `trellis tune --out`):
 /// written first, the deck would be lost and the run that reads it next would fail. Throws

@@ -100,6 +100,8 @@ bad "missing eval.path"      2 "eval.path"           -- "$work/text" --eval.path
 bad "layout for other ranks" 2 "parallel.dp"         -- "$work/run" --parallel.dp=3
 bad "held-out set past memory" 2 "more than its"     -- "$work/run" --eval.batches=268000000
 bad "3 ranks, global batch 8" 3 "where parallel.dp does not divide train.global_batch, the layout: -np or --parallel.*" -- "$work/run"
+# (blamed on the stored deck read under this job's layout: no override was given)
+bad "3 ranks, said of the layout" 3 "(its stored deck) read as this job's (dp = the ranks' count" -- "$work/run"
 bad "text model, no [eval]"  2 "--eval.path=FILE"    -- "$work/text-no-eval"
 
 # A directory's newest checkpoint removed meanwhile (a run publishing there, its retention): eval
