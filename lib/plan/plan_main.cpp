@@ -1,10 +1,16 @@
 #include "plan/plan_main.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -215,8 +221,15 @@ std::string layouts_table(const LayoutSearch& s, int top) {
 }
 
 void write_json(const std::string& path, const Config& cfg, const std::vector<RankMemory>& stages) {
-  std::ofstream f(path);
-  if (!f) throw UserError("--json " + path + ": cannot write the file");
+  // Opened without blocking: a FIFO no process reads fails at once (ENXIO) instead of waiting
+  // for ever; a pipe with a reader (--json /dev/stdout | jq) is written as any file.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw UserError("--json " + path + ": cannot write the file: " +
+                    (errno == ENXIO ? std::string("a FIFO that no process reads")
+                                    : std::string(std::strerror(errno))));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::ostringstream f;
   const RankMemory& r = largest(stages);
   auto kinds = [](const RankMemory& m) {
     return strfmt("{\"parameters\": %.0f, \"gradients\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
@@ -233,7 +246,17 @@ void write_json(const std::string& path, const Config& cfg, const std::vector<Ra
     f << (s ? ", " : "") << strfmt("{\"stage\": %zu, \"peak_bytes\": %.0f, \"by_kind\": ", s, stages[s].total())
       << kinds(stages[s]) << "}";
   f << "]\n}\n";
-  if (!f) throw UserError("--json " + path + ": write failed");
+  const std::string text = f.str();
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  const int write_errno = errno;
+  if (::close(fd) != 0 || done < text.size())
+    throw UserError("--json " + path + ": write failed: " + std::strerror(write_errno));
 }
 
 /// The best fitting layout on N/4, N/2 and N devices: what doubling the devices buys (the second

@@ -1,6 +1,7 @@
 #include "train/stop_signals.hpp"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +13,23 @@ namespace trellis {
 
 static volatile std::sig_atomic_t g_stop_requests = 0;
 int stop_requests() { return int(g_stop_requests); }
-static void on_stop_signal(int) { g_stop_requests = g_stop_requests + 1; }
+// The first request's time (CLOCK_MONOTONIC, ms). One stop sent along two paths — to the ranks and
+// to the launcher that passes it on (scancel --full, pkill, a batch script's trap) — arrives
+// twice within milliseconds, which counted as the second signal: a stop without a checkpoint.
+// Within kSameStopMs of the first, a signal is the same request.
+static volatile long g_first_request_ms = 0;
+constexpr long kSameStopMs = 1000;
+static long monotonic_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // (async-signal-safe)
+  return long(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+static void on_stop_signal(int) {
+  const long now = monotonic_ms();
+  if (g_stop_requests > 0 && now - g_first_request_ms < kSameStopMs) return;
+  if (g_stop_requests == 0) g_first_request_ms = now;
+  g_stop_requests = g_stop_requests + 1;
+}
 // SIGUSR1 and SIGTERM received before the deck said which one stops the run (hold_stop_signals).
 static volatile std::sig_atomic_t g_held_usr1 = 0, g_held_term = 0;
 static void on_held_signal(int sig) {
@@ -76,7 +93,7 @@ void catch_stop_signal(const std::string& stop_signal) {
   std::signal(stop, on_stop_signal);
   if (held_stop) {
     held_stop = 0;
-    g_stop_requests = g_stop_requests + 1;
+    on_stop_signal(stop);
   }
   if (!term) {
     if (std::signal(SIGTERM, SIG_DFL) == on_held_signal && held_other) std::raise(SIGTERM);

@@ -32,7 +32,8 @@ void note_and_ignore_stop_signal(const std::string& command);
 void catch_stop_signal(const std::string& stop_signal);  // "USR1" or "TERM" (system.stop_signal)
 
 /// How many times the stop signal came since catch_stop_signal: 1 asks for a checkpoint, then a
-/// stop; 2 or more for a stop without a new checkpoint.
+/// stop; 2 or more for a stop without a new checkpoint. A signal within a second of the first is
+/// the same request (one stop that reached a rank along two paths: directly and from mpirun).
 int stop_requests();
 
 }  // namespace trellis

@@ -340,6 +340,12 @@ double Trainer::run() {
     if (rank_ == 0) {
       try {
         run_dir_ = std::make_unique<RunDir>(cfg_.run.dir);
+        // (Written whole at the end and at the start: a FIFO or a directory in their place is
+        // refused now, before any step, not once the run's work is done.)
+        for (const char* name : {"summary.json", "deck.ini"})
+          refuse_blocking_file(cfg_.run.dir + "/" + name, "run.dir: ",
+                               "not the file the run writes there: remove it, or give another "
+                               "run.dir");
         run_dir_->open_table("metrics.csv", kMetricsColumns, first_step);
         if (held_out_) run_dir_->open_table("eval.csv", kEvalColumns, first_step);
         // deck.ini is the deck that trained the run: one with nothing left to train keeps it.

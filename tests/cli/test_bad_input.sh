@@ -52,7 +52,7 @@ expect "valid deck, 2 ranks, zero 3"  2 0 "done:"                        -- trai
 expect "synthetic with a data.path: said" 1 0 "is not read: data.source = synthetic" -- train "$ok" --data.path=shards/x_*.bin
 expect "missing deck"                 2 2 "no-such.deck"                 -- train "$work/no-such.deck"
 expect "unknown key"                  2 2 "did you mean 'model.layers'"  -- train "$ok" --model.layer=3
-expect "synthetic_order past 4096"    2 2 "data.synthetic_order: expected an integer in 1..4096" -- train "$ok" --data.synthetic_order=2147483647
+expect "synthetic_order past 256"     2 2 "data.synthetic_order: expected an integer in 1..256" -- train "$ok" --data.synthetic_order=2147483647
 expect "a key longer than any"        2 2 "characters: no deck key is that long" -- train "$ok" "--model.$(printf 'k%.0s' $(seq 200))=3"
 expect "bad value"                    2 2 "train.steps"                  -- train "$ok" --train.steps=abc
 expect "dp*tp*pp != world size"       2 2 "parallel.dp"                  -- train "$ok" --parallel.dp=4

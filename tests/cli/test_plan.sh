@@ -148,6 +148,10 @@ check_log="$work/out.log"
 
 # Bad input: status 2 and a message naming the option or key.
 run_plan() { "$build/trellis" plan "$@" > "$work/out.log" 2>&1; echo $?; }
+mkfifo "$work/fifo.json"  # (opened for writing, it waited for a reader for ever)
+rc=$(timeout 60 "$build/trellis" plan "$work/tiny.deck" --json "$work/fifo.json" > "$work/out.log" 2>&1; echo $?)
+check "--json a FIFO no process reads: status 2 at once, naming it" \
+  '[ $rc -eq 2 ] && grep -q -- "--json $work/fifo.json: cannot write the file: a FIFO that no process reads" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 80gigs)
 check "bad --gpu-mem: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpu-mem" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 0.5)

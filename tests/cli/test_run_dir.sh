@@ -67,6 +67,12 @@ check_log="$work/fifo.log"
 check "a FIFO as metrics.csv: status 2 at once, naming it, no deck.ini written" \
   "[ $rc -eq 2 ] && grep -q 'run.dir: $work/fifo/metrics.csv: a FIFO; not the table the run writes there' '$work/fifo.log' && [ ! -e '$work/fifo/deck.ini' ]"
 rm "$work/fifo/metrics.csv"
+mkfifo "$work/fifo/summary.json"  # (written whole at the end: the run's work was done first)
+run --run.dir="$work/fifo" --train.steps=2 > "$work/fifo.log" 2>&1
+rc=$?
+check "a FIFO as summary.json: status 2 before any step, naming it" \
+  "[ $rc -eq 2 ] && grep -q 'run.dir: $work/fifo/summary.json: a FIFO; not the file the run writes there' '$work/fifo.log' && ! grep -q '^step ' '$work/fifo.log'"
+rm "$work/fifo/summary.json"
 run --run.dir="$work/fifo" --train.steps=2 > "$work/fifo.log" 2>&1
 rc=$?
 check "a FIFO as ckpt/latest: not read; the run trains and publishes its own" \

@@ -151,6 +151,21 @@ check_log="$work/sbatch.log"
 check "train.sbatch under mpirun sent TERM: not passed on, the run finishes (status 0)" \
   '[ $rc -eq 0 ] && grep -q "TERM at .*, not passed to mpirun" "$work/sbatch.log" && grep -q "^trellis: finished" "$work/sbatch.log" && [ -f "$work/sbatch/summary.json" ]'
 
+# One stop that reaches the ranks twice within milliseconds (sent to them and to mpirun, which
+# passes it on: pkill, scancel --full) is one request: a checkpoint, then status 3 (it counted as
+# the second signal, a stop without a checkpoint: the run's progress lost, and still status 3).
+timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=5 -np 2 "$build/trellis" train \
+  "$work/stop.deck" --run.dir="$work/dup" > "$work/dup.log" 2>&1 &
+job=$!
+wait_until_caught USR1 "$build/trellis train $work/stop.deck --run.dir=$work/dup" \
+  "$work/dup.log" "^run directory" 2 &&
+  for _ in 1 2; do pkill -USR1 -f "^$build/trellis train $work/stop.deck --run.dir=$work/dup"; done
+wait $job
+rc=$?
+check_log="$work/dup.log"
+check "one stop delivered twice within milliseconds: one request, a checkpoint, status 3" \
+  '[ $rc -eq 3 ] && ! grep -q "stop requested twice" "$work/dup.log" && [ -f "$work/dup/ckpt/$(cat "$work/dup/ckpt/latest")" ]'
+
 # The stop signal while a periodic checkpoint is written (rank 1, halfway through step 4's:
 # TRELLIS_FAULT_SIGNAL): the run stops at that checkpoint, status 3, without training step 5 and
 # writing another one as it did.
