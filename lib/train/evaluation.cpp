@@ -127,6 +127,24 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
              floor.c_str()));
 }
 
+/// A warning where --eval.path names a file the run trained on (one shard of its data.path glob,
+/// under any name): the loss measured is then no held-out loss. Not refused as training refuses
+/// it: measuring the training loss on purpose (beside the held-out one) is a fair question.
+/// Nothing is said where the run's files are no longer there to compare.
+static std::string training_data_note(const DataConfig& trained_on, const ModelConfig& model,
+                                      const Trainer& trainer) {
+  const TokenSource* held_out = trainer.held_out_source();
+  if (trained_on.source == "synthetic" || trained_on.path.empty() || !held_out) return {};
+  std::string shared;
+  try {
+    shared = held_out_overlap(*make_token_source(trained_on, model), *held_out);
+  } catch (const UserError&) {  // moved or gone since the training: nothing to compare with
+    return {};
+  }
+  if (shared.empty()) return {};
+  return "eval: warning: " + shared + " (data.path as the checkpoint stores it)";
+}
+
 /// The file to load for `chosen`: "never" and "auto" are checkpoint.resume's words, so a file of
 /// that name is ./never.
 static std::string load_path(const ChosenCheckpoint& chosen) {
@@ -136,7 +154,8 @@ static std::string load_path(const ChosenCheckpoint& chosen) {
 
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
-  std::string error, path, batch_note;
+  std::string error, path, batch_note, data_note;
+  DataConfig trained_on;  // the run's [data], as its checkpoint stores it
   std::optional<ChosenCheckpoint> chosen;  // (a directory's newest may be removed meanwhile)
   Config cfg;
   std::unique_ptr<Trainer> trainer;
@@ -169,6 +188,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       try {
         cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
         run = stored_config(path);
+        trained_on = run.data;
       } catch (const UserError& e) {
         read_error = e.what();
       }
@@ -212,6 +232,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       } catch (const std::bad_alloc& e) {
         abort_out_of_memory(world.comm(), "trellis eval", e);
       }
+      if (world.rank() == 0) data_note = training_data_note(trained_on, cfg.model, *trainer);
     });
   // The held-out set is eval.batches global batches: a layout that does not divide one is for
   // the micro-batch or the layout to change, not train.global_batch.
@@ -240,6 +261,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     }
     if (!steps) throw UserError(path + ": nothing loaded");
     if (!batch_note.empty()) log(batch_note);
+    if (!data_note.empty()) log(data_note);
     report_evaluation(*trainer, cfg, path, *steps, world);
     return int(kExitOk);
   });

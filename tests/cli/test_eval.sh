@@ -73,7 +73,12 @@ rc=$(run -np 1 "$trellis" eval "$work/text")
 check "text: the stored eval.path, the loss its run logged" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6'
 rc=$(run -np 1 "$trellis" eval "$work/text" --eval.path="$work/other-val.txt" --eval.batches=1)
 check "text: another eval.path, another loss" \
-  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "other-val.txt" "$work/out.log"'
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "other-val.txt" "$work/out.log" && ! grep -q "on the training data" "$work/out.log"'
+# The training file itself (under another name) as eval.path: measured, with a warning once.
+ln -s "$work/train.txt" "$work/train-link.txt"
+rc=$(run -np 2 "$trellis" eval "$work/text" --eval.path="$work/train-link.txt" --eval.batches=1)
+check "text: the training file as eval.path: measured, said to be the training data (once)" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && [ "$(grep -c "eval: warning: eval.path and data.path both read .*train-link.txt (as .*train.txt in data.path): the held-out loss would be measured on the training data (data.path as the checkpoint stores it)" "$work/out.log")" -eq 1 ]'
 mv "$work/train.txt" "$work/moved.txt"
 rc=$(run -np 2 "$trellis" eval "$work/text" --parallel.tp=2)
 check "text: the training corpus moved away since: the same loss, nothing else read" \
