@@ -1,11 +1,14 @@
 #include "infer/generate.hpp"
 
 #include <boost/program_options.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -385,12 +388,24 @@ int generate_main(const std::vector<std::string>& args, World& world) {
                   ids_text(g.tokens).c_str());
     }
     if (dump) {
-      std::ofstream out(opt.logits_out, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(g.logits.data()),
-                std::streamsize(g.logits.size() * sizeof(float)));
-      if (!out) {
-        log_error("trellis generate: error: could not write --logits-out " + opt.logits_out);
-        return kExitFailure;
+      // (stdio, not a stream: a full disk shows at the close, and errno says why)
+      int failed = 0;  // errno of the first failure
+      if (std::FILE* out = std::fopen(opt.logits_out.c_str(), "wb"); !out) {
+        failed = errno;
+      } else {
+        const size_t n = g.logits.size();
+        if (std::fwrite(g.logits.data(), sizeof(float), n, out) != n) failed = errno ? errno : EIO;
+        if (std::fclose(out) != 0 && !failed) failed = errno;
+        // No regular file cut short, to be read later as whole (a device is left alone).
+        struct stat st;
+        if (failed && ::stat(opt.logits_out.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+          std::remove(opt.logits_out.c_str());
+      }
+      if (failed) {
+        log_error("trellis generate: error: --logits-out " + opt.logits_out + ": write failed: " +
+                  std::strerror(failed) +
+                  " (the tokens above were generated; no logits file was written)");
+        return kExitBadInput;
       }
     }
     const int n = int(g.tokens.size());

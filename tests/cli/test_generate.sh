@@ -148,6 +148,12 @@ bad "an empty --logits-out" 1 "--logits-out: an empty path" "$work/tokens" --pro
 mkfifo "$work/fifo"  # (rank 0 blocked opening it, the others waiting for it: a hang)
 bad "a FIFO as --logits-out" 2 "--logits-out $work/fifo: a FIFO" "$work/tokens" --prompt-ids 1,2 \
   --logits-out "$work/fifo"
+# A full disk under --logits-out (/dev/full): the tokens printed, the failure said with its
+# cause, status 2, and the device left as it was.
+bad "a full disk under --logits-out" 1 "--logits-out /dev/full: write failed: No space left on device" \
+  "$work/tokens" --prompt-ids 1,2 --logits-out /dev/full
+check "a full disk under --logits-out: the generated ids printed, /dev/full still a device" \
+  'grep -q "^generated ids:" "$work/out.log" && [ -c /dev/full ]'
 bad "a negative seed" 2 "--seed -1: expected an integer" "$work/text" --prompt a --seed -1
 bad "a seed past 2^64" 1 "--seed 18446744073709551616: expected" "$work/text" --prompt a \
   --seed 18446744073709551616
