@@ -66,13 +66,22 @@ std::vector<int> stage_layer_counts(const std::string& list, int layers) {
 // What Boost sees of a line: comments cut at '#', whitespace trimmed.
 std::string significant(const std::string& line) { return trim(line.substr(0, line.find('#'))); }
 
+// A name or value far longer than any key or sensible value (a pasted line, a file read as a
+// deck) is shown cut, and no name is suggested for it: the edit distances would take seconds.
+constexpr size_t kLongest = 80;
+
+// `text` as a message shows it: whole up to kLongest bytes, else its first ones (not splitting a
+// UTF-8 character), "…' (N characters" — the caller closes the parenthesis.
+std::string quoted_cut(const std::string& text) {
+  if (text.size() <= kLongest) return "'" + text + "'";
+  size_t end = kLongest;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return "'" + text.substr(0, end) + "…' (" + std::to_string(text.size()) + " characters";
+}
+
 std::string unknown_key_message(const std::string& raw_name) {
-  // (A name far longer than any key — a pasted line, a file read as a deck — is shown cut, and
-  // no key is suggested for it: the edit distances would take seconds.)
-  constexpr size_t kLongest = 80;
   if (raw_name.size() > kLongest)
-    return "unknown key '" + raw_name.substr(0, kLongest) + "…' (" +
-           std::to_string(raw_name.size()) + " characters: no deck key is that long)";
+    return "unknown key " + quoted_cut(raw_name) + ": no deck key is that long)";
   const std::string& name = raw_name;
   const auto dot = name.find('.');
   if (dot != std::string::npos) {
@@ -100,6 +109,9 @@ void check_sections(const std::string& path, const std::string& text) {
     if (s.size() < 2 || s.front() != '[' || s.back() != ']') continue;
     const std::string section = s.substr(1, s.size() - 2);
     if (std::find(known.begin(), known.end(), section) != known.end()) continue;
+    if (section.size() > kLongest)
+      fail(path + ":" + std::to_string(lineno),
+           "unknown section " + quoted_cut(section) + ": no section is that long)");
     const std::string best = config::closest_name(section, true);
     fail(path + ":" + std::to_string(lineno),
          "unknown section [" + section + "]" +
@@ -221,7 +233,8 @@ void set_from(const config::KeyEntry& e, Config& cfg, const Source& source) {
   const std::string expected = config::set_value(e, cfg, source.text);
   if (!expected.empty())
     fail(source.where,
-         "bad value '" + source.text + "' for " + e.name() + ": expected " + expected);
+         "bad value " + quoted_cut(source.text) + (source.text.size() > kLongest ? ")" : "") +
+             " for " + e.name() + ": expected " + expected);
 }
 
 void apply_overrides(const std::vector<std::string>& overrides, Sources& sources,
