@@ -131,11 +131,22 @@ void check_async(ncclComm_t comm, const std::string& group) {
                 group.c_str(), nccl().GetErrorString(state));
 }
 
+/// A kernel launch's error (cudaGetLastError, a query's "not ready" being none: see passed).
+cudaError_t launch_error() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaErrorNotReady ? cudaSuccess : e;
+}
+
 /// Whether `event` has passed (never blocks); throws on `comm`'s asynchronous error.
 bool passed(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
   check_async(comm, group);
   const cudaError_t e = cudaEventQuery(event);
-  if (e == cudaErrorNotReady) return false;
+  if (e == cudaErrorNotReady) {
+    // (a "not ready" stays the thread's last error on some runtimes, for the next launch's check
+    // to take for its own failure: taken back here, and only it)
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    return false;
+  }
   CUDA_OK(e);
   return true;
 }
@@ -398,12 +409,12 @@ class NcclLink : public DeviceLink {
   void to_bf16(__nv_bfloat16* dst, const float* src, int64_t n) {
     if (n == 0) return;
     to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
-    CUDA_OK(cudaGetLastError());
+    CUDA_OK(launch_error());
   }
   void from_bf16(float* dst, const __nv_bfloat16* src, int64_t n) {
     if (n == 0) return;
     from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
-    CUDA_OK(cudaGetLastError());
+    CUDA_OK(launch_error());
   }
   void copy(Ptr dst, CPtr src, int64_t n) {
     if (n > 0)

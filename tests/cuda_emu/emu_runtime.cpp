@@ -19,6 +19,9 @@ struct CUevent_st {
   bool recorded = false;
   cudaStream_t stream = nullptr;  // where it was recorded, and the NCCL operations before it
   uint64_t nccl_upto = 0;
+  // The device behind the host, as a real one mostly is just after a record: the first query of
+  // each record finds its work not done (then it is).
+  bool queried = false;
 };
 struct CUmemPoolHandle_st {
   int id;
@@ -351,6 +354,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->recorded = true;
   event->stream = stream;
   event->nccl_upto = trellis_emu::nccl_mark ? trellis_emu::nccl_mark() : 0;
+  event->queried = false;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -359,9 +363,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  if (trellis_emu::nccl_complete && event->nccl_upto &&
-      !trellis_emu::nccl_complete(event->stream, event->nccl_upto, false))
+  const bool first = event->recorded && !event->queried;
+  event->queried = true;
+  if (first || (trellis_emu::nccl_complete && event->nccl_upto &&
+                !trellis_emu::nccl_complete(event->stream, event->nccl_upto, false))) {
+    // As a real runtime may: the "not ready" is the thread's last error too, which the next
+    // cudaGetLastError returns (a kernel launch's check that took it for its own failure threw).
+    trellis_emu::last_error() = cudaErrorNotReady;
     return cudaErrorNotReady;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

@@ -110,7 +110,8 @@ void CudaBackend::resolve_way_times() {
   cudaError_t failed = cudaSuccess;
   for (const WayTime& t : way_times_) {
     cudaError_t e = failed == cudaSuccess ? cudaEventQuery(t.stop) : cudaErrorNotReady;
-    if (e == cudaErrorNotReady) {
+    if (e == cudaErrorNotReady) {  // (the device behind the host: timed at a later call)
+      cuda::forget_not_ready();
       pending.push_back(t);
       continue;
     }

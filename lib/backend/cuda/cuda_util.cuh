@@ -23,8 +23,20 @@ inline void check(cudaError_t e, const char* what, const char* file, int line) {
                              " (" + file + ":" + std::to_string(line) + ")");
 }
 #define TRELLIS_CUDA(call) ::trellis::cuda::check((call), #call, __FILE__, __LINE__)
+/// The last error a kernel launch left: cudaGetLastError's, but for a "not ready", which no launch
+/// gives — an event or stream query that found work still running leaves that as the thread's
+/// last error (PyTorch clears it after each query), and it must not fail the next launch.
+inline cudaError_t launch_error() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaErrorNotReady ? cudaSuccess : e;
+}
+/// After a query that found work still running: its "not ready" taken back from the last error
+/// (only that: another error there is left for the next check).
+inline void forget_not_ready() {
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+}
 /// After a kernel launch: a bad launch configuration shows up here, not later.
-#define TRELLIS_CUDA_LAUNCHED() ::trellis::cuda::check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+#define TRELLIS_CUDA_LAUNCHED() ::trellis::cuda::check(::trellis::cuda::launch_error(), "kernel launch", __FILE__, __LINE__)
 
 constexpr int kThreads = 256;
 /// Blocks for a grid-stride loop over n items (capped: the loop covers the rest).
