@@ -214,21 +214,23 @@ void Checkpointer::check_same_deck(const CkptMeta& meta, const std::string& path
       " explicitly (--run.dir=" + cfg_.run.dir + ") to go on with that run under this deck");
 }
 
+std::string Checkpointer::content_change(const CkptMeta& meta, const std::string& key,
+                                         const DataIdentity& here) {
+  const auto there = meta.text.find(key + "_fingerprint");
+  if (here.fingerprint.empty() || there == meta.text.end() || there->second == here.fingerprint)
+    return {};
+  const auto holds = meta.text.find(key + "_holds");
+  return (holds == meta.text.end() ? std::string("other tokens") : holds->second) + " there, " +
+         here.holds + " here";
+}
+
 std::string Checkpointer::data_changes(const CkptMeta& meta, bool same_eval_path,
                                       bool same_data_path) const {
   std::string out;
-  const auto differs = [&](const std::string& key, const DataIdentity& here) {
-    const auto there = meta.text.find(key + "_fingerprint");
-    if (here.fingerprint.empty() || there == meta.text.end() || there->second == here.fingerprint)
-      return std::string();
-    const auto holds = meta.text.find(key + "_holds");
-    return (holds == meta.text.end() ? std::string("other tokens") : holds->second) + " there, " +
-           here.holds + " here";
-  };
-  if (const std::string d = differs("data", data_); same_data_path && !d.empty())
+  if (const std::string d = content_change(meta, "data", data_); same_data_path && !d.empty())
     out += "; data.path holds other tokens than when it was written (" + d +
            "): the sequences drawn from here are not those the run would have drawn";
-  if (const std::string d = differs("eval_data", held_out_data_); same_eval_path && !d.empty())
+  if (const std::string d = content_change(meta, "eval_data", held_out_data_); same_eval_path && !d.empty())
     out += "; eval.path holds other tokens than when it was written (" + d +
            "): eval.csv's losses from here on are not comparable with its earlier ones";
   return out;
@@ -254,8 +256,12 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
       check_same_deck(meta, path);
       std::string model;
       const bool evaluates = cfg_.eval.every > 0;  // (eval's own set-up says its own)
+      held_out_changes_.clear();
       for (const KeyChange& c : changed_keys(stored, cfg_)) {
         std::string change = c.key + " = " + c.before + " there, " + c.after + " here";
+        // The synthetic held-out set is the training corpus' walk continued: drawn from these.
+        if (!training_ && cfg_.data.source == "synthetic" && c.key.rfind("data.synthetic", 0) == 0)
+          held_out_changes_ += (held_out_changes_.empty() ? "" : "; ") + change;
         if (c.key == "data.synthetic_seed" && !deck_sets_key(meta.text["deck"], c.key))
           change += " (written before the key existed, when model.seed drew the synthetic "
                     "corpus: --data.synthetic_seed=" + c.before + " goes on with it)";
@@ -271,6 +277,11 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
                     here = int64_t(cfg_.eval.batches) * cfg_.train.global_batch;
       changes += data_changes(meta, evaluates && stored.eval.path == cfg_.eval.path,
                               stored.data.path == cfg_.data.path);
+      if (const std::string d = content_change(meta, "eval_data", held_out_data_);
+          !training_ && stored.eval.path == cfg_.eval.path && !d.empty())
+        held_out_changes_ += std::string(held_out_changes_.empty() ? "" : "; ") +
+                             "eval.path holds other tokens than when the checkpoint was written (" +
+                             d + ")";
       if (evaluates && (there != here || stored.eval.path != cfg_.eval.path))
         changes += strfmt("; so the held-out set is another (%lld sequences there, %lld here%s): "
                           "eval.csv's losses from here on are not comparable with its earlier ones",

@@ -45,6 +45,11 @@ class Checkpointer {
     training_ = false;
     return load(path, false);
   }
+  /// An evaluation's (rank 0's, after its load): what makes its held-out set another than the
+  /// run's evaluations measured — eval.path's files holding other tokens than when the checkpoint
+  /// was written, or the synthetic source's keys changed ("" when nothing: the loss is eval.csv's
+  /// for that step).
+  const std::string& held_out_changes() const { return held_out_changes_; }
   /// Seconds the resume's read took (0 without one): the first estimate of a checkpoint's cost.
   double resumed_seconds() const { return resumed_seconds_; }
   /// Tokens the run had trained on at the checkpoint the resume loaded (0 without one).
@@ -79,6 +84,10 @@ class Checkpointer {
   /// only where the path is the same (another one is said as a changed key) and, for eval.path,
   /// where this run evaluates.
   std::string data_changes(const CkptMeta& meta, bool same_eval_path, bool same_data_path) const;
+  /// "N tokens in M file(s) there, … here" where `meta`'s record `key`_fingerprint of the files
+  /// differs from `here`, else "" (also where either has no record).
+  static std::string content_change(const CkptMeta& meta, const std::string& key,
+                                    const DataIdentity& here);
   int64_t load(const std::string& path, bool say_changes);
   /// resume() without what follows a training run's resume (set_aside_past).
   std::optional<int64_t> resume_from(bool training);
@@ -105,6 +114,7 @@ class Checkpointer {
   double resumed_seconds_ = 0;                     // and the time its read took
   std::string resumed_path_;                        // and its file
   DataIdentity data_, held_out_data_;               // set_data_identity
+  std::string held_out_changes_;                    // an evaluation's (check_compatible)
   Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
 };
 

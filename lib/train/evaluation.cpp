@@ -261,6 +261,9 @@ int eval_main(const std::vector<std::string>& args, World& world) {
     }
     if (!steps) throw UserError(path + ": nothing loaded");
     if (!batch_note.empty()) log(batch_note);
+    if (const std::string changed = trainer->held_out_changes(); !changed.empty())
+      log("eval: warning: " + changed + ": the held-out set is not the one the run's evaluations "
+          "measured, so the loss is not eval.csv's");
     if (!data_note.empty()) log(data_note);
     report_evaluation(*trainer, cfg, path, *steps, world);
     return int(kExitOk);

@@ -274,23 +274,25 @@ static Checkpointer::DataIdentity data_identity(const TokenSource* source, uint6
   return {strfmt("%016llx", (unsigned long long)fingerprint), token_files_text(*source)};
 }
 
-std::optional<int64_t> Trainer::resume(bool to_train) {
+Checkpointer& Trainer::checkpointer() {
   if (!checkpointer_) {
     checkpointer_ =
         std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
     checkpointer_->set_data_identity(data_identity(source_.get(), data_fingerprint_),
                                      data_identity(held_out_source_.get(), held_out_fingerprint_));
   }
+  return *checkpointer_;
+}
+
+std::optional<int64_t> Trainer::resume(bool to_train) {
+  checkpointer();
   std::optional<int64_t> steps = checkpointer_->resume(to_train, to_train && !quiet_);
   pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
   return steps;
 }
 
 int64_t Trainer::load_for_evaluation(const std::string& path) {
-  if (!checkpointer_)
-    checkpointer_ =
-        std::make_unique<Checkpointer>(cfg_, *grid_, *full_table_, *table_, *store_, comm_);
-  const int64_t steps = checkpointer_->load_for_evaluation(path);
+  const int64_t steps = checkpointer().load_for_evaluation(path);
   pipeline_->sync_tied_weights();
   return steps;
 }

@@ -65,6 +65,11 @@ class Trainer {
   std::optional<int64_t> resume(bool to_train = true);
   /// An evaluation's load of the checkpoint `path` instead (collective): the steps it holds.
   int64_t load_for_evaluation(const std::string& path);
+  /// After an evaluation's load (rank 0's): what makes its held-out set another than the run's
+  /// evaluations measured, "" when nothing (Checkpointer::held_out_changes).
+  std::string held_out_changes() const {
+    return checkpointer_ ? checkpointer_->held_out_changes() : std::string();
+  }
 
   /// One optimizer step over the global batch of `step`.
   StepResult train_step(int64_t step);
@@ -153,7 +158,8 @@ class Trainer {
   int stop_level_ = 0;  // agreed over the ranks: 1 checkpoint and stop, 2 stop without one
   int64_t checkpoint_step_ = -1;  // the step of the checkpoint this run resumed or last wrote
   int skips_in_a_row_ = 0;  // updates skipped in a row for a non-finite loss or norm
-  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<Checkpointer> checkpointer_;  // made by checkpointer(), at the first load
+  Checkpointer& checkpointer();
   /// Collective: whether to stop after this step (a stop signal, system.max_hours or the job's
   /// end near); just_saved: asked right after a checkpoint of this step was written.
   bool should_stop(double run_start, double slowest_step, double checkpoint_seconds,

@@ -43,6 +43,10 @@ check "--train.global_batch 4 (the run's 8): 8 held-out sequences, not 16, and a
 rc=$(run -np 1 "$trellis" eval "$work/run" --train.global_batch=4 --train.micro_batch=2 --eval.batches=4)
 check "--train.global_batch 4 with eval.batches 4: the run's 16 sequences, its loss, no warning" \
   '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6 && ! grep -q "warning" "$work/out.log"'
+# The synthetic held-out set is the corpus' walk continued: another corpus length moves it.
+rc=$(run -np 1 "$trellis" eval "$work/run" --data.synthetic_tokens=4096)
+check "--data.synthetic_tokens changed: another held-out set, a warning that says so" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "eval: warning: data.synthetic_tokens = .* there, 4096 here: the held-out set is not the one the run.s evaluations measured, so the loss is not eval.csv.s" "$work/out.log"'
 for layout in "--parallel.tp=2" "--parallel.pp=2" "--parallel.dp=2 --parallel.zero=3"; do
   # shellcheck disable=SC2086
   rc=$(run -np 2 "$trellis" eval "$work/run/ckpt/step_00000006.h5" $layout)
@@ -70,7 +74,14 @@ rc=$(run -np 1 "$trellis" train "$work/tiny.deck" --run.dir="$work/text" --model
        --data.source=text --data.path="$work/train.txt" --eval.path="$work/val.txt")
 logged=$(tail -1 "$work/text/eval.csv" | cut -d, -f2)
 rc=$(run -np 1 "$trellis" eval "$work/text")
-check "text: the stored eval.path, the loss its run logged" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6'
+check "text: the stored eval.path, the loss its run logged" '[ $rc -eq 0 ] && near "$(printed)" "$logged" 1e-6 && ! grep -q "warning" "$work/out.log"'
+# The held-out file rewritten in place since (its size the same): measured, with a warning.
+cp "$work/val.txt" "$work/val.saved"
+{ printf 'ZYXWVUTSRQ%.0s' $(seq 30); tail -c +301 "$work/val.saved"; } > "$work/val.txt"
+rc=$(run -np 2 "$trellis" eval "$work/text")
+check "text: the held-out file rewritten since: another loss, a warning once" \
+  '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && [ "$(grep -c "eval: warning: eval.path holds other tokens than when the checkpoint was written (.* there, .* here): the held-out set is not" "$work/out.log")" -eq 1 ]'
+mv "$work/val.saved" "$work/val.txt"
 rc=$(run -np 1 "$trellis" eval "$work/text" --eval.path="$work/other-val.txt" --eval.batches=1)
 check "text: another eval.path, another loss" \
   '[ $rc -eq 0 ] && [ -n "$(printed)" ] && ! near "$(printed)" "$logged" 1e-6 && grep -q "other-val.txt" "$work/out.log" && ! grep -q "on the training data" "$work/out.log"'
