@@ -8,6 +8,7 @@
 
 #include "core/log.hpp"
 #include "cuda_test_util.hpp"
+#include "scoped_env.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
 namespace {
@@ -80,6 +81,22 @@ TEST_F(CudaKernels, Attention) {
     SCOPED_TRACE(s.name());
     const AttentionRun cpu_run = attention_on(*cpu, s, 20, nullptr);
     const AttentionRun gpu_run = attention_on(*gpu, s, 20, &cpu_run);
+    expect_close(gpu_run.out, cpu_run.out, 1e-4, "attention out");
+    expect_close(gpu_run.dqkv, cpu_run.dqkv, 1e-3, "attention dqkv");
+  }
+}
+
+// More (sequence, head) pairs than a grid's y takes (65535 on a GPU, the backend reads it from the
+// device; on the emulated one TRELLIS_EMU_GRID_Y makes it 10, so that a small shape reaches it —
+// at a GPU's, 65600 pairs took 35 s emulated): launched in runs of sequences, each the same as
+// alone. 5 sequences × 4 heads: runs of 2, 2 and 1 (the fp32 kernels).
+TEST_F(CudaKernels, AttentionOverMoreSequencesAndHeadsThanAGridRow) {
+  ScopedEnv limit("TRELLIS_EMU_GRID_Y", "10");  // (the launches' limit, and the device's)
+  fresh_gpu({});
+  for (AttentionShape s : {AttentionShape{5, 70, 4, 2, 16}, AttentionShape{3, 40, 8, 8, 32}}) {
+    SCOPED_TRACE(s.name());
+    const AttentionRun cpu_run = attention_on(*cpu, s, 21, nullptr);
+    const AttentionRun gpu_run = attention_on(*gpu, s, 21, &cpu_run);
     expect_close(gpu_run.out, cpu_run.out, 1e-4, "attention out");
     expect_close(gpu_run.dqkv, cpu_run.dqkv, 1e-3, "attention dqkv");
   }

@@ -401,7 +401,7 @@ void run_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
   g_mma_fault = fault_env ? std::atoi(fault_env) : 0;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > kMaxThreads || block.z > 64 || grid.x == 0 || grid.y == 0 ||
-      grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+      grid.z == 0 || grid.x > 2147483647u || int(grid.y) > grid_y_limit() || grid.z > 65535)
     return set_error(cudaErrorInvalidConfiguration);
   // Up to 48 KiB without opting in; once a kernel has opted in, up to what it opted into (the
   // attribute is the launch's limit, also where it was set below 48 KiB).

@@ -18,6 +18,9 @@ size_t max_dynamic_shared(const void* kernel);
 /// Completes what must come before the next operation on `stream` (null: on every stream): the
 /// emulated NCCL's point-to-point operations still in flight there.
 void stream_order(cudaStream_t stream);
+/// The most blocks a grid's y may count on every emulated device: TRELLIS_EMU_GRID_Y (default
+/// 65535, a real device's), for tests to reach launches split at that limit with small shapes.
+int grid_y_limit();
 /// Whether [p, p + bytes) lies inside one live device allocation (bytes 0: whether p points into
 /// one, or at the start of one of no bytes).
 bool is_device_range(const void* p, size_t bytes);

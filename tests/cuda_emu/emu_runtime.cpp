@@ -127,6 +127,12 @@ void stream_order(cudaStream_t stream) {
   if (nccl_complete) nccl_complete(stream, 0, true);
 }
 
+int grid_y_limit() {
+  const char* env = std::getenv("TRELLIS_EMU_GRID_Y");
+  const int n = env ? std::atoi(env) : 65535;
+  return n > 0 && n <= 65535 ? n : 65535;
+}
+
 }  // namespace trellis_emu
 
 extern "C" void trellis_emu_register_nccl(bool (*complete)(cudaStream_t, uint64_t, bool),
@@ -193,6 +199,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       break;
     case cudaDevAttrMaxThreadsPerBlock:
       *value = 1024;
+      break;
+    case cudaDevAttrMaxGridDimY:
+      *value = trellis_emu::grid_y_limit();
       break;
     default:
       return cudaErrorInvalidValue;

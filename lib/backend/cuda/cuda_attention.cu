@@ -423,20 +423,29 @@ void CudaBackend::attention_cached(float* out, float* k_cache, float* v_cache, c
 namespace cuda {
 
 void fp32_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
-                            int hd, cudaStream_t stream) {
-  const dim3 grid((T + kTile - 1) / kTile, B * H);
-  dispatch_dpl<LaunchForward>(hd, grid, stream, out, lse, qkv, heads(T, H, KV, hd),
-                              1.0f / sqrtf(float(hd)));
-  TRELLIS_CUDA_LAUNCHED();
+                            int hd, cudaStream_t stream, int max_grid_y) {
+  // out (B,T,H·hd), lse (B,H,T), qkv (B,T,(H+2KV)·hd): batch b0's rows start b0·T rows in
+  by_batch_runs(B, H, max_grid_y, [&](int b0, int n) {
+    const int64_t rows = int64_t(b0) * T;
+    const dim3 grid((T + kTile - 1) / kTile, n * H);
+    dispatch_dpl<LaunchForward>(hd, grid, stream, out + rows * H * hd, lse + rows * H,
+                                qkv + rows * (H + 2 * KV) * hd, heads(T, H, KV, hd),
+                                1.0f / sqrtf(float(hd)));
+    TRELLIS_CUDA_LAUNCHED();
+  });
 }
 
 void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                              const float* dsum, int B, int T, int H, int KV, int hd,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int max_grid_y) {
   const int tiles = (T + kTile - 1) / kTile;
-  dispatch_dpl<LaunchBackward>(hd, dim3(tiles, B * H), dim3(tiles, B * KV), stream, dqkv, dout,
-                               qkv, lse, dsum, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
-  TRELLIS_CUDA_LAUNCHED();
+  by_batch_runs(B, H, max_grid_y, [&](int b0, int n) {  // (dqkv as qkv, dout as out, dsum as lse)
+    const int64_t rows = int64_t(b0) * T, qkv_at = rows * (H + 2 * KV) * hd;
+    dispatch_dpl<LaunchBackward>(hd, dim3(tiles, n * H), dim3(tiles, n * KV), stream,
+                                 dqkv + qkv_at, dout + rows * H * hd, qkv + qkv_at, lse + rows * H,
+                                 dsum + rows * H, heads(T, H, KV, hd), 1.0f / sqrtf(float(hd)));
+    TRELLIS_CUDA_LAUNCHED();
+  });
 }
 
 template <typename T_>
@@ -472,7 +481,7 @@ void CudaBackend::attention_forward_f32(float* out, float* att, const float* qkv
   Profiled prof(*this, kAttention);
   add_work(kAttention, attention_forward_flops(B, T, H, hd), 0);
   // out (B,T,H·hd), att = logsumexp (B,H,T), qkv (B,T,(H+2KV)·hd)
-  cuda::fp32_attention_forward(out, att, qkv, B, T, H, KV, hd, stream_);
+  cuda::fp32_attention_forward(out, att, qkv, B, T, H, KV, hd, stream_, max_grid_y_);
 }
 
 void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const float* qkv,
@@ -483,7 +492,7 @@ void CudaBackend::attention_backward_f32(float* dqkv, const float* dout, const f
   // dqkv (B,T,(H+2KV)·hd) overwritten, dout (B,T,H·hd), out (B,T,H·hd), att = logsumexp (B,H,T)
   float* dsum = static_cast<float*>(scratch(sizeof(float) * int64_t(B) * H * T));  // (B,H,T)
   cuda::attention_dsum(dsum, dout, out, B, T, H, hd, stream_);
-  cuda::fp32_attention_backward(dqkv, dout, qkv, att, dsum, B, T, H, KV, hd, stream_);
+  cuda::fp32_attention_backward(dqkv, dout, qkv, att, dsum, B, T, H, KV, hd, stream_, max_grid_y_);
 }
 
 void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, int T, int H, int KV,
@@ -503,7 +512,7 @@ void CudaBackend::attention_forward_bf16(Ptr out, float* att, CPtr qkv, int B, i
                     scratch(cudnn_->workspace_bytes(shape)));
   else
     cuda::mma_attention_forward(cuda::dev(out.bf16()), att, cuda::dev(qkv.bf16()), B, T, H, KV, hd,
-                                attention_block_rows_, stream_);
+                                attention_block_rows_, stream_, max_grid_y_);
 }
 
 void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr out, const float* att,
@@ -527,7 +536,7 @@ void CudaBackend::attention_backward_bf16(Ptr dqkv, CPtr dout, CPtr qkv, CPtr ou
   cuda::attention_dsum(dsum, cuda::dev(dout.bf16()), cuda::dev(out.bf16()), B, T, H, hd, stream_);
   cuda::mma_attention_backward(cuda::dev(dqkv.bf16()), cuda::dev(dout.bf16()),
                                cuda::dev(qkv.bf16()), att, dsum, B, T, H, KV, hd,
-                               attention_block_rows_, stream_);
+                               attention_block_rows_, stream_, max_grid_y_);
 }
 
 }  // namespace trellis

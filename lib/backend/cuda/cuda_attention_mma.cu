@@ -467,31 +467,43 @@ bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers) {
 }
 
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV,
-                           int hd, int block_rows, cudaStream_t stream) {
+                           int hd, int block_rows, cudaStream_t stream, int max_grid_y) {
   const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
-  tiles::with_head_size(hd, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    // 128 query rows a block where the registers allow (hd ≤ 64), unless 64 are asked for.
-    if constexpr (D <= 64) {
-      if (block_rows != kRows) return forward<D, 2>(out, lse, qkv, B, T, hs, scale, stream);
-    }
-    forward<D, 1>(out, lse, qkv, B, T, hs, scale, stream);
+  // out (B,T,H·hd), lse (B,H,T), qkv (B,T,(H+2KV)·hd): batch b0's rows start b0·T rows in
+  by_batch_runs(B, H, max_grid_y, [&](int b0, int n) {
+    const int64_t rows = int64_t(b0) * T;
+    bf16* o = out + rows * H * hd;
+    float* l = lse + rows * H;
+    const bf16* q = qkv + rows * hs.row;
+    tiles::with_head_size(hd, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      // 128 query rows a block where the registers allow (hd ≤ 64), unless 64 are asked for.
+      if constexpr (D <= 64) {
+        if (block_rows != kRows) return forward<D, 2>(o, l, q, n, T, hs, scale, stream);
+      }
+      forward<D, 1>(o, l, q, n, T, hs, scale, stream);
+    });
   });
 }
 
 void mma_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                             const float* dsum, int B, int T, int H, int KV, int hd, int block_rows,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int max_grid_y) {
   const Heads hs = tiles::heads(T, H, KV, hd);
   const float scale = 1.0f / sqrtf(float(hd));
-  tiles::with_head_size(hd, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    if constexpr (dkv_key_tiles<D>() == 2) {
-      if (block_rows != kRows)
-        return backward<D, 2>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
-    }
-    backward<D, 1>(dqkv, dout, qkv, lse, dsum, B, T, hs, scale, stream);
+  by_batch_runs(B, H, max_grid_y, [&](int b0, int n) {  // (dqkv as qkv, dout as out, dsum as lse)
+    const int64_t rows = int64_t(b0) * T;
+    bf16* dq = dqkv + rows * hs.row;
+    const bf16 *dO = dout + rows * H * hd, *q = qkv + rows * hs.row;
+    const float *l = lse + rows * H, *ds = dsum + rows * H;
+    tiles::with_head_size(hd, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      if constexpr (dkv_key_tiles<D>() == 2) {
+        if (block_rows != kRows) return backward<D, 2>(dq, dO, q, l, ds, n, T, hs, scale, stream);
+      }
+      backward<D, 1>(dq, dO, q, l, ds, n, T, hs, scale, stream);
+    });
   });
 }
 

@@ -24,20 +24,24 @@ namespace trellis::cuda {
 // (dsum = Σ_d dout·out).
 bool mma_attention_fits(int hd, std::initializer_list<const void*> pointers);
 // The mma.sync kernels take 128 rows a block (queries; keys for dK/dV) where hd ≤ 64, 64 at hd 128
-// or where block_rows is 64.
+// or where block_rows is 64. Each kernel of these and the fp32 ones puts a block per (sequence,
+// head) in its grid's y: more than `max_grid_y` (the device's gridDim.y limit) of them are
+// launched in runs of sequences (by_batch_runs).
 void mma_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                           int H, int KV, int hd, int block_rows, cudaStream_t stream);
+                           int H, int KV, int hd, int block_rows, cudaStream_t stream,
+                           int max_grid_y = 65535);
 void mma_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                             const __nv_bfloat16* qkv, const float* lse, const float* dsum, int B,
-                            int T, int H, int KV, int hd, int block_rows, cudaStream_t stream);
+                            int T, int H, int KV, int hd, int block_rows, cudaStream_t stream,
+                            int max_grid_y = 65535);
 
 // The fp32 kernels (cuda_attention.cu) on stream, nothing profiled or counted: forward out
 // (B,T,H·hd) and lse (B,H,T) from qkv (B,T,(H+2KV)·hd); backward dqkv overwritten.
 void fp32_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV,
-                            int hd, cudaStream_t stream);
+                            int hd, cudaStream_t stream, int max_grid_y = 65535);
 void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                              const float* dsum, int B, int T, int H, int KV, int hd,
-                             cudaStream_t stream);
+                             cudaStream_t stream, int max_grid_y = 65535);
 // dsum (B,H,T) = Σ_d dout·out per row, what every attention backward takes.
 void attention_dsum(float* dsum, const float* dout, const float* out, int B, int T, int H, int hd,
                     cudaStream_t stream);

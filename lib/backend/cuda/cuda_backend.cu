@@ -89,6 +89,7 @@ Backend::MemoryInfo CudaBackend::memory_info() {
 CudaBackend::CudaBackend(int device) : device_(device) {
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+  TRELLIS_CUDA(cudaDeviceGetAttribute(&max_grid_y_, cudaDevAttrMaxGridDimY, device_));
   TRELLIS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   try {  // (no destructor runs for a constructor that throws: free what was made)
     // The pool keeps what is freed for the next allocation instead of returning it to the device

@@ -482,6 +482,7 @@ class CudaBackend : public Backend {
 
   int device_;
   int sm_count_ = 1;  // the device's multiprocessors (launch shapes that must fill them)
+  int max_grid_y_ = 65535;  // the device's gridDim.y limit (the attention's (sequence, head) blocks)
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   bool tf32_ = false;

@@ -45,6 +45,16 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   if (b > 65535LL * 16) b = 65535LL * 16;
   return unsigned(b < 1 ? 1 : b);
 }
+/// Calls f(b0, n) for consecutive runs of n batches of [0, B), each within what one launch takes
+/// when a grid's y counts blocks per batch (a head each, `per_batch`): gridDim.y is at most
+/// `max_grid_y` (65535), so a micro-batch of more sequences than that over its heads is launched
+/// run by run (its sequences are independent of one another).
+template <class F>
+void by_batch_runs(int B, int per_batch, int max_grid_y, F f) {
+  per_batch = per_batch < 1 ? 1 : per_batch;
+  const int most = per_batch >= max_grid_y ? 1 : max_grid_y / per_batch;
+  for (int b0 = 0; b0 < B; b0 += most) f(b0, B - b0 < most ? B - b0 : most);
+}
 /// Blocks of kThreads for `rows` rows, one warp a row (the layer norms).
 inline unsigned warp_row_blocks(int64_t rows) {
   constexpr int kRows = kThreads / 32;
