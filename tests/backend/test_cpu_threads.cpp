@@ -285,6 +285,37 @@ std::vector<float> tiny_layer(int threads, int N, int C, int OC, int V, int vali
   return out;
 }
 
+/// A linear layer's forward on rows too few to cut (a generation step, a short prompt's prefill):
+/// by chunks of columns that the threads share. With a GELU, with a residual, plain; all outputs
+/// concatenated.
+std::vector<float> few_rows(int threads, int N, int C, int OC, const std::vector<double>& speeds = {}) {
+  auto be = cpu_backend(threads, speeds);
+  auto x = random_vec(size_t(N) * C, 31), W = random_vec(size_t(OC) * C, 32), b = random_vec(OC, 33);
+  auto res = random_vec(size_t(N) * OC, 34);
+  std::vector<float> pre(size_t(N) * OC), g(size_t(N) * OC), ro(size_t(N) * OC), mo(size_t(N) * OC);
+  be->matmul_gelu_forward(pre.data(), g.data(), x.data(), W.data(), b.data(), N, C, OC);
+  be->matmul_residual_forward(ro.data(), res.data(), x.data(), W.data(), b.data(), N, C, OC);
+  be->matmul_forward(mo.data(), x.data(), W.data(), nullptr, N, C, OC);
+  std::vector<float> out;
+  for (const auto* v : {&pre, &g, &ro, &mo}) out.insert(out.end(), v->begin(), v->end());
+  be->set_threads(1);
+  return out;
+}
+
+TEST(CpuThreads, FewRowsBitwiseIndependentOfThreadCount) {
+  // (N, C, OC): one row (sgemv by chunks), a few and a tile's worth (sgemm by chunks), the last
+  // chunk short (600 = 256 + 256 + 88); and a product too small to share (one row, 64 x 600).
+  for (const auto& s : std::vector<std::vector<int>>{
+           {1, 512, 600}, {1, 64, 600}, {3, 512, 1030}, {17, 96, 600}, {48, 128, 777}}) {
+    const auto one = few_rows(1, s[0], s[1], s[2]);
+    for (int threads : {2, 3, 5})
+      EXPECT_EQ(first_difference(one, few_rows(threads, s[0], s[1], s[2])), one.size())
+          << "N " << s[0] << ", C " << s[1] << ", OC " << s[2] << ": " << threads << " threads";
+    EXPECT_EQ(first_difference(one, few_rows(2, s[0], s[1], s[2], {1.0, 1.7})), one.size())
+        << "N " << s[0] << ": 2 threads, uneven";
+  }
+}
+
 TEST(CpuThreads, TinyModelsKernelsBitwiseIndependentOfThreadCount) {
   // (N, C, OC, V, valid): the default deck's and smaller models' layers, rows that end in a
   // short tile of 48 (N = 128: 48 + 48 + 32) or fill whole ones (N = 96). At 5 and 8 threads

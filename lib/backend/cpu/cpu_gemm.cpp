@@ -49,14 +49,23 @@ class SingleThreadedBlas {
 /// weight gradient of 256 rows into 144 + 112 for two threads (96 would give 96 + 160).
 constexpr int kGemmAlign = 48;
 
+/// Columns of C per call where C's rows are too few to cut (one tile: a short prompt's prefill, a
+/// generation step): the calls are these fixed chunks of columns whatever the thread count, and
+/// the threads share them — so each element still comes out of the same call, on any number of
+/// threads. (Cutting the columns where each part is one call would change the calls' widths with
+/// the thread count, and OpenBLAS's blocking with them: see SplitGemm.)
+constexpr int kColumnChunk = 256;
+
 /// A product C (M,Nc, ld ldc) = alpha·op(A)·op(B) + beta·C, row-major, that the host threads
 /// compute by ranges of rows of C, each range one single-threaded cblas_sgemm: no OpenBLAS worker
 /// threads are woken, so none is left spinning to compete with the pool's element-wise kernels
 /// afterwards. Each element of C is one dot product over K in OpenBLAS's order whichever range
 /// computes it — so the results do not depend on the thread count or the shares, which follow the
-/// threads' measured speeds. (Never by columns, which would pack less of op(A) per part: OpenBLAS
-/// blocks C's columns — its m — by halves of the call's width, so a part's columns fall into other
-/// blocks than the whole product's and come out otherwise, at any alignment, on the same EPYC.)
+/// threads' measured speeds. (Not by columns of one call per part, which would pack less of op(A)
+/// per part: OpenBLAS blocks C's columns — its m — by halves of the call's width, so a part's
+/// columns fall into other blocks than the whole product's and come out otherwise, at any
+/// alignment, on the same EPYC. A product of one tile of rows is computed by kColumnChunk columns
+/// per call instead, on any thread count, by_columns.)
 struct SplitGemm {
   CBLAS_TRANSPOSE ta, tb;
   int M, Nc, K;
@@ -69,18 +78,29 @@ struct SplitGemm {
   float* C;
   int ldc;
 
-  /// The rows are cut in tiles of kGemmAlign; tile t starts at edge(t).
-  int64_t tiles() const { return (M + kGemmAlign - 1) / kGemmAlign; }
-  int edge(int64_t tile) const { return int(std::min<int64_t>(M, tile * kGemmAlign)); }
   /// Large products (≥ 2^30 multiply-adds) gain more from OpenBLAS's own threads, which pack each
   /// panel of the shared operand once for all of them.
   bool large() const { return double(M) * Nc * K >= double(1 << 30); }
+  /// Whether C is computed by chunks of kColumnChunk columns, one call each (the tiles are then
+  /// those chunks): rows too few to cut (at most one tile) with columns enough for two chunks.
+  /// The threads would otherwise have nothing to share: a 124M model's prefill of a 40-token
+  /// prompt ran on one thread.
+  bool by_columns() const { return M <= kGemmAlign && Nc >= 2 * kColumnChunk && !large(); }
+  /// The rows are cut in tiles of kGemmAlign (by_columns: the columns in chunks of kColumnChunk);
+  /// tile t starts at edge(t).
+  int64_t tiles() const {
+    return by_columns() ? (Nc + kColumnChunk - 1) / kColumnChunk
+                        : (M + kGemmAlign - 1) / kGemmAlign;
+  }
+  int edge(int64_t tile) const { return int(std::min<int64_t>(M, tile * kGemmAlign)); }
+  int column_edge(int64_t tile) const { return int(std::min<int64_t>(Nc, tile * kColumnChunk)); }
   /// Whether the parts may follow the threads' speeds (WorkerPool::cut) rather than be equal: each
   /// element of C must come out the same whichever part computes it. OpenBLAS computes an element
   /// by the same sequence of operations whatever rows or columns a call covers, except on its
   /// small-matrix path (M·N·K ≤ 10^6, parts_clear_of_small_path): a part that follows the speeds
   /// may be a single tile, the short last one alone, which must stay clear of it too.
   bool uneven_parts_ok(int parts) const {
+    if (by_columns()) return true;  // (the calls are the same however the chunks are shared)
     const int64_t last = M - (tiles() - 1) * kGemmAlign;
     return double(M) * Nc * K / (4.0 * parts) >= 4e6 && double(last) * Nc * K > 1e6;
   }
@@ -92,7 +112,7 @@ struct SplitGemm {
   /// 10^6 multiply-adds; a tiny model's weights after one step differed between 1 and 2 threads).
   /// So every part — the fewest rows one gets, with the short last tile — stays above that line.
   bool parts_clear_of_small_path(int parts) const {
-    if (parts <= 1) return true;
+    if (parts <= 1 || by_columns()) return true;
     const int64_t per = tiles() / parts, last = M - (tiles() - 1) * kGemmAlign;
     const int64_t fewest = per == 0 ? last : (per - 1) * kGemmAlign + last;
     return double(fewest) * Nc * K > 1e6;
@@ -109,10 +129,21 @@ struct SplitGemm {
     int r0, r1, c0, c1;
   };
   Block whole() const { return {0, M, 0, Nc}; }
-  /// The rows of tiles [t0, t1).
-  Block part(int64_t t0, int64_t t1) const { return Block{edge(t0), edge(t1), 0, Nc}; }
+  /// The rows of tiles [t0, t1) (by_columns: the columns of chunks [t0, t1)).
+  Block part(int64_t t0, int64_t t1) const {
+    return by_columns() ? Block{0, M, column_edge(t0), column_edge(t1)}
+                        : Block{edge(t0), edge(t1), 0, Nc};
+  }
   void run(const Block& b) const {
     if (b.r0 >= b.r1 || b.c0 >= b.c1) return;
+    if (by_columns()) {  // one call per chunk (b's columns start at a chunk's edge)
+      for (int c0 = b.c0; c0 < b.c1; c0 += kColumnChunk)
+        call({b.r0, b.r1, c0, std::min(b.c1, c0 + kColumnChunk)});
+      return;
+    }
+    call(b);
+  }
+  void call(const Block& b) const {
     const float* Ap = ta == CblasNoTrans ? A + int64_t(b.r0) * lda : A + b.r0;
     const float* Bp = tb == CblasNoTrans ? B + b.c0 : B + int64_t(b.c0) * ldb;
     cblas_sgemm(CblasRowMajor, ta, tb, b.r1 - b.r0, b.c1 - b.c0, K, alpha, Ap, lda, Bp, ldb, beta,
