@@ -54,14 +54,15 @@ HAVE_CUDA := $(if $(NVCC),1,)
 HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,)
 
 # Where nvcc exists the CUDA backend (lib/**/*.cu) is always built, so that every build proves it
-# compiles; the binaries then need libcudart and libcublasLt at run time, but no GPU unless a deck
-# asks for system.backend = cuda. sm_80 (A100) and sm_90 (H100/H200) code, no PTX JIT at start.
+# compiles; the binaries then need libcudart at run time (under 2 MB resident), but no GPU unless
+# a deck asks for system.backend = cuda; libcublasLt (540 MB: 150 MB resident once loaded) is
+# opened only then (backend/cuda/cublaslt_api.cu). sm_80 (A100) and sm_90 (H100/H200) code, no PTX JIT at start.
 CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS ?= -std=c++20 -O3 -g $(CUDA_ARCH_FLAGS) -Xcompiler -Wall,-Wextra -Ilib
 ifneq ($(HAVE_CUDA),)
   CU_SRC   := $(shell find lib -name '*.cu' | sort)
   CPPFLAGS += -DTRELLIS_HAVE_CUDA=1
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
   # The NCCL device link (lib/comm/nccl_link.cu) where NCCL exists; it includes mpi.h too.
   ifneq ($(HAVE_NCCL),)
     CPPFLAGS  += -DTRELLIS_HAVE_NCCL=1
@@ -225,11 +226,11 @@ $(BUILD)/emu_tests $(BUILD)/trellis-emu: | $(EMU_CUDNN)
 endif
 $(BUILD)/emu_tests: $(EMU_TEST_OBJ) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.o $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \
-	  $(filter-out -lcublasLt -lcudart,$(LDLIBS)) -lgtest
+	  $(filter-out -lcudart,$(LDLIBS)) -lgtest
 # The application on the emulated GPU: system.backend = cuda runs there (tests/cli/test_emulated_gpu.sh).
 $(BUILD)/trellis-emu: $(APP_OBJ) $(EMU_CU_OBJ) $(EMU_RT_OBJ) $(LIB_OBJ)
 	$(CXX) $(CXXFLAGS) -fsanitize=address,undefined $^ -o $@ $(EMU_EXPORT) \
-	  $(filter-out -lcublasLt -lcudart,$(LDLIBS))
+	  $(filter-out -lcudart,$(LDLIBS))
 .PRECIOUS: $(BUILD)/emu/%.cpp
 tests: $(BUILD)/emu_tests $(BUILD)/trellis-emu
 -include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.d

@@ -87,6 +87,8 @@ Backend::MemoryInfo CudaBackend::memory_info() {
 }
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  if (const std::string& why = cuda::cublaslt_api().error; !why.empty())
+    throw std::runtime_error("the CUDA backend needs cuBLASLt: " + why);
   TRELLIS_CUDA(cudaSetDevice(device_));
   TRELLIS_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   TRELLIS_CUDA(cudaDeviceGetAttribute(&max_grid_y_, cudaDevAttrMaxGridDimY, device_));
@@ -105,10 +107,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     int wait_for_other_streams = 0;
     TRELLIS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies,
                                          &wait_for_other_streams));
-    TRELLIS_LT(cublasLtCreate(&lt_));
+    TRELLIS_LT(cuda::lt().Create(&lt_));
     workspace_ = allocate_on_stream(workspace_bytes_, stream_);
   } catch (...) {
-    if (lt_) cublasLtDestroy(lt_);
+    if (lt_) cuda::lt().Destroy(lt_);
     cudaStreamDestroy(stream_);
     throw;
   }
@@ -193,16 +195,16 @@ CudaBackend::~CudaBackend() {
   for (auto& t : way_times_) free_events_.push_back(t.start), free_events_.push_back(t.stop);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
+    cuda::lt().MatrixLayoutDestroy(p.a);
+    cuda::lt().MatrixLayoutDestroy(p.b);
+    cuda::lt().MatrixLayoutDestroy(p.d);
+    cuda::lt().MatmulDescDestroy(p.desc);
   }
   for (void* p : {scratch_, workspace_})
     if (p) cudaFreeAsync(p, stream_);
   count_memory(MemKind::Scratch, -int64_t(scratch_bytes_ + (workspace_ ? workspace_bytes_ : 0)));
   cudaStreamSynchronize(stream_);
-  cublasLtDestroy(lt_);
+  cuda::lt().Destroy(lt_);
   cudaStreamDestroy(stream_);
 }
 
@@ -331,6 +333,10 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why) {
     *why = e != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(e) + ")"
                             : std::string("no CUDA device");
     cudaGetLastError();
+    return nullptr;
+  }
+  if (const std::string& e = cuda::cublaslt_api().error; !e.empty()) {
+    *why = e + " (TRELLIS_CUBLASLT_LIBRARY names another file)";
     return nullptr;
   }
   return std::make_unique<CudaBackend>(local_rank % n);

@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/cuda/cublaslt_api.cuh"
 #include "backend/cuda/cuda_gemm_plan.cuh"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/cudnn_attention.cuh"

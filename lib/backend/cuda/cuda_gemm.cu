@@ -50,10 +50,10 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   // supported combinations (fp32 accumulation). TF32 only means something for fp32 inputs.
   const cublasComputeType_t compute =
       in == DType::f32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  TRELLIS_LT(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  TRELLIS_LT(cuda::lt().MatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   // The epilogue. A bias is added along the columns (fused, no pass); its type defaults to D's
   // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cublasLt.h: "bias or bias gradient"), as the GELU's
   // auxiliary matrix (GELU's input) does (..._EPILOGUE_AUX_DATA_TYPE), which has D's shape: ld =
@@ -66,7 +66,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
                                     : epi == Epilogue::bgradb        ? CUBLASLT_EPILOGUE_BGRADB
                                     : epi == Epilogue::dgelu_bgrad   ? CUBLASLT_EPILOGUE_DGELU_BGRAD
                                                                      : CUBLASLT_EPILOGUE_DEFAULT;
-  TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
+  TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epi, sizeof(lt_epi)));
   // A bias gradient is an fp32 sum, as every gradient here: beside a bf16 D (DGELU_BGRAD's dpre)
   // it is asked for in fp32, not in D's type (cublasLt.h: "the same type as the output elements"
   // by default). Where cuBLASLt has no algorithm for that, the plan is not found and the column
@@ -74,28 +74,28 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   // here give.
   if (epi == Epilogue::dgelu_bgrad || epi == Epilogue::bgradb) {
     const int32_t bias_type = CUDA_R_32F;
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                               &bias_type, sizeof(bias_type)));
   }
   // The heuristic reads the bias's and aux's alignment from the pointers (cublasLt.h): set them
   // before it runs; run() points them at each call's buffers, of the same alignment (the key).
   if (bias)
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                               sizeof(bias)));
   if (aux) {
     const int64_t ld_aux = ldd;
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
                                               sizeof(ld_aux)));
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &aux, sizeof(aux)));
   }
   // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.a, cuda_type(in), ta ? k : m, ta ? m : k, lda));
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.b, cuda_type(in), tb ? n : k, tb ? k : n, ldb));
-  TRELLIS_LT(cublasLtMatrixLayoutCreate(&p.d, cuda_type(out), m, n, ldd));
+  TRELLIS_LT(cuda::lt().MatrixLayoutCreate(&p.a, cuda_type(in), ta ? k : m, ta ? m : k, lda));
+  TRELLIS_LT(cuda::lt().MatrixLayoutCreate(&p.b, cuda_type(in), tb ? n : k, tb ? k : n, ldb));
+  TRELLIS_LT(cuda::lt().MatrixLayoutCreate(&p.d, cuda_type(out), m, n, ldd));
   cublasLtMatmulPreference_t pref;
-  TRELLIS_LT(cublasLtMatmulPreferenceCreate(&pref));
-  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  TRELLIS_LT(cuda::lt().MatmulPreferenceCreate(&pref));
+  TRELLIS_LT(cuda::lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &workspace_bytes_, sizeof(workspace_bytes_)));
   // cuBLASLt assumes 256-byte aligned pointers unless told otherwise; a tensor inside the flat
   // parameter buffer may sit at any element offset.
@@ -104,10 +104,10 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
   for (int i = 0; i < 3; ++i)
-    TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
+    TRELLIS_LT(cuda::lt().MatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)));
   // C is D (in place, beta = 1 accumulates), or a residual apart from it: D's alignment is then
   // the lesser of the two (gemm).
-  TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
+  TRELLIS_LT(cuda::lt().MatmulPreferenceSetAttribute(pref, align_attrs[3], &aligns[2], sizeof(uint32_t)));
   // A split-K algorithm may add its parts in D's type (reduction schemes INPLACE, OUTPUT_TYPE):
   // for a bf16 D each part would be rounded before the bias, the residual or the GELU meet it —
   // not the one rounding of the fp32 sum that the CPU and every other path here give. A bf16 D
@@ -115,7 +115,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   if (out != DType::f32) {
     const uint32_t schemes =
         CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    TRELLIS_LT(cublasLtMatmulPreferenceSetAttribute(
+    TRELLIS_LT(cuda::lt().MatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
   }
   // The heuristic's best few: its first runs; the others are there to time (TRELLIS_GEMM_TUNE=1)
@@ -124,7 +124,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
   int found = 0;
   const auto ask = [&] {
     found = 0;
-    return cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref,
+    return cuda::lt().MatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref,
                                           GemmPlan::kMaxCandidates, results, &found);
   };
   // A combination cuBLASLt does not support may answer "not supported" rather than no result.
@@ -139,7 +139,7 @@ CudaBackend::GemmPlan& CudaBackend::plan(const GemmKey& key, const void* bias, c
     TRELLIS_CUDA(cudaMemPoolTrimTo(pool, 0));
     status = ask();
   }
-  cublasLtMatmulPreferenceDestroy(pref);
+  cuda::lt().MatmulPreferenceDestroy(pref);
   // GELU and the bias gradient have another way, as has an fp32 bias (gemm adds it itself).
   const bool optional = epi != Epilogue::none && (epi != Epilogue::bias || out == DType::f32);
   // A fused epilogue that has another way cuBLASLt cannot do here (no algorithm, "not
@@ -174,7 +174,7 @@ void CudaBackend::warn_once(int what, const char* message) {
 static bool writes_apart(const cublasLtMatmulAlgo_t& algo) {
   int32_t yes = 0;
   size_t written = 0;
-  return cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+  return cuda::lt().MatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
                                            &yes, sizeof(yes), &written) == CUBLAS_STATUS_SUCCESS &&
          yes != 0;
 }
@@ -241,7 +241,7 @@ void CudaBackend::tune(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr C) {
       if (saved)
         TRELLIS_CUDA(cudaMemcpyAsync(D.data, saved, p.d_bytes, cudaMemcpyDeviceToDevice, stream_));
       TRELLIS_CUDA(cudaEventRecord(start, stream_));
-      ok = cublasLtMatmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, C.data, p.d, D.data,
+      ok = cuda::lt().Matmul(lt_, p.desc, &alpha, A.data, p.a, B.data, p.b, &beta, C.data, p.d, D.data,
                           p.d, &p.candidates[i], workspace_, workspace_bytes_,
                           stream_) == CUBLAS_STATUS_SUCCESS;
       TRELLIS_CUDA(cudaEventRecord(stop, stream_));
@@ -275,7 +275,7 @@ cublasStatus_t CudaBackend::matmul(GemmPlan& p, const void* A, const void* B, fl
   // ~Profiled's: a failed one shows at the next checked call, and no event is lost)
   cudaEvent_t start = profiling() ? take_event() : nullptr;
   if (start) cudaEventRecord(start, stream_);
-  const cublasStatus_t status = cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.d,
+  const cublasStatus_t status = cuda::lt().Matmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.d,
                                                D, p.d, algo, workspace_, workspace_bytes_, stream_);
   if (start) {
     cudaEvent_t stop = take_event();
@@ -289,10 +289,10 @@ cublasStatus_t CudaBackend::matmul(GemmPlan& p, const void* A, const void* B, fl
 }
 
 bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux) {
-  if (bias && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+  if (bias && cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
                                              sizeof(bias.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
-  if (aux && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+  if (aux && cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                             &aux.data, sizeof(aux.data)) != CUBLAS_STATUS_SUCCESS)
     return false;
   if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, CPtr());
@@ -311,10 +311,10 @@ bool CudaBackend::try_run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr b
 void CudaBackend::run(GemmPlan& p, CPtr A, CPtr B, Ptr D, float beta, CPtr bias, CPtr aux,
                       CPtr C) {
   if (bias)
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
                                               sizeof(bias.data)));
   if (aux)
-    TRELLIS_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+    TRELLIS_LT(cuda::lt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &aux.data, sizeof(aux.data)));
   if (tune_gemms_ && !p.tuned) tune(p, A, B, D, beta, C);
   ++p.calls;
