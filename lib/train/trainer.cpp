@@ -397,14 +397,14 @@ double Trainer::run() {
   int64_t saved = first_step;
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepResult r = train_step(step);
-    history_.push_back(r);
     {
       ScopedTimer t(timers_, "logging");
       log_step(r);
     }
+    history_.push_back(r);
     // The time system.max_hours keeps for each step to come counts its evaluation too.
     const double evaluation = evaluation_due(step) ? run_evaluation(step) : 0.0;
-    slowest = std::max(slowest, r.seconds + evaluation);
+    slowest = std::max(slowest, r.job_seconds + evaluation);
     if (!checkpointing_) continue;
     const bool stop = step + 1 < cfg_.train.steps && should_stop(start, slowest, checkpoint_seconds);
     const bool due = cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0;

@@ -31,7 +31,8 @@ struct StepResult {
   double loss;        // mean over the global batch's tokens
   double lr;
   double grad_norm;   // before clipping
-  double seconds;
+  double seconds;          // this rank's
+  double job_seconds = 0;  // the slowest rank's (log_step's): the job's step, as logged
   bool skipped = false;  // non-finite loss or gradient: no update (train.on_nan = skip)
   // Where this rank's step time went (seconds). Communication is the time blocked in each group's
   // calls; bubble is the time a pipeline stage waited for a neighbour's activations or gradients
@@ -118,7 +119,7 @@ class Trainer {
   void print_start() const;
   /// The log's line on how training sequences are drawn (data.sampling).
   std::string sampling_line() const;
-  void log_step(const StepResult& r);
+  void log_step(StepResult& r);  // (sets r.job_seconds)
   /// After step `step`: evaluate, log it (a line and RUN/eval.csv) and set its traffic apart.
   /// Returns the seconds it took.
   double run_evaluation(int64_t step);

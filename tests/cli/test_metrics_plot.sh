@@ -42,6 +42,12 @@ m="$work/grid/metrics.csv"
 check "dp 2 x pp 2: the run finishes" '[ $rc -eq 0 ]'
 check "dp 2 x pp 2: data-parallel communication and a pipeline bubble are measured" \
   'awk -F, "NR > 1 { dp += \$9; bubble += \$12 } END { exit !(dp > 0 && bubble > 0) }" "$m"'
+# The run's throughput is the step lines' (the slowest rank's step): the median of metrics.csv's
+# tokens_per_s after the first step (5 rows: the middle one), not rank 0's own steps' figure.
+tps=$(sed -n 's/.*"tokens_per_s": *\([0-9.eE+]*\).*/\1/p' "$work/grid/summary.json")
+mid=$(awk -F, 'NR > 2 { print $6 }' "$m" | sort -g | sed -n 3p)
+check "dp 2 x pp 2: summary.json's tokens_per_s is the median of the logged steps' (1e-3)" \
+  '[ -n "$tps" ] && [ -n "$mid" ] && awk -v a="$tps" -v b="$mid" "BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3 * b) }"'
 check "dp 2 x pp 2: no tensor-parallel communication" 'every_row "$m" "\$c[\"comm_tp_ms\"] == 0"'
 check "dp 2 x pp 2: the stages differ in memory, min <= max on every row" \
   'every_row "$m" "\$c[\"mem_peak_min_bytes\"] <= \$c[\"mem_peak_max_bytes\"] && \$c[\"mem_peak_min_bytes\"] > 0" &&
