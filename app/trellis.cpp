@@ -19,6 +19,7 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/timer.hpp"
 #include "infer/generate.hpp"
 #include "plan/plan_main.hpp"
 #include "train/bench.hpp"
@@ -89,6 +90,7 @@ std::string g_command;  // the subcommand, for end_job_on_uncaught's message
 }  // namespace
 
 int main(int argc, char** argv) {
+  trellis::count_from_process_start();  // (a run's wall time counts its set-up)
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

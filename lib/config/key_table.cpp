@@ -339,7 +339,7 @@ const std::vector<KeyEntry>& key_table() {
        .key = "max_hours",
        .field = FIELD(system.max_hours),
        .bound = at_least(0),
-       .help = "stop with a checkpoint before this much wall time (0: no limit)"},
+       .help = "stop with a checkpoint before this much wall time, set-up included (0: no limit)"},
       {.section = "system",
        .key = "hang_timeout_s",
        .field = FIELD(system.hang_timeout_s),

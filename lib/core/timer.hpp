@@ -13,6 +13,15 @@ inline double now_seconds() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
+/// From here on job_start_seconds is the process's start (app/trellis.cpp's main, for its
+/// commands): a run's wall time then counts its set-up (MPI, the data, the model, a resume's read)
+/// too, as system.max_hours and a batch system's limit do.
+void count_from_process_start();
+/// When the command's wall time began, in now_seconds()'s clock: the process's start (the
+/// kernel's record, across the re-execution that picks BLAS kernels) once
+/// count_from_process_start was called, else `fallback` (a test's trainer: its own start).
+double job_start_seconds(double fallback);
+
 class Timers {
  public:
   void add(const std::string& section, double seconds) { total_[section] += seconds; }

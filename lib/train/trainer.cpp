@@ -324,7 +324,10 @@ bool Trainer::should_stop(double run_start, double slowest_step, double checkpoi
 }
 
 double Trainer::run() {
-  const double start = now_seconds();
+  // The job's wall time counts the set-up before this (MPI, the data, the model): system.max_hours
+  // is the job's budget, and the time table's total its wall time.
+  const double start = job_start_seconds(now_seconds());
+  timers_.add("set-up", now_seconds() - start);
   int64_t first_step = 0;
   if (checkpointing_) {
     catch_stop_signal(cfg_.system.stop_signal);

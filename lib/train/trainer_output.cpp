@@ -137,7 +137,7 @@ static double median(std::vector<double> v) {
 
 void Trainer::finish() {
   log(time_table(comm_, timers_,
-                 {"data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer",
+                 {"set-up", "data", "forward", "backward", "pipeline wait", "grad sync wait", "optimizer",
                   "evaluation", "checkpoint", "logging"}));
   if (const std::string kernels = backend_->profile_report(); !kernels.empty()) log(kernels);
   if (const std::string ways = backend_->kernel_ways(); !ways.empty())
