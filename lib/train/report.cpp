@@ -51,13 +51,7 @@ std::string comm_table(MPI_Comm comm, const std::vector<GroupStats>& groups, int
                       rows);
 }
 
-ModelStateBytes zero_formula(int64_t psi, int dp, int stage) {
-  const double all = 4.0 * double(psi);
-  const double shard = 4.0 * double((psi + dp - 1) / dp);
-  return {stage == 3 ? shard : all, stage >= 2 ? shard : all, 2 * (stage >= 1 ? shard : all)};
-}
-
-std::string memory_table(MPI_Comm comm, const ModelStateBytes& formula,
+std::string memory_table(MPI_Comm comm, const ModelStates& formula,
                          const std::vector<double>& planned) {
   const MemoryStats& mem = memory_stats();
   const bool plan = planned.size() == size_t(MemKind::Count) + 1;

@@ -173,7 +173,10 @@ void Trainer::finish() {
     if (sizes[std::min<size_t>(i, 3)] > 1) groups.push_back({names[i], training_stats(i)});
   log(groups.empty() ? std::string("communication: none (every group has one rank)")
                      : comm_table(comm_, groups, int64_t(history_.size())));
-  const ModelStateBytes formula = zero_formula(table_->total(), grid_->dp_size(), cfg_.parallel.zero);
+  // ZeRO's formulas in the run's precision (a bf16 run's parameters 2Ψ, its optimizer 12Ψ).
+  const ModelStates formula = zero_model_states(double(table_->total()), grid_->dp_size(),
+                                                cfg_.parallel.zero,
+                                                parse_precision(cfg_.system.precision));
   // trellis plan's figures for this layout beside the measured ones: each kind's largest over the
   // stages, and the largest stage's total (as the measured columns take each kind's largest over
   // the ranks).

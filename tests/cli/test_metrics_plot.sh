@@ -37,6 +37,12 @@ peak=$(sed -n 's/.*"peak_bytes_per_rank": *\([0-9.eE+]*\).*/\1/p' "$work/one/sum
 check "one rank: the last row's peak memory is summary.json's peak_bytes_per_rank" \
   '[ -n "$peak" ] && awk -v a="$(field "$m" mem_peak_max_bytes 6)" -v b="$peak" "BEGIN { exit !(a == b && a > 0) }"'
 
+# A bf16 run's memory table: ZeRO's formulas in bf16 (parameters 2Ψ, optimizer 12Ψ: fp32 master
+# weights, m, v), what it holds (they were the fp32 ones: 0.500 and 1.500 of them).
+rc=$(run -np 1 "$build/trellis" train "$work/tiny.deck" --run.dir="$work/bf16" --system.precision=bf16)
+check "bf16: the memory table's ZeRO formulas are bf16's (parameters, gradients, optimizer 1.000)" \
+  '[ $rc -eq 0 ] && [ "$(grep -cE "│ (parameters|gradients|optimizer) .*│ 1\.000 +│ .*│ 1\.000 +│$" "$work/out.log")" -eq 3 ]'
+
 rc=$(run -np 4 "$build/trellis" train "$work/tiny.deck" --run.dir="$work/grid" --parallel.dp=2 --parallel.pp=2)
 m="$work/grid/metrics.csv"
 check "dp 2 x pp 2: the run finishes" '[ $rc -eq 0 ]'
