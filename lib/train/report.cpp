@@ -41,13 +41,14 @@ std::string comm_table(MPI_Comm comm, const std::vector<GroupStats>& groups, int
     MinAvgMax calls = min_avg_max(comm, double(g.stats.calls) * per);
     const double hidden = flight.avg > 0 ? 100.0 * (flight.avg - blocked.avg) / flight.avg : 0.0;
     rows.push_back({g.name, strfmt("%.1f", calls.avg), strfmt("%.0f", payload.max),
-                    format_bytes(bytes.max), strfmt("%.3f", flight.avg),
+                    format_bytes(bytes.max),
+                    strfmt("%.3f / %.3f / %.3f", flight.min, flight.avg, flight.max),
                     strfmt("%.3f / %.3f / %.3f", blocked.min, blocked.avg, blocked.max),
                     strfmt("%.1f", hidden > 0 ? hidden : 0.0)});
   }
   return format_table("communication per rank (payload as the ZeRO paper counts it: all-reduce = 2n)",
-                      {"group", "calls/step", "payload values/step", "bytes/step", "in flight s",
-                       "blocked s min/avg/max", "hidden %"},
+                      {"group", "calls/step", "payload values/step", "bytes/step", "in flight s min/avg/max",
+                       "blocked s min/avg/max", "hidden % (avg)"},
                       rows);
 }
 
