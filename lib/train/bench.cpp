@@ -112,8 +112,14 @@ static double attention_alone_tflops(Backend& backend, const Config& cfg, int it
   }
 }
 
+constexpr int kStepsPerRound = 3;
+/// Rounds where the command line gives no --train.steps: a deck's train.steps is a training's
+/// length (5000 in gpt2-124m.deck: an hour of rounds on a GPU), not a benchmark's.
+constexpr int kDefaultRounds = 9;
+
 // Measures the step against the sgemm (below) and prints the table and the `bench:` line.
-static int measure(Trainer& trainer, const Config& cfg, const std::string& deck, World& world) {
+static int measure(Trainer& trainer, const Config& cfg, const std::string& deck, int rounds,
+                   World& world) {
   Backend& backend = trainer.backend();  // the sgemm runs where the model runs
   // A shared machine's speed drifts by tens of percent within seconds: measure side by side, and
   // the two sides alike. Each round alternates 3 samples of the 2048³ sgemm with 3 training steps
@@ -148,9 +154,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // every call are instrumentation, not training. The profile comes from as many steps after
   // them, whose time is reported beside (what the instrumentation costs).
   backend.pause_profile(true);
-  // Rounds of 3 steps: as many rounds as train.steps allows (at least one), so that a longer
-  // benchmark narrows the spread of the median round rather than lengthening each round.
-  const int per_round = 3, rounds = std::max<int>(1, int(cfg.train.steps) / per_round);
+  // Rounds of kStepsPerRound steps (bench_rounds): a longer benchmark narrows the spread of the
+  // median round rather than lengthening each round.
+  const int per_round = kStepsPerRound;
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
     for (int i = 0; i < steps; ++i) ms = std::min(ms, trainer.train_step(step++).seconds * 1e3);
@@ -257,7 +263,9 @@ const char* const kBenchUsage =
     "  Times training steps of DECK (default: inputs/bench.deck, from the current directory or\n"
     "  else beside the executable's directory, as build/../inputs) next to a large sgemm through\n"
     "  the same backend, round by round, and prints the table and one `bench:` line\n"
-    "  (step_ms, tokens_per_s, gflops, the ratio to sgemm, peak and planned bytes, mfu). Training\n"
+    "  (step_ms, tokens_per_s, gflops, the ratio to sgemm, peak and planned bytes, mfu). Rounds\n"
+    "  of 3 steps: train.steps / 3 of them where --train.steps is given, else at most 9 (a\n"
+    "  deck's train.steps is a training's length). Training\n"
     "  steps only: no checkpoints, no held-out evaluation, nothing written. Deck keys: trellis\n"
     "  train --help. With a kernel profile (TRELLIS_CUDA_PROFILE=1) the timed steps run without\n"
     "  it and as many steps after them with it: the profile is theirs, and profiled_step_ms their\n"
@@ -265,6 +273,15 @@ const char* const kBenchUsage =
     "  alone, forward and backward, 10 passes back to back.\n";
 
 namespace {
+
+/// train.steps / 3 rounds (at least one) where --train.steps is given, else as many up to
+/// kDefaultRounds.
+int bench_rounds(const Config& cfg, const std::vector<std::string>& overrides) {
+  const int rounds = std::max<int>(1, int(cfg.train.steps / kStepsPerRound));
+  for (const std::string& o : overrides)
+    if (o.rfind("--train.steps=", 0) == 0) return rounds;
+  return std::min(rounds, kDefaultRounds);
+}
 
 /// inputs/bench.deck from here, else from the directory above the executable's (build/trellis
 /// of a checkout run from elsewhere).
@@ -313,7 +330,10 @@ int bench_main(const std::vector<std::string>& args, World& world) {
   // Collective work as training is: bad input met on the way is status 2, a device error or a
   // host out of memory one message and status 1, a rank that stops the watchdog's (status 4).
   return run_collective_phase(world, cfg.system.hang_timeout_s, "trellis bench",
-                              [&] { return measure(*trainer, cfg, deck, world); });
+                              [&] {
+                                return measure(*trainer, cfg, deck, bench_rounds(cfg, overrides),
+                                               world);
+                              });
 }
 
 }  // namespace trellis

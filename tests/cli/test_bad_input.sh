@@ -123,6 +123,11 @@ expect "data.path is a pipe"          1 2 "'$work/pipe' is not a regular file" -
 expect "tune --out is a directory"    1 2 "a directory; name the deck file" -- tune "$ok" --out "$work"
 expect "tune --out is the deck"       1 2 "the deck given; name another file" -- tune "$ok" --out "$ok"
 expect "tune --out of an empty path"  1 2 "--out: an empty path" -- tune "$ok" --out ""
+# A deck's train.steps is a training's length: bench takes at most 9 rounds of 3 steps from it
+# (2000 steps gave 666 rounds: minutes with nothing printed), as many as --train.steps gives.
+sed 's/^steps = 2$/steps = 3000/' "$ok" > "$work/long.deck"
+expect "bench: a deck's 3000 steps, 9 rounds"   1 0 "median round of 9;"     -- bench "$work/long.deck"
+expect "bench: --train.steps=6 given, 2 rounds" 1 0 "median round of 2;"     -- bench "$work/long.deck" --train.steps=6
 expect "bench given two decks"        1 2 "more than one deck given"     -- bench "$ok" "$ok"
 printf '# comments\n[model]\n[train] # and headers, but no key\n' > "$work/keyless.deck"
 expect "deck without a key"           2 2 "the deck is empty"            -- train "$work/keyless.deck"
