@@ -220,5 +220,10 @@ check "GPT-3 175B on 1024 GPUs: ranked layouts, some fit" \
 rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 96 --top 3)
 check "GPT-3 175B on 96 GPUs: the deck's layout does not apply, fitting layouts ranked" \
   '[ $rc -eq 0 ] && grep -q "does not apply to 96 devices: .*parallel.tp\*pp = 128 does not divide the world size 96" "$work/out.log" && grep -Eq "layouts of 96 devices evaluated, [1-9][0-9]* fit" "$work/out.log"'
+# What the table does not hold is said beside it: a checkpoint's gathered model and moments (12 B a
+# parameter of the rank's share: default.deck's 106.2K, 1.2 MiB) and, on the CPU, the process.
+"$build/trellis" plan "$(dirname "$0")/../../inputs/default.deck" > "$work/host.log" 2>&1 || true
+check "the plan says the host memory besides its table (the checkpoint's write, the process)" \
+  'grep -q "^host memory besides: a checkpoint.s write gathers Ψ/(tp·pp) = 106.2K parameters .*: 1.2 MiB a rank while it writes; the process itself" "$work/host.log"'
 echo "plan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
