@@ -243,7 +243,7 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
   return *slot;
 }
 
-MemoryOptions run_memory_options(const Config& cfg) {
+MemoryOptions run_memory_options(const Config& cfg, int ranks_on_node) {
   MemoryOptions opt;
   opt.precision = parse_precision(cfg.system.precision);
   opt.device = cfg.system.backend == "cuda";
@@ -257,7 +257,8 @@ MemoryOptions run_memory_options(const Config& cfg) {
   opt.threads = cfg.system.threads > 0 ? cfg.system.threads
                 : blas && std::atoi(blas) > 0
                     ? std::atoi(blas)
-                    : int(std::max(1u, std::thread::hardware_concurrency()));
+                    : std::max(1, int(std::thread::hardware_concurrency()) /
+                                      std::max(1, ranks_on_node));
   return opt;
 }
 

@@ -47,7 +47,7 @@ options (defaults in brackets):
   --reserve SIZE         memory per device that is not the plan's (CUDA context, NCCL, allocator)
                          [2GiB on GPUs, 0 on the CPU]
   --threads N            fp32: threads of the CPU attention backward (its scratch) [system.threads,
-                         else $OPENBLAS_NUM_THREADS, else all cores]
+                         else $OPENBLAS_NUM_THREADS, else the cores over the ranks a node]
   --top N                layouts shown [20]
   --json PATH            also write the deck layout's plan as JSON (peak bytes per rank and kind)
 )";
@@ -376,7 +376,9 @@ int plan_main(const std::vector<std::string>& args) {
     req.overrides = o.overrides;
     req.devices = o.gpus > 0 ? o.gpus : deck_world;
     req.precision = parse_precision(!o.precision.empty() ? o.precision : cfg.system.precision);
-    req.memory = run_memory_options(cfg);
+    // (The ranks of one node share its cores, as the run's do: dp 2 on a 2-core node plans the
+    // attention scratch of one thread a rank, which it runs.)
+    req.memory = run_memory_options(cfg, std::min(o.gpus > 0 ? o.gpus : deck_world, o.per_node));
     req.memory.precision = req.precision;
     req.memory.device = req.memory.device || req.precision == Precision::BF16_FULL;
     const bool bf16 = req.precision != Precision::FP32 && req.memory.device;  // a bf16 GPU run

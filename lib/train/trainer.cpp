@@ -464,7 +464,7 @@ void check_node_memory(const Config& cfg, int local_ranks) {
   if (node <= 0) return;
   double smallest = cfg.system.backend == "cpu" ? INFINITY : 0;  // (GPU memory: its allocator's)
   if (cfg.system.backend == "cpu")
-    for (const RankMemory& r : layout_memory(cfg, run_memory_options(cfg)))
+    for (const RankMemory& r : layout_memory(cfg, run_memory_options(cfg, local_ranks)))
       smallest = std::min(smallest, r.total());
   const double data = host_data_bytes(cfg), rank = smallest + data;
   if (rank * local_ranks <= node) return;
