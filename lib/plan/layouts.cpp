@@ -189,7 +189,9 @@ LayoutPlan evaluate_layout(const Config& cfg, const PlanRequest& req, bool fits_
   } else if (fits_one_device && (p.tp > 1 || p.pp > 1)) {
     a = "the model fits one device: plain data parallelism needs no tp/pp traffic (seed table)";
   } else if (fits_one_device && p.zero > 0) {
-    a = strfmt("fits without sharding; ZeRO-%d saves memory at the cost of %s", p.zero,
+    // (Not "saves memory": on a small model ZeRO-2's gradient buckets outweigh its shards — the
+    // mem/rank column says which layout holds less.)
+    a = strfmt("fits without sharding; ZeRO-%d shards the model states at the cost of %s", p.zero,
                p.zero >= 2 ? "a reduction per micro-batch" : "an all-gather per step");
   } else if (!tp_inside) {
     a = "tp crosses nodes: keep tensor parallelism inside a node (NVLink), pipeline across nodes";
