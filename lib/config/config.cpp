@@ -76,7 +76,9 @@ std::string quoted_cut(const std::string& text) {
   if (text.size() <= kLongest) return "'" + text + "'";
   size_t end = kLongest;
   while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return "'" + text.substr(0, end) + "…' (" + std::to_string(text.size()) + " characters";
+  size_t characters = 0;  // (UTF-8: every byte but a continuation byte starts one)
+  for (const char c : text) characters += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return "'" + text.substr(0, end) + "…' (" + std::to_string(characters) + " characters";
 }
 
 std::string unknown_key_message(const std::string& raw_name) {

@@ -49,6 +49,12 @@ uint64_t content_fingerprint(const TokenSource& source);
 /// "" when no file of `held_out` is one of `training`'s (under any name), else what is shared,
 /// naming eval.path and data.path.
 std::string held_out_overlap(const TokenSource& training, const TokenSource& held_out);
+std::string held_out_overlap(const std::vector<TokenSource::File>& training,
+                             const TokenSource& held_out);
+/// The files `data`.path names (the tokens source's glob, the text source's file) with their
+/// identities, without opening them (a corpus of many GB is not read to compare names); none for
+/// the synthetic source or where nothing matches.
+std::vector<TokenSource::File> files_named(const DataConfig& data);
 
 /// The individual sources (make_token_source chooses among them by data.source). `key` names
 /// data.path in messages (eval.path for the held-out data).

@@ -1,4 +1,7 @@
 // Chooses the token source by data.source, for training and for the held-out evaluation.
+#include <glob.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 
@@ -18,8 +21,32 @@ std::unique_ptr<TokenSource> make_token_source(const DataConfig& data, const Mod
 }
 
 std::string held_out_overlap(const TokenSource& training, const TokenSource& held_out) {
+  return held_out_overlap(training.files(), held_out);
+}
+
+std::vector<TokenSource::File> files_named(const DataConfig& data) {
+  std::vector<std::string> paths;
+  if (data.source == "text") {
+    paths.push_back(data.path);
+  } else if (data.source == "tokens") {
+    glob_t g{};
+    if (::glob(data.path.c_str(), 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+  }
+  std::vector<TokenSource::File> out;
+  for (const std::string& p : paths) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) == 0)
+      out.push_back({p, {uint64_t(st.st_dev), uint64_t(st.st_ino)}});
+  }
+  return out;
+}
+
+std::string held_out_overlap(const std::vector<TokenSource::File>& training,
+                             const TokenSource& held_out) {
   std::map<std::pair<uint64_t, uint64_t>, std::string> trained;
-  for (const TokenSource::File& f : training.files()) trained.emplace(f.id, f.path);
+  for (const TokenSource::File& f : training) trained.emplace(f.id, f.path);
   for (const TokenSource::File& f : held_out.files())
     if (auto it = trained.find(f.id); it != trained.end())
       return "eval.path and data.path both read " + f.path +

@@ -394,6 +394,7 @@ int generate_main(const std::vector<std::string>& args, World& world) {
         failed = errno;
       } else {
         const size_t n = g.logits.size();
+        errno = 0;
         if (std::fwrite(g.logits.data(), sizeof(float), n, out) != n) failed = errno ? errno : EIO;
         if (std::fclose(out) != 0 && !failed) failed = errno;
         // No regular file cut short, to be read later as whole (a device is left alone).

@@ -129,18 +129,14 @@ static void report_evaluation(Trainer& trainer, const Config& cfg, const std::st
 
 /// A warning where --eval.path names a file the run trained on (one shard of its data.path glob,
 /// under any name): the loss measured is then no held-out loss. Not refused as training refuses
-/// it: measuring the training loss on purpose (beside the held-out one) is a fair question.
-/// Nothing is said where the run's files are no longer there to compare.
-static std::string training_data_note(const DataConfig& trained_on, const ModelConfig& model,
-                                      const Trainer& trainer) {
+/// it: measuring the training loss on purpose (beside the held-out one) is a fair question. The
+/// files are compared by identity, not read (eval reads no training data); nothing is said where
+/// they are no longer there, nor for the stored eval.path, which its training kept apart.
+static std::string training_data_note(const DataConfig& trained_on, const std::string& stored_eval,
+                                      const Config& cfg, const Trainer& trainer) {
   const TokenSource* held_out = trainer.held_out_source();
-  if (trained_on.source == "synthetic" || trained_on.path.empty() || !held_out) return {};
-  std::string shared;
-  try {
-    shared = held_out_overlap(*make_token_source(trained_on, model), *held_out);
-  } catch (const UserError&) {  // moved or gone since the training: nothing to compare with
-    return {};
-  }
+  if (!held_out || cfg.eval.path == stored_eval) return {};
+  const std::string shared = held_out_overlap(files_named(trained_on), *held_out);
   if (shared.empty()) return {};
   return "eval: warning: " + shared + " (data.path as the checkpoint stores it)";
 }
@@ -155,7 +151,8 @@ static std::string load_path(const ChosenCheckpoint& chosen) {
 int eval_main(const std::vector<std::string>& args, World& world) {
   // Phase 1: everything bad input can break, on every rank; then the ranks agree.
   std::string error, path, batch_note, data_note;
-  DataConfig trained_on;  // the run's [data], as its checkpoint stores it
+  DataConfig trained_on;   // the run's [data], as its checkpoint stores it
+  std::string stored_eval;  // and its eval.path
   std::optional<ChosenCheckpoint> chosen;  // (a directory's newest may be removed meanwhile)
   Config cfg;
   std::unique_ptr<Trainer> trainer;
@@ -189,6 +186,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
         cfg = stored_config(path, overrides, world.size(), StoredPrecision::as_trained);
         run = stored_config(path);
         trained_on = run.data;
+        stored_eval = run.eval.path;
       } catch (const UserError& e) {
         read_error = e.what();
       }
@@ -232,7 +230,7 @@ int eval_main(const std::vector<std::string>& args, World& world) {
       } catch (const std::bad_alloc& e) {
         abort_out_of_memory(world.comm(), "trellis eval", e);
       }
-      if (world.rank() == 0) data_note = training_data_note(trained_on, cfg.model, *trainer);
+      if (world.rank() == 0) data_note = training_data_note(trained_on, stored_eval, cfg, *trainer);
     });
   // The held-out set is eval.batches global batches: a layout that does not divide one is for
   // the micro-batch or the layout to change, not train.global_batch.

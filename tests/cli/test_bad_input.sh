@@ -56,7 +56,7 @@ expect "synthetic_order past 256"     2 2 "data.synthetic_order: expected an int
 expect "a key longer than any"        2 2 "characters: no deck key is that long" -- train "$ok" "--model.$(printf 'k%.0s' $(seq 200))=3"
 expect "a value longer than any"      2 2 "$(printf '7%.0s' $(seq 80))…' (5000 characters) for model.layers" -- train "$ok" "--model.layers=$(printf '7%.0s' $(seq 5000))"
 printf '[%s]\nx = 1\n' "$(printf 'é%.0s' $(seq 100))" > "$work/long-section.deck"
-expect "a section longer than any, cut whole characters" 2 2 "long-section.deck:1: unknown section '$(printf 'é%.0s' $(seq 40))…' (200 characters: no section is that long)" -- train "$work/long-section.deck"
+expect "a section longer than any, cut whole characters" 2 2 "long-section.deck:1: unknown section '$(printf 'é%.0s' $(seq 40))…' (100 characters: no section is that long)" -- train "$work/long-section.deck"
 expect "bad value"                    2 2 "train.steps"                  -- train "$ok" --train.steps=abc
 expect "dp*tp*pp != world size"       2 2 "parallel.dp"                  -- train "$ok" --parallel.dp=4
 expect "zero out of range"            2 2 "parallel.zero"                -- train "$ok" --parallel.zero=4

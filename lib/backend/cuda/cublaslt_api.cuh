@@ -1,7 +1,7 @@
 // cuBLASLt, opened at run time (dlopen) when a CUDA backend is made, rather than linked: the
-// library is 540 MB, and loading it cost every process 150 MB of resident memory (212 MB at its
-// peak) and 0.1–0.2 s at start (measured on the CPU VM, 2026-12-06) — every CPU rank too, which
-// never calls it. The emulated GPU's build takes the emulator's functions, linked in.
+// library is 540 MB, and loading it cost every process 150 MB of resident memory and 0.1–0.2 s
+// at start (measured on the CPU VM, 2026-12-06: `trellis train --help` peaked at 226 MB, 16 MB
+// without it) — every CPU rank too, which never calls it. The emulated GPU's build takes the emulator's functions, linked in.
 #pragma once
 #include <cublasLt.h>
 

@@ -336,7 +336,7 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why) {
     return nullptr;
   }
   if (const std::string& e = cuda::cublaslt_api().error; !e.empty()) {
-    *why = e + " (TRELLIS_CUBLASLT_LIBRARY names another file)";
+    *why = e + " (set TRELLIS_CUBLASLT_LIBRARY to name another file)";
     return nullptr;
   }
   return std::make_unique<CudaBackend>(local_rank % n);
