@@ -136,8 +136,7 @@ std::vector<LayoutChoice> tune_candidates(const std::string& deck,
   req.overrides = overrides;
   req.devices = world;
   const Config base = base_config(deck, overrides);
-  req.memory = run_memory_options(base);  // what the runs will use
-  req.memory.threads = std::max(1, base.system.threads);
+  req.memory = run_memory_options(base, local_ranks);  // what the runs will use
   req.precision = req.memory.precision;
   if (base.system.backend == "cpu") req.device = cpu_device_model(base, local_ranks);
   if (req.memory.device) {
