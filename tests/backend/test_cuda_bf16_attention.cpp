@@ -4,6 +4,7 @@
 // that picks the tensor cores where a check on the device finds them agreeing. The bounds are in
 // cuda_test_util.hpp. Each test skips when no CUDA device is present and prints what it measured.
 #include "cuda_test_util.hpp"
+#include "scoped_env.hpp"
 #ifdef TRELLIS_HAVE_CUDA
 
 namespace {
@@ -196,6 +197,28 @@ TEST_F(CudaBf16Attention, TensorCoreAttentionIsTheDefaultWhereItAgreesWithTheFp3
 // adds zeros (and rescales by 1) — so with TRELLIS_ATTN_BLOCK_ROWS=64 (one 64-row tile a block,
 // as at hd 128) every bit is the same.
 TEST_F(CudaBf16Attention, Bf16AttentionOnTensorCores) { attention_on_tensor_cores("1"); }
+
+// More (sequence, head) pairs than a grid's y takes are launched in runs of sequences (the emulated
+// GPU's limit lowered to 10 by TRELLIS_EMU_GRID_Y; a GPU's is 65535): 3 sequences × 4 heads, runs
+// of 2 and 1. Each sequence's blocks compute what they do in one launch: the same bits, on the
+// tensor cores and on the fp32 kernels (the logsumexp too).
+TEST_F(CudaBf16Attention, InRunsOfSequencesTheSameBits) {
+  const AttentionShape s{3, 70, 4, 2, 64};
+  const Bits qkv = bf16_random(s.qkv_elems(), 92, -2.f, 2.f), dout = bf16_random(s.out_elems(), 93);
+  for (const char* kernels : {"1", "0"}) {
+    SCOPED_TRACE(std::string("TRELLIS_TC_ATTENTION=") + kernels);
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", kernels}});
+    gpu->set_precision("bf16");
+    const Bf16AttentionRun whole = attention_bf16_on(*gpu, s, qkv, dout);
+    ScopedEnv limit("TRELLIS_EMU_GRID_Y", "10");
+    fresh_gpu({{"TRELLIS_TC_ATTENTION", kernels}});
+    gpu->set_precision("bf16");
+    const Bf16AttentionRun runs = attention_bf16_on(*gpu, s, qkv, dout);
+    expect_same_bits(runs.out, whole.out, "out");
+    expect_same_bits(runs.dqkv, whole.dqkv, "dqkv");
+    EXPECT_TRUE(runs.state == whole.state) << "logsumexp";
+  }
+}
 TEST_F(CudaBf16Attention, Bf16AttentionIn128And64RowBlocksAgreeBitForBit) {
   gpu->set_precision("bf16");
   for (const AttentionShape s :
