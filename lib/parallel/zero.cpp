@@ -138,51 +138,55 @@ void ShardedParams::release_params(int unit) {
   g.present = false;
 }
 
-std::vector<float> ShardedParams::gather_to_host(const float* shard, Comm& dp) {
+std::vector<float> ShardedParams::gather_to_host(const float* shard) {
   // One side of memory per collective (comm.hpp): this rank's shard comes to the host first, into
   // its place in the result, then the host vector is gathered in place.
   std::vector<float> all(total_);
   be_.copy_to_host(all.data() + shard_.begin, shard, sizeof(float) * shard_.size());
-  dp.all_gather(all.data() + shard_.begin, all.data(), shard_counts(total_, dp.size()));
+  dp_.all_gather(all.data() + shard_.begin, all.data(), shard_counts(total_, dp_.size()));
   return all;
 }
 
-std::vector<float> ShardedParams::gather_parameters(Comm* via) {
+std::vector<float> ShardedParams::gather_parameters() {
   // The fp32 values: the model's own in an fp32 run (sharded at stage 3 only), else the master
   // weights (sharded at stages 1-3).
   const bool sharded = dt_ == DType::f32 ? stage_ == 3 : stage_ > 0;
   const float* fp32 = dt_ == DType::f32 ? params_.f32() : master_.f32();
-  if (sharded) return gather_to_host(fp32, via ? *via : dp_);
+  if (sharded) return gather_to_host(fp32);
   std::vector<float> all(total_);
   be_.copy_to_host(all.data(), fp32, sizeof(float) * total_);
   return all;
 }
 
 std::vector<float> ShardedParams::gather_gradients() {
-  if (stage_ > 0) return gather_to_host(shard_grads(), dp_);
+  if (stage_ > 0) return gather_to_host(shard_grads());
   std::vector<float> all(total_);
   be_.copy_to_host(all.data(), grads_.data(), sizeof(float) * total_);
   return all;
 }
 
-void ShardedParams::gather_optimizer_state(std::vector<float>& m, std::vector<float>& v, Comm* via) {
-  if (stage_ > 0) {
-    m = gather_to_host(optimizer_->m(), via ? *via : dp_);
-    v = gather_to_host(optimizer_->v(), via ? *via : dp_);
-    return;
-  }
-  m.assign(total_, 0.f);
-  v.assign(total_, 0.f);
-  be_.copy_to_host(m.data(), optimizer_->m(), sizeof(float) * total_);
-  be_.copy_to_host(v.data(), optimizer_->v(), sizeof(float) * total_);
+float* ShardedParams::shard_of(State which) {
+  float* held = which == State::weights ? master()
+                : which == State::m     ? optimizer_->m()
+                                        : optimizer_->v();
+  return stage_ == 0 ? held + shard_.begin : held;  // (stage 0 holds all: the shard's slice)
 }
 
-void ShardedParams::load_state(const float* params, const float* m, const float* v,
-                               int64_t steps_taken) {
-  set_params_from_host(stage_ == 3 ? params + shard_.begin : params);
-  const int64_t begin = stage_ == 0 ? 0 : shard_.begin, n = stage_ == 0 ? total_ : shard_.size();
-  be_.copy_from_host(optimizer_->m(), m + begin, sizeof(float) * n);
-  be_.copy_from_host(optimizer_->v(), v + begin, sizeof(float) * n);
+std::vector<float> ShardedParams::shard_to_host(State which) {
+  std::vector<float> out(shard_.size());  // (shard size)
+  be_.copy_to_host(out.data(), shard_of(which), sizeof(float) * out.size());
+  return out;
+}
+
+void ShardedParams::shard_from_host(State which, const float* values) {
+  be_.copy_from_host(shard_of(which), values, sizeof(float) * shard_.size());
+}
+
+void ShardedParams::finish_load(int64_t steps_taken) {
+  if (stage_ == 0 && dp_.size() > 1)  // every rank holds everything: the others' shards, in place
+    for (float* all : {master(), optimizer_->m(), optimizer_->v()})
+      dp_.all_gather(all + shard_.begin, all, shard_counts(total_, dp_.size()));
+  spread_owned_params();
   optimizer_->set_steps_taken(steps_taken);
 }
 
@@ -325,9 +329,13 @@ double ShardedParams::grad_norm() {
 void ShardedParams::optimizer_step(double lr, double grad_scale) {
   // AdamW on the fp32 values this rank owns; a bf16 run then rounds them into the model's copy.
   optimizer_->step(be_, master(), stage_ == 0 ? grads_.f32() : shard_grads(), lr, grad_scale);
+  spread_owned_params();
+}
+
+void ShardedParams::spread_owned_params() {
   const int64_t owned = stage_ == 0 ? total_ : shard_.size();
   if (dt_ != DType::f32) be_.convert(owned_params(), master(), owned);
-  // Stages 1-2: every rank's updated shard to every rank (in the model's type).
+  // Stages 1-2: every rank's shard to every rank (in the model's type).
   if (stage_ == 1 || stage_ == 2)
     dp_.all_gather(owned_params(), params_.as(dt_), shard_counts(total_, dp_.size()));
 }

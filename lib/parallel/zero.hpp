@@ -90,16 +90,21 @@ class ShardedParams : public ParamStore {
   // ---- introspection ----
   int stage() const { return stage_; }
   ShardRange shard() const { return shard_; }
-  /// Every parameter (the fp32 master weights), gathered (collective). For tests and checkpoints.
-  /// `via`: the dp group to use instead of the training one (so that checkpoint traffic is
-  /// counted apart).
-  std::vector<float> gather_parameters(Comm* via = nullptr);
+  /// Every parameter (the fp32 master weights), gathered (collective). For tests.
+  std::vector<float> gather_parameters();
   /// Every reduced gradient, gathered (collective; after finish_grad_sync). For tests.
   std::vector<float> gather_gradients();
-  /// AdamW's m and v for every parameter, gathered (collective). For checkpoints.
-  void gather_optimizer_state(std::vector<float>& m, std::vector<float>& v, Comm* via = nullptr);
-  /// Takes this rank's part of full (P) arrays of parameters, m and v, and the step count.
-  void load_state(const float* params, const float* m, const float* v, int64_t steps_taken);
+
+  // ---- checkpoints: each rank writes and reads its own shard's values ----
+  enum class State { weights, m, v };  // the fp32 master weights, AdamW's first and second moment
+  /// This rank's shard (shard()) of `which`, copied to the host: (shard size) values. No
+  /// collective; at stage 0, where every rank holds all of it, the shard's slice.
+  std::vector<float> shard_to_host(State which);
+  /// A load, the reverse: this rank's shard of `which` from (shard size) host values. Once all
+  /// three are set, finish_load (collective over dp) gives each rank what it holds beyond its
+  /// shard (stage 0: everything; stages 1-2: the model's weights) and the model's copy of them.
+  void shard_from_host(State which, const float* values);
+  void finish_load(int64_t steps_taken);
   Comm& dp() { return dp_; }
   AdamW& optimizer() { return *optimizer_; }
 
@@ -134,10 +139,15 @@ class ShardedParams : public ParamStore {
   float* master();
   /// The model's parameters of this rank's shard (stages 1-3) or all of them (stage 0).
   Ptr owned_params();
+  /// After the fp32 values this rank owns changed (an AdamW step, a load): their rounding into a
+  /// bf16 run's copy, and at stages 1-2 every rank's shard of the model's weights to every rank.
+  void spread_owned_params();
+  /// This rank's shard of `which` in the backend's memory.
+  float* shard_of(State which);
   std::vector<int64_t> overlap_counts(int64_t begin, int64_t end) const;
   float* shard_grads();  // (shard size) this rank's reduced gradients
   /// (P) on the host: every dp rank's `shard` (in the backend's memory) gathered (collective).
-  std::vector<float> gather_to_host(const float* shard, Comm& dp);
+  std::vector<float> gather_to_host(const float* shard);
   /// Where every buffer of parameters, gradients and optimizer state lives: the backend's memory.
   Allocator* mem() { return be_.allocator(); }
 

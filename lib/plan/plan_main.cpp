@@ -200,16 +200,18 @@ std::string formulas_line(const Config& cfg, Precision precision) {
       count(psi).c_str(), format_bytes(z.total()).c_str(), format_bytes(layer).c_str());
 }
 
-/// What a rank holds on the host besides the table (measured 2026-12-06 on the CPU VM): a
-/// checkpoint's write gathers the rank's share of the model and AdamW's m and v over its dp group,
-/// fp32, while it writes (ZeRO shards do not lower it); on the CPU, the process itself.
+/// What a rank holds on the host besides the table (the process measured 2026-12-06 on the CPU
+/// VM): a checkpoint's write or read holds the rank's part of the model and of AdamW's m and v
+/// (checkpoint_parts.hpp: its ZeRO shard, give or take a row), fp32, and one of the three of its
+/// shard on the way; on the CPU, the process itself.
 std::string host_line(const Config& cfg, bool device) {
   const ParallelConfig& p = cfg.parallel;
-  const double psi = double(model_parameter_count(cfg.model)) / (p.tp * p.pp);
+  const double psi = double(model_parameter_count(cfg.model)) / (double(p.tp) * p.pp * p.dp);
   return strfmt(
-      "host memory besides: a checkpoint's write gathers Ψ/(tp·pp) = %s parameters and AdamW's "
-      "m and v over the dp group, fp32 (12 B each): %s a rank while it writes%s\n",
-      count(psi).c_str(), format_bytes(12 * psi).c_str(),
+      "host memory besides: a checkpoint's write or read holds the rank's part, Ψ/(tp·pp·dp) = %s "
+      "parameters, of the weights and AdamW's m and v and one of them on its way, fp32 (16 B "
+      "each): %s a rank while it writes%s\n",
+      count(psi).c_str(), format_bytes(16 * psi).c_str(),
       device ? ""
              : "; the process itself (libraries, MPI, BLAS buffers): 20-45 MB a rank more than "
                "the table (measured: default.deck 26 MB at dp 4, 59 MB on 1 rank of 2 threads)");

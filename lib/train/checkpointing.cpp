@@ -12,6 +12,7 @@
 #include "comm/world.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "train/checkpoint_parts.hpp"
 #include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -84,8 +85,20 @@ Checkpointer::Checkpointer(const Config& cfg, const Grid& grid, const ParamTable
   job_ = text_of_rank(world_, 0, job ? job : "");
 }
 
-std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* data,
-                                          bool for_writing) const {
+/// The global rows of local rows [r0, r1) of a tensor whose local rows are `rows` in order.
+static std::vector<RowRange> global_rows(const std::vector<RowRange>& rows, int64_t r0, int64_t r1) {
+  std::vector<RowRange> out;
+  int64_t at = 0;  // local index of the current range's first row
+  for (const RowRange& r : rows) {
+    const int64_t n = r.end - r.begin, b = std::max(r0, at), e = std::min(r1, at + n);
+    if (b < e) out.push_back({r.begin + (b - at), r.begin + (e - at)});
+    at += n;
+  }
+  return out;
+}
+
+std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* part_data,
+                                          ShardRange part, bool for_writing) const {
   const int tp_rank = grid_.tp_rank(), tp = grid_.tp_size();
   const int kv = cfg_.model.kv_heads;
   std::vector<CkptSlab> out;
@@ -95,34 +108,65 @@ std::vector<CkptSlab> Checkpointer::slabs(const std::string& prefix, float* data
     s.global_shape = f.shape;
     s.col_begin = f.col_begin;
     s.col_end = f.col_end;
+    s.writer = false;  // (unless this rank holds rows of it, below)
     const ParamInfo* mine = nullptr;
     for (const ParamInfo& p : staged_.params())
       if (p.name == f.name) mine = &p;
-    if (mine) {
-      s.rows = mine->rows;
-      s.data = data + mine->offset;
+    const int64_t cols = mine ? mine->col_end - mine->col_begin : 0;
+    if (mine && cols > 0) {  // (else another pipeline stage holds it)
+      // The local rows of it in this rank's part (whole rows: checkpoint_parts).
+      const int64_t first = std::max(part.begin, mine->offset),
+                    last = std::min(part.end, mine->offset + mine->numel());
+      int64_t r0 = (first - mine->offset) / cols, r1 = (last - mine->offset) / cols;
       if (for_writing) {
-        // One copy of everything: dp rank 0 writes; replicated tensors come from tp rank 0;
-        // key/value rows shared by tp/kv ranks from the first of them (the others write only
-        // their query rows, which come first locally).
-        s.writer = grid_.dp_rank() == 0;
-        if (mine->split == TpSplit::Replicated && tp_rank != 0) s.writer = false;
-        if (mine->split == TpSplit::KvReplicated && tp_rank % (tp / kv) != 0) s.rows = {mine->rows[0]};
+        // One copy of everything: replicated tensors come from tp rank 0; key/value rows shared
+        // by tp/kv ranks from the first of them (the others write only their query rows, which
+        // come first locally).
+        s.writer = !(mine->split == TpSplit::Replicated && tp_rank != 0);
+        if (mine->split == TpSplit::KvReplicated && tp_rank % (tp / kv) != 0)
+          r1 = std::min(r1, mine->rows[0].end - mine->rows[0].begin);
       }
-    } else {
-      s.writer = false;  // another pipeline stage holds it
+      if (r0 < r1) {
+        s.rows = global_rows(mine->rows, r0, r1);
+        s.data = part_data + (mine->offset + r0 * cols - part.begin);
+      }
     }
     out.push_back(std::move(s));
   }
   return out;
 }
 
+/// This rank's part of the stage's values (checkpoint_parts), held while it is written or read:
+/// the fp32 weights and AdamW's m and v, (part size) each.
+struct Checkpointer::Part {
+  ShardRange range;
+  std::vector<float> weights, m, v;
+  std::vector<float>& operator[](ShardedParams::State s) {
+    return s == ShardedParams::State::weights ? weights : s == ShardedParams::State::m ? m : v;
+  }
+};
+
+std::vector<CkptSlab> Checkpointer::slabs(Part& part, bool for_writing) const {
+  std::vector<CkptSlab> all = slabs("model/", part.weights.data(), part.range, for_writing);
+  for (auto& s : slabs("optim/m/", part.m.data(), part.range, for_writing)) all.push_back(std::move(s));
+  for (auto& s : slabs("optim/v/", part.v.data(), part.range, for_writing)) all.push_back(std::move(s));
+  return all;
+}
+
+static constexpr ShardedParams::State kStates[] = {
+    ShardedParams::State::weights, ShardedParams::State::m, ShardedParams::State::v};
+
 void Checkpointer::save(int64_t step) {
-  std::vector<float> params = store_.gather_parameters(&dp_), m, v;
-  store_.gather_optimizer_state(m, v, &dp_);
-  std::vector<CkptSlab> all = slabs("model/", params.data(), true);
-  for (auto& s : slabs("optim/m/", m.data(), true)) all.push_back(std::move(s));
-  for (auto& s : slabs("optim/v/", v.data(), true)) all.push_back(std::move(s));
+  // Each of the three, in turn, from this rank's ZeRO shard to its part of the file's rows.
+  const std::vector<ShardRange> shards = zero_shards(staged_, dp_.size()),
+                                parts = checkpoint_parts(staged_, dp_.size());
+  Part part{parts[size_t(dp_.rank())], {}, {}, {}};
+  for (ShardedParams::State s : kStates) {
+    const std::vector<float> shard = store_.shard_to_host(s);  // (shard size)
+    part[s].resize(size_t(part.range.size()));                 // (part size)
+    move_values(dp_, shards, shard.data(), parts, part[s].data());
+  }
+  std::vector<CkptSlab> all = slabs(part, true);
 
   const ParallelConfig& p = cfg_.parallel;
   CkptMeta meta;
@@ -324,18 +368,20 @@ static std::string damaged_values(const std::vector<float>& params, const std::v
 
 int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   const std::string changes = check_compatible(path, say_changes);
-  const int64_t n = staged_.total();
-  std::vector<float> params(n), m(n), v(n);
-  std::vector<CkptSlab> all = slabs("model/", params.data(), false);
-  for (auto& s : slabs("optim/m/", m.data(), false)) all.push_back(std::move(s));
-  for (auto& s : slabs("optim/v/", v.data(), false)) all.push_back(std::move(s));
+  // This rank reads its part of the file's rows (checkpoint_parts), then hands each value to the
+  // rank whose ZeRO shard holds it.
+  const std::vector<ShardRange> shards = zero_shards(staged_, dp_.size()),
+                                parts = checkpoint_parts(staged_, dp_.size());
+  Part part{parts[size_t(dp_.rank())], {}, {}, {}};
+  for (ShardedParams::State s : kStates) part[s].assign(size_t(part.range.size()), 0.f);
+  std::vector<CkptSlab> all = slabs(part, false);
   CkptMeta meta;
   CkptIO io = read_checkpoint(world_, path, all, meta);
   // No run writes weights or AdamW moments that are not finite, nor a negative second moment (a
   // step that would make them so is skipped or ends the run): such values are damage the
   // checksums missed — a chunk overwritten whole with its checksum, 0xFF bytes being NaNs — and
   // a resume falls back from them as from any damaged file.
-  const std::string bad = agree_on_error(world_, damaged_values(params, m, v));
+  const std::string bad = agree_on_error(world_, damaged_values(part.weights, part.m, part.v));
   if (!bad.empty()) throw UserError(path + ": " + bad + " (damaged or edited)");
   const int64_t step = meta.integers.at("step");  // check_compatible saw it
   // Said once the file has loaded: a damaged one, fallen back from, changes nothing.
@@ -350,8 +396,13 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   // AdamW's bias correction counts the updates taken, fewer than the steps when some were
   // skipped (train.on_nan = skip); files written before adamw_steps counted them hold the step.
   const auto adamw = meta.integers.find("adamw_steps");
-  store_.load_state(params.data(), m.data(), v.data(),
-                    adamw == meta.integers.end() ? step : adamw->second);
+  for (ShardedParams::State s : kStates) {
+    std::vector<float> shard(size_t(shards[size_t(dp_.rank())].size()));  // (shard size)
+    move_values(dp_, parts, part[s].data(), shards, shard.data());
+    std::vector<float>().swap(part[s]);
+    store_.shard_from_host(s, shard.data());
+  }
+  store_.finish_load(adamw == meta.integers.end() ? step : adamw->second);
   const auto tokens = meta.integers.find("tokens_seen");
   resumed_step_ = step;
   resumed_seconds_ = io.seconds;

@@ -2,9 +2,11 @@
 // its global shape, written by the ranks that hold it; the step, the effective deck, the layout)
 // and how a run resumes from one under any layout. The HDF5 side is lib/ckpt/.
 //
-// Each rank first gathers its tensor-parallel shard of the stage's parameters and optimizer state
-// over its dp group (ZeRO shards them), so a checkpoint costs up to 3× the shard's size in
-// temporary memory; dp rank 0 then writes it, tp rank 0 the replicated tensors.
+// Each rank of a dp group writes and reads its own part of the stage's rows (checkpoint_parts.hpp:
+// the rows that begin in its ZeRO shard), the shard's values moved to the part and back over the
+// group: a checkpoint costs a rank its part of the weights, m and v (12 B a value of Ψ/(tp·pp·dp))
+// and one of them of its shard (4 B) in host memory, at any ZeRO stage. Tensors that tensor ranks
+// hold alike (replicated, and key/value heads shared) are written by the first of them.
 #pragma once
 #include <mpi.h>
 
@@ -70,7 +72,13 @@ class Checkpointer {
  private:
   /// One slab per tensor of the whole model, in the same order on every rank; tensors this rank
   /// does not hold have no rows.
-  std::vector<CkptSlab> slabs(const std::string& prefix, float* data, bool for_writing) const;
+  /// `part_data`: this rank's part (`part`, checkpoint_parts) of one of the three states, whose
+  /// rows of each tensor the slab names; a writer of each value once.
+  std::vector<CkptSlab> slabs(const std::string& prefix, float* part_data, ShardRange part,
+                              bool for_writing) const;
+  struct Part;
+  /// The slabs of the weights, then AdamW's m and v.
+  std::vector<CkptSlab> slabs(Part& part, bool for_writing) const;
   /// Collective, before any tensor is read: the file's format and its stored deck against this
   /// run's. Another model → UserError naming each differing key. Returns the changed training
   /// keys (lr, steps, data, …; rank 0's text, empty elsewhere) for load's warning once the file
@@ -115,7 +123,8 @@ class Checkpointer {
   std::string resumed_path_;                        // and its file
   DataIdentity data_, held_out_data_;               // set_data_identity
   std::string held_out_changes_;                    // an evaluation's (check_compatible)
-  Comm dp_;  // the dp group, for the gathers: checkpoint traffic is counted apart from training's
+  Comm dp_;  // the dp group, for the shards' values to and from the parts: checkpoint traffic is
+             // counted apart from training's
 };
 
 }  // namespace trellis

@@ -59,21 +59,33 @@ static CommStats add(CommStats a, const CommStats& b, double sign) {
 
 CommStats Trainer::training_stats(size_t i) const {
   const CommStats& all = comm_groups()[i]->stats();
-  return i < eval_comm_.size() ? add(all, eval_comm_[i], -1) : all;
+  return i < aside_comm_.size() ? add(all, aside_comm_[i], -1) : all;
+}
+
+void Trainer::aside_from_training(const std::function<void()>& work) {
+  const std::vector<const Comm*> groups = comm_groups();
+  std::vector<CommStats> before;
+  for (const Comm* g : groups) before.push_back(g->stats());
+  struct Count {  // (also when work throws)
+    Trainer& t;
+    const std::vector<const Comm*>& groups;
+    const std::vector<CommStats>& before;
+    ~Count() {
+      t.aside_comm_.resize(groups.size());
+      for (size_t i = 0; i < groups.size(); ++i)
+        t.aside_comm_[i] = add(t.aside_comm_[i], add(groups[i]->stats(), before[i], -1), +1);
+    }
+  } count{*this, groups, before};
+  work();
 }
 
 double Trainer::run_evaluation(int64_t step) {
   ScopedTimer timer(timers_, "evaluation");
   watchdog_beat("an evaluation");
   const double start = now_seconds();
-  const std::vector<const Comm*> groups = comm_groups();
-  std::vector<CommStats> before;
-  for (const Comm* g : groups) before.push_back(g->stats());
-  const double loss = evaluate();
+  double loss = 0;
+  aside_from_training([&] { loss = evaluate(); });
   const double seconds = now_seconds() - start;
-  eval_comm_.resize(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i)
-    eval_comm_[i] = add(eval_comm_[i], add(groups[i]->stats(), before[i], -1), +1);
 
   evaluations_.push_back({step + 1, loss});
   if (quiet_) return seconds;

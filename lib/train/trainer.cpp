@@ -286,8 +286,11 @@ Checkpointer& Trainer::checkpointer() {
 
 std::optional<int64_t> Trainer::resume(bool to_train) {
   checkpointer();
-  std::optional<int64_t> steps = checkpointer_->resume(to_train, to_train && !quiet_);
-  pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
+  std::optional<int64_t> steps;
+  aside_from_training([&] {
+    steps = checkpointer_->resume(to_train, to_train && !quiet_);
+    pipeline_->sync_tied_weights();  // the last stage's copy of the tied LM head
+  });
   return steps;
 }
 

@@ -102,7 +102,8 @@ class Trainer {
   const std::vector<Evaluation>& evaluations() const { return evaluations_; }
   /// The groups the end-of-run report counts: dp, tp, pp, then the kv-head group if there is one.
   std::vector<const Comm*> comm_groups() const;
-  /// What group i of comm_groups() carried for the training steps: all but the evaluations'.
+  /// What group i of comm_groups() carried for the training steps: all but the evaluations' and
+  /// a resume's.
   CommStats training_stats(size_t i) const;
   /// Quiet: run() prints nothing, writes no run directory and no checkpoints (tests, benchmarks).
   void set_quiet(bool quiet) { quiet_ = quiet, checkpointing_ = !quiet; }
@@ -151,7 +152,9 @@ class Trainer {
   Timers timers_;
   std::vector<StepResult> history_;
   std::vector<Evaluation> evaluations_;
-  std::vector<CommStats> eval_comm_;  // per group of comm_groups(): the evaluations' traffic
+  std::vector<CommStats> aside_comm_;  // per group of comm_groups(): evaluations' and resumes'
+  /// Runs `work`, its traffic on comm_groups() counted in aside_comm_ rather than training's.
+  void aside_from_training(const std::function<void()>& work);
   bool quiet_ = false;
   bool checkpointing_ = true;
   bool stopped_early_ = false;

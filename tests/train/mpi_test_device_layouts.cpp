@@ -133,6 +133,36 @@ TEST(DeviceLayouts, CheckpointWrittenOnTheDeviceResumesOnTheCpu) {
   EXPECT_EQ(resumed[1], whole[4]);
 }
 
+// A checkpoint written and loaded on the device at every ZeRO stage: each rank writes and reads its
+// own rows (train/checkpoint_parts.hpp), and the load gives each rank what it holds beyond its
+// shard over the device link (stage 0: the weights and both moments; stages 1-2: the weights; a
+// bf16 run: their rounding). The resumed steps equal the whole run's bitwise.
+TEST(DeviceLayouts, CheckpointResumesOnTheDeviceEveryZeroStage) {
+  if (trellis::testing::world_size() != 2) GTEST_SKIP() << "dp 2";
+  int pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const fs::path dir = fs::temp_directory_path() / ("trellis-device-resume-" + std::to_string(pid));
+  for (const char* precision : {"fp32", "bf16"})
+    for (const char* zero : {"0", "1", "2", "3"}) {
+      if (std::string(precision) == "bf16" && (zero[0] == '1' || zero[0] == '3')) continue;
+      SCOPED_TRACE(std::string(precision) + " zero " + zero);
+      const fs::path here = dir / (std::string(precision) + zero);
+      const std::vector<std::string> layout = {
+          "--parallel.dp=" + n_text(), std::string("--parallel.zero=") + zero,
+          std::string("--system.precision=") + precision, "--checkpoint.dir=" + here.string()};
+      const std::vector<double> whole = losses(true, layout);
+      std::vector<std::string> first = layout;
+      first.push_back("--train.steps=3");
+      losses(true, first, true);                                        // steps 1-3, checkpoint at 3
+      const std::vector<double> resumed = losses(true, layout, true);  // 4-5 from it
+      ASSERT_EQ(resumed.size(), 2u);
+      EXPECT_EQ(resumed[0], whole[3]);
+      EXPECT_EQ(resumed[1], whole[4]);
+    }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
+}
+
 // ---- system.grad_reduce = bf16 (dp 2): every ZeRO stage on the CPU and the fake device ----
 //   - the losses stay within kLossBound (relative) of the same run with fp32 reduction over 10
 //     steps, and differ from it (the wire really rounds);
