@@ -112,6 +112,32 @@ TEST(Restart, SameLayoutContinuesBitwise) {
   for (size_t s = 0; s < 5; ++s) EXPECT_EQ(resumed[s], whole[5 + s]) << "step " << 5 + s;
 }
 
+// A resume's load moves values over the dp group (ZeRO 0: every rank's shard of the weights and
+// both moments to every rank): traffic of the resume, not of the training steps the run reports.
+TEST(Restart, ResumeTrafficIsNotCountedAsTraining) {
+  if (trellis::testing::world_size() != 2) GTEST_SKIP() << "dp 2";
+  const std::string dir = shared_dir("traffic");
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto dp_values_per_step = [&] {
+    Config cfg = load_config(deck_path(), {"--parallel.dp=2", "--checkpoint.dir=" + dir}, 2);
+    Trainer t(cfg, MPI_COMM_WORLD);
+    t.set_quiet(true);
+    t.set_checkpointing(true);
+    t.run();
+    return t.training_stats(0).payload_values / double(t.history().size());
+  };
+  const double whole = dp_values_per_step();
+  if (trellis::testing::world_rank() == 0) {
+    fs::remove(fs::path(dir) / checkpoint_file_name(10));
+    publish_latest(dir, checkpoint_file_name(5));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double resumed = dp_values_per_step();
+  EXPECT_GT(whole, 0);
+  EXPECT_EQ(resumed, whole);
+}
+
 TEST(Restart, AnotherLayoutContinuesTheRun) {
   const int n = trellis::testing::world_size();
   if (n == 1) GTEST_SKIP();
