@@ -157,9 +157,11 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // Rounds of kStepsPerRound steps (bench_rounds): a longer benchmark narrows the spread of the
   // median round rather than lengthening each round.
   const int per_round = kStepsPerRound;
+  // A step is the job's: its slowest rank's (the next step waits for it), as the log's steps are.
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
-    for (int i = 0; i < steps; ++i) ms = std::min(ms, trainer.train_step(step++).seconds * 1e3);
+    for (int i = 0; i < steps; ++i)
+      ms = std::min(ms, min_avg_max(world.comm(), trainer.train_step(step++).seconds * 1e3).max);
     return ms;
   };
   struct Round {
@@ -172,8 +174,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
       round.sgemm = std::max(round.sgemm, square.gflops(1, calls));
       round.step_ms = std::min(round.step_ms, fastest_step_ms(1));
     }
-    // A rank's share of the step's work against that rank's own sgemm: with several ranks on a
-    // node each one's sgemm is its share of the cores, as its step is.
+    // A rank's share of the step's work against a rank's sgemm (the ranks' mean): with several
+    // ranks on a node each one's sgemm is its share of the cores, as its step is.
+    round.sgemm = min_avg_max(world.comm(), round.sgemm).avg;
     round.ratio = step_flops / world.size() / (round.step_ms * 1e-3) / 1e9 / round.sgemm;
     results.push_back(round);
   }
@@ -209,7 +212,8 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
       {"backend details", backend.details().empty() ? "-" : backend.details()},
       {"kernel ways kept (timed; rank 0)",
        backend.kernel_ways().empty() ? "-" : backend.kernel_ways()},
-      {strfmt("step (median round of %d; fastest of %d steps)", rounds, per_round),
+      {strfmt("step%s (median round of %d; fastest of %d steps)",
+              world.size() > 1 ? ", the slowest rank's" : "", rounds, per_round),
        strfmt("%.1f ms", step_ms)},
       {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},
       {"training GFLOP/s (model FLOPs)", strfmt("%.1f", gflops)},
