@@ -1,6 +1,7 @@
 // Which rank digests which values of a load. Every rank of a load reads its region of each
-// dataset (rows × columns); the regions overlap wherever ranks hold the same values (data-
-// parallel replicas, KV heads shared by tensor ranks) and together usually cover the dataset.
+// dataset (rows × columns); the regions overlap wherever ranks hold the same values (tensors
+// that tensor ranks hold alike, KV heads shared by them; data-parallel replicas where a reader
+// reads the whole stage) and together usually cover the dataset.
 // The digests of a load are then summed from what the ranks read, each value counted by one of
 // the ranks that read it — the ranks that read a piece sharing its rows evenly — instead of from
 // the file read once more.
@@ -21,7 +22,7 @@ namespace trellis::ckpt_impl {
 namespace {
 
 /// Another group's interval of rows and its columns, clipped to this rank's. A group: the ranks
-/// that read the same regions of every dataset (data-parallel replicas), sent once.
+/// that read the same regions of every dataset, sent once.
 struct Cover {
   int group;
   int64_t begin, end, col_begin, col_end;
@@ -109,11 +110,15 @@ bool read_shares(MPI_Comm comm, const std::vector<ReadRegion>& mine,
                  std::vector<std::vector<Block>>& blocks) {
   const int rank = comm_rank(comm), size = comm_size(comm);
   blocks.assign(mine.size(), {});
-  // Each rank's regions, flat: per dataset the count of intervals n, n (begin, end) pairs, then
-  // the columns (begin, end).
+  // Each rank's regions, flat: per dataset it reads, the dataset's index, the count of intervals
+  // n, n (begin, end) pairs, then the columns (begin, end). (Only those it reads: a checkpoint's
+  // datasets are every stage's, and each dp rank reads its own rows, so a full list from every
+  // rank took over the limit below from about 800 ranks of GPT-3 175B.)
   std::vector<int64_t> flat;
-  for (const ReadRegion& r : mine) {
-    flat.push_back(int64_t(r.rows.size()));
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const ReadRegion& r = mine[i];
+    if (r.rows.empty() || r.col_begin >= r.col_end) continue;
+    flat.insert(flat.end(), {int64_t(i), int64_t(r.rows.size())});
     for (const RowRange& iv : r.rows) flat.insert(flat.end(), {iv.begin, iv.end});
     flat.insert(flat.end(), {r.col_begin, r.col_end});
   }
@@ -156,8 +161,11 @@ bool read_shares(MPI_Comm comm, const std::vector<ReadRegion>& mine,
   if (differs) return false;
 
   // One cursor per group, moved through its datasets in step with this rank's.
-  std::vector<size_t> at;
-  for (const int q : leaders) at.push_back(size_t(displs[size_t(q)]));
+  std::vector<size_t> at, end;
+  for (const int q : leaders) {
+    at.push_back(size_t(displs[size_t(q)]));
+    end.push_back(at.back() + size_t(counts[size_t(q)]));
+  }
   std::vector<Cover> others;
   std::vector<int64_t> row_ends, col_ends;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -165,6 +173,8 @@ bool read_shares(MPI_Comm comm, const std::vector<ReadRegion>& mine,
     const ReadRegion& me = mine[i];
     for (int g = 0; g < int(leaders.size()); ++g) {
       size_t& p = at[size_t(g)];
+      if (p >= end[size_t(g)] || all[p] != int64_t(i)) continue;  // (the group reads none of it)
+      ++p;
       const int64_t intervals = all[p++];
       const size_t first = p;
       p += size_t(2 * intervals);

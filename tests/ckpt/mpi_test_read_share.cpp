@@ -80,6 +80,23 @@ TEST(ReadShares, HoldEveryValueReadOnce) {
   EXPECT_EQ(bad_cells, 0) << "values counted other than once";
 }
 
+// A checkpoint lists every pipeline stage's datasets and each rank reads few of them: a rank sends
+// only those it reads. (Sending every dataset's entry, at least 3 values each, these many would
+// take over read_shares' 64 MiB limit: no shares, the digests read from the file again.)
+TEST(ReadShares, RanksSendOnlyTheDatasetsTheyRead) {
+  const int np = world_size(), rank = world_rank();
+  const size_t datasets = (64u << 20) / (3 * sizeof(int64_t) * size_t(np)) + 1000;
+  std::vector<ckpt_impl::ReadRegion> mine(datasets);  // (nothing read)
+  mine[size_t(rank) * 7] = {{{0, 10}}, 0, 3};          // (one dataset each, all rows)
+  std::vector<std::vector<ckpt_impl::Block>> blocks;
+  const bool shared = ckpt_impl::read_shares(MPI_COMM_WORLD, mine, blocks);
+  EXPECT_TRUE(trellis::testing::all_ranks_ok(shared));
+  int64_t values = 0;
+  for (const auto& b : blocks[size_t(rank) * 7])
+    values += (b.row_end - b.row_begin) * (b.col_end - b.col_begin);
+  EXPECT_EQ(values, shared ? 30 : 0);
+}
+
 // Replicas (every rank reads the whole dataset) digest a share each: the rows split evenly.
 TEST(ReadShares, ReplicasShareEvenly) {
   const int np = world_size();
