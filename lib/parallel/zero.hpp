@@ -13,7 +13,7 @@
 //            prefetched                                                          16Ψ/N (+ units in flight)
 //
 // Every buffer lives in the backend's memory (device memory for cuda); the host sees values only
-// through the gather_* / load_state copies.
+// through the gather_* (tests) and shard_to_host / shard_from_host (checkpoints) copies.
 //
 // (The bytes are fp32's. bf16, below: 2Ψ + 4Ψ + 12Ψ at stage 0, 6Ψ + 12Ψ/N at 1, 2Ψ + 16Ψ/N at
 // 2, 18Ψ/N at 3.)
@@ -95,7 +95,8 @@ class ShardedParams : public ParamStore {
   /// Every reduced gradient, gathered (collective; after finish_grad_sync). For tests.
   std::vector<float> gather_gradients();
 
-  // ---- checkpoints: each rank writes and reads its own shard's values ----
+  // ---- checkpoints: each rank's shard to and from the host (train/checkpoint_parts.hpp moves
+  // it to and from the rows the rank writes and reads) ----
   enum class State { weights, m, v };  // the fp32 master weights, AdamW's first and second moment
   /// This rank's shard (shard()) of `which`, copied to the host: (shard size) values. No
   /// collective; at stage 0, where every rank holds all of it, the shard's slice.

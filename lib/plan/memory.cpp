@@ -303,6 +303,7 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
 
   RankMemory r;
   r.stage = stage;
+  r.stage_params = P;
   const std::string psi = "Ψ_rank = " + n_elems(double(P)) + " parameters";
 
   // ---- parameters ----

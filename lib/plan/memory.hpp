@@ -81,6 +81,7 @@ struct MemoryItem {
 /// parts — buckets, gathers, scratch — all live during backward, so the sum is close).
 struct RankMemory {
   int stage = 0;
+  int64_t stage_params = 0;  // Ψ_rank: the parameters a tp rank of this stage holds
   MemoryItem params, grads, optim, activations, comm, workspace;
   double total() const {
     return params.bytes + grads.bytes + optim.bytes + activations.bytes + comm.bytes + workspace.bytes;

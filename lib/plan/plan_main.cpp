@@ -203,14 +203,16 @@ std::string formulas_line(const Config& cfg, Precision precision) {
 /// What a rank holds on the host besides the table (the process measured 2026-12-06 on the CPU
 /// VM): a checkpoint's write or read holds the rank's part of the model and of AdamW's m and v
 /// (checkpoint_parts.hpp: its ZeRO shard, give or take a row), fp32, and one of the three of its
-/// shard on the way; on the CPU, the process itself.
-std::string host_line(const Config& cfg, bool device) {
-  const ParallelConfig& p = cfg.parallel;
-  const double psi = double(model_parameter_count(cfg.model)) / (double(p.tp) * p.pp * p.dp);
+/// shard on the way; on the CPU, the process itself. `stages`: the layout's (the largest stage's
+/// Ψ_rank: the first holds the embeddings, and replicated tensors do not divide by tp).
+std::string host_line(const Config& cfg, const std::vector<RankMemory>& stages, bool device) {
+  int64_t largest = 0;
+  for (const RankMemory& s : stages) largest = std::max(largest, s.stage_params);
+  const double psi = std::ceil(double(largest) / cfg.parallel.dp);
   return strfmt(
-      "host memory besides: a checkpoint's write or read holds the rank's part, Ψ/(tp·pp·dp) = %s "
-      "parameters, of the weights and AdamW's m and v and one of them on its way, fp32 (16 B "
-      "each): %s a rank while it writes%s\n",
+      "host memory besides: a checkpoint's write or read holds the rank's part, Ψ_rank/dp = %s "
+      "parameters (the largest stage's), of the weights and AdamW's m and v and one of them on "
+      "its way, fp32 (16 B each): %s a rank while it writes or reads%s\n",
       count(psi).c_str(), format_bytes(16 * psi).c_str(),
       device ? ""
              : "; the process itself (libraries, MPI, BLAS buffers): 20-45 MB a rank more than "
@@ -441,7 +443,7 @@ int plan_main(const std::vector<std::string>& args) {
       const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
       std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
       std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
-      std::fputs(host_line(cfg, req.memory.device).c_str(), stdout);
+      std::fputs(host_line(cfg, stages, req.memory.device).c_str(), stdout);
       const StepTime t = estimate_step_time(cfg, req.precision, d);
       const std::string elsewhere =
           deck_world != req.devices

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "ckpt/stored_config.hpp"
 #include "comm/world.hpp"
@@ -161,9 +162,16 @@ void Checkpointer::save(int64_t step) {
   const std::vector<ShardRange> shards = zero_shards(staged_, dp_.size()),
                                 parts = checkpoint_parts(staged_, dp_.size());
   Part part{parts[size_t(dp_.rank())], {}, {}, {}};
+  const ShardRange& shard_range = shards[size_t(dp_.rank())];
+  // (A part that is its shard — dp 1, shards that end on rows — neither sends nor receives.)
+  const bool same = part.range.begin == shard_range.begin && part.range.end == shard_range.end;
   for (ShardedParams::State s : kStates) {
-    const std::vector<float> shard = store_.shard_to_host(s);  // (shard size)
-    part[s].resize(size_t(part.range.size()));                 // (part size)
+    std::vector<float> shard = store_.shard_to_host(s);  // (shard size)
+    if (same) {
+      part[s] = std::move(shard);
+      continue;
+    }
+    part[s].resize(size_t(part.range.size()));  // (part size)
     move_values(dp_, shards, shard.data(), parts, part[s].data());
   }
   std::vector<CkptSlab> all = slabs(part, true);
@@ -396,8 +404,13 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   // AdamW's bias correction counts the updates taken, fewer than the steps when some were
   // skipped (train.on_nan = skip); files written before adamw_steps counted them hold the step.
   const auto adamw = meta.integers.find("adamw_steps");
+  const ShardRange& shard_range = shards[size_t(dp_.rank())];
   for (ShardedParams::State s : kStates) {
-    std::vector<float> shard(size_t(shards[size_t(dp_.rank())].size()));  // (shard size)
+    if (part.range.begin == shard_range.begin && part.range.end == shard_range.end) {
+      store_.shard_from_host(s, part[s].data());  // (the part is the shard: nothing moves)
+      continue;
+    }
+    std::vector<float> shard(size_t(shard_range.size()));  // (shard size)
     move_values(dp_, parts, part[s].data(), shards, shard.data());
     std::vector<float>().swap(part[s]);
     store_.shard_from_host(s, shard.data());

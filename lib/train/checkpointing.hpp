@@ -4,8 +4,8 @@
 //
 // Each rank of a dp group writes and reads its own part of the stage's rows (checkpoint_parts.hpp:
 // the rows that begin in its ZeRO shard), the shard's values moved to the part and back over the
-// group: a checkpoint costs a rank its part of the weights, m and v (12 B a value of Ψ/(tp·pp·dp))
-// and one of them of its shard (4 B) in host memory, at any ZeRO stage. Tensors that tensor ranks
+// group: a checkpoint costs a rank its part of the weights, m and v (12 B a value of its stage's
+// Ψ_rank/dp) and one of them of its shard (4 B) in host memory, at any ZeRO stage. Tensors that tensor ranks
 // hold alike (replicated, and key/value heads shared) are written by the first of them.
 #pragma once
 #include <mpi.h>

@@ -225,9 +225,13 @@ check "GPT-3 175B on 96 GPUs: the deck's layout does not apply, fitting layouts 
 # hold a quarter each) and, on the CPU, the process.
 "$build/trellis" plan "$(dirname "$0")/../../inputs/default.deck" > "$work/host.log" 2>&1 || true
 check "the plan says the host memory besides its table (the checkpoint's write, the process)" \
-  'grep -q "^host memory besides: a checkpoint.s write or read holds the rank.s part, Ψ/(tp·pp·dp) = 106.2K parameters, .*: 1.6 MiB a rank while it writes; the process itself" "$work/host.log"'
+  'grep -q "^host memory besides: a checkpoint.s write or read holds the rank.s part, Ψ_rank/dp = 106.2K parameters (the largest stage.s), .*: 1.6 MiB a rank while it writes or reads; the process itself" "$work/host.log"'
 "$build/trellis" plan "$(dirname "$0")/../../inputs/default.deck" --parallel.dp=4 --train.micro_batch=8 > "$work/host4.log" 2>&1 || true
 check "a checkpoint's part is the rank's quarter of the model at dp 4" \
-  'grep -q "^host memory besides: .*Ψ/(tp·pp·dp) = 26.6K parameters, .*: 415.0 KiB a rank" "$work/host4.log"'
+  'grep -q "^host memory besides: .*Ψ_rank/dp = 26.6K parameters .*: 415.0 KiB a rank" "$work/host4.log"'
+# With pipeline stages, the largest stage's: GPT-2 124M's first of 4 holds the embeddings, 60.68M.
+"$build/trellis" plan "$(dirname "$0")/../../inputs/gpt2-124m.deck" --gpus 4 --parallel.pp=4 --parallel.dp=1 > "$work/host-pp.log" 2>&1 || true
+check "a checkpoint's part is the largest stage's (the first, with the embeddings)" \
+  'grep -q "^host memory besides: .*Ψ_rank/dp = 60.68M parameters (the largest stage.s)" "$work/host-pp.log"'
 echo "plan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
