@@ -132,9 +132,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // A bf16 run's widening arena as the trainer reserved it (the planner's figure): the reference
   // GEMMs may grow it for themselves (every CPU kernel widens), which is not the training's.
   const size_t trainer_arena = backend.widening_bytes();
-  const double sgemm_model = [&] {
+  const double sgemm_model = [&] {  // (the ranks' mean, as the square one's below)
     ReferenceGemm mlp(backend, N, cfg.model.d_ff, cfg.model.d_model);
-    return mlp.gflops(10, 1);
+    return min_avg_max(world.comm(), mlp.gflops(10, 1)).avg;
   }();
   ReferenceGemm square(backend, 2048, 2048, 2048);
   // The peak memory reported is the training's: from here on (the MLP-shaped GEMM's operands are
@@ -217,9 +217,11 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
        strfmt("%.1f ms", step_ms)},
       {"tokens/s", strfmt("%.0f", tokens / (step_ms * 1e-3))},
       {"training GFLOP/s (model FLOPs)", strfmt("%.1f", gflops)},
-      {strfmt("sgemm GFLOP/s, 2048³ (fastest of %d × %d calls)", per_round, calls),
+      {strfmt("sgemm GFLOP/s, 2048³ (fastest of %d × %d calls%s)", per_round, calls,
+              world.size() > 1 ? "; a rank's, the ranks' mean" : ""),
        strfmt("%.1f", sgemm_square)},
-      {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape)", N, m.d_ff, m.d_model),
+      {strfmt("sgemm GFLOP/s, %d×%d×%d (MLP shape%s)", N, m.d_ff, m.d_model,
+              world.size() > 1 ? "; the ranks' mean" : ""),
        strfmt("%.1f", sgemm_model)},
       {world.size() > 1 ? "a rank's share of the step / its sgemm 2048³ (median round)"
                         : "step / sgemm 2048³ (median round)",
