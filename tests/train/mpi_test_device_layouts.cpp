@@ -144,7 +144,6 @@ TEST(DeviceLayouts, CheckpointResumesOnTheDeviceEveryZeroStage) {
   const fs::path dir = fs::temp_directory_path() / ("trellis-device-resume-" + std::to_string(pid));
   for (const char* precision : {"fp32", "bf16"})
     for (const char* zero : {"0", "1", "2", "3"}) {
-      if (std::string(precision) == "bf16" && (zero[0] == '1' || zero[0] == '3')) continue;
       SCOPED_TRACE(std::string(precision) + " zero " + zero);
       const fs::path here = dir / (std::string(precision) + zero);
       const std::vector<std::string> layout = {
@@ -155,9 +154,7 @@ TEST(DeviceLayouts, CheckpointResumesOnTheDeviceEveryZeroStage) {
       first.push_back("--train.steps=3");
       losses(true, first, true);                                        // steps 1-3, checkpoint at 3
       const std::vector<double> resumed = losses(true, layout, true);  // 4-5 from it
-      ASSERT_EQ(resumed.size(), 2u);
-      EXPECT_EQ(resumed[0], whole[3]);
-      EXPECT_EQ(resumed[1], whole[4]);
+      EXPECT_EQ(resumed, std::vector<double>(whole.begin() + 3, whole.end()));
     }
   MPI_Barrier(MPI_COMM_WORLD);
   if (trellis::testing::world_rank() == 0) fs::remove_all(dir);

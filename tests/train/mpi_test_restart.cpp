@@ -134,8 +134,33 @@ TEST(Restart, ResumeTrafficIsNotCountedAsTraining) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const double resumed = dp_values_per_step();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
   EXPECT_GT(whole, 0);
   EXPECT_EQ(resumed, whole);
+}
+
+// A key/value head that two tensor ranks hold alike (kv_heads 1 < tp 2), with two dp ranks: each
+// dp rank writes its own rows, the second tensor rank only its query rows; the resumed steps are
+// the whole run's, bitwise.
+TEST(Restart, SharedKeyValueHeadsOverDataRanksResumeBitwise) {
+  if (trellis::testing::world_size() != 4) GTEST_SKIP() << "dp 2 x tp 2";
+  const std::string dir = shared_dir("kv-shared");
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::vector<std::string> layout = {"--parallel.dp=2", "--parallel.tp=2",
+                                           "--parallel.zero=1", "--model.kv_heads=1"};
+  const std::vector<double> whole = train(MPI_COMM_WORLD, dir, layout);
+  if (trellis::testing::world_rank() == 0) {
+    fs::remove(fs::path(dir) / checkpoint_file_name(10));
+    publish_latest(dir, checkpoint_file_name(5));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::vector<double> resumed = train(MPI_COMM_WORLD, dir, layout);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (trellis::testing::world_rank() == 0) fs::remove_all(dir);
+  ASSERT_EQ(whole.size(), 10u);
+  EXPECT_EQ(resumed, std::vector<double>(whole.begin() + 5, whole.end()));
 }
 
 TEST(Restart, AnotherLayoutContinuesTheRun) {
