@@ -209,11 +209,13 @@ std::string host_line(const Config& cfg, const std::vector<RankMemory>& stages, 
   int64_t largest = 0;
   for (const RankMemory& s : stages) largest = std::max(largest, s.stage_params);
   const double psi = std::ceil(double(largest) / cfg.parallel.dp);
+  const bool moved = cfg.parallel.dp > 1;  // (at dp 1 the part is the shard: nothing on its way)
   return strfmt(
       "host memory besides: a checkpoint's write or read holds the rank's part, Ψ_rank/dp = %s "
-      "parameters (the largest stage's), of the weights and AdamW's m and v and one of them on "
-      "its way, fp32 (16 B each): %s a rank while it writes or reads%s\n",
-      count(psi).c_str(), format_bytes(16 * psi).c_str(),
+      "parameters (the largest stage's), of the weights and AdamW's m and v%s, fp32 (%d B "
+      "each): %s a rank while it writes or reads%s\n",
+      count(psi).c_str(), moved ? " and one of them on its way" : "", moved ? 16 : 12,
+      format_bytes((moved ? 16 : 12) * psi).c_str(),
       device ? ""
              : "; the process itself (libraries, MPI, BLAS buffers): 20-45 MB a rank more than "
                "the table (measured: default.deck 26 MB at dp 4, 59 MB on 1 rank of 2 threads)");

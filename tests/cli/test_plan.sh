@@ -220,15 +220,15 @@ check "GPT-3 175B on 1024 GPUs: ranked layouts, some fit" \
 rc=$(run_plan "$deck_dir/gpt3-175b.deck" --gpus 96 --top 3)
 check "GPT-3 175B on 96 GPUs: the deck's layout does not apply, fitting layouts ranked" \
   '[ $rc -eq 0 ] && grep -q "does not apply to 96 devices: .*parallel.tp\*pp = 128 does not divide the world size 96" "$work/out.log" && grep -Eq "layouts of 96 devices evaluated, [1-9][0-9]* fit" "$work/out.log"'
-# What the table does not hold is said beside it: a checkpoint's part of the model and moments, one
-# of them on its way (16 B a parameter of the rank's part: default.deck's 106.2K, 1.6 MiB; 4 ranks
-# hold a quarter each) and, on the CPU, the process.
+# What the table does not hold is said beside it: a checkpoint's part of the model and moments
+# (12 B a parameter of the rank's part: default.deck's 106.2K, 1.2 MiB; at dp 4 a quarter each,
+# and one of the three on its way: 16 B) and, on the CPU, the process.
 "$build/trellis" plan "$(dirname "$0")/../../inputs/default.deck" > "$work/host.log" 2>&1 || true
 check "the plan says the host memory besides its table (the checkpoint's write, the process)" \
-  'grep -q "^host memory besides: a checkpoint.s write or read holds the rank.s part, Ψ_rank/dp = 106.2K parameters (the largest stage.s), .*: 1.6 MiB a rank while it writes or reads; the process itself" "$work/host.log"'
+  'grep -q "^host memory besides: a checkpoint.s write or read holds the rank.s part, Ψ_rank/dp = 106.2K parameters (the largest stage.s), of the weights and AdamW.s m and v, fp32 (12 B each): 1.2 MiB a rank while it writes or reads; the process itself" "$work/host.log"'
 "$build/trellis" plan "$(dirname "$0")/../../inputs/default.deck" --parallel.dp=4 --train.micro_batch=8 > "$work/host4.log" 2>&1 || true
 check "a checkpoint's part is the rank's quarter of the model at dp 4" \
-  'grep -q "^host memory besides: .*Ψ_rank/dp = 26.6K parameters .*: 415.0 KiB a rank" "$work/host4.log"'
+  'grep -q "^host memory besides: .*Ψ_rank/dp = 26.6K parameters .* and one of them on its way, fp32 (16 B each): 415.0 KiB a rank" "$work/host4.log"'
 # With pipeline stages, the largest stage's: GPT-2 124M's first of 4 holds the embeddings, 60.68M.
 "$build/trellis" plan "$(dirname "$0")/../../inputs/gpt2-124m.deck" --gpus 4 --parallel.pp=4 --parallel.dp=1 > "$work/host-pp.log" 2>&1 || true
 check "a checkpoint's part is the largest stage's (the first, with the embeddings)" \
