@@ -108,7 +108,20 @@ deps:
 $(BUILD)/obj/%.o: %.cpp Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
-$(BUILD)/obj/tests/%.o: OPT_FLAGS = $(TEST_OPT_FLAGS)
+
+# The tests' objects: TEST_OPT_FLAGS, "mpi_util.hpp" from tests/, and GoogleTest's header
+# precompiled once with the same flags (tests/gtest_pch.hpp, copied beside its .gch, where gcc
+# looks for it): 192 s of compiling the tests instead of 266 (2026-12-07).
+TEST_PCH := $(BUILD)/obj/tests/gtest_pch.hpp.gch
+$(BUILD)/obj/tests/%: OPT_FLAGS = $(TEST_OPT_FLAGS)
+$(BUILD)/obj/tests/%: CPPFLAGS += -Itests
+$(TEST_PCH): tests/gtest_pch.hpp Makefile $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	cp $< $(@:.gch=)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $< -o $@
+$(BUILD)/obj/tests/%.o: tests/%.cpp $(TEST_PCH) Makefile $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -Winvalid-pch -include $(TEST_PCH:.gch=) -c $< -o $@
 
 # CUDA sources; their dependency files sit next to the objects.
 $(BUILD)/obj/%.cu.o: %.cu Makefile $(FLAGS_STAMP)
@@ -126,9 +139,6 @@ $(BUILD)/trellis: $(APP_OBJ) $(LIBTRELLIS)
 
 $(BUILD)/unit_tests: $(TEST_OBJ) $(LIBTRELLIS)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
-
-# Test sources include shared helpers as "mpi_util.hpp".
-$(BUILD)/obj/tests/%.o: CPPFLAGS += -Itests
 
 $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(LIBTRELLIS)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
@@ -149,10 +159,11 @@ tests: $(LIBTRELLIS) $(BUILD)/unit_tests $(BUILD)/mpi_tests $(BUILD)/trellis
 # their recorded findings and seeds replayed, then 10 s of exploring (`make fuzz`: 60), for room
 # under CI's 25 minutes.
 TEST_FUZZ_SECONDS ?= 10
+# (One make for all of them, so that the sanitizer build fills the cores the long last links and
+# nvcc compiles of the others leave idle.)
 test:
 	@$(MAKE) deps
-	@$(MAKE) features tests fuzz-build
-	@$(MAKE) asan-build
+	@$(MAKE) features tests fuzz-build asan-build
 	@ASAN_BUILD=$(ASAN_BUILD) FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/run-tests.sh $(BUILD)
 
 bench:
