@@ -360,18 +360,24 @@ std::string Checkpointer::check_compatible(const std::string& path, bool say_cha
   return changes;
 }
 
-/// "" when the loaded state is one a run could have written, else what is not.
-static std::string damaged_values(const std::vector<float>& params, const std::vector<float>& m,
-                                  const std::vector<float>& v) {
+/// "" when the loaded stage holds only values a run could have written, else what it holds that
+/// is not. Counted over the dp group, whose parts tile the stage: the stage's figures, whichever
+/// rank's part holds them.
+static std::string damaged_values(const std::vector<float>& weights, const std::vector<float>& m,
+                                  const std::vector<float>& v, MPI_Comm dp, const Grid& grid) {
   const auto not_finite = [](const std::vector<float>& x) {
-    return std::count_if(x.begin(), x.end(), [](float a) { return !std::isfinite(a); });
+    return (long long)std::count_if(x.begin(), x.end(), [](float a) { return !std::isfinite(a); });
   };
-  const int64_t p = not_finite(params), mm = not_finite(m), vv = not_finite(v);
-  const int64_t negative = std::count_if(v.begin(), v.end(), [](float a) { return a < 0; });
-  if (p + mm + vv == 0 && negative == 0) return {};
+  long long count[4] = {not_finite(weights), not_finite(m), not_finite(v),
+                        (long long)std::count_if(v.begin(), v.end(), [](float a) { return a < 0; })};
+  MPI_Allreduce(MPI_IN_PLACE, count, 4, MPI_LONG_LONG, MPI_SUM, dp);
+  if (count[0] + count[1] + count[2] + count[3] == 0) return {};
+  std::string where;
+  if (grid.pp_size() * grid.tp_size() > 1)
+    where = strfmt(" in the rows of pipeline stage %d, tensor rank %d", grid.pp_rank(), grid.tp_rank());
   return strfmt("%lld weights, %lld first and %lld second moments that are not finite, %lld "
-                "negative second moments",
-                (long long)p, (long long)mm, (long long)vv, (long long)negative);
+                "negative second moments%s",
+                count[0], count[1], count[2], count[3], where.c_str());
 }
 
 int64_t Checkpointer::load(const std::string& path, bool say_changes) {
@@ -389,7 +395,8 @@ int64_t Checkpointer::load(const std::string& path, bool say_changes) {
   // step that would make them so is skipped or ends the run): such values are damage the
   // checksums missed — a chunk overwritten whole with its checksum, 0xFF bytes being NaNs — and
   // a resume falls back from them as from any damaged file.
-  const std::string bad = agree_on_error(world_, damaged_values(part.weights, part.m, part.v));
+  const std::string bad =
+      agree_on_error(world_, damaged_values(part.weights, part.m, part.v, dp_.comm(), grid_));
   if (!bad.empty()) throw UserError(path + ": " + bad + " (damaged or edited)");
   const int64_t step = meta.integers.at("step");  // check_compatible saw it
   // Said once the file has loaded: a damaged one, fallen back from, changes nothing.

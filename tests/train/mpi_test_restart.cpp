@@ -285,12 +285,26 @@ void fill_dataset(const fs::path& file, const char* name, float value) {
   H5Sclose(space), H5Dclose(d), H5Fclose(f);
 }
 
-void remove_digest(const fs::path& file, const char* name) {
+// Every content digest gone (the datasets' and the root's), as in a file written before them.
+void strip_digests(const fs::path& file) {
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0) << file;
-  const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
-  EXPECT_GE(H5Adelete(d, "content_digest"), 0) << name;
-  H5Dclose(d), H5Fclose(f);
+  std::vector<std::string> names;
+  H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC,
+           [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+             static_cast<std::vector<std::string>*>(out)->push_back(name);
+             return 0;
+           },
+           &names);
+  for (const std::string& name : names) {
+    if (H5Aexists_by_name(f, name.c_str(), "content_digest", H5P_DEFAULT) > 0) {
+      EXPECT_GE(H5Adelete_by_name(f, name.c_str(), "content_digest", H5P_DEFAULT), 0) << name;
+    }
+  }
+  if (H5Aexists(f, "content_digests") > 0) {
+    EXPECT_GE(H5Adelete(f, "content_digests"), 0);
+  }
+  H5Fclose(f);
 }
 
 TEST(Restart, ValuesNoRunWritesAreDamage) {
@@ -307,7 +321,7 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
     SCOPED_TRACE(name);
     fill_dataset(newest, name, value);
     for (const bool digest : {true, false}) {
-      if (!digest) remove_digest(newest, name);
+      if (!digest) strip_digests(newest);
       EXPECT_EQ(inspect_checkpoint(newest.string(), stderr, stored_model_datasets), 1);
       std::string msg;
       try {
@@ -316,7 +330,8 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
       } catch (const UserError& e) {
         msg = e.what();
       }
-      EXPECT_NE(msg.find(digest ? "do not match the content digest" : "(damaged or edited)"),
+      EXPECT_NE(msg.find(digest ? "do not match the content digest"
+                                : "negative second moments (damaged or edited)"),
                 std::string::npos)
           << msg;
     }
@@ -324,6 +339,53 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
     ASSERT_EQ(resumed.size(), 5u);  // from step 5: the newest fallen back from
     EXPECT_EQ(resumed[0], whole[5]);
   }
+}
+
+// The figures of that message are the stage's, whichever dp rank's part holds the values: every
+// weight NaN, read by two dp ranks, counts every weight (rank 0 alone reads about half of them).
+TEST(Restart, DamagedValuesAreCountedOverTheDataRanks) {
+  if (trellis::testing::world_size() != 2) GTEST_SKIP() << "dp 2";
+  const std::string dir = shared_dir("counted");
+  const fs::path file = fs::path(dir) / checkpoint_file_name(5);
+  long long weights = 0;
+  if (trellis::testing::world_rank() == 0) {
+    fs::remove_all(dir);
+    train(MPI_COMM_SELF, dir, {"--parallel.dp=1", "--train.steps=5"});
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    H5G_info_t info{};
+    H5Gget_info_by_name(f, "model", &info, H5P_DEFAULT);
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < info.nlinks; ++i) {
+      char name[256] = {};
+      H5Lget_name_by_idx(f, "model", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+      names.push_back(std::string("model/") + name);
+    }
+    H5Fclose(f);
+    strip_digests(file);
+    for (const std::string& name : names) {
+      fill_dataset(file, name.c_str(), NAN);
+      const hid_t g = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      const hid_t d = H5Dopen2(g, name.c_str(), H5P_DEFAULT), space = H5Dget_space(d);
+      weights += H5Sget_simple_extent_npoints(space);
+      H5Sclose(space), H5Dclose(d), H5Fclose(g);
+    }
+  }
+  MPI_Bcast(&weights, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  std::string msg;
+  try {
+    train(MPI_COMM_WORLD, shared_dir("counted-resumed"),
+          {"--parallel.dp=2", "--checkpoint.resume=" + file.string()});
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (trellis::testing::world_rank() == 0)
+    fs::remove_all(dir), fs::remove_all(shared_dir("counted-resumed"));
+  EXPECT_GT(weights, 1000);
+  EXPECT_NE(msg.find(std::to_string(weights) + " weights, 0 first and 0 second moments that are "
+                     "not finite, 0 negative second moments (damaged or edited)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(Restart, ExportRefusesValuesThatDoNotMatchTheirDigest) {
