@@ -345,7 +345,7 @@ TEST(Restart, ValuesNoRunWritesAreDamage) {
 // weight NaN, read by two dp ranks, counts every weight (rank 0 alone reads about half of them).
 TEST(Restart, DamagedValuesAreCountedOverTheDataRanks) {
   if (trellis::testing::world_size() != 2) GTEST_SKIP() << "dp 2";
-  const std::string dir = shared_dir("counted");
+  const std::string dir = shared_dir("counted"), resumed_dir = shared_dir("counted-resumed");
   const fs::path file = fs::path(dir) / checkpoint_file_name(5);
   long long weights = 0;
   if (trellis::testing::world_rank() == 0) {
@@ -373,14 +373,14 @@ TEST(Restart, DamagedValuesAreCountedOverTheDataRanks) {
   MPI_Bcast(&weights, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   std::string msg;
   try {
-    train(MPI_COMM_WORLD, shared_dir("counted-resumed"),
+    train(MPI_COMM_WORLD, resumed_dir,
           {"--parallel.dp=2", "--checkpoint.resume=" + file.string()});
   } catch (const UserError& e) {
     msg = e.what();
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (trellis::testing::world_rank() == 0)
-    fs::remove_all(dir), fs::remove_all(shared_dir("counted-resumed"));
+    fs::remove_all(dir), fs::remove_all(resumed_dir);
   EXPECT_GT(weights, 1000);
   EXPECT_NE(msg.find(std::to_string(weights) + " weights, 0 first and 0 second moments that are "
                      "not finite, 0 negative second moments (damaged or edited)"),
