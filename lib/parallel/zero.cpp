@@ -183,9 +183,18 @@ void ShardedParams::shard_from_host(State which, const float* values) {
 }
 
 void ShardedParams::finish_load(int64_t steps_taken) {
-  if (stage_ == 0 && dp_.size() > 1)  // every rank holds everything: the others' shards, in place
-    for (float* all : {master(), optimizer_->m(), optimizer_->v()})
-      dp_.all_gather(all + shard_.begin, all, shard_counts(total_, dp_.size()));
+  // Stage 0: every rank holds everything: each rank's shard to the others, in place, a broadcast
+  // from each. (An all-gather of shards of unequal sizes takes a padded copy of the whole stage —
+  // on the device under NCCL, on the host under the staged link — which stage 0's training never
+  // does: a resume would need more memory than the run. A broadcast needs none, or the shard's.)
+  if (stage_ == 0 && dp_.size() > 1) {
+    const std::vector<int64_t> counts = shard_counts(total_, dp_.size());
+    for (float* all : {master(), optimizer_->m(), optimizer_->v()}) {
+      int64_t at = 0;
+      for (int root = 0; root < dp_.size(); at += counts[size_t(root++)])
+        dp_.broadcast(all + at, counts[size_t(root)] * int64_t(sizeof(float)), root);
+    }
+  }
   spread_owned_params();
   optimizer_->set_steps_taken(steps_taken);
 }

@@ -295,8 +295,12 @@ std::optional<int64_t> Trainer::resume(bool to_train) {
 }
 
 int64_t Trainer::load_for_evaluation(const std::string& path) {
-  const int64_t steps = checkpointer().load_for_evaluation(path);
-  pipeline_->sync_tied_weights();
+  checkpointer();
+  int64_t steps = 0;
+  aside_from_training([&] {  // (as resume's: the load's traffic is not a training step's)
+    steps = checkpointer_->load_for_evaluation(path);
+    pipeline_->sync_tied_weights();
+  });
   return steps;
 }
 
