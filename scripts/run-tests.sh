@@ -52,7 +52,8 @@ tally() {
 }
 
 # run_parts NAME TIMEOUT_S FILTER... -- command...: a one-rank test binary as one process per
-# GoogleTest filter, all at once; their output follows in order.
+# GoogleTest filter, all at once; their output follows in order. A filter that matches no test
+# fails (a renamed test would otherwise leave its part quietly, GoogleTest passing with none).
 run_parts() {
   local name=$1 limit=$2; shift 2
   local filters=() i
@@ -71,7 +72,12 @@ run_parts() {
   for i in "${!filters[@]}"; do
     echo "--- $name, part $i: ${filters[$i]}"
     cat "$report/$name-$i.log"
-    tally "$name (part $i)" "$report/$name-$i.json" "$(cat "$report/$name-$i.rc")" "$limit"
+    local json="$report/$name-$i.json"
+    tally "$name (part $i)" "$json" "$(cat "$report/$name-$i.rc" 2>/dev/null || echo 1)" "$limit"
+    if [ -f "$json" ] && [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tests"])' "$json")" = 0 ]; then
+      echo "!!! $name, part $i: no test matches ${filters[$i]}"
+      failures+=("$name (part $i: no test matched)"); failed=$((failed + 1))
+    fi
   done
 }
 
