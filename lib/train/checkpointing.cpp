@@ -374,7 +374,8 @@ static std::string damaged_values(const std::vector<float>& weights, const std::
   if (count[0] + count[1] + count[2] + count[3] == 0) return {};
   std::string where;
   if (grid.pp_size() * grid.tp_size() > 1)
-    where = strfmt(" in the rows of pipeline stage %d, tensor rank %d", grid.pp_rank(), grid.tp_rank());
+    where = strfmt(" in the rows of pipeline stage %d, tensor rank %d", grid.pp_rank(),
+                   grid.tp_rank());
   return strfmt("%lld weights, %lld first and %lld second moments that are not finite, %lld "
                 "negative second moments%s",
                 count[0], count[1], count[2], count[3], where.c_str());
