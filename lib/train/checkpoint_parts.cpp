@@ -22,8 +22,9 @@ int64_t align_to_row(const ParamTable& table, int64_t x) {
   return std::min(p.offset + row * cols, end);
 }
 
-int64_t overlap(const ShardRange& a, const ShardRange& b) {
-  return std::max<int64_t>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
+/// The values two ranges share (empty: size() <= 0).
+ShardRange intersection(const ShardRange& a, const ShardRange& b) {
+  return {std::max(a.begin, b.begin), std::min(a.end, b.end)};
 }
 
 }  // namespace
@@ -53,17 +54,16 @@ void move_values(Comm& dp, const std::vector<ShardRange>& from, const float* in,
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
     // What q's `to` takes of my `from`, and what my `to` takes of q's `from`.
-    const ShardRange give{std::max(from[me].begin, to[q].begin), std::min(from[me].end, to[q].end)};
-    const ShardRange take{std::max(to[me].begin, from[q].begin), std::min(to[me].end, from[q].end)};
-    if (overlap(from[me], to[q]) > 0)
+    const ShardRange give = intersection(from[me], to[q]), take = intersection(to[me], from[q]);
+    if (give.size() > 0)
       pending.push_back(dp.isend(in + (give.begin - from[me].begin), give.size(), q));
-    if (overlap(to[me], from[q]) > 0)
+    if (take.size() > 0)
       pending.push_back(dp.irecv(out + (take.begin - to[me].begin), take.size(), q));
   }
-  if (const int64_t own = overlap(from[me], to[me]); own > 0) {
-    const int64_t b = std::max(from[me].begin, to[me].begin);
-    std::memcpy(out + (b - to[me].begin), in + (b - from[me].begin), sizeof(float) * own);
-  }
+  const ShardRange own = intersection(from[me], to[me]);
+  if (own.size() > 0)
+    std::memcpy(out + (own.begin - to[me].begin), in + (own.begin - from[me].begin),
+                sizeof(float) * size_t(own.size()));
   for (Request& r : pending) r.wait();
 }
 
