@@ -3,12 +3,14 @@
 // `plan` → lib/plan/plan_main.cpp, `tune` → lib/train/tune.cpp, `eval` →
 // lib/train/evaluation.cpp, `generate` → lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
 #include <Kokkos_Core.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/blas_kernels.hpp"
@@ -211,9 +213,18 @@ int main(int argc, char** argv) {
     }
   }
   // HDF5 after a failed file close would crash in MPI_Finalize (core/error.hpp): every rank
-  // ends here instead, with the same status (mpirun and srun report it as usual).
+  // ends here instead, with the same status (mpirun and srun report it as usual). Each first
+  // waits, up to 10 s, for the others to have flushed their output too: once one rank leaves
+  // without MPI_Finalize, mpirun ends the rest, which could cut what they had left to write.
   if (!trellis::library_cleanup_skipped().empty()) {
     std::fflush(nullptr);
+    MPI_Request everyone_here;
+    MPI_Ibarrier(world.comm(), &everyone_here);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int done = 0; !done && std::chrono::steady_clock::now() < until;) {
+      MPI_Test(&everyone_here, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::_Exit(status);
   }
   return status;
