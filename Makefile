@@ -13,9 +13,10 @@ ARCH_FLAGS ?= -march=native
 OPT_FLAGS  ?= -O3 -g -fno-math-errno
 CXXFLAGS   += -std=c++20 $(OPT_FLAGS) $(ARCH_FLAGS) -Wall -Wextra -MMD -MP -Ilib
 # What is built only to run checks (the tests, the sanitizer and fuzzing builds, the emulated GPU)
-# keeps line tables (-g1): enough for the stack traces of a failed test, AddressSanitizer and UBSan,
-# at two thirds of full debug information's compile time (2026-12-07: a test object -35 %, an
-# emulated GPU's -26 %). The library and the application keep -g.
+# keeps line tables (-g1): the file and line of each frame in the stack traces of a failed test,
+# AddressSanitizer and UBSan, for two thirds of full debug information's compile time
+# (2026-12-07: a test object -35 %, an emulated GPU's -26 %). The library and the application
+# keep -g; `make CHECK_DEBUG=-g` for a debugger's view of the rest.
 CHECK_DEBUG := -g1
 # The tests' own code (tests/**: checks, and references small enough to be quick anyway) at -O1:
 # it compiles in half the time of -O3, and the library it tests keeps OPT_FLAGS. (A build given
@@ -96,7 +97,7 @@ LIBTRELLIS := $(BUILD)/libtrellis.a
 # The flags the objects were built with: when they change (say `make NVCC=` after a CUDA build,
 # or another ARCH_FLAGS), every object is rebuilt rather than linked stale.
 FLAGS_STAMP := $(BUILD)/flags.stamp
-FLAGS_NOW   := $(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(CU_SRC)
+FLAGS_NOW   := $(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(TEST_OPT_FLAGS) $(CHECK_DEBUG) | $(NVCC) $(NVCCFLAGS) | $(CU_SRC)
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] || \
         echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
@@ -213,9 +214,9 @@ EMU_FLAGS    := -std=c++20 -O2 $(CHECK_DEBUG) -fno-omit-frame-pointer -fsanitize
 $(BUILD)/emu/%.cpp: %.cu $(EMU_DIR)/emulate.sed
 	@mkdir -p $(@D)
 	sed -f $(EMU_DIR)/emulate.sed $< > $@
-$(BUILD)/emu/lib/%.o: $(BUILD)/emu/lib/%.cpp $(EMU_DIR)/cuda_emu.hpp Makefile
+$(BUILD)/emu/lib/%.o: $(BUILD)/emu/lib/%.cpp $(EMU_DIR)/cuda_emu.hpp Makefile $(FLAGS_STAMP)
 	$(CXX) $(EMU_FLAGS) -include cuda_emu.hpp -MMD -MP -c $< -o $@
-$(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile
+$(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) -MMD -MP -c $< -o $@
 # The emulator's fibers, barriers and shuffles (emu_device.cpp), under every kernel's every
@@ -223,7 +224,7 @@ $(BUILD)/emu/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cpp Makefile
 # calling it keep theirs. It unpoisons the fiber stacks it reuses (TRELLIS_EMU_FOR_ASAN).
 EMU_RUNTIME_FLAGS := $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(EMU_FLAGS)) \
                      -DTRELLIS_EMU_FOR_ASAN
-$(BUILD)/emu/$(EMU_DIR)/emu_device.o: $(EMU_DIR)/emu_device.cpp $(EMU_DIR)/cuda_emu.hpp Makefile
+$(BUILD)/emu/$(EMU_DIR)/emu_device.o: $(EMU_DIR)/emu_device.cpp $(EMU_DIR)/cuda_emu.hpp Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_RUNTIME_FLAGS) -MMD -MP -c $< -o $@
 $(EMU_NCCL): $(EMU_DIR)/emu_nccl_lib.cpp Makefile

@@ -175,11 +175,23 @@ fi
    else cmd=("tests/cli/$name.sh" "$build"); fi
    [ -f "${cmd[0]}" ] || continue
    t0=$SECONDS
-   timeout --kill-after=10 900 bash "${cmd[@]}" > "$report/$name.log" 2>&1
-   echo $? > "$report/$name.rc"
-   echo $((SECONDS - t0)) > "$report/$name.seconds"
+   timeout --kill-after=10 900 bash "${cmd[@]}" > "$report/$name.log" 2>&1 &
+   echo $! > "$report/lane2.running"
+   wait $!
+   # (exit status and seconds in one file, in place at once: both or neither)
+   echo "$? $((SECONDS - t0))" > "$report/$name.result.tmp" &&
+     mv "$report/$name.result.tmp" "$report/$name.result"
  done) &
 lane2_pid=$!
+# Interrupted (Ctrl-C, a CI job cancelled), the second lane goes too: the lane first, so that it
+# starts no other script, then the script's timeout, which passes the signal on to the script's
+# processes.
+stop_lane2() {
+  kill "$lane2_pid" 2>/dev/null
+  [ -f "$report/lane2.running" ] && kill "$(cat "$report/lane2.running")" 2>/dev/null
+}
+trap 'stop_lane2; exit 130' INT
+trap 'stop_lane2; exit 143' TERM
 for script in tests/cli/*.sh; do
   name=$(basename "$script" .sh)
   [[ " ${lane2[*]} " == *" $name "* ]] && continue
@@ -189,12 +201,14 @@ for script in tests/cli/*.sh; do
   cli_result "$name" "$out" $? "$t0"
 done
 wait "$lane2_pid"
+trap - INT TERM
 for name in "${lane2[@]}"; do
   [ "$name" = fuzz ] || [ -f "tests/cli/$name.sh" ] || continue
   echo "=== $name (second lane)"
-  if [ -f "$report/$name.rc" ]; then
-    cli_result "$name (lane 2)" "$(cat "$report/$name.log")" "$(cat "$report/$name.rc")" \
-      $((SECONDS - $(cat "$report/$name.seconds")))
+  rc='' seconds=''
+  [ -f "$report/$name.result" ] && read -r rc seconds < "$report/$name.result"
+  if [[ "$rc" =~ ^[0-9]+$ && "$seconds" =~ ^[0-9]+$ ]]; then
+    cli_result "$name (lane 2)" "$(cat "$report/$name.log")" "$rc" $((SECONDS - seconds))
   else
     echo "!!! $name: the second lane ended before it"; failures+=("$name (not run)")
     failed=$((failed + 1))

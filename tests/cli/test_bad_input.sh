@@ -5,7 +5,7 @@
 set -u
 build=${1:-build}
 trellis="$build/trellis"
-work=$(mktemp -d /tmp/trellis-cli-XXXXXX)
+work=$(mktemp -d /tmp/trellis-cli-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 
 cat > "$work/ok.deck" <<'DECK'

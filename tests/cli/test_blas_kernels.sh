@@ -6,7 +6,7 @@
 # Usage: test_blas_kernels.sh BUILD_DIR. Ends with "blas_kernels: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-blas-XXXXXX)
+work=$(mktemp -d /tmp/trellis-blas-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

@@ -19,7 +19,7 @@ if [ ! -x "$build/trellis-emu" ]; then
   echo "emulated_gpu: 0 passed, 0 failed"
   exit 0
 fi
-work=$(mktemp -d /tmp/trellis-emugpu-XXXXXX)
+work=$(mktemp -d /tmp/trellis-emugpu-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
 # bf16 attention as by default: on cuDNN's fused attention (the emulated cuDNN), else the tensor

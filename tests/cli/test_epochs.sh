@@ -5,7 +5,7 @@
 # without a stop. Usage: test_epochs.sh BUILD_DIR. Ends with "epochs: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-epochs-XXXXXX)
+work=$(mktemp -d /tmp/trellis-epochs-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 

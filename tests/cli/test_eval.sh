@@ -10,7 +10,7 @@
 set -u
 build=${1:-build}
 trellis="$build/trellis"
-work=$(mktemp -d /tmp/trellis-eval-XXXXXX)
+work=$(mktemp -d /tmp/trellis-eval-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

@@ -10,7 +10,7 @@ build=${1:-build}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 trellis="$build/trellis"
 py=/usr/bin/python3
-work=$(mktemp -d /tmp/trellis-export-XXXXXX)
+work=$(mktemp -d /tmp/trellis-export-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

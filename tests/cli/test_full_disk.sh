@@ -11,10 +11,10 @@
 # counts nothing. Usage: test_full_disk.sh BUILD_DIR. Ends with "fulldisk: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-full-XXXXXX)
+work=$(mktemp -d /tmp/trellis-full-XXXXXX) || exit 1
 small="$work/small"
 cleanup() {
-  pkill -9 -f "$work" 2>/dev/null
+  pkill -9 -f "${work:?}" 2>/dev/null
   mountpoint -q "$small" && umount "$small"
   rm -rf "$work"
 }

@@ -7,7 +7,7 @@
 set -u
 build=${1:-build}
 trellis="$build/trellis"
-work=$(mktemp -d /tmp/trellis-generate-XXXXXX)
+work=$(mktemp -d /tmp/trellis-generate-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

@@ -8,7 +8,7 @@
 set -u
 build=${1:-build}
 trellis="$build/trellis"
-work=$(mktemp -d /tmp/trellis-paths-XXXXXX)
+work=$(mktemp -d /tmp/trellis-paths-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

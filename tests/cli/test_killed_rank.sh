@@ -12,8 +12,8 @@
 # Usage: test_killed_rank.sh BUILD_DIR. Ends with "killed: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-kill-XXXXXX)
-trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d /tmp/trellis-kill-XXXXXX) || exit 1
+trap 'pkill -9 -f "${work:?}" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 limit=60   # seconds a killed job may take to end (it takes a few; a hang would take forever)
 cat > "$work/kill.deck" <<'DECK'

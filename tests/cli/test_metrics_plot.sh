@@ -4,7 +4,7 @@
 # Usage: test_metrics_plot.sh BUILD_DIR. Ends with "metrics_plot: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-plot-XXXXXX)
+work=$(mktemp -d /tmp/trellis-plot-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

@@ -11,7 +11,7 @@
 # Usage: test_plan.sh BUILD_DIR. Ends with "plan: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-plan-XXXXXX)
+work=$(mktemp -d /tmp/trellis-plan-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 check_log="$work/out.log"

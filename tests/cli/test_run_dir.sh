@@ -9,8 +9,8 @@
 # resume that changes the held-out set says so. Usage: test_run_dir.sh BUILD_DIR. Ends with "rundir: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-rundir-XXXXXX)
-trap 'pkill -9 -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d /tmp/trellis-rundir-XXXXXX) || exit 1
+trap 'pkill -9 -f "${work:?}" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 tiny_deck "$work/run.deck" <<'DECK'
 [train]

@@ -34,7 +34,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
     { tail -5 /tmp/trellis-slurm-apt.log; skip "could not install slurm-wlm and munge (log above)"; }
 fi
 
-work=$(mktemp -d /tmp/trellis-slurm-XXXXXX)
+work=$(mktemp -d /tmp/trellis-slurm-XXXXXX) || exit 1
 chmod 700 "$work"
 pids=()      # daemons and background runs this test started
 jobid=""

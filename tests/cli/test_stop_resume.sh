@@ -4,8 +4,8 @@
 # uninterrupted run ends. Usage: test_stop_resume.sh BUILD_DIR. Ends with "N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-stop-XXXXXX)
-trap 'pkill -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d /tmp/trellis-stop-XXXXXX) || exit 1
+trap 'pkill -f "${work:?}" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cat > "$work/stop.deck" <<'DECK'

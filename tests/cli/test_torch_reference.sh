@@ -9,7 +9,7 @@ set -u
 build=${1:-build}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 py=/usr/bin/python3
-work=$(mktemp -d /tmp/trellis-torch-XXXXXX)
+work=$(mktemp -d /tmp/trellis-torch-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 
 have_deps() { "$py" -c 'import torch, h5py, numpy' >/dev/null 2>&1; }

@@ -4,7 +4,7 @@
 # Usage: test_tune.sh BUILD_DIR. Ends with "tune: N passed, M failed".
 set -u
 build=${1:-build}
-work=$(mktemp -d /tmp/trellis-tune-XXXXXX)
+work=$(mktemp -d /tmp/trellis-tune-XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/common.sh"
 tiny_deck "$work/tiny.deck" <<'DECK'
