@@ -19,8 +19,10 @@
 //     a blocking one waits for such an event before returning. Waits ask the communicator for an
 //     asynchronous error (ncclCommGetAsyncError) as they poll, so that a rank whose peer died
 //     or whose connection broke ends with NCCL's reason instead of waiting forever;
-//   - NCCL's reduce-scatter and all-gather take equal counts: unequal ones (ZeRO's last shards
-//     may be short) go through a padded temporary buffer, allocated on the link's stream.
+//   - NCCL's reduce-scatter and all-gather take equal counts: unequal ones go through a padded
+//     temporary buffer, allocated on the link's stream (ZeRO's gradient buckets, which cut
+//     across shards, and stage 3's units; the parameter all-gather of stages 1-2, the one of the
+//     whole model, has equal blocks: parallel/zero.hpp).
 #pragma once
 #include <mpi.h>
 

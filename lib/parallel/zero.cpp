@@ -14,8 +14,14 @@ ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& para
       total_(table.total()) {
   dt_ = be_.dtype();
   shard_ = shard_range(total_, dp_.size(), dp_.rank());
-  params_ =
-      Buffer(MemKind::Params, dtype_bytes(dt_) * (stage_ == 3 ? shard_.size() : total_), mem());
+  slot_ = (total_ + dp_.size() - 1) / dp_.size();
+  const int64_t held = stage_ == 3   ? shard_.size()
+                       : stage_ == 0 ? total_
+                                     : slot_ * dp_.size();  // padded: see spread_owned_params
+  params_ = Buffer(MemKind::Params, dtype_bytes(dt_) * held, mem());
+  // The padding (fewer than N values) is sent by the all-gather, never read: defined values.
+  if (held > total_)
+    be_.zero(params_.as(dt_).at(total_).data, dtype_bytes(dt_) * size_t(held - total_));
   if (dt_ != DType::f32)
     master_ = Buffer(MemKind::Optim, sizeof(float) * (stage_ == 0 ? total_ : shard_.size()), mem());
   grads_ = Buffer(MemKind::Grads, sizeof(float) * (stage_ >= 2 ? shard_.size() : total_), mem());
@@ -344,9 +350,12 @@ void ShardedParams::optimizer_step(double lr, double grad_scale) {
 void ShardedParams::spread_owned_params() {
   const int64_t owned = stage_ == 0 ? total_ : shard_.size();
   if (dt_ != DType::f32) be_.convert(owned_params(), master(), owned);
-  // Stages 1-2: every rank's shard to every rank (in the model's type).
+  // Stages 1-2: every rank's shard to every rank (in the model's type), in place, each rank's
+  // slot of slot_ values whole: the last shard's padding rides along (and a rank whose shard is
+  // empty, when P < N·slot_ leaves it none, sends padding only).
   if (stage_ == 1 || stage_ == 2)
-    dp_.all_gather(owned_params(), params_.as(dt_), shard_counts(total_, dp_.size()));
+    dp_.all_gather(params_.as(dt_).at(int64_t(dp_.rank()) * slot_), params_.as(dt_),
+                   std::vector<int64_t>(size_t(dp_.size()), slot_));
 }
 
 }  // namespace trellis

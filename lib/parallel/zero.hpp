@@ -28,7 +28,10 @@
 // depend on the precision that wrote it; the bf16 copy is always the rounding of the master.
 //
 // A shard is a contiguous range of the flat buffer (comm/comm.hpp: shard_range), padded so that
-// sizes need not divide by N. Buckets are runs of whole units in backward order of at least
+// sizes need not divide by N: at stages 1-2 the parameter buffer has room for N shards of the
+// same width (fewer than N values more), so the all-gather after each step is one in place with
+// equal blocks. (Unequal blocks would cost NCCL a padded copy of the whole model on the device
+// and two copies of it per step: nccl_link.cu.) Buckets are runs of whole units in backward order of at least
 // parallel.bucket_mb; each bucket's reduction starts as soon as its last unit's gradient is
 // released by the model, while backward goes on.
 #pragma once
@@ -159,10 +162,14 @@ class ShardedParams : public ParamStore {
   Wire grad_wire_;
   int64_t total_;
   ShardRange shard_;
+  /// The shards' common width, ⌈P/N⌉: at stages 1-2 the parameter buffer holds N of them, so
+  /// that the all-gather after each step has equal blocks (the last shard's tail is padding).
+  int64_t slot_ = 0;
   bool last_micro_batch_ = true;
 
   DType dt_;            // of the parameters the model reads (the backend's dtype())
-  Buffer params_;       // stages 0-2: (P) all parameters; stage 3: (shard) this rank's shard; dt_
+  Buffer params_;       // stage 0: (P) all parameters; stages 1-2: (N · slot_) all, padded;
+                        // stage 3: (shard) this rank's shard; dt_
   Buffer master_;       // bf16 runs: fp32 master weights, stage 0: (P), stages 1-3: (shard)
   Buffer grads_;        // stages 0-1: (P) all gradients; stages 2-3: (shard) reduced shard
   std::vector<Bucket> buckets_;
