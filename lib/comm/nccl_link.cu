@@ -40,6 +40,8 @@ struct NcclApi {
                             cudaStream_t);
   ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                 ncclComm_t, cudaStream_t);
+  ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                         cudaStream_t);
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
                             cudaStream_t);
@@ -74,6 +76,7 @@ NcclApi load_nccl(const std::string& file) {
   get(a.CommGetAsyncError, "ncclCommGetAsyncError");
   get(a.AllReduce, "ncclAllReduce");
   get(a.ReduceScatter, "ncclReduceScatter");
+  get(a.Reduce, "ncclReduce");
   get(a.AllGather, "ncclAllGather");
   get(a.Broadcast, "ncclBroadcast");
   get(a.Send, "ncclSend");
@@ -186,6 +189,15 @@ Blocks blocks_of(const std::vector<int64_t>& counts) {
   return {size, std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == size; })};
 }
 
+/// Unequal counts, n = Σcounts over p ranks, the largest `block`: whether one reduce (or
+/// broadcast) per rank that has values moves less than NCCL's reduce-scatter (all-gather) over p
+/// padded slots of `block`. Each rank sends (receives) about (p − 1) · block values in the
+/// latter, and about n in all in the former (each root's ring passes its count through every
+/// rank once). A ZeRO bucket inside one rank's shard (counts 0, …, n, …, 0) moves n instead of
+/// (p − 1) · n; near-equal counts (a whole model's shards) keep the padded collective. Ties go
+/// to the roots: no temporary buffer, no copies.
+bool by_roots(int64_t n, int64_t block, int p) { return n <= int64_t(p - 1) * block; }
+
 // The bf16 wire (comm.hpp): fp32 → bf16 before NCCL, bf16 → fp32 after. comm/ includes no
 // backend header, so the link has its own two conversion kernels (round to nearest even, as the
 // host's float_to_bf16_bits; NaN and Inf as __float2bfloat16_rn keeps them).
@@ -260,6 +272,10 @@ class NcclLink : public DeviceLink {
     return done_on(stream_, comm_, blocking);
   }
 
+  // Reduce-scatter and all-gather by the counts' layout: equal blocks through NCCL's own
+  // collective on the buffers as they are; unequal ones by roots (one reduce or broadcast per
+  // rank with values, in one NCCL group) or through padded slots of the largest block, whichever
+  // moves less (by_roots).
   std::unique_ptr<Completion> reduce_scatter(CPtr in, Ptr out, const std::vector<int64_t>& counts,
                                              bool blocking, Wire wire) override {
     const std::vector<int64_t> displ = displacements(counts);
@@ -267,32 +283,48 @@ class NcclLink : public DeviceLink {
     if (block == 0) return nullptr;
     if (!comm_) return copy_alone(out, in, block);
     after_compute(stream_);
+    const int64_t n = displ.back() + counts.back();
+    const bool roots = !equal && by_roots(n, block, size_);
     if (wire == Wire::bf16 && in.is_f32()) {
-      // (size · block) bf16, each rank's block rounded into a padded slot (zeros past its count),
-      // reduced in place, this rank's slot widened into `out` (which may alias `in`: every slot
-      // was read before).
-      __nv_bfloat16* tmp = bf16_temp(block * size_);
-      CUDA_OK(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(block) * size_, stream_));
-      for (int j = 0; j < size_; ++j) to_bf16(tmp + j * block, in.f32() + displ[j], counts[j]);
-      NCCL_OK(nccl().ReduceScatter(tmp, tmp + rank_ * block, size_t(block), ncclBfloat16, ncclSum,
-                                   comm_, stream_));
-      from_bf16(out.f32(), tmp + rank_ * block, counts[rank_]);
+      // The bf16 wire: every block rounded into a bf16 copy on the link's stream (in padded slots
+      // of `block`, zeros past each count, when the reduce-scatter needs them), reduced in place,
+      // this rank's part widened into `out` (which may alias `in`: every block was read before).
+      const bool slots = !equal && !roots;
+      std::vector<int64_t> at = displ;  // where block j starts in the copy
+      if (slots)
+        for (int j = 0; j < size_; ++j) at[j] = j * block;
+      const int64_t len = slots ? block * size_ : n;
+      __nv_bfloat16* tmp = bf16_temp(len);
+      const Ptr wide(tmp, DType::bf16);
+      if (slots) {
+        CUDA_OK(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(len), stream_));
+        for (int j = 0; j < size_; ++j) to_bf16(tmp + at[j], in.f32() + displ[j], counts[j]);
+      } else {
+        to_bf16(tmp, in.f32(), n);
+      }
+      if (roots) reduce_to_each_root(wide, at, counts, wide.at(at[rank_]));
+      else
+        NCCL_OK(nccl().ReduceScatter(tmp, tmp + at[rank_], size_t(block), ncclBfloat16, ncclSum,
+                                     comm_, stream_));
+      from_bf16(out.f32(), tmp + at[rank_], counts[rank_]);
       CUDA_OK(cudaFreeAsync(tmp, stream_));
       return done_on(stream_, comm_, blocking);
     }
     const ncclDataType_t type = nccl_type(in.dtype);
     if (equal) {
-      // Equal blocks: NCCL's own layout (out == in + rank·block is its in-place case too).
+      // NCCL's layout (out == in + rank·block is its in-place case too).
       NCCL_OK(nccl().ReduceScatter(in.data, out.data, size_t(block), type, ncclSum, comm_, stream_));
-      return done_on(stream_, comm_, blocking);
+    } else if (roots) {
+      reduce_to_each_root(in, displ, counts, out);
+    } else {
+      // Each block into a padded slot of `block` values, reduce, take this rank's part.
+      Ptr tmp = padded(block, in.dtype);
+      for (int j = 0; j < size_; ++j) copy(tmp.at(j * block), in.at(displ[j]), counts[j]);
+      NCCL_OK(nccl().ReduceScatter(tmp.data, tmp.at(rank_ * block).data, size_t(block), type,
+                                   ncclSum, comm_, stream_));
+      copy(out, tmp.at(rank_ * block), counts[rank_]);
+      CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     }
-    // Unequal blocks: each into a padded slot of `block` values, reduce, take this rank's part.
-    Ptr tmp = padded(block, in.dtype);
-    for (int j = 0; j < size_; ++j) copy(tmp.at(j * block), in.at(displ[j]), counts[j]);
-    NCCL_OK(nccl().ReduceScatter(tmp.data, tmp.at(rank_ * block).data, size_t(block), type,
-                                 ncclSum, comm_, stream_));
-    copy(out, tmp.at(rank_ * block), counts[rank_]);
-    CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     return done_on(stream_, comm_, blocking);
   }
 
@@ -304,16 +336,27 @@ class NcclLink : public DeviceLink {
     if (!comm_) return copy_alone(out, in, block);
     after_compute(stream_);
     const ncclDataType_t type = nccl_type(out.dtype);
+    const int64_t n = displ.back() + counts.back();
     if (equal) {
       NCCL_OK(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
-      return done_on(stream_, comm_, blocking);
+    } else if (by_roots(n, block, size_)) {
+      // Each rank with values broadcasts them into their place (in place when `in` is there).
+      NcclGroup group;
+      for (int j = 0; j < size_; ++j) {
+        if (counts[j] == 0) continue;
+        void* place = out.at(displ[j]).data;
+        NCCL_OK(nccl().Broadcast(j == rank_ ? in.data : place, place, size_t(counts[j]), type, j,
+                                 comm_, stream_));
+      }
+      group.end();
+    } else {
+      Ptr tmp = padded(block, out.dtype);
+      copy(tmp.at(rank_ * block), in, counts[rank_]);
+      NCCL_OK(nccl().AllGather(tmp.at(rank_ * block).data, tmp.data, size_t(block), type, comm_,
+                               stream_));
+      for (int j = 0; j < size_; ++j) copy(out.at(displ[j]), tmp.at(j * block), counts[j]);
+      CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     }
-    Ptr tmp = padded(block, out.dtype);
-    copy(tmp.at(rank_ * block), in, counts[rank_]);
-    NCCL_OK(nccl().AllGather(tmp.at(rank_ * block).data, tmp.data, size_t(block), type, comm_,
-                             stream_));
-    for (int j = 0; j < size_; ++j) copy(out.at(displ[j]), tmp.at(j * block), counts[j]);
-    CUDA_OK(cudaFreeAsync(tmp.data, stream_));
     return done_on(stream_, comm_, blocking);
   }
 
@@ -389,6 +432,22 @@ class NcclLink : public DeviceLink {
     if (out.data != in.data)
       CUDA_OK(cudaMemcpyAsync(out.data, in.data, out.bytes(n), cudaMemcpyDeviceToDevice, compute_));
     return nullptr;
+  }
+  /// One reduce (sum) per rank j with values, in one NCCL group: counts[j] values from
+  /// `in` + at[j] on every rank, summed into rank j's `out` (which may be `in` + at[rank]: in place).
+  void reduce_to_each_root(CPtr in, const std::vector<int64_t>& at,
+                           const std::vector<int64_t>& counts, Ptr out) {
+    NcclGroup group;
+    for (int j = 0; j < size_; ++j) {
+      if (counts[j] == 0) continue;
+      const void* send = in.at(at[j]).data;
+      // Only the root's receive buffer is written: elsewhere the send buffer stands in for it
+      // (`out` may be empty there).
+      void* receive = j == rank_ ? out.data : const_cast<void*>(send);
+      NCCL_OK(nccl().Reduce(send, receive, size_t(counts[j]), nccl_type(in.dtype), ncclSum, j,
+                            comm_, stream_));
+    }
+    group.end();
   }
   /// size·block values of type t on the link's stream (stream-ordered: no device-wide
   /// synchronisation).

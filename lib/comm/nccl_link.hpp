@@ -19,10 +19,12 @@
 //     a blocking one waits for such an event before returning. Waits ask the communicator for an
 //     asynchronous error (ncclCommGetAsyncError) as they poll, so that a rank whose peer died
 //     or whose connection broke ends with NCCL's reason instead of waiting forever;
-//   - NCCL's reduce-scatter and all-gather take equal counts: unequal ones go through a padded
-//     temporary buffer, allocated on the link's stream (ZeRO's gradient buckets, which cut
-//     across shards, and stage 3's units; the parameter all-gather of stages 1-2, the one of the
-//     whole model, has equal blocks: parallel/zero.hpp).
+//   - NCCL's reduce-scatter and all-gather take equal counts. Unequal ones (ZeRO's gradient
+//     buckets and stage 3's units, which cut across shards) go either as one reduce or broadcast
+//     per rank with values, in one NCCL group, or through a padded temporary buffer allocated on
+//     the link's stream, whichever moves fewer values (a bucket inside one rank's shard: the
+//     former, by a factor of p − 1). The whole model's all-gather after a ZeRO 1-2 step has
+//     equal blocks (parallel/zero.hpp).
 #pragma once
 #include <mpi.h>
 

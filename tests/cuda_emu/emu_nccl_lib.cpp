@@ -24,7 +24,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -129,6 +131,7 @@ struct Pending {
 };
 int group_depth = 0;
 int live_communicators = 0;  // made and not yet destroyed
+std::map<std::string, long> collective_calls;  // by function name (tests: which one ran)
 std::vector<Pending> grouped;
 struct InFlight {
   MPI_Request request;
@@ -347,6 +350,12 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
 // How many communicators this process holds (tests: a group of one rank gets none).
 int trellis_emu_nccl_communicators() { return live_communicators; }
 
+// How many times this process called the collective `name` ("ncclReduce", …).
+long trellis_emu_nccl_calls(const char* name) {
+  const auto it = collective_calls.find(name);
+  return it == collective_calls.end() ? 0 : it->second;
+}
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   static int serial = 0;
   std::memset(uniqueId, 0, sizeof(*uniqueId));
@@ -374,6 +383,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  ++collective_calls["ncclAllReduce"];
   MPI_Datatype t;
   MPI_Op o;
   size_t bytes;
@@ -389,6 +399,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t) {
+  ++collective_calls["ncclReduceScatter"];
   MPI_Datatype t;
   MPI_Op o;
   size_t bytes;
@@ -407,10 +418,31 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
              : ncclSystemError;
 }
 
+// The root's recvbuff (count) = the reduction of every rank's sendbuff; in place when the two are
+// the same on the root. Elsewhere recvbuff is not touched, as NCCL's.
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t) {
+  ++collective_calls["ncclReduce"];
+  MPI_Datatype t;
+  MPI_Op o;
+  size_t bytes;
+  if (!mpi_type(datatype, &t, &bytes) || !mpi_op(op, datatype, &o) || !fits_int(count) ||
+      root < 0 || root >= comm->size)
+    return ncclInvalidArgument;
+  const bool here = comm->rank == root;
+  const void* in = here && sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff;
+  return MPI_Reduce(in, here ? recvbuff : nullptr, int(count), t, o, root, comm->comm) ==
+                 MPI_SUCCESS
+             ? ncclSuccess
+             : ncclSystemError;
+}
+
 // recvbuff (size · sendcount) = every rank's sendbuff in rank order; in place when sendbuff is
 // this rank's block of recvbuff.
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+  ++collective_calls["ncclAllGather"];
   MPI_Datatype t;
   size_t bytes;
   if (!mpi_type(datatype, &t, &bytes) || !fits_int(sendcount * comm->size))
@@ -426,6 +458,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+  ++collective_calls["ncclBroadcast"];
   MPI_Datatype t;
   size_t bytes;
   if (!mpi_type(datatype, &t, &bytes) || !fits_int(count) || root < 0 || root >= comm->size)
