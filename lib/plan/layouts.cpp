@@ -28,6 +28,11 @@ struct Link {
   double all_reduce(double n) const { return size > 1 ? 2 * ((size - 1.0) / size * n / bw + (size - 1) * latency) : 0; }
   /// Reduce-scatter or all-gather of n bytes in all.
   double half(double n) const { return size > 1 ? (size - 1.0) / size * n / bw + (size - 1) * latency : 0; }
+  /// ZeRO's gradient buckets and stage 3's units, n bytes in all: each a run of whole layers,
+  /// reduced onto (gathered from) the few ranks whose contiguous shards it covers — for most, one
+  /// rank: a reduce (broadcast) whose ring carries all of it on every link (comm/nccl_link.hpp),
+  /// so n/β over the step instead of an even reduce-scatter's (g−1)/g·n/β.
+  double to_owners(double n) const { return size > 1 ? n / bw + (size - 1) * latency : 0; }
   double p2p(double n) const { return n / bw + latency; }
 };
 
@@ -127,13 +132,14 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
     switch (p.zero) {
       case 0: t.dp = exposed(dp.all_reduce(psi * grad), backward_mb); break;
       case 1:
-        t.dp = exposed(dp.half(psi * grad), backward_mb) + dp.half(psi * param);
+        t.dp = exposed(dp.to_owners(psi * grad), backward_mb) + dp.half(psi * param);
         break;
       case 2:
-        t.dp = mbs * exposed(dp.half(psi * grad), backward_mb) + dp.half(psi * param);
+        t.dp = mbs * exposed(dp.to_owners(psi * grad), backward_mb) + dp.half(psi * param);
         break;
       default:
-        t.dp = mbs * exposed(dp.half(psi * grad) + 2 * dp.half(psi * param), compute_mb);
+        t.dp = mbs * exposed(dp.to_owners(psi * grad) + 2 * dp.to_owners(psi * param),
+                             compute_mb);
     }
   }
   return t;

@@ -18,7 +18,9 @@
 //             1/2 all-gather the updated parameters after the step (never hidden)
 // A collective over g ranks moving n bytes costs the ring's 2(g−1)/g·n/β + 2(g−1)·α (all-reduce)
 // or half that (reduce-scatter, all-gather), with β, α of the intra-node link when the group sits
-// inside a node (placement by parallel.order) and of the inter-node link otherwise.
+// inside a node (placement by parallel.order) and of the inter-node link otherwise. ZeRO's
+// gradient buckets and stage 3's unit gathers go to or from the ranks whose contiguous shards
+// they cover (mostly one: a reduce or a broadcast), n/β + (g−1)·α in all.
 #pragma once
 #include <string>
 #include <vector>

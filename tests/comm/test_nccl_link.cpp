@@ -144,7 +144,8 @@ TEST_F(NcclLinkTest, UnequalCountsTakeTheWayThatMovesLess) {
                                         << (wire == Wire::bf16));
       const std::vector<int64_t> displ = displacements(counts);
       const int64_t n = displ.back() + counts.back(), mine = counts[me];
-      const long nonzero = std::count_if(counts.begin(), counts.end(), [](int64_t c) { return c > 0; });
+      const long nonzero =
+          std::count_if(counts.begin(), counts.end(), [](int64_t c) { return c > 0; });
       const long reduces = calls("ncclReduce"), scatters = calls("ncclReduceScatter");
       DeviceVec in(*be, std::vector<float>(n, 1.f)), out(*be, std::vector<float>(mine, -9.f));
       comm->device_link()->reduce_scatter(in.data(), out.data(), counts, true, wire);

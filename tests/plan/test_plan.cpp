@@ -309,6 +309,35 @@ TEST(PlanLayouts, TensorParallelismAcrossNodesIsSlower) {
   EXPECT_GT(t.comm_share(), 0.5);
 }
 
+// ZeRO's traffic, where no compute hides it: the gradient buckets (and stage 3's layer gathers)
+// go to or from the ranks whose shards they cover, Ψ·bytes/β + (g−1)·α, not an even
+// reduce-scatter's (g−1)/g of that (comm/nccl_link.hpp); the parameters' all-gather after a
+// stage 1-2 step is a ring's.
+TEST(PlanLayouts, ZeroTrafficIsWhatTheShardsMove) {
+  DeviceModel dev;
+  dev.per_node = 1;          // dp crosses nodes: the inter-node link
+  dev.peak_flops = 1e30;     // compute hides nothing
+  const double beta = dev.inter_bw, alpha = dev.inter_latency;
+  for (int dp : {2, 4, 8})
+    for (int zero : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "dp " << dp << " zero " << zero);
+      const Config cfg = load_config("inputs/default.deck",
+                                     {"--parallel.dp=" + std::to_string(dp),
+                                      "--parallel.zero=" + std::to_string(zero),
+                                      "--train.micro_batch=1"},
+                                     dp);
+      const double psi = double(model_parameter_count(cfg.model)), g = dp;
+      const double mbs = cfg.micro_batches_per_step();
+      const double owners = 2 * psi / beta + (g - 1) * alpha;  // bf16: 2 bytes a value
+      const double ring = (g - 1) / g * 2 * psi / beta + (g - 1) * alpha;
+      const double want = zero == 1   ? owners + ring
+                          : zero == 2 ? mbs * owners + ring
+                                      : mbs * 3 * owners;
+      const StepTime t = estimate_step_time(cfg, Precision::BF16_FULL, dev);
+      EXPECT_NEAR(t.dp, want, 1e-9 * want);
+    }
+}
+
 TEST(PlanLayouts, Gpt3On1024DevicesFindsFittingLayouts) {
   PlanRequest req;
   req.deck = "inputs/gpt3-175b.deck";
