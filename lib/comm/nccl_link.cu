@@ -189,14 +189,19 @@ Blocks blocks_of(const std::vector<int64_t>& counts) {
   return {size, std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == size; })};
 }
 
-/// Unequal counts, n = Σcounts over p ranks, the largest `block`: whether one reduce (or
+/// Unequal counts (n = Σcounts over p ranks, the largest `block`): whether one reduce (or
 /// broadcast) per rank that has values moves less than NCCL's reduce-scatter (all-gather) over p
 /// padded slots of `block`. Each rank sends (receives) about (p − 1) · block values in the
 /// latter, and about n in all in the former (each root's ring passes its count through every
 /// rank once). A ZeRO bucket inside one rank's shard (counts 0, …, n, …, 0) moves n instead of
-/// (p − 1) · n; near-equal counts (a whole model's shards) keep the padded collective. Ties go
-/// to the roots: no temporary buffer, no copies.
-bool by_roots(int64_t n, int64_t block, int p) { return n <= int64_t(p - 1) * block; }
+/// (p − 1) · n; near-equal counts (a whole model's shards) keep the padded collective. A tie goes
+/// to a single root (no temporary buffer, no copies), and to the one collective where there are
+/// several: each reduce is a chain of p − 1 steps, so several would add their latencies.
+bool by_roots(const std::vector<int64_t>& counts, int64_t n, int64_t block) {
+  const int64_t p = int64_t(counts.size());
+  const auto roots = std::count_if(counts.begin(), counts.end(), [](int64_t c) { return c > 0; });
+  return n < (p - 1) * block || (roots == 1 && n == (p - 1) * block);
+}
 
 // The bf16 wire (comm.hpp): fp32 → bf16 before NCCL, bf16 → fp32 after. comm/ includes no
 // backend header, so the link has its own two conversion kernels (round to nearest even, as the
@@ -284,7 +289,7 @@ class NcclLink : public DeviceLink {
     if (!comm_) return copy_alone(out, in, block);
     after_compute(stream_);
     const int64_t n = displ.back() + counts.back();
-    const bool roots = !equal && by_roots(n, block, size_);
+    const bool roots = !equal && by_roots(counts, n, block);
     if (wire == Wire::bf16 && in.is_f32()) {
       // The bf16 wire: every block rounded into a bf16 copy on the link's stream (in padded slots
       // of `block`, zeros past each count, when the reduce-scatter needs them), reduced in place,
@@ -339,7 +344,7 @@ class NcclLink : public DeviceLink {
     const int64_t n = displ.back() + counts.back();
     if (equal) {
       NCCL_OK(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
-    } else if (by_roots(n, block, size_)) {
+    } else if (by_roots(counts, n, block)) {
       // Each rank with values broadcasts them into their place (in place when `in` is there).
       NcclGroup group;
       for (int j = 0; j < size_; ++j) {

@@ -351,8 +351,8 @@ void ShardedParams::spread_owned_params() {
   const int64_t owned = stage_ == 0 ? total_ : shard_.size();
   if (dt_ != DType::f32) be_.convert(owned_params(), master(), owned);
   // Stages 1-2: every rank's shard to every rank (in the model's type), in place, each rank's
-  // slot of slot_ values whole: the last shard's padding rides along (and a rank whose shard is
-  // empty, when P < N·slot_ leaves it none, sends padding only).
+  // slot of slot_ values whole: the last shard's padding rides along (and a rank r whose shard
+  // is empty, P ≤ r·slot_ — a model of fewer values than ranks — sends padding only).
   if (stage_ == 1 || stage_ == 2)
     dp_.all_gather(params_.as(dt_).at(int64_t(dp_.rank()) * slot_), params_.as(dt_),
                    std::vector<int64_t>(size_t(dp_.size()), slot_));

@@ -307,8 +307,12 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const std::string psi = "Ψ_rank = " + n_elems(double(P)) + " parameters";
 
   // ---- parameters ----
-  if (zero < 3) {
+  if (zero == 0 || (zero < 3 && dp * S == P)) {
     r.params = {eb.param * P, strfmt("%g B x %s", eb.param, psi.c_str())};
+  } else if (zero < 3) {
+    // Padded to dp shards of S, for an all-gather of equal blocks (parallel/zero.hpp).
+    r.params = {eb.param * double(dp * S),
+                strfmt("%g B x %s, padded to dp x %s", eb.param, psi.c_str(), n_elems(S).c_str())};
   } else {
     // Stage 3 gathers a unit just before use and prefetches the next: the largest pair of
     // neighbours in the walk (embeddings and the final LayerNorm meet at the tied LM head).

@@ -125,44 +125,63 @@ TEST_F(NcclLinkTest, GroupOfOneRankNeedsNoCommunicator) {
   check_device_bf16_buffers(self, *be);
 }
 
-// Unequal counts go the way that moves fewer values (nccl_link.cu: by_roots): a block on one
-// rank alone (a ZeRO bucket inside one shard) as one reduce or broadcast per rank with values;
-// near-equal blocks (a model's shards) by NCCL's reduce-scatter or all-gather over padded slots.
-// The emulated NCCL counts which function ran; the values are checked too.
+// Unequal counts go the way that moves fewer values (nccl_link.cu: by_roots): blocks on one or
+// two ranks (a ZeRO bucket inside one shard, or across two) as one reduce or broadcast per rank
+// with values; near-equal blocks (a model's shards), and a tie between several roots, by NCCL's
+// reduce-scatter or all-gather over padded slots. The emulated NCCL counts which function ran;
+// the values (which depend on the rank and the index) are checked too.
 TEST_F(NcclLinkTest, UnequalCountsTakeTheWayThatMovesLess) {
   auto calls = reinterpret_cast<long (*)(const char*)>(
       dlsym(RTLD_DEFAULT, "trellis_emu_nccl_calls"));
   if (!calls) GTEST_SKIP() << "needs the emulated NCCL, which counts the calls";
   const int p = world_size(), me = world_rank();
   if (p == 1) GTEST_SKIP() << "needs two ranks";
-  std::vector<int64_t> alone(p, 0);  // (p) the last rank holds every value
-  alone[p - 1] = 1000;
-  const std::vector<int64_t> near_equal = shard_counts(4 * p - 1, p);  // 4, …, 4, 3
-  for (const auto& [counts, roots] : {std::pair{alone, true}, std::pair{near_equal, false}})
+  struct Case {
+    std::vector<int64_t> counts;  // (p)
+    bool roots;
+  };
+  std::vector<Case> cases;
+  cases.push_back({std::vector<int64_t>(p, 0), true});  // the last rank holds every value
+  cases.back().counts[p - 1] = 1000;
+  cases.push_back({shard_counts(4 * p - 1, p), false});  // 4, …, 4, 3
+  if (p > 2) {
+    cases.push_back({std::vector<int64_t>(p, 0), true});  // two roots, the second at offset 3
+    cases.back().counts[1] = 3;
+    cases.back().counts[p - 1] = 1000;
+    cases.push_back({std::vector<int64_t>(p, 5), false});  // 5, …, 5, 0: a tie, p − 1 roots
+    cases.back().counts[p - 1] = 0;
+  }
+  auto x = [](int r, int64_t i) { return float(r + i % 7); };  // small integers: exact in bf16
+  for (const Case& c : cases)
     for (Wire wire : {Wire::fp32, Wire::bf16}) {
-      SCOPED_TRACE(::testing::Message() << "counts[0] " << counts[0] << " bf16 wire "
-                                        << (wire == Wire::bf16));
+      const std::vector<int64_t>& counts = c.counts;
+      SCOPED_TRACE(::testing::Message() << "counts[0] " << counts[0] << " counts[1] " << counts[1]
+                                        << " bf16 wire " << (wire == Wire::bf16));
       const std::vector<int64_t> displ = displacements(counts);
-      const int64_t n = displ.back() + counts.back(), mine = counts[me];
+      const int64_t n = displ.back() + counts.back(), mine = counts[me], off = displ[me];
       const long nonzero =
-          std::count_if(counts.begin(), counts.end(), [](int64_t c) { return c > 0; });
+          std::count_if(counts.begin(), counts.end(), [](int64_t k) { return k > 0; });
       const long reduces = calls("ncclReduce"), scatters = calls("ncclReduceScatter");
-      DeviceVec in(*be, std::vector<float>(n, 1.f)), out(*be, std::vector<float>(mine, -9.f));
+      std::vector<float> values(n), want(mine, 0.f);
+      for (int64_t i = 0; i < n; ++i) values[i] = x(me, i);
+      for (int r = 0; r < p; ++r)
+        for (int64_t i = 0; i < mine; ++i) want[i] += x(r, off + i);
+      DeviceVec in(*be, values), out(*be, std::vector<float>(mine, -9.f));
       comm->device_link()->reduce_scatter(in.data(), out.data(), counts, true, wire);
-      EXPECT_EQ(out.host(), std::vector<float>(mine, float(p)));
-      EXPECT_EQ(calls("ncclReduce") - reduces, roots ? nonzero : 0);
-      EXPECT_EQ(calls("ncclReduceScatter") - scatters, roots ? 0 : 1);
+      EXPECT_EQ(out.host(), want);
+      EXPECT_EQ(calls("ncclReduce") - reduces, c.roots ? nonzero : 0);
+      EXPECT_EQ(calls("ncclReduceScatter") - scatters, c.roots ? 0 : 1);
       if (wire == Wire::bf16) continue;  // (all-gathers move the buffer's own type)
       const long broadcasts = calls("ncclBroadcast"), gathers = calls("ncclAllGather");
-      DeviceVec part(*be, std::vector<float>(mine, float(me + 1))),
-          all(*be, std::vector<float>(n, -9.f));
-      comm->device_link()->all_gather(part.data(), all.data(), counts, true);
-      std::vector<float> want(n);
+      std::vector<float> part(mine), all_want(n);
+      for (int64_t i = 0; i < mine; ++i) part[i] = x(10 * me, i);
       for (int r = 0; r < p; ++r)
-        std::fill_n(want.begin() + displ[r], counts[r], float(r + 1));
-      EXPECT_EQ(all.host(), want);
-      EXPECT_EQ(calls("ncclBroadcast") - broadcasts, roots ? nonzero : 0);
-      EXPECT_EQ(calls("ncclAllGather") - gathers, roots ? 0 : 1);
+        for (int64_t i = 0; i < counts[r]; ++i) all_want[displ[r] + i] = x(10 * r, i);
+      DeviceVec mine_in(*be, part), all(*be, std::vector<float>(n, -9.f));
+      comm->device_link()->all_gather(mine_in.data(), all.data(), counts, true);
+      EXPECT_EQ(all.host(), all_want);
+      EXPECT_EQ(calls("ncclBroadcast") - broadcasts, c.roots ? nonzero : 0);
+      EXPECT_EQ(calls("ncclAllGather") - gathers, c.roots ? 0 : 1);
     }
 }
 
