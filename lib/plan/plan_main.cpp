@@ -35,8 +35,8 @@ options (defaults in brackets):
                          [the deck's system.precision; CPU or GPU by system.backend; a GPU's
                          bf16 attention on the tensor cores unless TRELLIS_TC_ATTENTION=0, its
                          scratch as TRELLIS_GELU_EPILOGUE says]
-  --peak-tflops X        dense peak per device [989 for bf16 (H100/H200 SXM); for fp32 the deck's
-                         system.peak_gflops, else 494 (TF32)]
+  --peak-tflops X        dense peak per device [989 for bf16 on a GPU (H100/H200 SXM);
+                         otherwise the deck's system.peak_gflops, else 494 (TF32)]
   --efficiency F         fraction of the peak the step's matrix multiplies reach [0.5]
   --layer-overhead-us X  fixed time per layer and micro-batch that a larger micro-batch does
                          not lengthen (kernel launches, GEMM tails) [30]
