@@ -120,7 +120,8 @@ const std::vector<KeyEntry>& key_table() {
        .key = "bucket_mb",
        .field = FIELD(parallel.bucket_mb),
        .bound = above(0),
-       .help = "gradient all-reduce bucket size in MiB"},
+       .help = "gradient bucket size in MiB (all-reduced at ZeRO 0, reduced to its shards' "
+               "owners at 1-3)"},
       // [train]
       {.section = "train",
        .key = "on_nan",
