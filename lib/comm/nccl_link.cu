@@ -438,8 +438,8 @@ class NcclLink : public DeviceLink {
       CUDA_OK(cudaMemcpyAsync(out.data, in.data, out.bytes(n), cudaMemcpyDeviceToDevice, compute_));
     return nullptr;
   }
-  /// One reduce (sum) per rank j with values, in one NCCL group: counts[j] values from
-  /// `in` + at[j] on every rank, summed into rank j's `out` (which may be `in` + at[rank]: in place).
+  /// One reduce (sum) per rank j with values, in one NCCL group: counts[j] values from `in` +
+  /// at[j] on every rank, summed into rank j's `out` (which may be `in` + at[rank]: in place).
   void reduce_to_each_root(CPtr in, const std::vector<int64_t>& at,
                            const std::vector<int64_t>& counts, Ptr out) {
     NcclGroup group;

@@ -31,9 +31,9 @@
 // sizes need not divide by N: at stages 1-2 the parameter buffer has room for N shards of the
 // same width (fewer than N values more), so the all-gather after each step is one in place with
 // equal blocks. (Unequal blocks would cost NCCL a padded copy of the whole model on the device
-// and two copies of it per step: nccl_link.cu.) Buckets are runs of whole units in backward order of at least
-// parallel.bucket_mb; each bucket's reduction starts as soon as its last unit's gradient is
-// released by the model, while backward goes on.
+// and two copies of it per step: nccl_link.cu.) Buckets are runs of whole units in backward
+// order of at least parallel.bucket_mb; each bucket's reduction starts as soon as its last
+// unit's gradient is released by the model, while backward goes on.
 #pragma once
 #include <cstdint>
 #include <memory>
