@@ -315,14 +315,18 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
                 strfmt("%g B x %s, padded to dp x %s", eb.param, psi.c_str(), n_elems(S).c_str())};
   } else {
     // Stage 3 gathers a unit just before use and prefetches the next: the largest pair of
-    // neighbours in the walk (embeddings and the final LayerNorm meet at the tied LM head).
+    // neighbours in the walk of one model chunk (model/gpt.cpp prefetches no other chunk's
+    // block: with one block a chunk, a middle stage holds one unit at a time), or with the
+    // embeddings and the final LayerNorm, which meet at the tied LM head.
     int64_t pair = 0;
     const auto& u = table.units;
-    for (size_t i = 0; i + 1 < u.size(); ++i)
-      pair = std::max(pair, (u[i].end - u[i].begin) + (u[i + 1].end - u[i + 1].begin));
-    if (spec.first && spec.last && u.size() > 1)
-      pair = std::max(pair, (u.front().end - u.front().begin) + (u.back().end - u.back().begin));
-    if (u.size() == 1) pair = u[0].end - u[0].begin;
+    const auto size = [&](size_t i) { return u[i].end - u[i].begin; };
+    for (size_t i = 0; i < u.size(); ++i) {
+      pair = std::max(pair, size(i));
+      if (i + 1 < u.size() && table.unit_chunk[i] == table.unit_chunk[i + 1])
+        pair = std::max(pair, size(i) + size(i + 1));
+    }
+    if (spec.first && spec.last && u.size() > 1) pair = std::max(pair, size(0) + size(u.size() - 1));
     r.params = {eb.param * (S + pair),
                 strfmt("%g B x (Ψ_rank/dp = %s + 2 gathered units %s)", eb.param, n_elems(S).c_str(),
                        n_elems(pair).c_str())};

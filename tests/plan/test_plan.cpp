@@ -283,6 +283,31 @@ TEST(PlanMemory, DeckLayoutModelStatesFollowZero) {
   }
 }
 
+// ZeRO-3 holds the unit in use and the one prefetched: neighbours within one model chunk
+// (model/gpt.cpp prefetches no other chunk's block). Interleaved with one block a chunk, stage 0
+// holds (embeddings, layer 0) at most and stage 1 (layer 3, final LayerNorm) — never two blocks,
+// which neighbour each other in the stage's table across chunks (a tester measured 1.41× the
+// parameters when the plan counted them).
+TEST(PlanMemory, Zero3GathersNeighboursOfOneChunk) {
+  const Config cfg = load_config("inputs/default.deck",
+                                 {"--model.layers=4", "--model.d_model=128", "--parallel.dp=2",
+                                  "--parallel.pp=2", "--parallel.zero=3",
+                                  "--parallel.schedule=interleaved", "--parallel.virtual_stages=2",
+                                  "--train.micro_batch=1"},
+                                 4);
+  const double C = cfg.model.d_model, T = cfg.model.seq_len;
+  const double block = 12 * C * C + 13 * C;  // GPT-2's block with its biases and LayerNorms
+  const double head = double(ParamTable(cfg.model).vocab_local) * C, embeddings = head + T * C;
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const RankMemory r = rank_memory(cfg, stage, MemoryOptions{});
+    const double shard = std::ceil(double(r.stage_params) / 2);
+    // (stage 1 also keeps its own copy of the tied LM head)
+    const double held = stage == 0 ? block + embeddings : block + 2 * C + head;
+    EXPECT_DOUBLE_EQ(r.params.bytes, 4 * (shard + held));
+  }
+}
+
 TEST(PlanLayouts, GroupPlacementFollowsTheOrder) {
   ParallelConfig p;
   p.dp = 16, p.tp = 8, p.pp = 8;
