@@ -36,6 +36,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";  // fastest-varying group first
   double bucket_mb = 25.0;
+  // ZeRO 1-2: the parameter all-gather after each step runs bucket by bucket while the next
+  // forward goes on (parallel/zero.hpp); false: one all-gather, waited for in the step.
+  bool overlap_param_gather = true;
 };
 
 struct TrainConfig {

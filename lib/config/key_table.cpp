@@ -122,6 +122,11 @@ const std::vector<KeyEntry>& key_table() {
        .bound = above(0),
        .help = "gradient bucket size in MiB (all-reduced at ZeRO 0, reduced to its shards' "
                "owners at 1-3)"},
+      {.section = "parallel",
+       .key = "overlap_param_gather",
+       .field = FIELD(parallel.overlap_param_gather),
+       .help = "ZeRO 1-2: gather the updated parameters bucket by bucket while the next forward "
+               "runs (false: one all-gather at the end of each step)"},
       // [train]
       {.section = "train",
        .key = "on_nan",

@@ -15,6 +15,7 @@ ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& para
   dt_ = be_.dtype();
   shard_ = shard_range(total_, dp_.size(), dp_.rank());
   slot_ = (total_ + dp_.size() - 1) / dp_.size();
+  overlap_gather_ = parallel.overlap_param_gather && (stage_ == 1 || stage_ == 2) && dp_.size() > 1;
   const int64_t held = stage_ == 3   ? shard_.size()
                        : stage_ == 0 ? total_
                                      : slot_ * dp_.size();  // padded: see spread_owned_params
@@ -34,6 +35,7 @@ ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& para
 ShardedParams::~ShardedParams() {
   // Requests wait for completion in their destructors; nothing may be left half-done in MPI.
   for (auto& b : buckets_) b.request.wait();
+  for (auto& b : buckets_) b.gather.wait();
   for (auto& g : gathered_) g.request.wait();
 }
 
@@ -124,7 +126,14 @@ void ShardedParams::start_gather(int unit) {
 
 CPtr ShardedParams::acquire_params(int unit) {
   poll();
-  if (stage_ < 3) return params_.as(dt_).at(table_.units[unit].begin);
+  if (stage_ < 3) {
+    Bucket& b = buckets_[bucket_of_unit_[unit]];
+    if (b.gathering) {  // this step's update of the unit's bucket still on its way
+      b.gather.wait();
+      b.gathering = false;
+    }
+    return params_.as(dt_).at(table_.units[unit].begin);
+  }
   Gathered& g = gathered_[unit];
   if (!g.present) start_gather(unit);
   g.request.wait();
@@ -154,6 +163,7 @@ std::vector<float> ShardedParams::gather_to_host(const float* shard) {
 }
 
 std::vector<float> ShardedParams::gather_parameters() {
+  finish_param_gathers();
   // The fp32 values: the model's own in an fp32 run (sharded at stage 3 only), else the master
   // weights (sharded at stages 1-3).
   const bool sharded = dt_ == DType::f32 ? stage_ == 3 : stage_ > 0;
@@ -179,12 +189,14 @@ float* ShardedParams::shard_of(State which) {
 }
 
 std::vector<float> ShardedParams::shard_to_host(State which) {
+  finish_param_gathers();  // (in place: the in-flight gathers' buffer holds this rank's shard)
   std::vector<float> out(shard_.size());  // (shard size)
   be_.copy_to_host(out.data(), shard_of(which), sizeof(float) * out.size());
   return out;
 }
 
 void ShardedParams::shard_from_host(State which, const float* values) {
+  finish_param_gathers();
   be_.copy_from_host(shard_of(which), values, sizeof(float) * shard_.size());
 }
 
@@ -202,6 +214,7 @@ void ShardedParams::finish_load(int64_t steps_taken) {
     }
   }
   spread_owned_params();
+  finish_param_gathers();  // (a load's traffic is the load's, not the next step's)
   optimizer_->set_steps_taken(steps_taken);
 }
 
@@ -278,6 +291,8 @@ void ShardedParams::complete_reduction(Bucket& b) {
 void ShardedParams::poll() {
   for (auto& b : buckets_)
     if (b.in_flight && b.request.test()) complete_reduction(b);
+  for (auto& b : buckets_)
+    if (b.gathering && b.gather.test()) b.gathering = false;
   for (auto& g : gathered_)
     if (g.present) g.request.test();  // lets MPI progress a prefetch
 }
@@ -343,6 +358,7 @@ double ShardedParams::grad_norm() {
 
 void ShardedParams::optimizer_step(double lr, double grad_scale) {
   // AdamW on the fp32 values this rank owns; a bf16 run then rounds them into the model's copy.
+  finish_param_gathers();
   optimizer_->step(be_, master(), stage_ == 0 ? grads_.f32() : shard_grads(), lr, grad_scale);
   spread_owned_params();
 }
@@ -353,9 +369,37 @@ void ShardedParams::spread_owned_params() {
   // Stages 1-2: every rank's shard to every rank (in the model's type), in place, each rank's
   // slot of slot_ values whole: the last shard's padding rides along (and a rank r whose shard
   // is empty, P ≤ r·slot_ — a model of fewer values than ranks — sends padding only).
-  if (stage_ == 1 || stage_ == 2)
+  if (overlap_gather_) {
+    start_param_gathers();
+  } else if (stage_ == 1 || stage_ == 2) {
     dp_.all_gather(params_.as(dt_).at(int64_t(dp_.rank()) * slot_), params_.as(dt_),
                    std::vector<int64_t>(size_t(dp_.size()), slot_));
+  }
+}
+
+void ShardedParams::start_param_gathers() {
+  finish_param_gathers();
+  // buckets_ runs from the last unit to the first: the forward's order is its reverse. Each
+  // gather is in place: this rank's part of the bucket is where the gathered bucket has it.
+  for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
+    const Ptr out = params_.as(dt_).at(b->begin);
+    const int64_t before_mine = std::max<int64_t>(0, shard_.begin - b->begin);
+    b->gather = dp_.iall_gather(out.at(std::min(before_mine, b->end - b->begin)), out, b->counts);
+    b->gathering = true;
+  }
+}
+
+void ShardedParams::finish_param_gathers() {
+  for (auto& b : buckets_)
+    if (b.gathering) {
+      b.gather.wait();
+      b.gathering = false;
+    }
+}
+
+int ShardedParams::param_gathers_in_flight() const {
+  return int(std::count_if(buckets_.begin(), buckets_.end(),
+                           [](const Bucket& b) { return b.gathering; }));
 }
 
 }  // namespace trellis

@@ -34,6 +34,16 @@
 // and two copies of it per step: nccl_link.cu.) Buckets are runs of whole units in backward
 // order of at least parallel.bucket_mb; each bucket's reduction starts as soon as its last
 // unit's gradient is released by the model, while backward goes on.
+//
+// The all-gather after each step at stages 1-2 (parallel.overlap_param_gather, the default) runs
+// bucket by bucket, in forward order, in place, while the next step's forward goes on: the
+// model's acquire_params of a unit waits for its bucket's gather only, so the first bucket's
+// gather is all a forward waits for on a fast enough link (the rest hide behind the layers
+// before them). A bucket inside one rank's shard is a broadcast from that rank (the NCCL link:
+// by_roots): serialised on one link, the buckets move Ψ where one even all-gather moves
+// (N − 1)/N·Ψ (twice as long at dp 2), so the overlap pays where the forward outlasts that.
+// Whatever reads or writes the parameters other than through acquire_params (AdamW, a load, a
+// checkpoint, the test gathers) first waits for every gather: finish_param_gathers.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -87,8 +97,15 @@ class ShardedParams : public ParamStore {
   /// ‖g‖₂ over all parameters of the model, replicated ones counted once (every rank gets the
   /// same value).
   double grad_norm();
-  /// AdamW on this rank's shard, then (stages 1, 2) all-gather the updated parameters.
+  /// AdamW on this rank's shard, then (stages 1, 2) all-gather the updated parameters: started
+  /// bucket by bucket and left in flight with parallel.overlap_param_gather, else waited for.
   void optimizer_step(double lr, double grad_scale);
+  /// Waits for the parameter gathers still in flight (a no-op without them). The trainer calls it
+  /// before work that is not a training step (an evaluation, the end of the run) so that their
+  /// traffic counts as the training's.
+  void finish_param_gathers();
+  /// How many buckets' parameter gathers are in flight (tests).
+  int param_gathers_in_flight() const;
 
   // ---- introspection ----
   int stage() const { return stage_; }
@@ -123,6 +140,8 @@ class ShardedParams : public ParamStore {
     std::vector<int64_t> counts;  // per dp rank: overlap of [begin, end) with its shard
     Request request;
     bool in_flight = false;
+    Request gather;  // stages 1-2 with overlap: the updated parameters of [begin, end)
+    bool gathering = false;
   };
   struct Gathered {  // stage 3: one unit's parameters, gathered (dt_)
     Buffer params;  // (the unit's elements) in dt_
@@ -135,6 +154,8 @@ class ShardedParams : public ParamStore {
   void complete_reduction(Bucket& b);
   void poll();  // completes whatever reductions have finished, frees their memory
   void start_gather(int unit);
+  /// Stages 1-2 with overlap: every bucket's parameter gather started, in forward order.
+  void start_param_gathers();
   /// This rank's held parameters [begin, begin + held) from fp32 host values (held: P, or the
   /// shard at stage 3; `values` point at element begin): the master weights and the model's copy.
   void set_params_from_host(const float* values);
@@ -166,6 +187,7 @@ class ShardedParams : public ParamStore {
   /// that the all-gather after each step has equal blocks (the last shard's tail is padding).
   int64_t slot_ = 0;
   bool last_micro_batch_ = true;
+  bool overlap_gather_;  // parallel.overlap_param_gather, at stages 1-2 over 2 ranks or more
 
   DType dt_;            // of the parameters the model reads (the backend's dtype())
   Buffer params_;       // stage 0: (P) all parameters; stages 1-2: (N · slot_) all, padded;

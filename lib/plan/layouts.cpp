@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "model/params.hpp"
 #include "parallel/schedule.hpp"
 #include "plan/flops.hpp"
 
@@ -128,15 +129,22 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const double psi = double(model_parameter_count(m)) / (p.tp * p.pp);
   const double backward_mb = compute_mb * 2.0 / 3.0;
   auto exposed = [](double comm, double hidden_behind) { return std::max(0.0, comm - hidden_behind); };
+  // Stages 1-2: the updated parameters all-gathered after the step — with overlap, bucket by
+  // bucket behind the next step's first forward, which waits for the first bucket (at most the
+  // embeddings and a bucket's worth of layers: parallel/zero.hpp) and whatever the forward does
+  // not hide.
+  const double embeddings = (double(vocab_rows_per_rank(m, p.tp)) + m.seq_len) * m.d_model;
+  const double first_bucket = std::min(psi, embeddings + p.bucket_mb * 1024 * 1024 / sizeof(float));
+  const double param_gather =
+      p.overlap_param_gather
+          ? std::max(dp.to_owners(first_bucket * param),
+                     exposed(dp.to_owners(psi * param), compute_mb / 3.0))
+          : dp.half(psi * param);
   if (p.dp > 1) {
     switch (p.zero) {
       case 0: t.dp = exposed(dp.all_reduce(psi * grad), backward_mb); break;
-      case 1:
-        t.dp = exposed(dp.to_owners(psi * grad), backward_mb) + dp.half(psi * param);
-        break;
-      case 2:
-        t.dp = mbs * exposed(dp.to_owners(psi * grad), backward_mb) + dp.half(psi * param);
-        break;
+      case 1: t.dp = exposed(dp.to_owners(psi * grad), backward_mb) + param_gather; break;
+      case 2: t.dp = mbs * exposed(dp.to_owners(psi * grad), backward_mb) + param_gather; break;
       default:
         t.dp = mbs * exposed(dp.to_owners(psi * grad) + 2 * dp.to_owners(psi * param),
                              compute_mb);

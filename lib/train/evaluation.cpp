@@ -63,6 +63,8 @@ CommStats Trainer::training_stats(size_t i) const {
 }
 
 void Trainer::aside_from_training(const std::function<void()>& work) {
+  // The last step's parameter gathers are the training's traffic, not this work's.
+  store_->finish_param_gathers();
   const std::vector<const Comm*> groups = comm_groups();
   std::vector<CommStats> before;
   for (const Comm* g : groups) before.push_back(g->stats());

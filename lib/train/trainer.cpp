@@ -433,6 +433,7 @@ double Trainer::run() {
     }
     if (stop) break;
   }
+  store_->finish_param_gathers();  // the last step's (its traffic in the end-of-run table)
   if (checkpointing_ && !stopped_early_ && saved != cfg_.train.steps && !history_.empty()) {
     ScopedTimer t(timers_, "checkpoint");
     checkpointer_->save(cfg_.train.steps);

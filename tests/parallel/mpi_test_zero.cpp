@@ -11,6 +11,7 @@
 #include "core/memory.hpp"
 #include "model/params.hpp"
 #include "mpi_util.hpp"
+#include "parallel/zero.hpp"
 #include "train/trainer.hpp"
 
 using namespace trellis;
@@ -162,8 +163,15 @@ TEST_P(ZeroLayouts, PayloadPerStepIsTheAlgorithms) {
   const TrainedRun r = train(MPI_COMM_WORLD, {"--parallel.zero=" + std::to_string(stage), "--train.steps=1",
                                        "--train.micro_batch=" + std::to_string(micro)});
   const double psi = double(r.psi);
-  // The all-gather after the step at stages 1-2: N equal slots of ⌈Ψ/N⌉ (the padding rides along).
-  const double gathered = double(n * ((r.psi + n - 1) / n));
+  // The all-gather after the step at stages 1-2: bucket by bucket (the default), Ψ; as one
+  // (parallel.overlap_param_gather = false), N equal slots of ⌈Ψ/N⌉ (the padding rides along).
+  const double gathered = psi;
+  if (stage == 1 || stage == 2) {
+    const TrainedRun one = train(MPI_COMM_WORLD, {"--parallel.zero=" + std::to_string(stage),
+                                                  "--train.steps=1", "--train.micro_batch=1",
+                                                  "--parallel.overlap_param_gather=false"});
+    EXPECT_EQ(one.dp.payload_values - r.dp.payload_values, double(n * ((r.psi + n - 1) / n)) - psi);
+  }
   // The unit gathered twice in forward: wte's rows, the vocabulary of 29 padded to 30
   // (model.vocab_multiple: model/params.hpp), and wpe's.
   ModelConfig vocab;
@@ -177,6 +185,52 @@ TEST_P(ZeroLayouts, PayloadPerStepIsTheAlgorithms) {
     case 3: expect = m * (psi + 2 * psi + embeddings) + 4; // + gathers in forward and backward
   }
   EXPECT_EQ(r.dp.payload_values, expect) << "Ψ = " << r.psi << ", " << m << " micro-batches, E = " << embeddings;
+}
+
+// Stages 1-2 gather the updated parameters bucket by bucket while the next forward runs: the
+// same bits as one all-gather at the end of the step, and the forward reads each unit only once
+// its bucket has arrived.
+TEST_P(ZeroLayouts, OverlappedParameterGatherGivesTheSameBits) {
+  const int stage = GetParam();
+  const int n = trellis::testing::world_size();
+  if (stage == 0 || stage == 3 || 8 % n != 0) GTEST_SKIP() << "stages 1-2";
+  for (int micro : {8 / n, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(stage) + ", micro_batch " + std::to_string(micro));
+    std::vector<std::string> o = {"--parallel.zero=" + std::to_string(stage),
+                                  "--train.micro_batch=" + std::to_string(micro), "--train.steps=6"};
+    const TrainedRun overlapped = train(MPI_COMM_WORLD, o);
+    o.push_back("--parallel.overlap_param_gather=false");
+    const TrainedRun whole = train(MPI_COMM_WORLD, o);
+    EXPECT_EQ(overlapped.losses, whole.losses);
+    EXPECT_EQ(overlapped.params, whole.params);
+  }
+}
+
+TEST_P(ZeroLayouts, ForwardWaitsForEachBucketsGather) {
+  const int stage = GetParam();
+  const int n = trellis::testing::world_size();
+  if (stage == 0 || stage == 3 || 8 % n != 0) GTEST_SKIP() << "stages 1-2";
+  Config cfg = load_config(deck_path(),
+                           {"--parallel.zero=" + std::to_string(stage),
+                            "--parallel.dp=" + std::to_string(n), "--train.steps=2"},
+                           n);
+  Trainer t(cfg, MPI_COMM_WORLD);
+  t.set_quiet(true);
+  t.train_step(0);
+  ShardedParams& store = t.params();
+  // Every bucket's gather left in flight (one rank has nothing to gather).
+  const std::vector<Unit>& units = t.model().table().units;
+  EXPECT_EQ(store.param_gathers_in_flight() > 0, n > 1);
+  // What the model reads of each unit, acquired in forward order before anything else waits...
+  std::vector<float> read(size_t(units.back().end), 0.0f);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const float* p = store.acquire_params(int(u)).f32();
+    std::copy(p, p + (units[u].end - units[u].begin), read.begin() + units[u].begin);
+    store.release_params(int(u));
+  }
+  EXPECT_EQ(store.param_gathers_in_flight(), 0);
+  // ...is every rank's updated shard.
+  EXPECT_EQ(read, store.gather_parameters());
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroLayouts, ::testing::Values(0, 1, 2, 3),

@@ -336,8 +336,9 @@ TEST(PlanLayouts, TensorParallelismAcrossNodesIsSlower) {
 
 // ZeRO's traffic, where no compute hides it: the gradient buckets (and stage 3's layer gathers)
 // go to or from the ranks whose shards they cover, Ψ·bytes/β + (g−1)·α, not an even
-// reduce-scatter's (g−1)/g of that (comm/nccl_link.hpp); the parameters' all-gather after a
-// stage 1-2 step is a ring's.
+// reduce-scatter's (g−1)/g of that (comm/nccl_link.hpp); so do the parameters' gathers after a
+// stage 1-2 step, bucket by bucket (parallel.overlap_param_gather), where one all-gather is a
+// ring's.
 TEST(PlanLayouts, ZeroTrafficIsWhatTheShardsMove) {
   DeviceModel dev;
   dev.per_node = 1;          // dp crosses nodes: the inter-node link
@@ -355,12 +356,37 @@ TEST(PlanLayouts, ZeroTrafficIsWhatTheShardsMove) {
       const double mbs = cfg.micro_batches_per_step();
       const double owners = 2 * psi / beta + (g - 1) * alpha;  // bf16: 2 bytes a value
       const double ring = (g - 1) / g * 2 * psi / beta + (g - 1) * alpha;
-      const double want = zero == 1   ? owners + ring
-                          : zero == 2 ? mbs * owners + ring
+      const double want = zero == 1   ? owners + owners
+                          : zero == 2 ? mbs * owners + owners
                                       : mbs * 3 * owners;
       const StepTime t = estimate_step_time(cfg, Precision::BF16_FULL, dev);
       EXPECT_NEAR(t.dp, want, 1e-9 * want);
+      Config whole = cfg;
+      whole.parallel.overlap_param_gather = false;
+      const StepTime w = estimate_step_time(whole, Precision::BF16_FULL, dev);
+      if (zero < 3) EXPECT_NEAR(w.dp, want - owners + ring, 1e-9 * want);
     }
+}
+
+// Where the forward outlasts the gathers (GPT-2 124M, ZeRO-1 over 8 devices across nodes), the
+// next step waits for the first bucket (the embeddings and a bucket of layers) only: less than
+// one all-gather of everything.
+TEST(PlanLayouts, OverlappedParameterGatherHidesBehindTheForward) {
+  DeviceModel dev;
+  dev.per_node = 1;
+  Config cfg = load_config("inputs/gpt2-124m.deck", {"--parallel.dp=8", "--parallel.zero=1"}, 8,
+                           false);
+  const double psi = double(model_parameter_count(cfg.model));
+  const double C = cfg.model.d_model;
+  const double first_bucket = double(ParamTable(cfg.model).vocab_local) * C +
+                              cfg.model.seq_len * C + cfg.parallel.bucket_mb * (1 << 20) / 4;
+  const double first = 2 * first_bucket / dev.inter_bw + 7 * dev.inter_latency;
+  const double overlapped = estimate_step_time(cfg, Precision::BF16_FULL, dev).dp;
+  cfg.parallel.overlap_param_gather = false;
+  const double whole = estimate_step_time(cfg, Precision::BF16_FULL, dev).dp;
+  const double ring = 7.0 / 8 * 2 * psi / dev.inter_bw + 7 * dev.inter_latency;
+  EXPECT_NEAR(overlapped - first, whole - ring, 1e-9 * whole);  // (the same gradient traffic)
+  EXPECT_LT(overlapped, whole);
 }
 
 TEST(PlanLayouts, Gpt3On1024DevicesFindsFittingLayouts) {
