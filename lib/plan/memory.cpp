@@ -243,6 +243,22 @@ const ParamTable& ParamTableCache::get(const ModelConfig& m, int tp, const Stage
   return *slot;
 }
 
+/// The host threads a CPU rank takes where system.threads is 0 (backend.cpp, default_cpu_threads):
+/// where the environment sets a BLAS thread count, OpenBLAS's — the first positive of
+/// OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS and OMP_NUM_THREADS, at most the cores (none: all of
+/// them) —, else the node's cores shared among its ranks.
+static int blas_threads(int ranks_on_node) {
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  bool set = false;
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) continue;
+    set = true;
+    if (std::atoi(v) > 0) return std::min(std::atoi(v), cores);
+  }
+  return set ? cores : std::max(1, cores / std::max(1, ranks_on_node));
+}
+
 MemoryOptions run_memory_options(const Config& cfg, int ranks_on_node) {
   MemoryOptions opt;
   opt.precision = parse_precision(cfg.system.precision);
@@ -253,12 +269,7 @@ MemoryOptions run_memory_options(const Config& cfg, int ranks_on_node) {
   opt.cudnn_attention = cuda.tc_attention < 0 && cuda.cudnn;  // (the checked default only)
   opt.cudnn_deterministic = cuda.cudnn_deterministic;
   opt.gelu_epilogue = cuda.gelu_epilogue;
-  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
-  opt.threads = cfg.system.threads > 0 ? cfg.system.threads
-                : blas && std::atoi(blas) > 0
-                    ? std::atoi(blas)
-                    : std::max(1, int(std::thread::hardware_concurrency()) /
-                                      std::max(1, ranks_on_node));
+  opt.threads = cfg.system.threads > 0 ? cfg.system.threads : blas_threads(ranks_on_node);
   return opt;
 }
 

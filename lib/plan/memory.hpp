@@ -116,8 +116,9 @@ struct MemoryOptions {
 /// GPU where system.backend is cuda (tc_attention, cudnn_attention and gelu_epilogue as that
 /// backend chooses its kernels from the environment: TRELLIS_TC_ATTENTION, TRELLIS_CUDNN — cuDNN
 /// taken to be there —, TRELLIS_CUDNN_DETERMINISTIC, TRELLIS_GELU_EPILOGUE), the CPU attention
-/// scratch of system.threads (else $OPENBLAS_NUM_THREADS, else the node's cores shared among its
-/// `ranks_on_node` ranks, as a rank started unbound takes them).
+/// scratch of system.threads (else the count OpenBLAS takes from $OPENBLAS_NUM_THREADS,
+/// $GOTO_NUM_THREADS or $OMP_NUM_THREADS, at most the cores, else the node's cores shared among
+/// its `ranks_on_node` ranks, as a rank started unbound takes them).
 MemoryOptions run_memory_options(const Config& cfg, int ranks_on_node = 1);
 /// The same for a run on `backend` as it is: its host threads (the CPU's attention scratch), its
 /// device's multiprocessors (the layer norm's partial sums) and where its bf16 attention runs

@@ -47,7 +47,8 @@ options (defaults in brackets):
   --reserve SIZE         memory per device that is not the plan's (CUDA context, NCCL, allocator)
                          [2GiB on GPUs, 0 on the CPU]
   --threads N            fp32: threads of the CPU attention backward (its scratch) [system.threads,
-                         else $OPENBLAS_NUM_THREADS, else the cores over the ranks a node]
+                         else OpenBLAS's from $OPENBLAS_NUM_THREADS, $GOTO_NUM_THREADS or
+                         $OMP_NUM_THREADS (at most the cores), else the cores over the ranks a node]
   --top N                layouts shown [20]
   --json PATH            also write the deck layout's plan as JSON (peak bytes per rank and kind)
 )";
@@ -443,6 +444,13 @@ int plan_main(const std::vector<std::string>& args) {
                   req.devices);
     } else {
       const std::vector<RankMemory> stages = layout_memory(cfg, req.memory);
+      // (A layout set in full by the deck or the command line is planned as set: the job that
+      // runs it starts its dp·tp·pp ranks, whatever --gpus says of the layouts ranked below.)
+      if (deck_world != req.devices)
+        std::printf("note: the deck's layout takes %d rank(s), not the %d of --gpus: the table "
+                    "and the step estimate below are for its own %d%s\n",
+                    deck_world, req.devices, deck_world,
+                    o.json.empty() ? "" : strfmt(", and so is %s", o.json.c_str()).c_str());
       std::fputs(memory_table(cfg, stages, d.usable()).c_str(), stdout);
       std::fputs(formulas_line(cfg, req.precision).c_str(), stdout);
       std::fputs(host_line(cfg, stages, req.memory.device).c_str(), stdout);

@@ -152,6 +152,9 @@ mkfifo "$work/fifo.json"  # (opened for writing, it waited for a reader for ever
 rc=$(timeout 60 "$build/trellis" plan "$work/tiny.deck" --json "$work/fifo.json" > "$work/out.log" 2>&1; echo $?)
 check "--json a FIFO no process reads: status 2 at once, naming it" \
   '[ $rc -eq 2 ] && grep -q -- "--json $work/fifo.json: cannot write the file: a FIFO that no process reads" "$work/out.log"'
+rc=$(run_plan "$work/tiny.deck" --gpus 2 --parallel.dp=4 --train.micro_batch=1 --json "$work/dp4.json")
+check "a layout set for 4 ranks, --gpus 2: planned as set, said so before its table" \
+  '[ $rc -eq 0 ] && grep -q "note: the deck.s layout takes 4 rank(s), not the 2 of --gpus: .* its own 4, and so is $work/dp4.json" "$work/out.log" && grep -q "dp 4" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 80gigs)
 check "bad --gpu-mem: status 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--gpu-mem" "$work/out.log"'
 rc=$(run_plan "$work/tiny.deck" --gpu-mem 0.5)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_backend.hpp"
@@ -15,6 +16,7 @@
 #include "plan/layouts.hpp"
 #include "plan/memory.hpp"
 #include "plan/plan_main.hpp"
+#include "scoped_env.hpp"
 #include "train/trainer.hpp"
 #include "train/tune.hpp"
 
@@ -306,6 +308,30 @@ TEST(PlanMemory, Zero3GathersNeighboursOfOneChunk) {
     const double held = stage == 0 ? block + embeddings : block + 2 * C + head;
     EXPECT_DOUBLE_EQ(r.params.bytes, 4 * (shard + held));
   }
+}
+
+// The CPU's attention scratch grows with the threads: the plan takes the count OpenBLAS takes
+// where the environment sets one (the backend then leaves it to OpenBLAS): the first positive of
+// three variables, at most the cores. (A tester found OMP_NUM_THREADS=1 planned as 2 threads.)
+TEST(PlanMemory, ThreadsAreOpenBlassWhereTheEnvironmentSetsThem) {
+  const Config cfg = load_config("inputs/default.deck", {}, 1);
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  struct Case {
+    const char *openblas, *goto_, *omp;
+    int threads;
+  };
+  for (const Case& c : {Case{nullptr, nullptr, "1", 1}, Case{"100000", nullptr, nullptr, cores},
+                        Case{nullptr, "1", "7", 1}, Case{"0", nullptr, "1", 1},
+                        Case{"0", nullptr, nullptr, cores}, Case{"1", "5", "7", 1}}) {
+    SCOPED_TRACE(::testing::Message() << (c.openblas ? c.openblas : "-") << " "
+                                      << (c.goto_ ? c.goto_ : "-") << " " << (c.omp ? c.omp : "-"));
+    ScopedEnv a("OPENBLAS_NUM_THREADS", c.openblas), b("GOTO_NUM_THREADS", c.goto_),
+        o("OMP_NUM_THREADS", c.omp);
+    EXPECT_EQ(run_memory_options(cfg, 1).threads, c.threads);
+  }
+  ScopedEnv a("OPENBLAS_NUM_THREADS", nullptr), b("GOTO_NUM_THREADS", nullptr),
+      o("OMP_NUM_THREADS", nullptr);
+  EXPECT_EQ(run_memory_options(cfg, 2).threads, std::max(1, cores / 2));  // unbound ranks' share
 }
 
 TEST(PlanLayouts, GroupPlacementFollowsTheOrder) {
