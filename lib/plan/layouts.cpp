@@ -167,6 +167,8 @@ std::string LayoutPlan::overrides() const {
   else if (schedule_fallback)
     s += " --parallel.virtual_stages=1";
   if (stage_layers_cleared) s += " --parallel.stage_layers=";
+  if ((p.zero == 1 || p.zero == 2) && p.dp > 1)
+    s += strfmt(" --parallel.overlap_param_gather=%s", p.overlap_param_gather ? "true" : "false");
   return s;
 }
 
@@ -179,6 +181,15 @@ LayoutPlan evaluate_layout(const Config& cfg, const PlanRequest& req, bool fits_
   const DeviceModel& dev = req.device;
   L.fits = L.memory.total() <= dev.usable();
   L.time = estimate_step_time(cfg, req.precision, dev);
+  if ((cfg.parallel.zero == 1 || cfg.parallel.zero == 2) && cfg.parallel.dp > 1) {
+    // The parameters' gathers after the step: bucket by bucket behind the next forward, or one
+    // all-gather of (N − 1)/N of their bytes at the step's end — whichever the estimate finds
+    // faster (the latter where the forward is too short to hide the former).
+    Config other = cfg;
+    other.parallel.overlap_param_gather = !cfg.parallel.overlap_param_gather;
+    const StepTime t = estimate_step_time(other, req.precision, dev);
+    if (t.total() < L.time.total()) L.cfg = other, L.time = t;
+  }
   const double step_tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   L.tokens_per_s = step_tokens / L.time.total();
   L.mfu = train_flops_per_token(cfg.model) * L.tokens_per_s /

@@ -413,6 +413,25 @@ TEST(PlanLayouts, OverlappedParameterGatherHidesBehindTheForward) {
   const double ring = 7.0 / 8 * 2 * psi / dev.inter_bw + 7 * dev.inter_latency;
   EXPECT_NEAR(overlapped - first, whole - ring, 1e-9 * whole);  // (the same gradient traffic)
   EXPECT_LT(overlapped, whole);
+
+  // A layout's plan takes the faster of the two, and its overrides say which: the overlap here;
+  // one all-gather where compute hides nothing.
+  PlanRequest req;
+  req.device = dev;
+  req.precision = Precision::BF16_FULL;
+  cfg.parallel.overlap_param_gather = false;  // (the deck's choice does not decide)
+  LayoutPlan L = evaluate_layout(cfg, req, false);
+  EXPECT_TRUE(L.cfg.parallel.overlap_param_gather);
+  EXPECT_NE(L.overrides().find("--parallel.overlap_param_gather=true"), std::string::npos);
+  EXPECT_DOUBLE_EQ(L.time.dp, overlapped);
+  req.device.peak_flops = 1e30;
+  cfg.parallel.overlap_param_gather = true;
+  L = evaluate_layout(cfg, req, false);
+  EXPECT_FALSE(L.cfg.parallel.overlap_param_gather);
+  EXPECT_NE(L.overrides().find("--parallel.overlap_param_gather=false"), std::string::npos);
+  cfg.parallel.zero = 3;  // (no gather after the step to choose for)
+  EXPECT_EQ(evaluate_layout(cfg, req, false).overrides().find("overlap_param_gather"),
+            std::string::npos);
 }
 
 TEST(PlanLayouts, Gpt3On1024DevicesFindsFittingLayouts) {
