@@ -43,7 +43,9 @@
 //                      It lies inside the in-flight time.
 //   in flight − blocked is the communication hidden behind computation. An interval enters the
 //   in-flight time when its last request completes: read the statistics with no request open
-//   (the trainer reads them between steps, when every request has been waited for). A pipeline
+//   (the end-of-run table reads them once every request has been waited for; between steps
+//   ZeRO 1-2's parameter gathers are still in flight, and their interval counts when they
+//   complete, during the next step's forward). A pipeline
 //   receive is waited for as soon as it is posted, so its time (blocked and in flight alike)
 //   includes the neighbour's computation it waits for — the pipeline's wait in the time table,
 //   not the wire's.
