@@ -130,15 +130,24 @@ StepTime estimate_step_time(const Config& cfg, Precision precision, const Device
   const double backward_mb = compute_mb * 2.0 / 3.0;
   auto exposed = [](double comm, double hidden_behind) { return std::max(0.0, comm - hidden_behind); };
   // Stages 1-2: the updated parameters all-gathered after the step — with overlap, bucket by
-  // bucket behind the next step's first forward, which waits for the first bucket (at most the
-  // embeddings and a bucket's worth of layers: parallel/zero.hpp) and whatever the forward does
-  // not hide.
+  // bucket (a broadcast each, its latency each) behind the next step's first forward
+  // (parallel/zero.hpp). That forward waits for the first bucket (at most the embeddings and a
+  // bucket's worth of layers) and for the last (the last layers' and the final LayerNorm's),
+  // which only the blocks before the last bucket's can hide — not the head, not recomputation.
+  const double bucket = p.bucket_mb * 1024 * 1024 / sizeof(float);
   const double embeddings = (double(vocab_rows_per_rank(m, p.tp)) + m.seq_len) * m.d_model;
-  const double first_bucket = std::min(psi, embeddings + p.bucket_mb * 1024 * 1024 / sizeof(float));
+  const double first_bucket = std::min(psi, embeddings + bucket);
+  // (a block's matmul weights on this tp rank: block_flops_per_token's 6 per weight, less attention)
+  const double block_weights = (block_flops_per_token(m) - 12.0 * m.seq_len * m.d_model) / 6 / p.tp;
+  const int last_bucket_blocks = std::min(stage_blocks, int(std::ceil(bucket / block_weights)));
+  const int buckets = 1 + (stage_blocks + last_bucket_blocks - 1) / std::max(1, last_bucket_blocks);
+  const double forward_before_last = double(stage_blocks - last_bucket_blocks) *
+                                     block_flops_per_token(m) / 3.0 * tokens / p.tp /
+                                     (dev.peak_flops * dev.efficiency);
+  const double all_buckets = dp.to_owners(psi * param) + (buckets - 1) * (p.dp - 1) * dp.latency;
   const double param_gather =
       p.overlap_param_gather
-          ? std::max(dp.to_owners(first_bucket * param),
-                     exposed(dp.to_owners(psi * param), compute_mb / 3.0))
+          ? std::max(dp.to_owners(first_bucket * param), all_buckets - forward_before_last)
           : dp.half(psi * param);
   if (p.dp > 1) {
     switch (p.zero) {

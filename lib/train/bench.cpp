@@ -158,10 +158,19 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // median round rather than lengthening each round.
   const int per_round = kStepsPerRound;
   // A step is the job's: its slowest rank's (the next step waits for it), as the log's steps are.
+  // ZeRO 1-2's parameter gathers run behind the next step's forward (parallel/zero.hpp): a step
+  // timed alone would leave its own gathers out and find its predecessor's long done (during the
+  // sgemm sample, which they would slow). Where they are in flight, each timed step is the second
+  // of two back to back, waiting for the first's as every step of a training does, and the
+  // gathers are waited for, untimed, before anything else runs.
+  const bool gathers_in_flight = trainer.params().param_gathers_in_flight() > 0;
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
-    for (int i = 0; i < steps; ++i)
+    for (int i = 0; i < steps; ++i) {
+      if (gathers_in_flight) trainer.train_step(step++);
       ms = std::min(ms, min_avg_max(world.comm(), trainer.train_step(step++).seconds * 1e3).max);
+      trainer.params().finish_param_gathers();
+    }
     return ms;
   };
   struct Round {
@@ -271,7 +280,8 @@ const char* const kBenchUsage =
     "  the same backend, round by round, and prints the table and one `bench:` line\n"
     "  (step_ms, tokens_per_s, gflops, the ratio to sgemm, peak and planned bytes, mfu). Rounds\n"
     "  of 3 steps: train.steps / 3 of them where --train.steps is given, else at most 9 (a\n"
-    "  deck's train.steps is a training's length). Training\n"
+    "  deck's train.steps is a training's length); at ZeRO 1-2 over several ranks each timed\n"
+    "  step follows an untimed one, whose parameter gathers it waits for as in training. Training\n"
     "  steps only: no checkpoints, no held-out evaluation, nothing written. Deck keys: trellis\n"
     "  train --help. With a kernel profile (TRELLIS_CUDA_PROFILE=1) the timed steps run without\n"
     "  it and as many steps after them with it: the profile is theirs, and profiled_step_ms their\n"

@@ -133,13 +133,14 @@ check "bench: the planned peak within 10 % of the measured one" \
   '[ -n "$peak" ] && [ -n "$planned" ] && awk -v m="$peak" -v p="$planned" "BEGIN { d = p - m; if (d < 0) d = -d; exit !(m > 0 && d <= 0.1 * m) }"'
 # SIGUSR1 (a batch system's stop signal for training jobs) reaching a bench, which has no
 # checkpoint to write: said on stderr by each rank, the bench goes on and ends with status 0 and
-# its line. Each step made to last 50 ms (TRELLIS_FAULT_STEP_MS, outside the steps' times).
+# its line. Each step made to last 50 ms (TRELLIS_FAULT_STEP_MS, outside the steps' times). At
+# ZeRO 1: each timed step after an untimed one (the parameter gathers in flight between steps).
 check_log="$work/usr1.log"
 timeout 120 mpirun "${flags[@]}" -x TRELLIS_FAULT_STEP_MS=50 -np 2 "$build/trellis" bench \
-  "$work/tiny.deck" --train.steps=40 > "$work/usr1.log" 2>&1 &
+  "$work/tiny.deck" --train.steps=40 --parallel.zero=1 > "$work/usr1.log" 2>&1 &
 job=$!
-wait_until_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40" "" "" 2 &&
-  sleep 0.5 && signal_when_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40"
+wait_until_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40 --parallel.zero=1" "" "" 2 &&
+  sleep 0.5 && signal_when_caught USR1 "$build/trellis bench $work/tiny.deck --train.steps=40 --parallel.zero=1"
 wait $job
 rc=$?
 check "SIGUSR1 to both ranks of a running bench: said by each, ignored, status 0 with its bench: line" \
