@@ -1,5 +1,6 @@
 // trellis — trains GPT-style transformers as an HPC job. This file only reads the subcommand and
-// hands over to lib/: `train` → lib/train/trainer.cpp (Trainer::train_step is one step);
+// hands over to lib/: `train` → lib/train/train_main.cpp (the job's set-up), whose Trainer
+// (lib/train/trainer.cpp) trains: Trainer::train_step is one step;
 // `plan` → lib/plan/plan_main.cpp, `tune` → lib/train/tune.cpp, `eval` →
 // lib/train/evaluation.cpp, `generate` → lib/infer/generate.cpp, `export` → lib/ckpt/export_hf.cpp.
 #include <Kokkos_Core.hpp>
