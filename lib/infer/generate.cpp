@@ -131,6 +131,13 @@ std::vector<int32_t> prompt_tokens(GenerateOptions& o, const Config& cfg) {
                       cfg.data.source + ", not bytes of text; give its token ids with --prompt-ids");
     for (unsigned char c : o.prompt) ids.push_back(c);
     if (ids.empty()) throw UserError("--prompt: empty; give at least one character");
+    // (A text model's vocab holds every byte, which training checks; a checkpoint whose stored
+    // deck says otherwise would have each byte past it embedded as zeros, silently.)
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] >= cfg.model.vocab)
+        throw UserError(strfmt("--prompt: byte %zu is %d, not a token id of the model's vocabulary "
+                               "[0, %d) (model.vocab of the checkpoint's deck)",
+                               i, ids[i], cfg.model.vocab));
   } else {
     // getline drops a last empty item: "3,1," would pass as "3,1", though ",3" and "3,,1" do not.
     if (!o.prompt_ids.empty() && o.prompt_ids.back() == ',')
