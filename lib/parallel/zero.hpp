@@ -104,8 +104,12 @@ class ShardedParams : public ParamStore {
   /// before work that is not a training step (an evaluation, the end of the run) so that their
   /// traffic counts as the training's.
   void finish_param_gathers();
-  /// How many buckets' parameter gathers are in flight (tests).
+  /// How many buckets' parameter gathers are in flight (tests; ranks may differ: a poll that found
+  /// some done marks them so).
   int param_gathers_in_flight() const;
+  /// Whether optimizer_step leaves parameter gathers in flight (the same on every rank: stages 1-2
+  /// over 2 ranks or more, with parallel.overlap_param_gather).
+  bool overlaps_param_gathers() const { return overlap_gather_; }
 
   // ---- introspection ----
   int stage() const { return stage_; }

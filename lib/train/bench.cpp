@@ -163,7 +163,8 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // sgemm sample, which they would slow). Where they are in flight, each timed step is the second
   // of two back to back, waiting for the first's as every step of a training does, and the
   // gathers are waited for, untimed, before anything else runs.
-  const bool gathers_in_flight = trainer.params().param_gathers_in_flight() > 0;
+  // (Decided by the layout, the same on every rank: a poll may have found one rank's gathers done.)
+  const bool gathers_in_flight = trainer.params().overlaps_param_gathers();
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
     for (int i = 0; i < steps; ++i) {

@@ -145,6 +145,14 @@ wait $job
 rc=$?
 check "SIGUSR1 to both ranks of a running bench: said by each, ignored, status 0 with its bench: line" \
   '[ $rc -eq 0 ] && [ "$(grep -c "^trellis bench: SIGUSR1 ignored: it stops a training run" "$work/usr1.log")" -eq 2 ] && grep -q "^bench: " "$work/usr1.log"'
+# ZeRO 1 under a pipeline: each rank decides alike whether a timed step follows an untimed one
+# (it once asked whether its own gathers were still in flight, which the first stage's tied-weight
+# send could have polled to done: the stages then ran different steps and the bench hung).
+check_log="$work/bench-pp.log"
+rc=$(timeout 120 mpirun "${flags[@]}" -np 4 "$build/trellis" bench "$work/tiny.deck" --parallel.dp=2 \
+  --parallel.pp=2 --parallel.zero=1 --train.steps=6 > "$work/bench-pp.log" 2>&1; echo $?)
+check "bench of dp 2 x pp 2 at ZeRO 1: status 0 with its bench: line, no hang" \
+  '[ $rc -eq 0 ] && grep -q "^bench: " "$work/bench-pp.log"'
 check_log="$work/out.log"
 
 # Bad input: status 2 and a message naming the option or key.
