@@ -160,15 +160,14 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   // A step is the job's: its slowest rank's (the next step waits for it), as the log's steps are.
   // ZeRO 1-2's parameter gathers run behind the next step's forward (parallel/zero.hpp): a step
   // timed alone would leave its own gathers out and find its predecessor's long done (during the
-  // sgemm sample, which they would slow). Where they are in flight, each timed step is the second
-  // of two back to back, waiting for the first's as every step of a training does, and the
-  // gathers are waited for, untimed, before anything else runs.
-  // (Decided by the layout, the same on every rank: a poll may have found one rank's gathers done.)
-  const bool gathers_in_flight = trainer.params().overlaps_param_gathers();
+  // sgemm sample, which they would slow). Where the layout overlaps them (the same on every rank),
+  // each timed step is the second of two back to back, waiting for the first's as every step of
+  // a training does, and the gathers are waited for, untimed, before anything else runs.
+  const bool overlapped_gathers = trainer.params().overlaps_param_gathers();
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
     for (int i = 0; i < steps; ++i) {
-      if (gathers_in_flight) trainer.train_step(step++);
+      if (overlapped_gathers) trainer.train_step(step++);
       ms = std::min(ms, min_avg_max(world.comm(), trainer.train_step(step++).seconds * 1e3).max);
       trainer.params().finish_param_gathers();
     }
