@@ -1,8 +1,10 @@
-// What the data module's tests share: a synthetic source of given settings, every token of a
-// source, and the check that a call fails with a UserError naming what it should.
+// What the data module's tests share: a synthetic source of given settings, text and token-shard
+// sources of files they write, every token of a source, and the check that a call fails with a
+// UserError naming what it should.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +29,33 @@ inline std::unique_ptr<TokenSource> synthetic(uint64_t seed, int vocab, int orde
   d.synthetic_branching = branching;
   d.synthetic_alpha = alpha;
   d.synthetic_seed = seed;
+  ModelConfig m;
+  m.vocab = vocab;
+  return make_token_source(d, m);
+}
+
+inline void write_bytes(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(data), std::streamsize(n));
+}
+
+inline void write_raw(const std::string& path, const std::vector<uint16_t>& toks) {
+  write_bytes(path, toks.data(), toks.size() * 2);
+}
+
+inline std::unique_ptr<TokenSource> tokens_source(const std::string& glob, int vocab = 1000) {
+  DataConfig d;
+  d.source = "tokens";
+  d.path = glob;
+  ModelConfig m;
+  m.vocab = vocab;
+  return make_token_source(d, m);
+}
+
+inline std::unique_ptr<TokenSource> text_source(const std::string& path, int vocab = 256) {
+  DataConfig d;
+  d.source = "text";
+  d.path = path;
   ModelConfig m;
   m.vocab = vocab;
   return make_token_source(d, m);
