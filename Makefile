@@ -56,7 +56,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      := $(shell command -v $(CUDA_HOME)/bin/nvcc 2>/dev/null || command -v nvcc 2>/dev/null)
 NCCL_HOME ?= $(CUDA_HOME)
 HAVE_CUDA := $(if $(NVCC),1,)
-# NCCL: its header is enough to build the link; libnccl.so.2 is opened at run time (nccl_link.cu).
+# NCCL: its header is enough to build the link; libnccl.so.2 is opened at run time (lib/comm/nccl_api.cu).
 HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,)
 
 # Where nvcc exists the CUDA backend (lib/**/*.cu) is always built, so that every build proves it
@@ -69,14 +69,14 @@ ifneq ($(HAVE_CUDA),)
   CU_SRC   := $(shell find lib -name '*.cu' | sort)
   CPPFLAGS += -DTRELLIS_HAVE_CUDA=1
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
-  # The NCCL device link (lib/comm/nccl_link.cu) where NCCL exists; it includes mpi.h too.
+  # The NCCL device link (lib/comm/nccl_*.cu) where NCCL exists; it includes mpi.h too.
   ifneq ($(HAVE_NCCL),)
     CPPFLAGS  += -DTRELLIS_HAVE_NCCL=1
     NVCCFLAGS += -DOMPI_SKIP_MPICXX=1 -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi \
                  -isystem $(NCCL_HOME)/include
     LDLIBS    += -Wl,-rpath,$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -ldl
   else
-    CU_SRC := $(filter-out lib/comm/nccl_link.cu,$(CU_SRC))
+    CU_SRC := $(filter-out lib/comm/nccl_%.cu,$(CU_SRC))
   endif
 endif
 

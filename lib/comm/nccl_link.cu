@@ -1,183 +1,26 @@
 // The NCCL device link (nccl_link.hpp says what it does and why). Compiled where nvcc and NCCL's
-// header exist; run on one GPU only so far (README, GPUs), never between two.
-//
-// libnccl.so.2 is opened at run time (dlopen), not linked: the binaries start — and train on one
-// GPU, or on several with the staged link — on a machine without NCCL (the GPU bundle does not
-// carry its 200+ MB), and any NCCL from 2.10 on serves (its C ABI is stable; 2.10 brought
-// ncclBfloat16, which bf16 buffers and the bf16 wire need).
+// header exist; run on one GPU only so far (README, GPUs), never between two. NCCL's functions,
+// opened at run time, and the checks around them: nccl_api.cuh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <functional>
 #include <map>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/nccl_api.cuh"
 #include "comm/nccl_link.hpp"
 #include "core/error.hpp"
-#include "core/shared_library.hpp"
 
 namespace trellis {
 
 namespace {
 
-/// The NCCL functions this link calls, from libnccl.so.2 (or TRELLIS_NCCL_LIBRARY).
-struct NcclApi {
-  const char* (*GetErrorString)(ncclResult_t);
-  ncclResult_t (*GetVersion)(int*);
-  ncclResult_t (*GetUniqueId)(ncclUniqueId*);
-  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
-  ncclResult_t (*CommDestroy)(ncclComm_t);
-  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
-  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                            cudaStream_t);
-  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                ncclComm_t, cudaStream_t);
-  ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
-                         cudaStream_t);
-  ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                            cudaStream_t);
-  ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*GroupStart)();
-  ncclResult_t (*GroupEnd)();
-  std::string error;  // why it could not be loaded; empty when every function is there
-};
-
-/// The oldest NCCL the link takes: 2.10.0 (ncclBfloat16), as NCCL_VERSION_CODE spells it.
-constexpr int kOldestNccl = 21000;
-
-/// "2.21.5" from NCCL_VERSION_CODE: X·1000 + Y·100 + Z up to 2.8, X·10000 + Y·100 + Z after.
-std::string nccl_version_name(int code) {
-  const bool before_2_9 = code < 10000;
-  const int major = before_2_9 ? code / 1000 : code / 10000;
-  const int minor = before_2_9 ? code / 100 % 10 : code / 100 % 100;
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
-}
-
-/// Every function from `file`, or the reason it cannot be used in .error.
-NcclApi load_nccl(const std::string& file) {
-  NcclApi a{};
-  SharedLibrary lib(file, "an NCCL library", RTLD_NOW | RTLD_GLOBAL);
-  auto get = [&](auto& fn, const char* name) { lib.get(fn, name); };
-  get(a.GetErrorString, "ncclGetErrorString");
-  get(a.GetVersion, "ncclGetVersion");
-  get(a.GetUniqueId, "ncclGetUniqueId");
-  get(a.CommInitRank, "ncclCommInitRank");
-  get(a.CommDestroy, "ncclCommDestroy");
-  get(a.CommGetAsyncError, "ncclCommGetAsyncError");
-  get(a.AllReduce, "ncclAllReduce");
-  get(a.ReduceScatter, "ncclReduceScatter");
-  get(a.Reduce, "ncclReduce");
-  get(a.AllGather, "ncclAllGather");
-  get(a.Broadcast, "ncclBroadcast");
-  get(a.Send, "ncclSend");
-  get(a.Recv, "ncclRecv");
-  get(a.GroupStart, "ncclGroupStart");
-  get(a.GroupEnd, "ncclGroupEnd");
-  a.error = lib.finish();
-  int version = 0;
-  if (a.error.empty() && a.GetVersion(&version) != ncclSuccess)
-    a.error = file + ": ncclGetVersion failed";
-  else if (a.error.empty() && version < kOldestNccl)
-    a.error = file + " is NCCL " + nccl_version_name(version) +
-              ", older than 2.10 (the first with ncclBfloat16, which the link needs)";
-  return a;
-}
-
-/// libnccl.so.2 (or TRELLIS_NCCL_LIBRARY), loaded once per process.
-const NcclApi& nccl() {
-  static const NcclApi api = [] {
-    const char* env = std::getenv("TRELLIS_NCCL_LIBRARY");
-    // NCCL ≥ 2.22 connects peers and allocates their buffers (cudaMalloc) at a communicator's
-    // first collective, mid-step, where the backend's stream-ordered pool may by then hold the
-    // memory it needs: connecting at ncclCommInitRank, before the pool grows, leaves any want of
-    // memory to the backend's allocator, which says what ran out. (An explicit setting stays.)
-    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
-    return load_nccl(env && *env ? env : "libnccl.so.2");
-  }();
-  return api;
-}
-
-void cuda_ok(cudaError_t e, const char* what) {
-  TRELLIS_CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
-}
-void nccl_ok(ncclResult_t r, const char* what) {
-  TRELLIS_CHECK(r == ncclSuccess, "%s: %s", what, nccl().GetErrorString(r));
-}
-#define CUDA_OK(call) cuda_ok((call), #call)
-#define NCCL_OK(call) nccl_ok((call), #call)
-
-/// Set once a communicator has reported an asynchronous error: from then on the destructors that
-/// would wait for NCCL's kernels (which never finish) leave them, while the error ends the run.
-std::atomic<bool> nccl_failed{false};
-
-/// Throws where `comm` (null: none) reports an asynchronous error: a peer's process gone, a
-/// connection broken. NCCL's kernels then never finish, and only the communicator says why.
-void check_async(ncclComm_t comm, const std::string& group) {
-  if (!comm) return;
-  ncclResult_t state = ncclSuccess;
-  NCCL_OK(nccl().CommGetAsyncError(comm, &state));
-  const bool healthy = state == ncclSuccess || state == ncclInProgress;
-  if (!healthy) nccl_failed = true;
-  TRELLIS_CHECK(healthy,
-                "NCCL link on '%s': %s (NCCL's asynchronous error: a rank of the group failed or "
-                "a connection between ranks broke)",
-                group.c_str(), nccl().GetErrorString(state));
-}
-
-/// A kernel launch's error (cudaGetLastError, a query's "not ready" being none: see passed).
-cudaError_t launch_error() {
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaErrorNotReady ? cudaSuccess : e;
-}
-
-/// Whether `event` has passed (never blocks); throws on `comm`'s asynchronous error.
-bool passed(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
-  check_async(comm, group);
-  const cudaError_t e = cudaEventQuery(event);
-  if (e == cudaErrorNotReady) {
-    // (a "not ready" stays the thread's last error on some runtimes, for the next launch's check
-    // to take for its own failure: taken back here, and only it)
-    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-    return false;
-  }
-  CUDA_OK(e);
-  return true;
-}
-
-/// Waits for `event`, asking `comm` for an asynchronous error meanwhile (cudaEventSynchronize
-/// would wait forever for a collective whose peer is gone).
-void wait_for(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
-  while (!passed(event, comm, group)) std::this_thread::yield();
-}
-
-/// ncclGroupStart() now; ncclGroupEnd() by end(), or at the end of the scope where a call between
-/// threw (an open group would defer every later NCCL call of this thread).
-class NcclGroup {
- public:
-  NcclGroup() { NCCL_OK(nccl().GroupStart()); }
-  NcclGroup(const NcclGroup&) = delete;
-  NcclGroup& operator=(const NcclGroup&) = delete;
-  void end() {
-    open_ = false;
-    NCCL_OK(nccl().GroupEnd());
-  }
-  ~NcclGroup() {
-    if (open_) nccl().GroupEnd();
-  }
-
- private:
-  bool open_ = true;
-};
+using namespace nccl_api;
 
 /// The largest of the counts, and whether they are all equal to it (NCCL's own layout).
 struct Blocks {
@@ -600,18 +443,6 @@ NcclLink::~NcclLink() {
 }
 
 }  // namespace
-
-bool nccl_library_usable(const std::string& file, std::string* why) {
-  const NcclApi api = load_nccl(file);
-  if (why) *why = api.error;
-  return api.error.empty();
-}
-
-bool nccl_available(std::string* why) {
-  const NcclApi& api = nccl();
-  if (why) *why = api.error;
-  return api.error.empty();
-}
 
 std::unique_ptr<DeviceLink> make_nccl_link(MPI_Comm comm, const std::string& name, int device,
                                            void* compute_stream, bool point_to_point,

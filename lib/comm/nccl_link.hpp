@@ -1,7 +1,7 @@
 // The NCCL device link: collectives and point-to-point messages on device memory through NCCL,
 // on streams of its own. The door from C++ code into it: no CUDA or NCCL header here. Built only
 // where nvcc and NCCL's header were found (TRELLIS_HAVE_NCCL; Makefile); the library itself
-// is opened at run time (nccl_link.cu), so binaries run where it is missing.
+// is opened at run time (nccl_api.cu), so binaries run where it is missing.
 //
 //   - one ncclComm_t for the group's collectives, created from a unique id that the group's rank
 //     0 draws and broadcasts over the group's MPI communicator; its own stream. A group of one

@@ -1,5 +1,5 @@
 // A shared library opened at run time (dlopen) rather than linked, so that the binaries start
-// on machines without it: NCCL (comm/nccl_link.cu) and cuDNN (backend/cuda/cudnn_attention.cu).
+// on machines without it: NCCL (comm/nccl_api.cu) and cuDNN (backend/cuda/cudnn_attention.cu).
 // A library whose every function was found stays open for the life of the process.
 #pragma once
 #include <dlfcn.h>

@@ -1,5 +1,5 @@
 // The emulated GPU's NCCL (build/emu/libnccl-emu.so, which the emulated build's NCCL link opens
-// in place of libnccl.so.2): the functions lib/comm/nccl_link.cu calls, over MPI between the
+// in place of libnccl.so.2): the functions lib/comm/nccl_api.cu loads, over MPI between the
 // processes, on the emulated device memory (host memory). Every call completes before it returns
 // (every stream is in order and immediate on the emulated GPU). A communicator is an MPI
 // communicator of its members in NCCL rank order, made by MPI_Comm_create_group (collective over
