@@ -22,7 +22,7 @@ cp "$BUILD/trellis" "$BUILD/unit_tests" "$OUT/build/"
 launcher=$(readlink -f "$(command -v mpirun)")
 cp "$launcher" "$OUT/build/mpirun"
 strip --strip-debug "$OUT/build/trellis" "$OUT/build/unit_tests"  # -g triples their size
-cp scripts/gpu-check.sh scripts/torch_bench.py "$OUT/scripts/"
+cp scripts/gpu-check.sh scripts/gpu-check-summary.sh scripts/torch_bench.py "$OUT/scripts/"
 cp inputs/*.deck "$OUT/inputs/"
 
 # Open MPI's run-time pieces: the MCA components (dlopen'ed), help texts, default parameters;
