@@ -219,7 +219,9 @@ std::string expectation(const KeyEntry& e) {
   const bool integer = type != "float";
   std::string s = integer ? "an integer" : "a number";
   const Bound& b = e.bound;
-  const bool has_lo = std::isfinite(b.lo), has_hi = std::isfinite(b.hi);
+  // (fp32's largest, 3.4028234663852886e+38, said as a bound of its own, after the lower one)
+  const bool fp32 = b.hi == kFp32Max;
+  const bool has_lo = std::isfinite(b.lo), has_hi = std::isfinite(b.hi) && !fp32;
   if (has_lo && has_hi) {
     if (integer && !b.lo_open && !b.hi_open)
       s += " in " + bound_number(b.lo) + ".." + bound_number(b.hi);
@@ -233,6 +235,7 @@ std::string expectation(const KeyEntry& e) {
   } else if (type == "uint64") {
     s += " ≥ 0";
   }
+  if (fp32) s += std::string(has_lo ? " and" : "") + " at most fp32's largest, 3.4028e38";
   return s;
 }
 

@@ -31,6 +31,11 @@ constexpr Bound above(double lo) {
   return {lo, std::numeric_limits<double>::infinity(), true, false};
 }
 constexpr Bound between(double lo, double hi) { return {lo, hi}; }           // [lo, hi]
+/// Keys the kernels take in fp32 (the learning rates, AdamW's and the initialisation's numbers):
+/// at most the largest fp32, which a larger value would turn into Inf there.
+inline constexpr double kFp32Max = std::numeric_limits<float>::max();
+constexpr Bound above_in_fp32(double lo) { return {lo, kFp32Max, true, false}; }  // (lo, fp32 max]
+constexpr Bound at_least_in_fp32(double lo) { return {lo, kFp32Max}; }            // [lo, fp32 max]
 constexpr Bound below_one_from(double lo) { return {lo, 1.0, false, true}; }  // [lo, 1)
 
 /// Special checks for string keys that are not a plain list of choices.
