@@ -10,13 +10,16 @@ BUILD    ?= build
 CXX      ?= g++
 # Tuned for the machine that builds (CI builds where it runs). Override ARCH_FLAGS to cross-build.
 ARCH_FLAGS ?= -march=native
-OPT_FLAGS  ?= -O3 -g -fno-math-errno
+# Line tables (-g1), not full debug information (-g): the file and line of every frame in a stack
+# trace (a crash's core file, gdb's backtrace, AddressSanitizer's and UBSan's reports), for about
+# three quarters of -g's compile time (2026-12-07: the library's objects -23 to -31 %, a test
+# object's -35 %, an emulated GPU's -26 %). At -O3 a debugger's view of local variables is mostly
+# "optimized out" anyway: `make OPT_FLAGS='-O0 -g'` (or CHECK_DEBUG=-g for the check builds) for a
+# debugger's session.
+OPT_FLAGS  ?= -O3 -g1 -fno-math-errno
 CXXFLAGS   += -std=c++20 $(OPT_FLAGS) $(ARCH_FLAGS) -Wall -Wextra -MMD -MP -Ilib
 # What is built only to run checks (the tests, the sanitizer and fuzzing builds, the emulated GPU)
-# keeps line tables (-g1): the file and line of each frame in the stack traces of a failed test,
-# AddressSanitizer and UBSan, for two thirds of full debug information's compile time
-# (2026-12-07: a test object -35 %, an emulated GPU's -26 %). The library and the application
-# keep -g; `make CHECK_DEBUG=-g` for a debugger's view of the rest.
+# keeps line tables too.
 CHECK_DEBUG := -g1
 # The tests' own code (tests/**: checks, and references small enough to be quick anyway) at -O1:
 # it compiles in half the time of -O3, and the library it tests keeps OPT_FLAGS. (A build given
@@ -64,7 +67,8 @@ HAVE_NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,)
 # a deck asks for system.backend = cuda; libcublasLt (540 MB: 150 MB resident once loaded) is
 # opened only then (backend/cuda/cublaslt_api.cu). sm_80 (A100) and sm_90 (H100/H200) code, no PTX JIT at start.
 CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVCCFLAGS ?= -std=c++20 -O3 -g $(CUDA_ARCH_FLAGS) -Xcompiler -Wall,-Wextra -Ilib
+# (The host code's line tables: -g1 to the host compiler; nvcc's -g would give it -g.)
+NVCCFLAGS ?= -std=c++20 -O3 $(CUDA_ARCH_FLAGS) -Xcompiler -Wall,-Wextra,-g1 -Ilib
 ifneq ($(HAVE_CUDA),)
   CU_SRC   := $(shell find lib -name '*.cu' | sort)
   CPPFLAGS += -DTRELLIS_HAVE_CUDA=1
