@@ -1,5 +1,7 @@
 #include "train/bench.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -167,6 +169,9 @@ static int measure(Trainer& trainer, const Config& cfg, const std::string& deck,
   const auto fastest_step_ms = [&](int steps) {
     double ms = 1e30;
     for (int i = 0; i < steps; ++i) {
+      // Every rank starts together, as after a training step's last collective: a rank whose
+      // sgemm sample ended early would otherwise count its wait for the others as its step's.
+      MPI_Barrier(world.comm());
       if (overlapped_gathers) trainer.train_step(step++);
       ms = std::min(ms, min_avg_max(world.comm(), trainer.train_step(step++).seconds * 1e3).max);
       trainer.params().finish_param_gathers();
