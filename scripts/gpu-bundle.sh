@@ -2,8 +2,9 @@
 # scripts/gpu-bundle.sh BUILD — makes BUILD/gpu-bundle: the binaries (trellis, unit_tests), every
 # shared library they need that a bare CUDA machine may lack (Open MPI with its plugins and help
 # files, PMIx, HDF5, Boost, Kokkos, OpenBLAS and their dependencies), Open MPI's launcher (as
-# build/mpirun, for several ranks on one node), the decks and scripts/gpu-check.sh — so that the GPU checks run on a machine without MPI, HDF5, Boost or
-# Kokkos installed. Not carried: the C and C++ runtimes (glibc, libstdc++: the target's own are
+# build/mpirun, for several ranks on one node), the decks and scripts/gpu-check.sh (with
+# gpu-check-summary.sh and torch_bench.py) — so that the GPU checks run on a machine without MPI,
+# HDF5, Boost or Kokkos installed. Not carried: the C and C++ runtimes (glibc, libstdc++: the target's own are
 # newer), the GPU driver, and cuBLASLt (540 MB: the target's CUDA toolkit or its pip
 # nvidia-cublas package provides it; gpu-check.sh looks for it). Also packed as
 # BUILD/gpu-bundle.tar.xz, which must stay under 64 MiB. `make gpu-bundle` runs this.
@@ -21,7 +22,8 @@ cp "$BUILD/trellis" "$BUILD/unit_tests" "$OUT/build/"
 # launcher, which needs no ssh).
 launcher=$(readlink -f "$(command -v mpirun)")
 cp "$launcher" "$OUT/build/mpirun"
-strip --strip-debug "$OUT/build/trellis" "$OUT/build/unit_tests"  # -g triples their size
+strip --strip-debug "$OUT/build/trellis" "$OUT/build/unit_tests"  # (smaller to carry: a GPU
+# run's stack traces name functions, not files and lines; the build directory's binaries keep them)
 cp scripts/gpu-check.sh scripts/gpu-check-summary.sh scripts/torch_bench.py "$OUT/scripts/"
 cp inputs/*.deck "$OUT/inputs/"
 

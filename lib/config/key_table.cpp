@@ -205,7 +205,7 @@ const std::vector<KeyEntry>& key_table() {
       {.section = "train",
        .key = "grad_clip",
        .field = FIELD(train.grad_clip),
-       .bound = at_least_in_fp32(0),
+       .bound = at_least(0),
        .help = "global gradient-norm clip; 0 turns clipping off"},
       {.section = "train",
        .key = "seed",

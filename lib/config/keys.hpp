@@ -32,7 +32,8 @@ constexpr Bound above(double lo) {
 }
 constexpr Bound between(double lo, double hi) { return {lo, hi}; }           // [lo, hi]
 /// Keys the kernels take in fp32 (the learning rates, AdamW's and the initialisation's numbers):
-/// at most the largest fp32, which a larger value would turn into Inf there.
+/// at most the largest fp32, which a larger value would turn into Inf there. (A value fp32 holds
+/// may still be far too large to train with: the run's check of each step's loss ends that one.)
 inline constexpr double kFp32Max = std::numeric_limits<float>::max();
 constexpr Bound above_in_fp32(double lo) { return {lo, kFp32Max, true, false}; }  // (lo, fp32 max]
 constexpr Bound at_least_in_fp32(double lo) { return {lo, kFp32Max}; }            // [lo, fp32 max]
