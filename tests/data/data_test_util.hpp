@@ -43,22 +43,21 @@ inline void write_raw(const std::string& path, const std::vector<uint16_t>& toks
   write_bytes(path, toks.data(), toks.size() * 2);
 }
 
-inline std::unique_ptr<TokenSource> tokens_source(const std::string& glob, int vocab = 1000) {
+/// data.source = `source` ("tokens", "text") reading data.path = `path`.
+inline std::unique_ptr<TokenSource> file_source(const char* source, const std::string& path,
+                                                int vocab) {
   DataConfig d;
-  d.source = "tokens";
-  d.path = glob;
-  ModelConfig m;
-  m.vocab = vocab;
-  return make_token_source(d, m);
-}
-
-inline std::unique_ptr<TokenSource> text_source(const std::string& path, int vocab = 256) {
-  DataConfig d;
-  d.source = "text";
+  d.source = source;
   d.path = path;
   ModelConfig m;
   m.vocab = vocab;
   return make_token_source(d, m);
+}
+inline std::unique_ptr<TokenSource> tokens_source(const std::string& glob, int vocab = 1000) {
+  return file_source("tokens", glob, vocab);
+}
+inline std::unique_ptr<TokenSource> text_source(const std::string& path, int vocab = 256) {
+  return file_source("text", path, vocab);
 }
 
 /// Expects a UserError whose message contains every one of `parts`.
