@@ -165,7 +165,7 @@ run:
 
 tests: $(LIBTRELLIS) $(BUILD)/unit_tests $(BUILD)/mpi_tests $(BUILD)/trellis
 
-# Also the sanitizer tests (asan-build) and the fuzzers, TEST_FUZZ_SECONDS each (fuzz-build; clang):
+# Also the sanitizer tests and the fuzzers (asan-build), TEST_FUZZ_SECONDS each:
 # their recorded findings and seeds replayed, then 10 s of exploring (`make fuzz`: 60), for room
 # under CI's 25 minutes.
 TEST_FUZZ_SECONDS ?= 10
@@ -173,7 +173,7 @@ TEST_FUZZ_SECONDS ?= 10
 # nvcc compiles of the others leave idle.)
 test:
 	@$(MAKE) deps
-	@$(MAKE) features tests fuzz-build asan-build
+	@$(MAKE) features tests asan-build
 	@ASAN_BUILD=$(ASAN_BUILD) FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/run-tests.sh $(BUILD)
 
 bench:
@@ -257,55 +257,68 @@ tests: $(BUILD)/emu_tests $(BUILD)/trellis-emu
 -include $(EMU_CU_OBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(BUILD)/emu/$(EMU_DIR)/emu_selftest.d
 endif
 
-# ---- fuzzing (libFuzzer, clang): the deck parser and the checkpoint reader -----------------------
-# Each target runs FUZZ_SECONDS (scripts/fuzz.sh); new inputs go to $(BUILD)/fuzz/corpus-*, seeds
-# in tests/fuzz/corpus, earlier findings (replayed first) in tests/fuzz/findings.
+# ---- the sanitizer build: AddressSanitizer + UBSan tests, and the fuzzers -----------------------
+# The readers of untrusted input (the checkpoint reader, the deck parser: lib/ckpt, lib/config and
+# lib/core, the code they run) and their tests, built once with the sanitizers into their own
+# directory by this same Makefile, and linked twice:
+# - asan_tests, the checkpoint and deck tests: any report ends the program with a failure;
+# - the fuzzers (libFuzzer), each run FUZZ_SECONDS by scripts/fuzz.sh: new inputs go to
+#   ASAN_BUILD/fuzz/corpus-*, seeds are in tests/fuzz/corpus, earlier findings (replayed first) in
+#   tests/fuzz/findings.
+# Compiled by clang (libFuzzer's; Debian's is installed by `make deps`), whose objects carry the
+# coverage libFuzzer steers by (-fsanitize=fuzzer-no-link) and cost the asan tests nothing they
+# would notice. One build where there were two, g++'s for the tests and clang's for each fuzzer,
+# each of them compiling lib/core again: about 200 s less CPU in `make test` (2026-12-07). Without
+# clang the asan tests are built by CXX and the fuzzers are skipped.
+# Leak checking is off: Open MPI and HDF5 keep allocations for the life of the process by design,
+# which LeakSanitizer would report at every exit.
+ASAN_BUILD   ?= build-asan
 CLANGXX      ?= clang++
+HAVE_CLANG   := $(if $(shell command -v $(CLANGXX) 2>/dev/null),1,)
+ASAN_CXX     := $(if $(HAVE_CLANG),$(CLANGXX),$(CXX))
+ASAN_OPT_FLAGS := -O1 $(CHECK_DEBUG) -fno-omit-frame-pointer -fsanitize=address,undefined \
+                  -fno-sanitize-recover=all $(if $(HAVE_CLANG),-fsanitize=fuzzer-no-link)
 FUZZ_SECONDS ?= 60
 # The checkpoint reader and writer, without what turns a checkpoint into a model (export, the
 # stored deck as a Config: they need lib/model and lib/config).
 CKPT_IO_SRC  := $(filter-out lib/ckpt/export_hf.cpp lib/ckpt/stored_config.cpp,$(wildcard lib/ckpt/*.cpp))
-FUZZ_FLAGS   := -std=c++20 $(CHECK_DEBUG) -O1 -fsanitize=fuzzer,address,undefined -DOMPI_SKIP_MPICXX=1 -Ilib \
-                -isystem $(MPI_HOME)/include -isystem $(MPI_HOME)/include/openmpi -isystem $(HDF5_INC)
-$(BUILD)/fuzz/fuzz_deck: tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) Makefile
-	@mkdir -p $(@D)
-	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp) -o $@ \
-	  -lboost_program_options
-$(BUILD)/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.cpp $(CKPT_IO_SRC) $(wildcard lib/core/*.cpp) Makefile
-	@mkdir -p $(@D)
-	$(CLANGXX) $(FUZZ_FLAGS) tests/fuzz/fuzz_ckpt.cpp $(CKPT_IO_SRC) $(wildcard lib/core/*.cpp) -o $@ \
-	  -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi
-
-fuzz-build: $(BUILD)/fuzz/fuzz_deck $(BUILD)/fuzz/fuzz_ckpt
-
-fuzz:
-	@$(MAKE) deps
-	@$(MAKE) fuzz-build
-	@bash scripts/fuzz.sh $(BUILD) $(FUZZ_SECONDS)
-
-# ---- AddressSanitizer + UBSan: the tests of the readers of untrusted input ------------------------
-# The checkpoint reader's and the deck parser's tests (and the code they run: lib/ckpt, lib/config,
-# lib/core), built with the sanitizers into their own directory by this same Makefile. Any report
-# ends the test program with a failure. Leak checking is off: Open MPI and HDF5 keep allocations
-# for the life of the process by design, which LeakSanitizer would report at every exit.
-ASAN_BUILD ?= build-asan
-ASAN_OPT_FLAGS := -O1 $(CHECK_DEBUG) -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 ASAN_SRC := $(sort $(CKPT_IO_SRC) $(wildcard lib/config/*.cpp lib/core/*.cpp)) tests/main.cpp \
             tests/mpi_util.cpp tests/ckpt/test_ckpt_dir.cpp tests/ckpt/mpi_test_ckpt.cpp \
             tests/ckpt/mpi_test_digest.cpp tests/ckpt/mpi_test_read_share.cpp \
             tests/ckpt/test_ckpt_room.cpp \
             tests/config/test_config.cpp tests/config/test_bad_decks.cpp
-ASAN_ENV := ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+FUZZ_DECK_SRC := tests/fuzz/fuzz_deck.cpp $(wildcard lib/config/*.cpp lib/core/*.cpp)
+FUZZ_CKPT_SRC := tests/fuzz/fuzz_ckpt.cpp $(CKPT_IO_SRC) $(wildcard lib/core/*.cpp)
+FUZZERS := $(if $(HAVE_CLANG),$(ASAN_BUILD)/fuzz/fuzz_deck $(ASAN_BUILD)/fuzz/fuzz_ckpt)
 
 $(BUILD)/asan_tests: $(ASAN_SRC:%.cpp=$(BUILD)/obj/%.o)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS) -lgtest
+# The fuzzers' entry points, without GoogleTest's header.
+$(BUILD)/obj/tests/fuzz/%.o: tests/fuzz/%.cpp Makefile $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+$(BUILD)/fuzz/fuzz_deck: $(FUZZ_DECK_SRC:%.cpp=$(BUILD)/obj/%.o)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -fsanitize=fuzzer $^ -o $@ -lboost_program_options
+$(BUILD)/fuzz/fuzz_ckpt: $(FUZZ_CKPT_SRC:%.cpp=$(BUILD)/obj/%.o)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -fsanitize=fuzzer $^ -o $@ \
+	  -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi
 
+# asan_tests and the fuzzers in one make of ASAN_BUILD: two at once would write the same objects.
 asan-build:
-	@$(MAKE) BUILD=$(ASAN_BUILD) OPT_FLAGS="$(ASAN_OPT_FLAGS)" $(ASAN_BUILD)/asan_tests
+	@$(MAKE) BUILD=$(ASAN_BUILD) CXX=$(ASAN_CXX) OPT_FLAGS="$(ASAN_OPT_FLAGS)" \
+	  $(ASAN_BUILD)/asan_tests $(FUZZERS)
+fuzz-build: asan-build
 
 test-asan:
 	@$(MAKE) asan-build
 	@bash scripts/run-tests.sh --asan-only $(ASAN_BUILD)
+
+fuzz:
+	@$(MAKE) deps
+	@$(MAKE) fuzz-build
+	@bash scripts/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD)

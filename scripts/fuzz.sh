@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target (built by `make fuzz-build`) for a bounded time: the deck parser and
-# the checkpoint reader. Usage: scripts/fuzz.sh BUILD_DIR [SECONDS_EACH]. Each target first
-# replays its seeds (tests/fuzz/corpus/NAME) and the files earlier runs found
-# (tests/fuzz/findings/NAME-*), then explores; new inputs go to BUILD_DIR/fuzz/corpus-NAME, a
-# crashing input to BUILD_DIR/fuzz/crash-NAME-*. Any crash, sanitizer report or input slower than
+# Runs each libFuzzer target (built by `make asan-build`, or fuzz-build) for a bounded time: the
+# deck parser and the checkpoint reader. Usage: scripts/fuzz.sh [ASAN_BUILD_DIR [SECONDS_EACH]]
+# (default build-asan, 60). Each target first replays its seeds (tests/fuzz/corpus/NAME) and the
+# files earlier runs found (tests/fuzz/findings/NAME-*), then explores; new inputs go to
+# ASAN_BUILD_DIR/fuzz/corpus-NAME, a crashing input to ASAN_BUILD_DIR/fuzz/crash-NAME-*. Any crash, sanitizer report or input slower than
 # 10 s fails. Ends with "fuzz: N passed, M failed".
 set -uo pipefail
-build=${1:-build}
+build=${1:-build-asan}
 seconds=${2:-${FUZZ_SECONDS:-60}}
 cd "$(dirname "$0")/.."
 passed=0 failed=0
 for t in deck ckpt; do
   bin="$build/fuzz/fuzz_$t"
   if [ ! -x "$bin" ]; then
-    echo "FAIL fuzz_$t: $bin not built (make fuzz-build; needs clang)"
+    echo "FAIL fuzz_$t: $bin not built (make asan-build; needs clang)"
     failed=$((failed + 1)); continue
   fi
   mkdir -p "$build/fuzz/corpus-$t"

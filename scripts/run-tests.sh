@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test binary, each under mpirun with its rank count and a timeout, and ends with one
 # line "tests: N passed, M failed". Usage: scripts/run-tests.sh [BUILD_DIR]
-# With the sanitizer build (make asan-build: $ASAN_BUILD, default build-asan) and the fuzzers
-# (make fuzz-build) present it runs those too — `make test` builds both; otherwise it says it
-# skipped them. scripts/run-tests.sh --asan-only ASAN_BUILD runs only the sanitizer tests.
+# With the sanitizer build (make asan-build: $ASAN_BUILD, default build-asan: the asan tests and
+# the fuzzers) present it runs those too — `make test` builds it; otherwise it says it skipped
+# them. scripts/run-tests.sh --asan-only ASAN_BUILD runs only the sanitizer tests.
 set -uo pipefail
 only_asan=0
 if [ "${1:-}" = --asan-only ]; then only_asan=1; shift; fi
@@ -166,14 +166,14 @@ for name in "${lane2[@]}"; do
   echo "!!! tests/cli/$name.sh: no such script (run-tests.sh's second lane)"
   failures+=("$name (missing)"); failed=$((failed + 1))
 done
-# Fuzzers (Makefile: fuzz-build; scripts/fuzz.sh), FUZZ_SECONDS each (default 60).
-if [ -x "$build/fuzz/fuzz_deck" ] || [ -x "$build/fuzz/fuzz_ckpt" ]; then
+# Fuzzers (Makefile: asan-build; scripts/fuzz.sh), FUZZ_SECONDS each (default 60).
+if [ -x "$asan_build/fuzz/fuzz_deck" ] || [ -x "$asan_build/fuzz/fuzz_ckpt" ]; then
   lane2+=(fuzz)
 else
-  echo "=== fuzz: SKIPPED ($build/fuzz/fuzz_* not built: make fuzz-build, needs clang)"
+  echo "=== fuzz: SKIPPED ($asan_build/fuzz/fuzz_* not built: make asan-build, needs clang)"
 fi
 (for name in "${lane2[@]}"; do
-   if [ "$name" = fuzz ]; then cmd=(scripts/fuzz.sh "$build" "${FUZZ_SECONDS:-60}")
+   if [ "$name" = fuzz ]; then cmd=(scripts/fuzz.sh "$asan_build" "${FUZZ_SECONDS:-60}")
    else cmd=("tests/cli/$name.sh" "$build"); fi
    [ -f "${cmd[0]}" ] || continue
    t0=$SECONDS
