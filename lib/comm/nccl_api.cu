@@ -86,7 +86,7 @@ std::atomic<bool> nccl_failed{false};
 void check_async(ncclComm_t comm, const std::string& group) {
   if (!comm) return;
   ncclResult_t state = ncclSuccess;
-  NCCL_OK(nccl().CommGetAsyncError(comm, &state));
+  TRELLIS_NCCL(nccl().CommGetAsyncError(comm, &state));
   const bool healthy = state == ncclSuccess || state == ncclInProgress;
   if (!healthy) nccl_failed = true;
   TRELLIS_CHECK(healthy,
@@ -109,7 +109,7 @@ bool passed(cudaEvent_t event, ncclComm_t comm, const std::string& group) {
     if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
     return false;
   }
-  CUDA_OK(e);
+  TRELLIS_COMM_CUDA(e);
   return true;
 }
 

@@ -42,8 +42,9 @@ const NcclApi& nccl();
 
 void cuda_ok(cudaError_t e, const char* what);
 void nccl_ok(ncclResult_t r, const char* what);
-#define CUDA_OK(call) ::trellis::nccl_api::cuda_ok((call), #call)
-#define NCCL_OK(call) ::trellis::nccl_api::nccl_ok((call), #call)
+// (Macros are global: prefixed, as the backend's TRELLIS_CUDA is, so that no header can clash.)
+#define TRELLIS_COMM_CUDA(call) ::trellis::nccl_api::cuda_ok((call), #call)
+#define TRELLIS_NCCL(call) ::trellis::nccl_api::nccl_ok((call), #call)
 
 /// Set once a communicator has reported an asynchronous error: from then on the destructors that
 /// would wait for NCCL's kernels (which never finish) leave them, while the error ends the run.
@@ -64,12 +65,12 @@ void wait_for(cudaEvent_t event, ncclComm_t comm, const std::string& group);
 /// threw (an open group would defer every later NCCL call of this thread).
 class NcclGroup {
  public:
-  NcclGroup() { NCCL_OK(nccl().GroupStart()); }
+  NcclGroup() { TRELLIS_NCCL(nccl().GroupStart()); }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
   void end() {
     open_ = false;
-    NCCL_OK(nccl().GroupEnd());
+    TRELLIS_NCCL(nccl().GroupEnd());
   }
   ~NcclGroup() {
     if (open_) nccl().GroupEnd();

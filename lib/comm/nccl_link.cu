@@ -110,13 +110,13 @@ class NcclLink : public DeviceLink {
       // (n) bf16 on the link's stream: round, sum in bf16 (NCCL adds in fp32 per hop), widen.
       __nv_bfloat16* tmp = bf16_temp(n);
       to_bf16(tmp, data.f32(), n);
-      NCCL_OK(nccl().AllReduce(tmp, tmp, size_t(n), ncclBfloat16, ncclSum, comm_, stream_));
+      TRELLIS_NCCL(nccl().AllReduce(tmp, tmp, size_t(n), ncclBfloat16, ncclSum, comm_, stream_));
       from_bf16(data.f32(), tmp, n);
-      CUDA_OK(cudaFreeAsync(tmp, stream_));
+      TRELLIS_COMM_CUDA(cudaFreeAsync(tmp, stream_));
       return done_on(stream_, comm_, blocking);
     }
-    NCCL_OK(nccl().AllReduce(data.data, data.data, size_t(n), nccl_type(data.dtype),
-                             op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
+    TRELLIS_NCCL(nccl().AllReduce(data.data, data.data, size_t(n), nccl_type(data.dtype),
+                                  op == ReduceOp::max ? ncclMax : ncclSum, comm_, stream_));
     return done_on(stream_, comm_, blocking);
   }
 
@@ -145,33 +145,34 @@ class NcclLink : public DeviceLink {
       __nv_bfloat16* tmp = bf16_temp(len);
       const Ptr wide(tmp, DType::bf16);
       if (slots) {
-        CUDA_OK(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(len), stream_));
+        TRELLIS_COMM_CUDA(cudaMemsetAsync(tmp, 0, sizeof(__nv_bfloat16) * size_t(len), stream_));
         for (int j = 0; j < size_; ++j) to_bf16(tmp + at[j], in.f32() + displ[j], counts[j]);
       } else {
         to_bf16(tmp, in.f32(), n);
       }
       if (roots) reduce_to_each_root(wide, at, counts, wide.at(at[rank_]));
       else
-        NCCL_OK(nccl().ReduceScatter(tmp, tmp + at[rank_], size_t(block), ncclBfloat16, ncclSum,
-                                     comm_, stream_));
+        TRELLIS_NCCL(nccl().ReduceScatter(tmp, tmp + at[rank_], size_t(block), ncclBfloat16,
+                                          ncclSum, comm_, stream_));
       from_bf16(out.f32(), tmp + at[rank_], counts[rank_]);
-      CUDA_OK(cudaFreeAsync(tmp, stream_));
+      TRELLIS_COMM_CUDA(cudaFreeAsync(tmp, stream_));
       return done_on(stream_, comm_, blocking);
     }
     const ncclDataType_t type = nccl_type(in.dtype);
     if (equal) {
       // NCCL's layout (out == in + rank·block is its in-place case too).
-      NCCL_OK(nccl().ReduceScatter(in.data, out.data, size_t(block), type, ncclSum, comm_, stream_));
+      TRELLIS_NCCL(nccl().ReduceScatter(in.data, out.data, size_t(block), type, ncclSum, comm_,
+                                        stream_));
     } else if (roots) {
       reduce_to_each_root(in, displ, counts, out);
     } else {
       // Each block into a padded slot of `block` values, reduce, take this rank's part.
       Ptr tmp = padded(block, in.dtype);
       for (int j = 0; j < size_; ++j) copy(tmp.at(j * block), in.at(displ[j]), counts[j]);
-      NCCL_OK(nccl().ReduceScatter(tmp.data, tmp.at(rank_ * block).data, size_t(block), type,
-                                   ncclSum, comm_, stream_));
+      TRELLIS_NCCL(nccl().ReduceScatter(tmp.data, tmp.at(rank_ * block).data, size_t(block), type,
+                                        ncclSum, comm_, stream_));
       copy(out, tmp.at(rank_ * block), counts[rank_]);
-      CUDA_OK(cudaFreeAsync(tmp.data, stream_));
+      TRELLIS_COMM_CUDA(cudaFreeAsync(tmp.data, stream_));
     }
     return done_on(stream_, comm_, blocking);
   }
@@ -186,24 +187,24 @@ class NcclLink : public DeviceLink {
     const ncclDataType_t type = nccl_type(out.dtype);
     const int64_t n = displ.back() + counts.back();
     if (equal) {
-      NCCL_OK(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
+      TRELLIS_NCCL(nccl().AllGather(in.data, out.data, size_t(block), type, comm_, stream_));
     } else if (by_roots(counts, n, block)) {
       // Each rank with values broadcasts them into their place (in place when `in` is there).
       NcclGroup group;
       for (int j = 0; j < size_; ++j) {
         if (counts[j] == 0) continue;
         void* place = out.at(displ[j]).data;
-        NCCL_OK(nccl().Broadcast(j == rank_ ? in.data : place, place, size_t(counts[j]), type, j,
-                                 comm_, stream_));
+        TRELLIS_NCCL(nccl().Broadcast(j == rank_ ? in.data : place, place, size_t(counts[j]), type,
+                                      j, comm_, stream_));
       }
       group.end();
     } else {
       Ptr tmp = padded(block, out.dtype);
       copy(tmp.at(rank_ * block), in, counts[rank_]);
-      NCCL_OK(nccl().AllGather(tmp.at(rank_ * block).data, tmp.data, size_t(block), type, comm_,
-                               stream_));
+      TRELLIS_NCCL(nccl().AllGather(tmp.at(rank_ * block).data, tmp.data, size_t(block), type,
+                                    comm_, stream_));
       for (int j = 0; j < size_; ++j) copy(out.at(displ[j]), tmp.at(j * block), counts[j]);
-      CUDA_OK(cudaFreeAsync(tmp.data, stream_));
+      TRELLIS_COMM_CUDA(cudaFreeAsync(tmp.data, stream_));
     }
     return done_on(stream_, comm_, blocking);
   }
@@ -211,7 +212,7 @@ class NcclLink : public DeviceLink {
   std::unique_ptr<Completion> broadcast(void* data, int64_t bytes, int root) override {
     if (!comm_) return nullptr;  // one rank: the root
     after_compute(stream_);
-    NCCL_OK(nccl().Broadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
+    TRELLIS_NCCL(nccl().Broadcast(data, data, size_t(bytes), ncclChar, root, comm_, stream_));
     return done_on(stream_, comm_, true);
   }
 
@@ -219,8 +220,8 @@ class NcclLink : public DeviceLink {
                                    bool blocking) override {
     Channel& ch = channel(peer, /*sending=*/true);
     after_compute(ch.stream);
-    NCCL_OK(nccl().Send(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/1, ch.comm,
-                        ch.stream));
+    TRELLIS_NCCL(nccl().Send(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/1, ch.comm,
+                             ch.stream));
     return done_on(ch.stream, ch.comm, blocking);
   }
 
@@ -229,8 +230,8 @@ class NcclLink : public DeviceLink {
     // The receive overwrites `data`: it too waits for the kernels still reading it.
     Channel& ch = channel(peer, /*sending=*/false);
     after_compute(ch.stream);
-    NCCL_OK(nccl().Recv(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/0, ch.comm,
-                        ch.stream));
+    TRELLIS_NCCL(nccl().Recv(data.data, size_t(n), nccl_type(data.dtype), /*peer=*/0, ch.comm,
+                             ch.stream));
     return done_on(ch.stream, ch.comm, blocking);
   }
 
@@ -254,12 +255,12 @@ class NcclLink : public DeviceLink {
   }
   /// `s` waits for everything launched so far on the backend's compute stream.
   void after_compute(cudaStream_t s) {
-    CUDA_OK(cudaEventRecord(ready_, compute_));
-    CUDA_OK(cudaStreamWaitEvent(s, ready_, 0));
+    TRELLIS_COMM_CUDA(cudaEventRecord(ready_, compute_));
+    TRELLIS_COMM_CUDA(cudaStreamWaitEvent(s, ready_, 0));
   }
   /// Waits for everything launched so far on `s`, whose NCCL calls go through `comm`.
   void wait_until_done(cudaStream_t s, ncclComm_t comm) {
-    CUDA_OK(cudaEventRecord(finished_, s));
+    TRELLIS_COMM_CUDA(cudaEventRecord(finished_, s));
     wait_for(finished_, comm, name_);
   }
   /// What completes the operations just launched on `s` through `comm`: nothing when `blocking`
@@ -270,15 +271,16 @@ class NcclLink : public DeviceLink {
       return nullptr;
     }
     cudaEvent_t e;
-    CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(e, s));
+    TRELLIS_COMM_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    TRELLIS_COMM_CUDA(cudaEventRecord(e, s));
     return std::make_unique<EventCompletion>(e, comm, name_);
   }
   /// A group of one rank's reduce-scatter or all-gather: out = in (n values), on the compute
   /// stream, after the kernels that write `in` and before those that read `out`.
   std::unique_ptr<Completion> copy_alone(Ptr out, CPtr in, int64_t n) {
     if (out.data != in.data)
-      CUDA_OK(cudaMemcpyAsync(out.data, in.data, out.bytes(n), cudaMemcpyDeviceToDevice, compute_));
+      TRELLIS_COMM_CUDA(cudaMemcpyAsync(out.data, in.data, out.bytes(n), cudaMemcpyDeviceToDevice,
+                                        compute_));
     return nullptr;
   }
   /// One reduce (sum) per rank j with values, in one NCCL group: counts[j] values from `in` +
@@ -292,8 +294,8 @@ class NcclLink : public DeviceLink {
       // Only the root's receive buffer is written: elsewhere the send buffer stands in for it
       // (`out` may be empty there).
       void* receive = j == rank_ ? out.data : const_cast<void*>(send);
-      NCCL_OK(nccl().Reduce(send, receive, size_t(counts[j]), nccl_type(in.dtype), ncclSum, j,
-                            comm_, stream_));
+      TRELLIS_NCCL(nccl().Reduce(send, receive, size_t(counts[j]), nccl_type(in.dtype), ncclSum, j,
+                                 comm_, stream_));
     }
     group.end();
   }
@@ -302,30 +304,32 @@ class NcclLink : public DeviceLink {
   Ptr padded(int64_t block, DType t) {
     void* p = nullptr;
     const size_t bytes = dtype_bytes(t) * size_t(block) * size_;
-    CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
-    CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));  // the padding: defined values
+    TRELLIS_COMM_CUDA(cudaMallocAsync(&p, bytes, stream_));
+    TRELLIS_COMM_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));  // the padding: defined values
     return Ptr(p, t);
   }
   static ncclDataType_t nccl_type(DType t) { return t == DType::f32 ? ncclFloat : ncclBfloat16; }
   /// n bf16 values on the link's stream (stream-ordered, freed with cudaFreeAsync).
   __nv_bfloat16* bf16_temp(int64_t n) {
     void* p = nullptr;
-    CUDA_OK(cudaMallocAsync(&p, sizeof(__nv_bfloat16) * size_t(std::max<int64_t>(n, 1)), stream_));
+    TRELLIS_COMM_CUDA(cudaMallocAsync(&p, sizeof(__nv_bfloat16) * size_t(std::max<int64_t>(n, 1)),
+                                      stream_));
     return static_cast<__nv_bfloat16*>(p);
   }
   void to_bf16(__nv_bfloat16* dst, const float* src, int64_t n) {
     if (n == 0) return;
     to_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
-    CUDA_OK(launch_error());
+    TRELLIS_COMM_CUDA(launch_error());
   }
   void from_bf16(float* dst, const __nv_bfloat16* src, int64_t n) {
     if (n == 0) return;
     from_bf16_kernel<<<blocks_for(n), 256, 0, stream_>>>(dst, src, n);
-    CUDA_OK(launch_error());
+    TRELLIS_COMM_CUDA(launch_error());
   }
   void copy(Ptr dst, CPtr src, int64_t n) {
     if (n > 0)
-      CUDA_OK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(n), cudaMemcpyDeviceToDevice, stream_));
+      TRELLIS_COMM_CUDA(cudaMemcpyAsync(dst.data, src.data, dst.bytes(n), cudaMemcpyDeviceToDevice,
+                                        stream_));
   }
 
   std::string name_;
@@ -343,18 +347,18 @@ NcclLink::NcclLink(MPI_Comm comm, const std::string& name, int device, cudaStrea
     : name_(name), compute_(compute) {
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
-  CUDA_OK(cudaSetDevice(device));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-  CUDA_OK(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
+  TRELLIS_COMM_CUDA(cudaSetDevice(device));
+  TRELLIS_COMM_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TRELLIS_COMM_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  TRELLIS_COMM_CUDA(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
   // A group of one rank moves nothing: a communicator would only hold device memory (NCCL's
   // buffers, from its first collective or its init) and time at start.
   if (size_ == 1 && !communicator_of_one) return;
   ncclUniqueId id;
-  if (rank_ == 0) NCCL_OK(nccl().GetUniqueId(&id));
+  if (rank_ == 0) TRELLIS_NCCL(nccl().GetUniqueId(&id));
   TRELLIS_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) == MPI_SUCCESS,
                 "NCCL link on '%s': MPI_Bcast of the unique id", name_.c_str());
-  NCCL_OK(nccl().CommInitRank(&comm_, size_, id, rank_));
+  TRELLIS_NCCL(nccl().CommInitRank(&comm_, size_, id, rank_));
   if (point_to_point && size_ > 1) build_channels(comm);
 }
 
@@ -368,7 +372,7 @@ void NcclLink::build_channels(MPI_Comm comm) {
   std::map<std::pair<int, bool>, ncclUniqueId> ids;
   std::vector<MPI_Request> reqs;
   for (int peer : peers) {
-    NCCL_OK(nccl().GetUniqueId(&ids[{peer, true}]));
+    TRELLIS_NCCL(nccl().GetUniqueId(&ids[{peer, true}]));
     ids[{peer, false}] = ncclUniqueId{};
   }
   const int tag = 7405;
@@ -384,31 +388,32 @@ void NcclLink::build_channels(MPI_Comm comm) {
   NcclGroup inits;
   for (auto& [key, id] : ids) {
     Channel& ch = channels_[key];
-    NCCL_OK(nccl().CommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
+    TRELLIS_NCCL(nccl().CommInitRank(&ch.comm, 2, id, key.second ? 0 : 1));
   }
   inits.end();
   for (auto& [key, ch] : channels_)
-    CUDA_OK(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
+    TRELLIS_COMM_CUDA(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking));
   // NCCL connects a channel at its first message (since 2.15), and that host call waits until
   // the other rank makes its own: a first receive posted before the send the peer waits on
   // (every rank receiving from its left, then sending right) would deadlock. One byte each way on
   // every channel now, all in one group, connects them together.
   char* bytes = nullptr;  // (2 · channels): one to send and one to receive into, per channel
-  CUDA_OK(cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * channels_.size(), stream_));
-  CUDA_OK(cudaMemsetAsync(bytes, 0, 2 * channels_.size(), stream_));
-  CUDA_OK(cudaStreamSynchronize(stream_));
+  TRELLIS_COMM_CUDA(
+      cudaMallocAsync(reinterpret_cast<void**>(&bytes), 2 * channels_.size(), stream_));
+  TRELLIS_COMM_CUDA(cudaMemsetAsync(bytes, 0, 2 * channels_.size(), stream_));
+  TRELLIS_COMM_CUDA(cudaStreamSynchronize(stream_));
   NcclGroup first_messages;
   char* b = bytes;
   for (auto& [key, ch] : channels_) {
     if (key.second)
-      NCCL_OK(nccl().Send(b, 1, ncclChar, /*peer=*/1, ch.comm, ch.stream));
+      TRELLIS_NCCL(nccl().Send(b, 1, ncclChar, /*peer=*/1, ch.comm, ch.stream));
     else
-      NCCL_OK(nccl().Recv(b + 1, 1, ncclChar, /*peer=*/0, ch.comm, ch.stream));
+      TRELLIS_NCCL(nccl().Recv(b + 1, 1, ncclChar, /*peer=*/0, ch.comm, ch.stream));
     b += 2;
   }
   first_messages.end();
   for (auto& [key, ch] : channels_) wait_until_done(ch.stream, ch.comm);
-  CUDA_OK(cudaFreeAsync(bytes, stream_));
+  TRELLIS_COMM_CUDA(cudaFreeAsync(bytes, stream_));
 }
 
 std::vector<NcclLink::Channel*> NcclLink::channels_in_global_order() {
