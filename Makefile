@@ -267,14 +267,16 @@ endif
 #   tests/fuzz/findings.
 # Compiled by clang (libFuzzer's; Debian's is installed by `make deps`), whose objects carry the
 # coverage libFuzzer steers by (-fsanitize=fuzzer-no-link) and cost the asan tests nothing they
-# would notice. One build where there were two, g++'s for the tests and clang's for each fuzzer,
-# each of them compiling lib/core again: about 200 s less CPU in `make test` (2026-12-07). Without
-# clang the asan tests are built by CXX and the fuzzers are skipped.
+# would notice; a UBSan report ends a fuzzer as it ends the tests (-fno-sanitize-recover). One
+# build where there were two, g++'s for the tests and clang's for each fuzzer, each of them
+# compiling lib/core again: about 200 s less CPU in `make test` (2026-12-07). Without clang and its
+# sanitizer runtimes (libclang-rt-*-dev) the asan tests are built by CXX and the fuzzers skipped.
 # Leak checking is off: Open MPI and HDF5 keep allocations for the life of the process by design,
 # which LeakSanitizer would report at every exit.
 ASAN_BUILD   ?= build-asan
 CLANGXX      ?= clang++
-HAVE_CLANG   := $(if $(shell command -v $(CLANGXX) 2>/dev/null),1,)
+HAVE_CLANG   := $(if $(shell command -v $(CLANGXX) 2>/dev/null),$(if $(wildcard \
+                  $(shell $(CLANGXX) -print-runtime-dir 2>/dev/null)/libclang_rt.fuzzer*.a),1,),)
 ASAN_CXX     := $(if $(HAVE_CLANG),$(CLANGXX),$(CXX))
 ASAN_OPT_FLAGS := -O1 $(CHECK_DEBUG) -fno-omit-frame-pointer -fsanitize=address,undefined \
                   -fno-sanitize-recover=all $(if $(HAVE_CLANG),-fsanitize=fuzzer-no-link)
@@ -304,11 +306,14 @@ $(BUILD)/fuzz/fuzz_ckpt: $(FUZZ_CKPT_SRC:%.cpp=$(BUILD)/obj/%.o)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -fsanitize=fuzzer $^ -o $@ \
 	  -L$(HDF5_DIR)/lib -Wl,-rpath,$(HDF5_DIR)/lib -lhdf5 -L$(MPI_HOME)/lib -Wl,-rpath,$(MPI_HOME)/lib -lmpi
+-include $(BUILD)/obj/tests/fuzz/fuzz_deck.d $(BUILD)/obj/tests/fuzz/fuzz_ckpt.d
 
 # asan_tests and the fuzzers in one make of ASAN_BUILD: two at once would write the same objects.
+# (Without clang, fuzzers an earlier build left would be stale: removed, not run.)
 asan-build:
-	@$(MAKE) BUILD=$(ASAN_BUILD) CXX=$(ASAN_CXX) OPT_FLAGS="$(ASAN_OPT_FLAGS)" \
+	@$(MAKE) BUILD=$(ASAN_BUILD) CXX="$(ASAN_CXX)" OPT_FLAGS="$(ASAN_OPT_FLAGS)" \
 	  $(ASAN_BUILD)/asan_tests $(FUZZERS)
+	@$(if $(HAVE_CLANG),true,rm -f $(ASAN_BUILD)/fuzz/fuzz_deck $(ASAN_BUILD)/fuzz/fuzz_ckpt)
 fuzz-build: asan-build
 
 test-asan:

@@ -3,8 +3,8 @@
 # deck parser and the checkpoint reader. Usage: scripts/fuzz.sh [ASAN_BUILD_DIR [SECONDS_EACH]]
 # (default build-asan, 60). Each target first replays its seeds (tests/fuzz/corpus/NAME) and the
 # files earlier runs found (tests/fuzz/findings/NAME-*), then explores; new inputs go to
-# ASAN_BUILD_DIR/fuzz/corpus-NAME, a crashing input to ASAN_BUILD_DIR/fuzz/crash-NAME-*. Any crash, sanitizer report or input slower than
-# 10 s fails. Ends with "fuzz: N passed, M failed".
+# ASAN_BUILD_DIR/fuzz/corpus-NAME, a crashing input to ASAN_BUILD_DIR/fuzz/crash-NAME-*. Any
+# crash, sanitizer report or input slower than 10 s fails. Ends with "fuzz: N passed, M failed".
 set -uo pipefail
 build=${1:-build-asan}
 seconds=${2:-${FUZZ_SECONDS:-60}}

@@ -140,15 +140,15 @@ fi
 # "NAME: N passed, M failed", as the fuzzers' script does. They run in two lanes, each lane's
 # scripts one after another, the second lane's output said after the first's. The second holds
 # scripts that leave a core idle most of their time — test_slurm.sh (85 s, most of it waiting for
-# a real one-minute Slurm limit, under 5 s of CPU), then scripts of a core or less (much of it
-# mpirun's start-up; none of them times the jobs it runs) — and the fuzzers (one core, 24 s): on
-# this VM (2026-12-07, one after another) run_dir took 17.6 s of wall time for 7 s of CPU,
-# generate 21 for 12.5, help_and_paths 7 for 4.5, export 11 for 10, torch_reference 22.5 for 23;
-# 79 s of the first lane's 434 s, and the fuzzers' 24 s after it. Then test_eval (24 s of CPU for
-# 26) and test_bad_input (29 for 24), whose jobs have limits far above their seconds: the shell
-# tests took 361 s instead of 397 on this VM (2026-12-07; the lanes 360 and 286 s).
-# (test_full_disk.sh, 45 s of CPU for 70 s, stays in the first: it times its jobs, and in the
-# second lane it took 99 s instead, the first lane's scripts slower beside it: docs/testing.md.)
+# a real one-minute Slurm limit, under 5 s of CPU), then scripts of about a core or less (much of
+# it mpirun's start-up; their jobs' limits far above the jobs' seconds) — and the fuzzers (one
+# core, 24 s). On this VM (2026-12-07, one after another) run_dir took 17.6 s of wall time for
+# 7 s of CPU, generate 21 for 12.5, help_and_paths 7 for 4.5, export 11 for 10, torch_reference
+# 22.5 for 23, eval 26 for 24, bad_input 24 for 29 (the one job it times, a token shard rewritten
+# mid-run, has 30 s to end and took 0 s in the second lane). With eval and bad_input moved there
+# the shell tests took 361 s instead of 397 (the lanes 360 and 286 s). (test_full_disk.sh, 45 s
+# of CPU for 70 s, stays in the first: it times its jobs, and in the second lane it took 99 s
+# instead, the first lane's scripts slower beside it: docs/testing.md.)
 cli_result() {  # cli_result NAME OUTPUT RC T0
   local name=$1 out=$2 rc=$3 t0=$4 line p f
   echo "$out"
