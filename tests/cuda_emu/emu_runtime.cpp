@@ -343,6 +343,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   stream_order(stream);
   return cudaSuccess;
 }
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  stream_order(stream);  // (the device's work runs at its launch: the function runs now too)
+  fn(userData);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
   return cudaEventSynchronize(event);
 }

@@ -3,11 +3,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
+#include <thread>
 
 #include "backend/cuda/cuda_backend.cuh"
 #include "backend/cuda/cuda_factory.hpp"
@@ -313,6 +315,36 @@ void CudaBackend::from_bf16(float* dst, const bf16_t* src, int64_t n) {
   if (n <= 0) return;
   from_bf16_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(dst, cuda::dev(src), n);
   TRELLIS_CUDA_LAUNCHED();
+}
+
+// ---- for tests: a launch after a query that found the stream busy ----
+
+CudaQueryProbe cuda_query_probe(Backend& gpu, float* x, int64_t n) {
+  const auto stream = static_cast<cudaStream_t>(gpu.native_stream());
+  // The stream held 200 ms by the host (a real runtime runs the function on a thread of its own;
+  // the emulated one at once), so that the event recorded behind it is surely not reached yet.
+  auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  TRELLIS_CUDA(cudaGetLastError());
+  TRELLIS_CUDA(cudaLaunchHostFunc(stream, hold, nullptr));
+  cudaEvent_t event = nullptr;
+  TRELLIS_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  TRELLIS_CUDA(cudaEventRecord(event, stream));
+  CudaQueryProbe probe;
+  const cudaError_t queried = cudaEventQuery(event);
+  probe.busy = queried == cudaErrorNotReady;
+  probe.last_error_set = cudaPeekAtLastError() == cudaErrorNotReady;
+  try {
+    gpu.scale(x, 1.f, n);  // (its launch checked by TRELLIS_CUDA_LAUNCHED, as every launch is)
+  } catch (...) {
+    cudaEventDestroy(event);
+    cudaGetLastError();
+    throw;
+  }
+  TRELLIS_CUDA(cudaEventSynchronize(event));
+  TRELLIS_CUDA(cudaEventDestroy(event));
+  gpu.synchronize();
+  if (!probe.busy && queried != cudaSuccess) TRELLIS_CUDA(queried);
+  return probe;
 }
 
 // ---- factory ----

@@ -33,6 +33,17 @@ bool cuda_layernorm_rows_ahead_fit(int C, int element_bytes);
 /// agree. For tests (needs sm_80 or later).
 std::vector<std::string> cuda_fragment_layout_errors();
 
+/// What cuda_query_probe saw: whether an event query found the stream still busy, and whether
+/// that "not ready" was left as the thread's last error (cudaPeekAtLastError).
+struct CudaQueryProbe {
+  bool busy = false, last_error_set = false;
+};
+/// For tests: holds `gpu`'s stream 200 ms (a host function), queries an event recorded behind
+/// that, and launches a kernel at once (x = 1·x, n values on the device), checked as every launch
+/// is. Runtimes differ on whether such a query leaves cudaErrorNotReady as the thread's last error;
+/// either way the launch's check must not take it for its own failure: throws where it does.
+CudaQueryProbe cuda_query_probe(Backend& gpu, float* x, int64_t n);
+
 /// A CudaBackend on device `local_rank` mod the device count (one GPU per rank on a node), or
 /// null with the reason in *why (no device, no driver).
 std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why);
