@@ -10,7 +10,10 @@ namespace trellis {
 
 ShardedParams::ShardedParams(const ParamTable& table, const ParallelConfig& parallel,
                              const TrainConfig& train, Comm& dp, Backend& backend, Wire grad_wire)
-    : table_(table), dp_(dp), be_(backend), stage_(parallel.zero), grad_wire_(grad_wire),
+    // (over one rank every stage is stage 0: nothing to shard — the stages' gathered copies,
+    // buckets and receive buffers would only cost memory and copies)
+    : table_(table), dp_(dp), be_(backend), stage_(dp.size() > 1 ? parallel.zero : 0),
+      grad_wire_(grad_wire),
       total_(table.total()) {
   dt_ = be_.dtype();
   shard_ = shard_range(total_, dp_.size(), dp_.rank());

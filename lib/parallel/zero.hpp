@@ -12,6 +12,9 @@
 //            LayerNorm) all-gathered just before use and freed after; the next one
 //            prefetched                                                          16Ψ/N (+ units in flight)
 //
+// Over one rank (dp 1) every stage runs as stage 0: there is nothing to shard, and a stage's
+// gathered copies, buckets and receive buffers would only cost memory and copies.
+//
 // Every buffer lives in the backend's memory (device memory for cuda); the host sees values only
 // through the gather_* (tests) and shard_to_host / shard_from_host (checkpoints) copies.
 //

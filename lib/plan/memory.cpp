@@ -295,7 +295,8 @@ RankMemory rank_memory(const Config& cfg, int stage, const MemoryOptions& opt) {
   const ElementBytes eb = textbook ? ElementBytes{2, 2, 12}
                           : bf16   ? ElementBytes{2, 4, 12}
                                    : ElementBytes{4, 4, 8};
-  const int dp = par.dp, tp = par.tp, pp = par.pp, zero = par.zero;
+  // (over dp 1 every ZeRO stage runs as stage 0: parallel/zero.hpp)
+  const int dp = par.dp, tp = par.tp, pp = par.pp, zero = dp > 1 ? par.zero : 0;
   const StageSpec spec = stage_spec(cfg, stage);
   // Tensor-parallel rank 0: every tp rank holds as much (the vocabulary is padded to a multiple).
   std::unique_ptr<ParamTable> own;

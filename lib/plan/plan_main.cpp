@@ -144,7 +144,8 @@ std::string seconds(double s) {
 
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
-  std::string s = strfmt("dp %d x tp %d x pp %d, ZeRO-%d, micro_batch %d, %s", p.dp, p.tp, p.pp, p.zero,
+  std::string s = strfmt("dp %d x tp %d x pp %d, ZeRO-%d%s, micro_batch %d, %s", p.dp, p.tp, p.pp,
+                         p.zero, p.zero > 0 && p.dp == 1 ? " (as 0 over dp 1)" : "",
                          c.train.micro_batch, p.schedule.c_str());
   if (p.schedule == "interleaved") s += strfmt(" v=%d", p.virtual_stages);
   if (p.sequence_parallel && p.tp > 1) s += ", SP";

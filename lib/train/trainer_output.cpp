@@ -64,6 +64,10 @@ void Trainer::print_start() const {
                  : ""));
   if (const std::string details = backend_->details(); !details.empty())
     log("compute: " + details);
+  if (cfg_.parallel.zero > 0 && grid_->dp_size() == 1)
+    log(strfmt("parallel: ZeRO stage %d over dp 1 has nothing to shard: it runs as stage 0 (no "
+               "gathered copies, gradient buckets or receive buffers)",
+               cfg_.parallel.zero));
   if (cfg_.system.grad_reduce == "bf16" && grid_->dp_size() > 1)
     log("communication: data-parallel gradients reduced over a bf16 wire (rounded to bf16, fp32 "
         "additions, widened back to fp32: half the bytes)");

@@ -285,6 +285,29 @@ TEST(PlanMemory, DeckLayoutModelStatesFollowZero) {
   }
 }
 
+// Over dp 1 every ZeRO stage runs as stage 0 (parallel/zero.hpp), and is planned so: before, a
+// stage 3 at pp 2 was planned 1.10 times over (the two gathered units, freed at the peak).
+TEST(PlanMemory, EveryZeroStageOverOneRankIsStageZero) {
+  for (int pp : {1, 2}) {
+    const std::vector<std::string> layout = {"--model.layers=4", "--model.d_model=128",
+                                             "--parallel.pp=" + std::to_string(pp)};
+    std::vector<std::string> zero0 = layout, zero3 = layout;
+    zero0.push_back("--parallel.zero=0");
+    zero3.push_back("--parallel.zero=3");
+    for (int stage = 0; stage < pp; ++stage) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + ", stage " + std::to_string(stage));
+      const RankMemory a = rank_memory(load_config("inputs/default.deck", zero0, pp), stage,
+                                       MemoryOptions{});
+      const RankMemory b = rank_memory(load_config("inputs/default.deck", zero3, pp), stage,
+                                       MemoryOptions{});
+      EXPECT_EQ(b.params.bytes, a.params.bytes);
+      EXPECT_EQ(b.grads.bytes, a.grads.bytes);
+      EXPECT_EQ(b.optim.bytes, a.optim.bytes);
+      EXPECT_EQ(b.total(), a.total());
+    }
+  }
+}
+
 // ZeRO-3 holds the unit in use and the one prefetched: neighbours within one model chunk
 // (model/gpt.cpp prefetches no other chunk's block). Interleaved with one block a chunk, stage 0
 // holds (embeddings, layer 0) at most and stage 1 (layer 3, final LayerNorm) — never two blocks,
