@@ -142,11 +142,15 @@ std::string seconds(double s) {
   return strfmt("%.0f us", s * 1e6);
 }
 
+/// "ZeRO-N", and where dp is 1 that it runs as stage 0 (parallel/zero.hpp).
+static std::string zero_name(const ParallelConfig& p) {
+  return strfmt("ZeRO-%d%s", p.zero, p.zero > 0 && p.dp == 1 ? " (as 0 over dp 1)" : "");
+}
+
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
-  std::string s = strfmt("dp %d x tp %d x pp %d, ZeRO-%d%s, micro_batch %d, %s", p.dp, p.tp, p.pp,
-                         p.zero, p.zero > 0 && p.dp == 1 ? " (as 0 over dp 1)" : "",
-                         c.train.micro_batch, p.schedule.c_str());
+  std::string s = strfmt("dp %d x tp %d x pp %d, %s, micro_batch %d, %s", p.dp, p.tp, p.pp,
+                         zero_name(p).c_str(), c.train.micro_batch, p.schedule.c_str());
   if (p.schedule == "interleaved") s += strfmt(" v=%d", p.virtual_stages);
   if (p.sequence_parallel && p.tp > 1) s += ", SP";
   if (c.train.recompute != "none") s += ", recompute " + c.train.recompute;
@@ -193,9 +197,9 @@ std::string formulas_line(const Config& cfg, Precision precision) {
   const double layer = megatron_layer_activation_bytes(m.seq_len, cfg.train.micro_batch, m, p.tp,
                                                        p.sequence_parallel && p.tp > 1, cfg.train.recompute);
   return strfmt(
-      "textbook check: ZeRO-%d model states (%s) for Ψ/(tp·pp) = %s: %s per rank; Megatron "
+      "textbook check: %s model states (%s) for Ψ/(tp·pp) = %s: %s per rank; Megatron "
       "activations per layer and micro-batch (16-bit, with dropout masks): %s\n",
-      p.zero,
+      zero_name(p).c_str(),
       precision == Precision::BF16_FULL ? "2Ψ + 2Ψ + 12Ψ"
       : precision == Precision::BF16    ? "2Ψ + 4Ψ + 12Ψ"
                                         : "4Ψ + 4Ψ + 8Ψ",

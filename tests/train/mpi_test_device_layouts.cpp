@@ -317,10 +317,10 @@ TEST(DeviceLayouts, Bf16CheckpointResumesInBf16BitwiseAndInFp32) {
   std::vector<std::string> first = base;
   first.push_back("--train.steps=5");
   losses(true, first, true);  // steps 1-5 on the fake device, checkpoint at 5
-  // In fp32 with ZeRO 3 over tp 2 (checkpoints of its own elsewhere): it continues the run.
+  // In fp32 over tp 2 (checkpoints of its own elsewhere): it continues the run.
   const std::vector<double> fp32 =
       losses(false,
-             {"--parallel.dp=1", "--parallel.tp=2", "--parallel.zero=3", "--train.steps=10",
+             {"--parallel.dp=1", "--parallel.tp=2", "--train.steps=10",
               "--checkpoint.dir=" + (dir / "fp32").string(),
               "--checkpoint.resume=" + (dir / "step_00000005.h5").string()},
              true);
@@ -334,7 +334,7 @@ TEST(DeviceLayouts, Bf16CheckpointResumesInBf16BitwiseAndInFp32) {
   EXPECT_LE(diff, 1e-3);
   if (trellis::testing::world_rank() == 0)
     std::printf(
-        "[ precision=bf16 ] checkpoint at 5 resumed in fp32 (tp 2, ZeRO 3): max |loss - "
+        "[ precision=bf16 ] checkpoint at 5 resumed in fp32 (tp 2): max |loss - "
         "bf16 run's| / loss = %.2e over steps 6-10\n",
         diff);
 }

@@ -324,26 +324,27 @@ CudaQueryProbe cuda_query_probe(Backend& gpu, float* x, int64_t n) {
   // The stream held 200 ms by the host (a real runtime runs the function on a thread of its own;
   // the emulated one at once), so that the event recorded behind it is surely not reached yet.
   auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  cuda::forget_not_ready();  // (one an earlier query left: not this probe's to report)
   TRELLIS_CUDA(cudaGetLastError());
+  gpu.synchronize();
   TRELLIS_CUDA(cudaLaunchHostFunc(stream, hold, nullptr));
   cudaEvent_t event = nullptr;
   TRELLIS_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  // (the event destroyed on every way out, after the stream has passed it)
+  const auto destroy = [](cudaEvent_t* e) {
+    cudaEventSynchronize(*e);
+    cudaEventDestroy(*e);
+  };
+  const std::unique_ptr<cudaEvent_t, decltype(destroy)> guard(&event, destroy);
   TRELLIS_CUDA(cudaEventRecord(event, stream));
   CudaQueryProbe probe;
   const cudaError_t queried = cudaEventQuery(event);
   probe.busy = queried == cudaErrorNotReady;
   probe.last_error_set = cudaPeekAtLastError() == cudaErrorNotReady;
-  try {
-    gpu.scale(x, 1.f, n);  // (its launch checked by TRELLIS_CUDA_LAUNCHED, as every launch is)
-  } catch (...) {
-    cudaEventDestroy(event);
-    cudaGetLastError();
-    throw;
-  }
+  if (queried != cudaErrorNotReady && queried != cudaSuccess) TRELLIS_CUDA(queried);
+  gpu.scale(x, 1.f, n);  // (its launch checked by TRELLIS_CUDA_LAUNCHED, as every launch is)
   TRELLIS_CUDA(cudaEventSynchronize(event));
-  TRELLIS_CUDA(cudaEventDestroy(event));
   gpu.synchronize();
-  if (!probe.busy && queried != cudaSuccess) TRELLIS_CUDA(queried);
   return probe;
 }
 
