@@ -427,11 +427,20 @@ class Validator {
            "eval.batches * train.global_batch = " + n(int64_t{c_.eval.batches} * t.global_batch) +
                " held-out sequences exceeds " + n(kMaxCount) + ": use fewer eval.batches");
     const int64_t per_step = int64_t{c_.parallel.dp} * t.micro_batch;
-    if (t.global_batch % per_step != 0)
+    if (t.global_batch % per_step != 0) {
+      std::string fix = "use a global_batch that is a multiple of " + n(per_step);
+      if (t.global_batch % c_.parallel.dp == 0) {  // (a smaller micro-batch fits as well)
+        const int64_t each = t.global_batch / c_.parallel.dp;  // sequences a dp rank takes a step
+        int64_t micro = std::min<int64_t>(t.micro_batch, each);
+        while (each % micro != 0) --micro;
+        fix += ", or train.micro_batch = " + n(micro) +
+               " (the largest that divides global_batch / parallel.dp = " + n(each) + ")";
+      }
       fail(where({"train.global_batch", "train.micro_batch", "parallel.dp"}),
            "train.global_batch = " + n(t.global_batch) +
-               " is not divisible by parallel.dp * train.micro_batch = " + n(per_step) +
-               ": use a global_batch that is a multiple of " + n(per_step));
+               " is not divisible by parallel.dp * train.micro_batch = " + n(per_step) + ": " +
+               fix);
+    }
     if (t.min_lr > t.lr)
       fail(where({"train.min_lr", "train.lr"}),
            "train.min_lr = " + config::value_text(*config::find_key("train.min_lr"), c_) +

@@ -142,6 +142,12 @@ const std::vector<BadCase> kBadCases = {
      1,
      {"train.global_batch", "train.micro_batch", "parallel.dp"}},
     {"global batch dp", "", {"--parallel.dp=4"}, 4, {"train.global_batch", "multiple of 8"}},
+    {"global batch micro",
+     "",
+     {"--train.global_batch=12", "--train.micro_batch=8", "--parallel.dp=2"},
+     2,
+     {"multiple of 16, or train.micro_batch = 6 (the largest that divides global_batch / "
+      "parallel.dp = 6)"}},
     {"pp > layers", "", {"--parallel.pp=4"}, 4, {"parallel.pp", "model.layers"}},
     {"heads % tp", "", {"--model.heads=2", "--parallel.tp=4"}, 4, {"model.heads", "parallel.tp"}},
     {"kv_heads vs tp",
