@@ -8,6 +8,8 @@ summary() {
   echo "GPU tests: ${tests_line:-none ran} (exit $test_status)"
   [[ -n $failed_tests ]] && echo "failed GPU tests: $failed_tests"
   echo "tensor-core ${fragment_line:-fragment layouts: not checked}"
+  local query="whether an event query leaves \"not ready\" as the last error: not checked"
+  echo "${query_line:-$query} (CudaKernels.ALaunchRightAfterAQueryThatFoundTheDeviceBusyPasses)"
   # Where the default put gpt2-124m's bf16 attention: the backend's check of the tensor cores
   # against the fp32 kernels on this device (the bench's "backend details" row).
   local attention

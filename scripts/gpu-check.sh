@@ -88,7 +88,7 @@ LAYOUT_RTOL_BF16=${GPU_CHECK_LAYOUT_RTOL_BF16:-2e-3}
 # What the summary says of the phases that have not run (yet).
 layout_summary="not run yet" torch_summary="not run yet" main_tps="" main_log="" main_log_350=""
 rows=()
-tests_line="" failed_tests="" fragment_line="" test_status=1 no_device=0
+tests_line="" failed_tests="" fragment_line="" query_line="" test_status=1 no_device=0
 # GPU_CHECK_DEADLINE (seconds from the start; 0: none): no run starts or goes on past it, so that
 # the summary still prints inside a lease's call limit; what did not run says so.
 DEADLINE=${GPU_CHECK_DEADLINE:-0}
@@ -244,6 +244,7 @@ tests_line=$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUTDIR/te
 failed_tests=$(cat "$OUTDIR/tests-cudnn.log" "$OUTDIR/tests.log" "$OUTDIR/tests-tc.log" | grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' |
                awk '{print $4}' | sort -u | paste -sd' ' -)
 fragment_line=$(grep -h '^fragment layouts:' "$OUTDIR/tests-tc.log" | tail -1)
+query_line=$(grep -h "^an event query's" "$OUTDIR/tests.log" | tail -1)
 no_device=0
 grep -q 'SKIPPED' "$OUTDIR/tests.log" && grep -q 'no CUDA device' "$OUTDIR/tests.log" && no_device=1
 (( no_device )) && echo "gpu-check: the GPU tests SKIPPED: the binaries see no CUDA device"
